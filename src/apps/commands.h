@@ -1,0 +1,14 @@
+// Subcommands of the `chunkfuse` binary; each lives in its own cmd_<name>.cpp and adds
+// itself to the CLI11 app. The callback runs the command and returns the exit code.
+#pragma once
+#include <CLI/CLI.hpp>
+#include <functional>
+
+namespace cf::apps {
+using CommandRunner = std::function<int()>;
+// Each registers its subcommand and sets `run` to be called when it is chosen.
+void add_info_command(CLI::App& app, CommandRunner& run);
+void add_generate_command(CLI::App& app, CommandRunner& run);
+void add_perf_command(CLI::App& app, CommandRunner& run);
+void add_ask_command(CLI::App& app, CommandRunner& run);
+}  // namespace cf::apps
