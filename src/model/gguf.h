@@ -39,7 +39,9 @@ struct GgufValue {
 };
 struct GgufArray {
   GgufValueType elem_type;
-  std::vector<GgufScalar> items;
+  std::vector<GgufScalar> items;    // when elem_type != ARRAY
+  std::vector<GgufArray> nested;    // when elem_type == ARRAY (arrays of arrays)
+  size_t size() const { return elem_type == GgufValueType::ARRAY ? nested.size() : items.size(); }
 };
 
 struct GgufTensor {
