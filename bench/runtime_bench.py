@@ -1,0 +1,379 @@
+#!/usr/bin/env python3
+"""Prefill and decode speed of chunkfuse against llama.cpp on the same GGUF and threads.
+
+Both sides run as fresh processes, alternated rep by rep (and with the order swapped
+every other rep so that drift such as thermal throttling or a noisy neighbour hits both
+alike). Each side is timed on the same token ids:
+
+  prefill N   N ids into an empty KV cache, one timed call (logits of the last row only)
+  decode G    after a 512-id prefill, G single-token forward passes, greedy argmax after
+              each; the G passes are timed together
+
+Ours is `chunkfuse perf --json`; llama.cpp is llama-cpp-python in a child process of this
+script. Model load is outside every timed region on both sides; neither side warms up.
+Peak RSS is read with wait4() for both children (same method), and also as reported by
+chunkfuse itself; the llama.cpp child's figure includes the Python interpreter, so its
+RSS before the model load is reported alongside.
+
+Run with a Python that has llama-cpp-python (scripts/setup.sh --bench makes .venv/):
+  .venv/bin/python bench/runtime_bench.py            # 5 reps, prefill 512 and 2048
+  .venv/bin/python bench/runtime_bench.py --quick    # 1 rep, prefill 512 only
+Prints a Markdown table and writes bench/out/runtime_<time>.json.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+DECODE_CONTEXT = 512  # ids prefilled before the decode timing (the perf contract)
+
+# llama.cpp context settings. n_batch/n_ubatch are llama.cpp's own defaults (common
+# params: 2048/512): a 2048-id prompt is one llama_decode call, split internally into
+# 512-row micro-batches. n_ctx 4096 holds the longest prompt plus decode.
+LLAMA_N_CTX = 4096
+LLAMA_N_BATCH = 2048
+LLAMA_N_UBATCH = 512
+
+
+def default_model() -> str:
+    """Same rule as src/base/paths.cpp."""
+    if os.environ.get("CHUNKFUSE_MODEL"):
+        return os.environ["CHUNKFUSE_MODEL"]
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.environ.get("HOME", "/tmp"), ".cache")
+    return os.path.join(cache, "chunkfuse", "models", DEFAULT_MODEL_FILE)
+
+
+def default_dataset() -> str:
+    candidates = []
+    if os.environ.get("CHUNKFUSE_DATASETS"):
+        candidates.append(Path(os.environ["CHUNKFUSE_DATASETS"]) / "musique_s.json")
+    candidates += [REPO.parent / "shared" / "datasets" / "musique_s.json",
+                   Path("/work/shared/datasets/musique_s.json")]
+    for c in candidates:
+        if c.is_file():
+            return str(c)
+    return str(candidates[0])
+
+
+def vm_rss_bytes() -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+# ----------------------------------------------------------------------------------------
+# llama.cpp side: runs in a child process (`--llama-worker`) so that its peak RSS and its
+# page-cache/allocator state are its own, exactly like a run of our binary.
+# ----------------------------------------------------------------------------------------
+def llama_worker(args: argparse.Namespace) -> None:
+    import ctypes
+
+    import llama_cpp
+    import numpy as np
+
+    if not args.llama_extra_bufts:
+        # Llama() takes its model params from llama_model_default_params(); wrap it to turn
+        # off the "extra buffer types" (AMX and weight repacking). On the development
+        # machine the AMX Q4_1 matmul crashes (SIGSEGV in ggml_backend_amx_mul_mat: the
+        # sandbox does not grant AMX tile state), so llama.cpp runs its AVX-512 kernels.
+        import llama_cpp.llama_cpp as low
+
+        default_params = low.llama_model_default_params
+
+        def params_without_extra_bufts():
+            p = default_params()
+            p.use_extra_bufts = False
+            return p
+
+        low.llama_model_default_params = params_without_extra_bufts
+
+    ids = json.loads(Path(args.ids).read_text())
+    rss_base = vm_rss_bytes()
+    llm = llama_cpp.Llama(model_path=args.model, n_ctx=LLAMA_N_CTX, n_threads=args.threads,
+                          n_threads_batch=args.threads, n_batch=LLAMA_N_BATCH,
+                          n_ubatch=LLAMA_N_UBATCH, verbose=False)
+    n_vocab = llm.n_vocab()
+
+    def clear() -> None:
+        llm.reset()  # n_tokens = 0; eval() then drops cache rows from 0 on
+        llm._ctx.kv_cache_clear()
+
+    def last_logits_argmax() -> int:
+        ptr = llm._ctx.get_logits()  # rows with output; without logits_all, the last one
+        return int(np.argmax(np.ctypeslib.as_array(ctypes.cast(ptr, ctypes.POINTER(ctypes.c_float)),
+                                                   shape=(n_vocab,))))
+
+    prefill = []
+    for n in args.prompt_tokens:
+        clear()
+        t0 = time.perf_counter()
+        llm.eval(ids[:n])
+        s = time.perf_counter() - t0
+        prefill.append({"n_tokens": n, "seconds": s, "tok_per_s": n / s})
+
+    clear()
+    llm.eval(ids[:DECODE_CONTEXT])
+    tok = last_logits_argmax()
+    t0 = time.perf_counter()
+    for _ in range(args.gen_tokens):
+        llm.eval([tok])
+        tok = last_logits_argmax()
+    s = time.perf_counter() - t0
+    decode = {"n_tokens": args.gen_tokens, "seconds": s, "tok_per_s": args.gen_tokens / s}
+
+    import resource
+    print(json.dumps({
+        "prefill": prefill,
+        "decode": decode,
+        "rss_peak_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        "rss_before_model_bytes": rss_base,
+        "threads": args.threads,
+        "system_info": llama_cpp.llama_print_system_info().decode(errors="replace").strip(),
+    }))
+
+
+# ----------------------------------------------------------------------------------------
+# Driver
+# ----------------------------------------------------------------------------------------
+def run_child(cmd: list[str]) -> tuple[str, str, int, int]:
+    """Runs cmd; returns stdout, stderr, exit code and the child's own peak RSS (wait4)."""
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        p = subprocess.Popen(cmd, stdout=out, stderr=err, stdin=subprocess.DEVNULL)
+        _, status, usage = os.wait4(p.pid, 0)
+        p.returncode = os.waitstatus_to_exitcode(status)  # already reaped: tell Popen
+        out.seek(0)
+        err.seek(0)
+        return (out.read().decode(errors="replace"), err.read().decode(errors="replace"),
+                p.returncode, usage.ru_maxrss * 1024)
+
+
+def parse_json_output(text: str) -> dict:
+    """The result is one JSON object; tolerate log lines printed before it."""
+    text = text.strip()
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        start = text.rfind("\n{")
+        if start >= 0:
+            return json.loads(text[start + 1:])
+        raise
+
+
+def make_token_ids(model: str, dataset: str, n_needed: int, path: Path) -> list[int]:
+    """Passages of MuSiQue concatenated until llama.cpp's tokenizer gives n_needed ids."""
+    import llama_cpp
+
+    vocab = llama_cpp.Llama(model_path=model, vocab_only=True, verbose=False)
+    items = json.loads(Path(dataset).read_text())
+    passages = [c["text"] for it in items for c in it["ctxs"] if c.get("text")]
+    ids: list[int] = []
+    used = 0
+    chars_per_round = 8 * n_needed  # generous: English runs ~4 chars per token
+    while len(ids) < n_needed:
+        if used >= len(passages):
+            raise SystemExit(f"{dataset}: only {len(ids)} tokens, need {n_needed}")
+        n_chars = 0
+        while used < len(passages) and n_chars < chars_per_round:
+            n_chars += len(passages[used])
+            used += 1
+        # Tokenized as one text with the model's own BOS rule (add_bos honours the GGUF).
+        ids = vocab.tokenize("\n\n".join(passages[:used]).encode(), add_bos=True)
+    ids = ids[:n_needed]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(ids))
+    return ids
+
+
+def cpu_info() -> dict:
+    info = {"cpu_count": os.cpu_count(), "platform": platform.platform()}
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
+        for line in out.splitlines():
+            key, _, val = line.partition(":")
+            if key.strip() in ("Model name", "Socket(s)", "Core(s) per socket", "Thread(s) per core",
+                               "L3 cache"):
+                info[key.strip()] = val.strip()
+            if key.strip() == "Flags":
+                flags = val.split()
+                info["isa_flags"] = [f for f in ("avx2", "fma", "f16c", "avx512f", "avx512bw",
+                                                 "avx512vnni", "avx512_vnni", "avx512vl")
+                                     if f in flags]
+    except (OSError, subprocess.CalledProcessError):
+        pass
+    return info
+
+
+def spread(values: list[float]) -> dict:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values),
+            "values": values}
+
+
+def fmt_spread(s: dict | None, digits: int = 1) -> str:
+    if s is None:
+        return "n/a"
+    if len(s["values"]) == 1:
+        return f"{s['median']:.{digits}f}"
+    return f"{s['median']:.{digits}f} [{s['min']:.{digits}f}–{s['max']:.{digits}f}]"
+
+
+def summarize(reps: list[dict], args: argparse.Namespace) -> list[dict]:
+    """One row per metric: spread of ours, of llama.cpp, and of the paired per-rep ratio."""
+    def metric(side: str, key) -> list[float] | None:
+        vals = [key(r[side]) for r in reps if r.get(side)]
+        return vals or None
+
+    rows = []
+    specs = [(f"prefill {n} (tok/s)", (lambda n: lambda r: next(
+        p["tok_per_s"] for p in r["prefill"] if p["n_tokens"] == n))(n), 1) for n in args.prompt_tokens]
+    specs.append((f"decode {args.gen_tokens} after {DECODE_CONTEXT} (tok/s)",
+                  lambda r: r["decode"]["tok_per_s"], 1))
+    specs.append(("peak RSS, wait4 (MiB)", lambda r: r["rss_wait4_bytes"] / 2**20, 1))
+    # The llama.cpp child carries a Python interpreter with numpy; subtract what it held
+    # before loading the model to compare the engines themselves.
+    specs.append(("peak RSS less interpreter (MiB)",
+                  lambda r: (r["rss_wait4_bytes"] - r.get("rss_before_model_bytes", 0)) / 2**20, 1))
+    for name, key, digits in specs:
+        ours, theirs = metric("ours", key), metric("llama", key)
+        ratios = None
+        if ours and theirs:
+            ratios = [key(r["ours"]) / key(r["llama"]) for r in reps if r.get("ours") and r.get("llama")]
+        rows.append({"metric": name, "ours": spread(ours) if ours else None,
+                     "llama": spread(theirs) if theirs else None,
+                     "ratio": spread(ratios) if ratios else None, "digits": digits})
+    return rows
+
+
+def markdown(rows: list[dict], meta: dict) -> str:
+    lines = [
+        f"chunkfuse vs llama.cpp — {meta['machine'].get('Model name', '?')}, "
+        f"{meta['threads']} threads, {meta['reps']} reps, median [min–max]",
+        "",
+        "| metric | chunkfuse | llama.cpp | ours / llama.cpp |",
+        "|---|---:|---:|---:|",
+    ]
+    for r in rows:
+        lines.append(f"| {r['metric']} | {fmt_spread(r['ours'], r['digits'])} | "
+                     f"{fmt_spread(r['llama'], r['digits'])} | {fmt_spread(r['ratio'], 2)} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default=default_model())
+    ap.add_argument("--binary", default=str(REPO / "build" / "chunkfuse"))
+    ap.add_argument("--dataset", default=default_dataset(), help="musique_s.json (token source)")
+    ap.add_argument("--ids", help="JSON list of token ids to use instead of tokenizing the dataset")
+    ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--prompt-tokens", default="512,2048")
+    ap.add_argument("--gen-tokens", type=int, default=64)
+    ap.add_argument("--quick", action="store_true", help="1 rep, prefill 512 only")
+    ap.add_argument("--only", choices=("both", "ours", "llama"), default="both",
+                    help="run one side only (for debugging; no ratios)")
+    ap.add_argument("--out", help="JSON result path (default bench/out/runtime_<time>.json)")
+    ap.add_argument("--llama-extra-bufts", action="store_true",
+                    help="let llama.cpp use AMX / repacked weights (off: crashes where AMX is not granted)")
+    ap.add_argument("--llama-worker", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.quick:
+        args.reps, args.prompt_tokens = 1, "512"
+    args.prompt_tokens = [int(x) for x in str(args.prompt_tokens).split(",") if x]
+
+    if args.llama_worker:
+        llama_worker(args)
+        return
+
+    if not Path(args.model).is_file():
+        raise SystemExit(f"model not found: {args.model} (run scripts/setup.sh)")
+    if args.only != "llama" and not Path(args.binary).is_file():
+        raise SystemExit(f"binary not found: {args.binary} (build it: scripts/run.sh or cmake)")
+
+    stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    out_path = Path(args.out) if args.out else REPO / "bench" / "out" / f"runtime_{stamp}.json"
+    n_needed = max(args.prompt_tokens + [DECODE_CONTEXT])
+    if args.ids:
+        ids_path = Path(args.ids)
+        ids = json.loads(ids_path.read_text())
+        if len(ids) < n_needed:
+            raise SystemExit(f"{ids_path}: {len(ids)} ids, need {n_needed}")
+    else:
+        ids_path = out_path.with_name(f"ids_{stamp}.json")
+        ids = make_token_ids(args.model, args.dataset, n_needed, ids_path)
+    print(f"token ids: {len(ids)} in {ids_path}", file=sys.stderr)
+
+    prompt_csv = ",".join(map(str, args.prompt_tokens))
+    ours_cmd = [args.binary, "perf", "-m", args.model, "--tokens-file", str(ids_path),
+                "--prompt-tokens", prompt_csv, "--gen-tokens", str(args.gen_tokens),
+                "--threads", str(args.threads), "--json"]
+    llama_cmd = [sys.executable, str(Path(__file__).resolve()), "--llama-worker",
+                 "--model", args.model, "--ids", str(ids_path), "--prompt-tokens", prompt_csv,
+                 "--gen-tokens", str(args.gen_tokens), "--threads", str(args.threads)]
+    if args.llama_extra_bufts:
+        llama_cmd.append("--llama-extra-bufts")
+    sides = {"ours": ours_cmd, "llama": llama_cmd}
+    wanted = ["ours", "llama"] if args.only == "both" else [args.only]
+
+    reps = []
+    for rep in range(args.reps):
+        order = wanted if rep % 2 == 0 else list(reversed(wanted))
+        result = {"rep": rep, "order": order}
+        for side in order:
+            stdout, stderr, rc, rss = run_child(sides[side])
+            if rc != 0:
+                sys.stderr.write(stderr[-4000:])
+                raise SystemExit(f"{side} failed (exit {rc}): {' '.join(sides[side])}")
+            r = parse_json_output(stdout)
+            r["rss_wait4_bytes"] = rss
+            result[side] = r
+        reps.append(result)
+        brief = "  ".join(f"{s}: " + " ".join(f"{p['n_tokens']}→{p['tok_per_s']:.0f}" for p in result[s]["prefill"])
+                          + f" dec {result[s]['decode']['tok_per_s']:.1f} tok/s" for s in wanted)
+        print(f"rep {rep + 1}/{args.reps}: {brief}", file=sys.stderr)
+
+    meta = {
+        "date": dt.datetime.now().isoformat(timespec="seconds"),
+        "machine": cpu_info(),
+        "threads": args.threads,
+        "reps": args.reps,
+        "model": args.model,
+        "binary": args.binary,
+        "ours_cmd": ours_cmd,
+        "llama_cpp": {"n_ctx": LLAMA_N_CTX, "n_batch": LLAMA_N_BATCH, "n_ubatch": LLAMA_N_UBATCH,
+                      "use_extra_bufts": args.llama_extra_bufts},
+        "decode_context": DECODE_CONTEXT,
+        "token_ids": str(ids_path),
+    }
+    try:
+        import llama_cpp
+        meta["llama_cpp"]["version"] = llama_cpp.__version__
+    except ImportError:
+        pass
+    if reps and reps[0].get("llama"):
+        meta["llama_cpp"]["system_info"] = reps[0]["llama"].get("system_info")
+    if reps and reps[0].get("ours"):
+        meta["ours_isa"] = reps[0]["ours"].get("isa")
+    rows = summarize(reps, args)
+    table = markdown(rows, meta)
+    print(table)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    out_path.write_text(json.dumps({"meta": meta, "summary": [{k: v for k, v in r.items() if k != "digits"}
+                                                              for r in rows],
+                                    "reps": reps, "table_md": table}, indent=1))
+    print(f"\nwrote {out_path}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

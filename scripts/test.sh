@@ -1,0 +1,120 @@
+#!/usr/bin/env bash
+# Everything CI checks, from a bare Debian 12 machine: setup, Release build + tests,
+# ASan/UBSan build + tests, fuzz smoke (scripts/fuzz.sh, when present), and a generation
+# smoke run of the real model. Prints each phase's time and a one-line summary; exits
+# non-zero if any phase failed. Phases after a failed build that need it are skipped.
+#
+# Environment: CHUNKFUSE_BUILD_DIR (default build), CHUNKFUSE_ASAN_BUILD_DIR (default
+# build-asan), CHUNKFUSE_JOBS (default 2), CHUNKFUSE_FUZZ_SECONDS (default 60),
+# CHUNKFUSE_ASAN_EXCLUDE (ctest -E regex of tests too slow under ASan; default: names
+# containing "Slow"), CHUNKFUSE_SKIP_ASAN=1 / CHUNKFUSE_SKIP_FUZZ=1 for quick local runs.
+set -uo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+cd "$CF_REPO_ROOT"
+
+build_dir="${CHUNKFUSE_BUILD_DIR:-build}"
+asan_dir="${CHUNKFUSE_ASAN_BUILD_DIR:-build-asan}"
+fuzz_seconds="${CHUNKFUSE_FUZZ_SECONDS:-60}"
+asan_exclude="${CHUNKFUSE_ASAN_EXCLUDE:-Slow}"
+
+declare -a phase_names=() phase_results=() phase_secs=()
+failed=0
+t_start=$(cf_now)
+
+# run_phase NAME CMD...: runs CMD, records pass/fail and seconds.
+run_phase() {
+  local name="$1"
+  shift
+  local t0 rc
+  t0=$(cf_now)
+  printf '\n===== %s =====\n' "$name" >&2
+  "$@"
+  rc=$?
+  phase_names+=("$name")
+  phase_secs+=($(($(cf_now) - t0)))
+  if ((rc == 0)); then
+    phase_results+=("ok")
+  else
+    phase_results+=("FAIL($rc)")
+    failed=1
+  fi
+  cf_log "$name: ${phase_results[-1]} in ${phase_secs[-1]}s"
+  return $rc
+}
+
+skip_phase() {
+  phase_names+=("$1")
+  phase_results+=("skipped")
+  phase_secs+=(0)
+  cf_log "$1: skipped ($2)"
+}
+
+# ctest runs each test in its own process; the model tests find the model through
+# CHUNKFUSE_MODEL or the cache folder, same as setup.sh.
+ctest_in() {
+  local dir="$1"
+  shift
+  ctest --test-dir "$dir" --output-on-failure -j"$CF_JOBS" "$@"
+}
+
+asan_ctest() {
+  # halt_on_error keeps the first report readable; leaks are errors too.
+  ASAN_OPTIONS="${ASAN_OPTIONS:-halt_on_error=1:detect_leaks=1:abort_on_error=0}" \
+    UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}" \
+    ctest_in "$asan_dir" -E "$asan_exclude"
+}
+
+smoke_generate() {
+  local model out
+  model="$(cf_model_path)"
+  out="$("$build_dir/chunkfuse" generate -m "$model" -p "The capital of France is" -n 8 --temp 0)" || return 1
+  printf 'generate output: %s\n' "$out" >&2
+  # Non-empty once whitespace is removed: the model must have produced some text.
+  [[ -n "${out//[[:space:]]/}" ]] || { cf_log "generate printed nothing"; return 1; }
+}
+
+run_phase setup scripts/setup.sh || { cf_log "setup failed; cannot continue"; exit 1; }
+
+if run_phase build-release cf_build "$build_dir" Release; then
+  run_phase ctest-release ctest_in "$build_dir"
+  release_ok=1
+else
+  skip_phase ctest-release "build failed"
+  release_ok=0
+fi
+
+if [[ "${CHUNKFUSE_SKIP_ASAN:-0}" == 1 ]]; then
+  skip_phase build-asan "CHUNKFUSE_SKIP_ASAN=1"
+  skip_phase ctest-asan "CHUNKFUSE_SKIP_ASAN=1"
+elif run_phase build-asan cf_build "$asan_dir" RelWithDebInfo -DCHUNKFUSE_SANITIZE=ON; then
+  run_phase ctest-asan asan_ctest
+else
+  skip_phase ctest-asan "build failed"
+fi
+
+if [[ "${CHUNKFUSE_SKIP_FUZZ:-0}" == 1 ]]; then
+  skip_phase fuzz "CHUNKFUSE_SKIP_FUZZ=1"
+elif [[ -f scripts/fuzz.sh ]]; then
+  run_phase fuzz bash scripts/fuzz.sh "$fuzz_seconds"
+else
+  skip_phase fuzz "scripts/fuzz.sh not present"
+fi
+
+if ((release_ok)); then
+  run_phase smoke-generate smoke_generate
+else
+  skip_phase smoke-generate "release build failed"
+fi
+
+total=$(($(cf_now) - t_start))
+printf '\n===== summary =====\n' >&2
+summary=""
+for i in "${!phase_names[@]}"; do
+  printf '  %-16s %-10s %5ss\n' "${phase_names[$i]}" "${phase_results[$i]}" "${phase_secs[$i]}" >&2
+  summary+="${phase_names[$i]}=${phase_results[$i]}(${phase_secs[$i]}s) "
+done
+if ((failed)); then
+  echo "test.sh: FAIL in ${total}s: ${summary% }"
+  exit 1
+fi
+echo "test.sh: PASS in ${total}s: ${summary% }"
