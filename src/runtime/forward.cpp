@@ -1,0 +1,182 @@
+#include "runtime/forward.h"
+
+#include <algorithm>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+
+#include "base/thread_pool.h"
+#include "runtime/attention.h"
+#include "runtime/rope.h"
+#include "runtime/vector_math.h"
+
+namespace cf {
+namespace {
+
+void check_input(const ModelHparams& h, const KvCache& cache, const ForwardInput& in) {
+  const size_t n = in.tokens.size();
+  if (in.positions.size() != n)
+    throw std::invalid_argument("forward: " + std::to_string(n) + " tokens but " +
+                                std::to_string(in.positions.size()) + " positions");
+  if (!in.slots.empty() && in.slots.size() != n)
+    throw std::invalid_argument("forward: slots given for " + std::to_string(in.slots.size()) + " of " +
+                                std::to_string(n) + " rows");
+  if (cache.n_layers() != h.n_layers || cache.kv_dim() != h.kv_dim())
+    throw std::invalid_argument("forward: KV cache belongs to a model of another shape");
+  for (size_t i = 0; i < n; ++i) {
+    if (in.tokens[i] < 0 || in.tokens[i] >= h.vocab_size)
+      throw std::invalid_argument("forward: token id " + std::to_string(in.tokens[i]) + " out of range");
+    if (in.positions[i] < 0) throw std::invalid_argument("forward: negative position");
+    if (!in.slots.empty() && in.slots[i] >= cache.size())
+      throw std::invalid_argument("forward: slot " + std::to_string(in.slots[i]) + " beyond the cache (" +
+                                  std::to_string(cache.size()) + " entries)");
+  }
+  for (size_t r : in.logit_rows)
+    if (r >= n) throw std::invalid_argument("forward: logit row " + std::to_string(r) + " out of range");
+}
+
+// Copies the rows `rows` of a [n][dim] matrix into dst [rows.size()][dim].
+void gather_rows(const float* src, size_t dim, std::span<const size_t> rows, std::vector<float>& dst) {
+  dst.resize(rows.size() * dim);
+  for (size_t i = 0; i < rows.size(); ++i) std::memcpy(&dst[i * dim], src + rows[i] * dim, dim * sizeof(float));
+}
+
+}  // namespace
+
+Forward::Forward(const Model& model, ThreadPool& pool) : model_(model), pool_(pool) {}
+
+ForwardOutput Forward::run(KvCache& cache, const ForwardInput& in, const ForwardHooks* hooks) {
+  const ModelHparams& h = model_.hparams();
+  check_input(h, cache, in);
+  const size_t n = in.tokens.size();
+  const size_t d = h.d_model, qd = h.q_dim(), kvd = h.kv_dim(), ff = h.d_ff;
+  ForwardOutput out;
+  out.vocab = h.vocab_size;
+  if (n == 0) return out;
+
+  // Where each row's K/V goes.
+  out.slots.resize(n);
+  if (in.slots.empty()) {
+    const size_t first = cache.append(n);
+    for (size_t i = 0; i < n; ++i) out.slots[i] = first + i;
+  } else {
+    std::copy(in.slots.begin(), in.slots.end(), out.slots.begin());
+  }
+  for (size_t i = 0; i < n; ++i) cache.set_position(out.slots[i], in.positions[i]);
+  std::vector<float> x(n * d), xn(n * d), q(n * qd), k(n * kvd), v(n * kvd), attn(n * qd);
+  std::vector<float> gate(n * ff), up(n * ff);
+
+  pool_.parallel_range(n, [&](size_t b, size_t e, size_t) {
+    for (size_t i = b; i < e; ++i) model_.token_embedding().dequantize_weight_row(in.tokens[i], &x[i * d]);
+  });
+
+  const AttentionShape shape{h.n_heads, h.n_kv_heads, h.head_dim};
+  std::vector<float> tap_hidden_in, tap_hidden_out, tap_q, tap_k, tap_v, tap_probs;
+  const bool any_hook = hooks && hooks->on_layer;
+
+  for (int l = 0; l < h.n_layers; ++l) {
+    const LayerWeights& w = model_.layers()[l];
+    const bool tap_here = any_hook && (hooks->layers.empty() ||
+                                       std::find(hooks->layers.begin(), hooks->layers.end(), l) != hooks->layers.end());
+    if (tap_here) gather_rows(x.data(), d, hooks->rows, tap_hidden_in);
+
+    pool_.parallel_range(n, [&](size_t b, size_t e, size_t) {
+      for (size_t i = b; i < e; ++i) rms_norm(&x[i * d], w.attn_norm.data(), &xn[i * d], d, h.rms_eps);
+    });
+    w.wq.multiply(xn.data(), n, d, q.data(), qd, pool_);
+    w.wk.multiply(xn.data(), n, d, k.data(), kvd, pool_);
+    w.wv.multiply(xn.data(), n, d, v.data(), kvd, pool_);
+
+    pool_.parallel_range(n, [&](size_t b, size_t e, size_t) {
+      for (size_t i = b; i < e; ++i) {
+        float* qi = &q[i * qd];
+        float* ki = &k[i * kvd];
+        float* vi = &v[i * kvd];
+        if (h.qkv_bias) {
+          add_inplace(qi, w.bq.data(), qd);
+          add_inplace(ki, w.bk.data(), kvd);
+          add_inplace(vi, w.bv.data(), kvd);
+        }
+        if (h.qk_norm) {
+          for (int hh = 0; hh < h.n_heads; ++hh)
+            rms_norm(qi + hh * h.head_dim, w.q_norm.data(), qi + hh * h.head_dim, h.head_dim, h.rms_eps);
+          for (int hh = 0; hh < h.n_kv_heads; ++hh)
+            rms_norm(ki + hh * h.head_dim, w.k_norm.data(), ki + hh * h.head_dim, h.head_dim, h.rms_eps);
+        }
+        rope_rotate(qi, h.n_heads, h.head_dim, in.positions[i], h.rope_base, h.rope_style);
+        rope_rotate(ki, h.n_kv_heads, h.head_dim, in.positions[i], h.rope_base, h.rope_style);
+        // Write-back before attention: every row of this pass sees the fresh K/V of the others.
+        std::memcpy(cache.k(l, out.slots[i]), ki, kvd * sizeof(float));
+        std::memcpy(cache.v(l, out.slots[i]), vi, kvd * sizeof(float));
+      }
+    });
+
+    const size_t n_entries = cache.size();
+    attention(shape, q.data(), in.positions.data(), n, cache.k(l, 0), cache.v(l, 0), cache.positions().data(),
+              n_entries, attn.data(), pool_);
+
+    if (tap_here) {
+      gather_rows(q.data(), qd, hooks->rows, tap_q);
+      gather_rows(k.data(), kvd, hooks->rows, tap_k);
+      gather_rows(v.data(), kvd, hooks->rows, tap_v);
+      if (hooks->capture_attention) {
+        const size_t per_row = static_cast<size_t>(h.n_heads) * n_entries;
+        tap_probs.assign(hooks->rows.size() * per_row, 0.f);
+        pool_.parallel_for(hooks->rows.size(), [&](size_t i, size_t) {
+          const size_t r = hooks->rows[i];
+          attention_probs(shape, &q[r * qd], in.positions[r], cache.k(l, 0), cache.positions().data(), n_entries,
+                          &tap_probs[i * per_row]);
+        });
+      }
+    }
+
+    // Output projection and residual; xn is free again and takes the projection.
+    w.wo.multiply(attn.data(), n, qd, xn.data(), d, pool_);
+    add_inplace(x.data(), xn.data(), n * d);
+
+    pool_.parallel_range(n, [&](size_t b, size_t e, size_t) {
+      for (size_t i = b; i < e; ++i) rms_norm(&x[i * d], w.ffn_norm.data(), &xn[i * d], d, h.rms_eps);
+    });
+    w.w_gate.multiply(xn.data(), n, d, gate.data(), ff, pool_);
+    w.w_up.multiply(xn.data(), n, d, up.data(), ff, pool_);
+    pool_.parallel_range(n, [&](size_t b, size_t e, size_t) {
+      if (h.activation == FfnActivation::SiLU)
+        silu_mul(&gate[b * ff], &up[b * ff], (e - b) * ff);
+      else
+        gelu_mul(&gate[b * ff], &up[b * ff], (e - b) * ff);
+    });
+    w.w_down.multiply(gate.data(), n, ff, xn.data(), d, pool_);
+    add_inplace(x.data(), xn.data(), n * d);
+
+    if (tap_here) {
+      gather_rows(x.data(), d, hooks->rows, tap_hidden_out);
+      LayerTap tap;
+      tap.layer = l;
+      tap.rows = hooks->rows;
+      tap.hidden_in = tap_hidden_in.data();
+      tap.hidden_out = tap_hidden_out.data();
+      tap.q = tap_q.data();
+      tap.k = tap_k.data();
+      tap.v = tap_v.data();
+      tap.attn_probs = hooks->capture_attention ? tap_probs.data() : nullptr;
+      tap.n_entries = n_entries;
+      hooks->on_layer(tap);
+    }
+    if (hooks && hooks->stop_after_layer == l) {
+      out.stopped_early = true;
+      return out;
+    }
+  }
+
+  if (!in.logit_rows.empty()) {
+    const size_t nl = in.logit_rows.size();
+    std::vector<float> normed(nl * d);
+    for (size_t i = 0; i < nl; ++i)
+      rms_norm(&x[in.logit_rows[i] * d], model_.output_norm().data(), &normed[i * d], d, h.rms_eps);
+    out.logits.resize(nl * out.vocab);
+    model_.output().multiply(normed.data(), nl, d, out.logits.data(), out.vocab, pool_);
+  }
+  return out;
+}
+
+}  // namespace cf

@@ -1,0 +1,79 @@
+// The one primitive everything in chunkfuse is built from: a transformer forward pass over
+// an explicit list of (token, position) rows against a KV cache.
+//
+//  - Rows may come in any order and at any positions.
+//  - Each row's K/V is written into the cache (at a new entry, or over an existing entry
+//    when `slots` says so: selective recompute) BEFORE attention, so rows of one pass see
+//    each other's fresh K/V (QCFuse Eq. 7 semantics).
+//  - Attention is causal by position: row r sees cache entry e iff pos(e) <= pos(r).
+//  - Logits are computed only for the rows asked for.
+//  - Hooks can read, per layer and for chosen rows, the hidden state, Q/K/V and attention
+//    probabilities, and the pass can stop after a given layer.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <vector>
+
+#include "model/model.h"
+#include "runtime/kv_cache.h"
+
+namespace cf {
+
+class ThreadPool;
+
+struct ForwardInput {
+  std::span<const TokenId> tokens;
+  std::span<const int32_t> positions;     // one per token
+  std::span<const size_t> slots;          // empty: append new entries in row order
+  std::span<const size_t> logit_rows;     // rows (indices into tokens) whose logits we want
+};
+
+// What a hook sees at one layer, for the rows it asked for. Pointers are valid only
+// during the callback. Arrays are row-major, one row per entry of `rows`.
+struct LayerTap {
+  int layer = 0;
+  std::span<const size_t> rows;
+  const float* hidden_in = nullptr;   // [rows][d_model] residual stream entering the layer
+  const float* hidden_out = nullptr;  // [rows][d_model] leaving the layer
+  const float* q = nullptr;           // [rows][n_heads * head_dim], after RoPE
+  const float* k = nullptr;           // [rows][kv_dim], after RoPE
+  const float* v = nullptr;           // [rows][kv_dim]
+  // [rows][n_heads][n_entries]: softmax over all cache entries (0 where masked).
+  const float* attn_probs = nullptr;
+  size_t n_entries = 0;
+};
+
+struct ForwardHooks {
+  std::vector<size_t> rows;            // rows to capture (indices into the input)
+  bool capture_attention = false;      // fills LayerTap::attn_probs (costly: rows x heads x entries)
+  std::vector<int> layers;             // layers to call back at; empty = all
+  int stop_after_layer = -1;           // >= 0: skip the rest of the pass after this layer
+  std::function<void(const LayerTap&)> on_layer;
+};
+
+struct ForwardOutput {
+  std::vector<float> logits;           // [logit_rows.size()][vocab]
+  size_t vocab = 0;
+  std::vector<size_t> slots;           // cache entry of each input row
+  bool stopped_early = false;
+  const float* row_logits(size_t i) const { return logits.data() + i * vocab; }
+};
+
+class Forward {
+ public:
+  Forward(const Model& model, ThreadPool& pool);
+  // Throws std::invalid_argument on inconsistent input (sizes, token ids out of range,
+  // slots out of range, negative positions).
+  ForwardOutput run(KvCache& cache, const ForwardInput& in, const ForwardHooks* hooks = nullptr);
+
+  const Model& model() const { return model_; }
+  ThreadPool& pool() { return pool_; }
+
+ private:
+  const Model& model_;
+  ThreadPool& pool_;
+};
+
+}  // namespace cf

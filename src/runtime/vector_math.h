@@ -1,0 +1,17 @@
+// Elementwise math of the forward pass, written as plain loops and compiled in several
+// ISA variants (GCC function multi-versioning picks one at load time).
+#pragma once
+#include <cstddef>
+
+namespace cf {
+
+// y = x / sqrt(mean(x^2) + eps) * w  (mean accumulated in double, as llama.cpp does)
+void rms_norm(const float* x, const float* w, float* y, size_t n, float eps);
+// gate[i] = silu(gate[i]) * up[i]
+void silu_mul(float* gate, const float* up, size_t n);
+void gelu_mul(float* gate, const float* up, size_t n);
+void add_inplace(float* y, const float* x, size_t n);
+// exp for the softmax and SiLU: relative error below 1e-7 on the whole float range.
+float exp_approx(float x);
+
+}  // namespace cf

@@ -1,0 +1,27 @@
+// The default model, loaded once per test binary (loading and repacking takes a moment).
+#pragma once
+#include <memory>
+
+#include "base/thread_pool.h"
+#include "model/model.h"
+#include "test_support.h"
+
+namespace cf::test {
+
+inline const Model& shared_model() {
+  static std::unique_ptr<Model> m = Model::load(default_model_path());
+  return *m;
+}
+
+inline ThreadPool& shared_pool() {
+  static ThreadPool pool(2);
+  return pool;
+}
+
+inline std::vector<int32_t> iota_positions(size_t n, int32_t start = 0) {
+  std::vector<int32_t> p(n);
+  for (size_t i = 0; i < n; ++i) p[i] = start + static_cast<int32_t>(i);
+  return p;
+}
+
+}  // namespace cf::test

@@ -1,0 +1,207 @@
+// Properties of the forward pass over explicit positions, on the real default model.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <random>
+
+#include "model_fixture.h"
+#include "runtime/forward.h"
+#include "runtime/sampler.h"
+
+namespace cf {
+namespace {
+
+using test::iota_positions;
+using test::shared_model;
+using test::shared_pool;
+
+std::vector<TokenId> sample_tokens(size_t n) {
+  const std::string text =
+      "Marie Curie was a physicist and chemist who conducted pioneering research on radioactivity. "
+      "She was the first woman to win a Nobel Prize, and the only person to win in two sciences. "
+      "def fib(n):\n    return n if n < 2 else fib(n - 1) + fib(n - 2)\n";
+  std::vector<TokenId> ids;
+  std::string t;
+  while (ids.size() < n) {
+    t += text;
+    ids = shared_model().tokenizer().encode(t, false, false);
+  }
+  ids.resize(n);
+  return ids;
+}
+
+float max_abs_diff(const float* a, const float* b, size_t n) {
+  float m = 0;
+  for (size_t i = 0; i < n; ++i) m = std::max(m, std::fabs(a[i] - b[i]));
+  return m;
+}
+
+// Logits of every row, computed in one pass from an empty cache.
+ForwardOutput run_all(const std::vector<TokenId>& ids, KvCache& cache, int32_t start = 0) {
+  Forward fwd(shared_model(), shared_pool());
+  auto pos = iota_positions(ids.size(), start);
+  std::vector<size_t> rows(ids.size());
+  std::iota(rows.begin(), rows.end(), 0);
+  return fwd.run(cache, {ids, pos, {}, rows});
+}
+
+TEST(Forward, SparseRowsAgainstPrefixCacheMatchFullPass) {
+  CF_REQUIRE_MODEL();
+  const auto ids = sample_tokens(96);
+  KvCache full_cache(shared_model().hparams());
+  const auto full = run_all(ids, full_cache);
+
+  // Prefix [0, 40) first, then the remaining rows in a shuffled order, logits for a subset.
+  Forward fwd(shared_model(), shared_pool());
+  KvCache cache(shared_model().hparams());
+  const size_t k = 40;
+  auto pos = iota_positions(k);
+  fwd.run(cache, {std::span(ids).first(k), pos, {}, {}});
+  std::vector<size_t> order(ids.size() - k);
+  std::iota(order.begin(), order.end(), k);
+  std::shuffle(order.begin(), order.end(), std::mt19937(7));
+  std::vector<TokenId> toks;
+  std::vector<int32_t> ps;
+  for (size_t r : order) {
+    toks.push_back(ids[r]);
+    ps.push_back(static_cast<int32_t>(r));
+  }
+  const std::vector<size_t> want = {0, 5, 17, 30, 55};  // rows of the shuffled input
+  auto part = fwd.run(cache, {toks, ps, {}, want});
+  for (size_t i = 0; i < want.size(); ++i) {
+    const size_t orig = order[want[i]];
+    EXPECT_LT(max_abs_diff(part.row_logits(i), full.row_logits(orig), full.vocab), 2e-3f) << "row " << orig;
+    EXPECT_EQ(argmax(part.row_logits(i), part.vocab), argmax(full.row_logits(orig), full.vocab));
+  }
+}
+
+TEST(Forward, ResultsDoNotDependOnThreadCount) {
+  CF_REQUIRE_MODEL();
+  const auto ids = sample_tokens(70);
+  std::vector<std::vector<float>> results;
+  for (size_t threads : {1, 2, 3}) {
+    ThreadPool pool(threads);
+    Forward fwd(shared_model(), pool);
+    KvCache cache(shared_model().hparams());
+    auto pos = iota_positions(ids.size());
+    const std::vector<size_t> rows = {0, 33, 69};
+    results.push_back(fwd.run(cache, {ids, pos, {}, rows}).logits);
+  }
+  EXPECT_EQ(results[0], results[1]);
+  EXPECT_EQ(results[0], results[2]);
+}
+
+// The position invariant of DESIGN.md: K computed at 0..n-1 then moved by delta equals K
+// computed directly at delta..delta+n-1 (no preceding context in either case).
+TEST(Forward, MovedKeysEqualKeysComputedAtTheOffset) {
+  CF_REQUIRE_MODEL();
+  const auto ids = sample_tokens(48);
+  const int32_t delta = 1000;
+  KvCache at_zero(shared_model().hparams()), at_delta(shared_model().hparams());
+  run_all(ids, at_zero, 0);
+  run_all(ids, at_delta, delta);
+  KvCache moved(shared_model().hparams());
+  moved.append_from(at_zero, 0, at_zero.size(), delta);
+  const auto& h = shared_model().hparams();
+  float worst = 0, scale = 0;
+  for (int l = 0; l < h.n_layers; ++l)
+    for (size_t s = 0; s < ids.size(); ++s) {
+      worst = std::max(worst, max_abs_diff(moved.k(l, s), at_delta.k(l, s), h.kv_dim()));
+      for (int d = 0; d < h.kv_dim(); ++d) scale = std::max(scale, std::fabs(at_delta.k(l, s)[d]));
+      ASSERT_EQ(moved.position(s), at_delta.position(s));
+      // Values do not depend on position at all once the preceding context is the same.
+      EXPECT_LT(max_abs_diff(moved.v(l, s), at_delta.v(l, s), h.kv_dim()), 1e-3f * std::max(1.f, scale));
+    }
+  // Keys differ only by float rounding of the rotation (and the activations' 8-bit
+  // quantization seeing slightly different inputs in deeper layers): relative 1e-3.
+  EXPECT_LT(worst, 1e-3f * scale) << "max |dK| " << worst << " for |K| up to " << scale;
+  // Shifting back restores the original keys.
+  moved.shift(0, moved.size(), -delta);
+  float back = 0;
+  for (int l = 0; l < h.n_layers; ++l)
+    for (size_t s = 0; s < ids.size(); ++s) back = std::max(back, max_abs_diff(moved.k(l, s), at_zero.k(l, s), h.kv_dim()));
+  EXPECT_LT(back, 1e-4f * scale);
+}
+
+TEST(Forward, RecomputingRowsInPlaceWithSameContextChangesNothing) {
+  CF_REQUIRE_MODEL();
+  const auto ids = sample_tokens(64);
+  KvCache cache(shared_model().hparams());
+  const auto base = run_all(ids, cache);
+  const auto& h = shared_model().hparams();
+  KvCache before = cache;
+  // Recompute rows 10, 20, 63 into their own slots: same inputs, same context.
+  Forward fwd(shared_model(), shared_pool());
+  const std::vector<size_t> slots = {10, 20, 63};
+  std::vector<TokenId> toks;
+  std::vector<int32_t> pos;
+  for (size_t s : slots) {
+    toks.push_back(ids[s]);
+    pos.push_back(static_cast<int32_t>(s));
+  }
+  const size_t last = 2;
+  auto out = fwd.run(cache, {toks, pos, slots, std::span<const size_t>(&last, 1)});
+  EXPECT_EQ(cache.size(), ids.size());
+  EXPECT_LT(max_abs_diff(out.row_logits(0), base.row_logits(63), base.vocab), 2e-3f);
+  for (int l = 0; l < h.n_layers; ++l)
+    for (size_t s : slots) EXPECT_LT(max_abs_diff(cache.k(l, s), before.k(l, s), h.kv_dim()), 1e-2f);
+}
+
+TEST(Forward, HooksSeeNormalisedAttentionAndCanStopEarly) {
+  CF_REQUIRE_MODEL();
+  const auto ids = sample_tokens(32);
+  const auto& h = shared_model().hparams();
+  Forward fwd(shared_model(), shared_pool());
+  KvCache cache(h);
+  auto pos = iota_positions(ids.size());
+  ForwardHooks hooks;
+  hooks.rows = {0, 31};
+  hooks.capture_attention = true;
+  hooks.stop_after_layer = 3;
+  int calls = 0;
+  hooks.on_layer = [&](const LayerTap& t) {
+    ++calls;
+    ASSERT_EQ(t.n_entries, 32u);
+    for (size_t i = 0; i < t.rows.size(); ++i)
+      for (int hh = 0; hh < h.n_heads; ++hh) {
+        const float* p = t.attn_probs + (i * h.n_heads + hh) * t.n_entries;
+        double sum = 0;
+        for (size_t e = 0; e < t.n_entries; ++e) {
+          if (static_cast<int32_t>(e) > pos[t.rows[i]]) EXPECT_EQ(p[e], 0.f) << "future entry visible";
+          sum += p[e];
+        }
+        EXPECT_NEAR(sum, 1.0, 1e-4);
+      }
+    // Row 0 sees only itself.
+    EXPECT_NEAR(t.attn_probs[0], 1.0f, 1e-6);
+    EXPECT_NE(t.q, nullptr);
+    EXPECT_NE(t.hidden_out, nullptr);
+  };
+  const size_t last = 31;
+  auto out = fwd.run(cache, {ids, pos, {}, std::span<const size_t>(&last, 1)}, &hooks);
+  EXPECT_TRUE(out.stopped_early);
+  EXPECT_TRUE(out.logits.empty());
+  EXPECT_EQ(calls, 4);
+}
+
+TEST(Forward, RejectsInconsistentInput) {
+  CF_REQUIRE_MODEL();
+  Forward fwd(shared_model(), shared_pool());
+  KvCache cache(shared_model().hparams());
+  const std::vector<TokenId> toks = {1, 2};
+  const std::vector<int32_t> one_pos = {0};
+  EXPECT_THROW(fwd.run(cache, {toks, one_pos, {}, {}}), std::invalid_argument);
+  const std::vector<TokenId> bad = {-1};
+  EXPECT_THROW(fwd.run(cache, {bad, one_pos, {}, {}}), std::invalid_argument);
+  const std::vector<TokenId> big = {shared_model().hparams().vocab_size};
+  EXPECT_THROW(fwd.run(cache, {big, one_pos, {}, {}}), std::invalid_argument);
+  const std::vector<size_t> slot = {5};
+  const std::vector<TokenId> ok = {1};
+  EXPECT_THROW(fwd.run(cache, {ok, one_pos, slot, {}}), std::invalid_argument);
+  EXPECT_EQ(cache.size(), 0u);
+}
+
+}  // namespace
+}  // namespace cf
