@@ -1,0 +1,43 @@
+// The request layout of DESIGN.md: [system prefix S] [chunk c1] ... [chunk cm] [question suffix U].
+// The model's chat template is rendered once around a placeholder user message and split
+// there: S is the template text before the user content (plus the system message), U is
+// the question and the template text after it. Each passage is tokenized on its own, so
+// a chunk's tokens never depend on its neighbours and its cache can be reused anywhere.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "model/model.h"
+
+namespace cf {
+
+struct Passage {
+  std::string title;
+  std::string text;
+};
+
+struct RagPromptOptions {
+  std::string system = "You are a helpful assistant. Answer the question using the passages. Answer briefly.";
+  std::string passage_separator = "\n\n";  // appended to every passage
+  bool use_chat_template = true;
+};
+
+struct RagRequest {
+  std::vector<TokenId> system;              // S
+  std::vector<std::vector<TokenId>> chunks; // c1..cm
+  std::vector<TokenId> suffix;              // U
+  std::vector<TokenId> flatten() const;     // S c1 .. cm U, the full-prefill prompt
+  size_t context_tokens() const;            // sum of |ci|
+};
+
+// Text of a passage as it goes into its chunk ("Title: ...\n<text>" + separator).
+std::string passage_text(const Passage& p, const RagPromptOptions& opt);
+
+RagRequest build_rag_request(const Model& model, const std::vector<Passage>& passages, const std::string& question,
+                             const RagPromptOptions& opt = {});
+
+// Reads JSON Lines {"title": ..., "text": ...}; throws std::runtime_error with the line
+// number on malformed input.
+std::vector<Passage> read_passages_jsonl(const std::string& path);
+
+}  // namespace cf
