@@ -1,0 +1,327 @@
+// ISA dispatch and WeightMatrix: repacking at construction, activation quantization
+// once per multiply, and the split of the work over the thread pool.
+#include "model/kernels.h"
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+
+#include "base/thread_pool.h"
+#include "model/kernels_impl.h"
+
+namespace cf {
+
+// ---------------------------------------------------------------------------------------
+// ISA selection
+
+namespace {
+Isa cpu_isa() {
+#if defined(__x86_64__)
+  __builtin_cpu_init();
+  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+                    __builtin_cpu_supports("f16c");
+  const bool avx512 = avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+                      __builtin_cpu_supports("avx512vnni");
+  if (avx512) return Isa::Avx512;
+  if (avx2) return Isa::Avx2;
+#endif
+  return Isa::Portable;
+}
+
+Isa env_capped(Isa best) {
+  const char* env = std::getenv("CHUNKFUSE_ISA");
+  if (!env || !*env) return best;
+  const std::string v(env);
+  Isa cap = best;
+  if (v == "portable") cap = Isa::Portable;
+  else if (v == "avx2") cap = Isa::Avx2;
+  else if (v == "avx512") cap = Isa::Avx512;
+  else std::fprintf(stderr, "chunkfuse: ignoring unknown CHUNKFUSE_ISA=%s\n", env);
+  return std::min(best, cap);
+}
+
+std::atomic<int> g_forced_isa{-1};
+
+const kern::IsaKernels& kernels_for(Isa isa) {
+  switch (isa) {
+    case Isa::Avx512: return kern::avx512_kernels();
+    case Isa::Avx2: return kern::avx2_kernels();
+    case Isa::Portable: break;
+  }
+  return kern::portable_kernels();
+}
+}  // namespace
+
+Isa detect_isa() {
+  static const Isa isa = env_capped(cpu_isa());
+  return isa;
+}
+
+Isa active_isa() {
+  const int forced = g_forced_isa.load(std::memory_order_relaxed);
+  return forced >= 0 ? static_cast<Isa>(forced) : detect_isa();
+}
+
+const char* isa_name(Isa isa) {
+  switch (isa) {
+    case Isa::Portable: return "portable";
+    case Isa::Avx2: return "avx2";
+    case Isa::Avx512: return "avx512";
+  }
+  return "?";
+}
+
+void force_isa(Isa isa) {
+  if (isa > cpu_isa()) throw std::invalid_argument(std::string("this CPU cannot run ") + isa_name(isa));
+  g_forced_isa.store(static_cast<int>(isa), std::memory_order_relaxed);
+}
+
+// ---------------------------------------------------------------------------------------
+// WeightMatrix
+
+namespace {
+
+enum class Layout { Q4_1x16, Q8_0x16, Generic };
+
+struct AlignedFree {
+  void operator()(uint8_t* p) const { std::free(p); }
+};
+using AlignedBytes = std::unique_ptr<uint8_t[], AlignedFree>;
+
+AlignedBytes aligned_bytes(size_t n) {
+  const size_t rounded = (std::max<size_t>(n, 1) + 63) / 64 * 64;
+  auto* p = static_cast<uint8_t*>(std::aligned_alloc(64, rounded));
+  if (!p) throw std::bad_alloc();
+  return AlignedBytes(p);
+}
+
+// Whether [p, p+n) lies in one file-backed mapping (then dropping its pages only costs a
+// re-read from the file; on anonymous or heap memory it would destroy the data).
+bool in_file_mapping(const uint8_t* p, size_t n) {
+  std::ifstream maps("/proc/self/maps");
+  std::string line;
+  const auto begin = reinterpret_cast<uintptr_t>(p), end = begin + n;
+  while (std::getline(maps, line)) {
+    std::istringstream in(line);
+    std::string range, perms, offset, dev;
+    unsigned long inode = 0;
+    in >> range >> perms >> offset >> dev >> inode;
+    const auto dash = range.find('-');
+    if (dash == std::string::npos) continue;
+    const uintptr_t lo = std::stoull(range.substr(0, dash), nullptr, 16);
+    const uintptr_t hi = std::stoull(range.substr(dash + 1), nullptr, 16);
+    if (begin >= lo && begin < hi) return end <= hi && inode != 0 && perms.find('w') == std::string::npos;
+  }
+  return false;
+}
+
+// Drops the resident pages wholly inside [p, p+n) (never a page shared with a neighbour).
+void release_pages(const uint8_t* p, size_t n) {
+  const auto page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  const auto begin = (reinterpret_cast<uintptr_t>(p) + page - 1) / page * page;
+  const auto end = (reinterpret_cast<uintptr_t>(p) + n) / page * page;
+  if (end <= begin) return;
+  if (!in_file_mapping(p, n)) return;
+  madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
+}
+
+// Scratch for quantized activations, owned by the calling thread (the pool is not
+// reentrant, so one multiply at a time runs per caller).
+uint8_t* act_scratch(size_t bytes) {
+  thread_local AlignedBytes buf;
+  thread_local size_t cap = 0;
+  if (bytes > cap) {
+    cap = bytes + bytes / 4;
+    buf = aligned_bytes(cap);
+  }
+  return buf.get();
+}
+
+// Below this many multiply-adds a job runs on the calling thread only: waking the pool
+// costs more than the work.
+constexpr size_t kMinParallelMacs = 96 * 1024;
+constexpr size_t kRowChunk = 64;  // activation rows per task for large n
+
+}  // namespace
+
+struct WeightMatrix::Impl {
+  Layout layout = Layout::Generic;
+  AlignedBytes packed;       // repacked tiles (Q4_1x16 / Q8_0x16)
+  size_t tile_bytes = 0;     // bytes per 16-row tile
+  size_t n_tiles = 0;
+  size_t nb = 0;             // 32-blocks per row
+  const uint8_t* raw = nullptr;  // generic layout: rows in the file
+  size_t row_bytes = 0;
+};
+
+WeightMatrix::WeightMatrix(GgmlType type, const uint8_t* data, size_t rows, size_t cols)
+    : type_(type), rows_(rows), cols_(cols), impl_(std::make_unique<Impl>()) {
+  const auto info = ggml_type_info(type);
+  if (!info.supported || type == GgmlType::Q8_1 || type == GgmlType::Q8_K)
+    throw std::invalid_argument("WeightMatrix: unsupported weight type " + std::string(info.name));
+  if (cols == 0 || rows == 0) throw std::invalid_argument("WeightMatrix: empty matrix");
+  Impl& m = *impl_;
+  m.row_bytes = ggml_row_bytes(type, cols);  // throws when cols is not whole blocks
+  const size_t total = m.row_bytes * rows;
+
+  if (type == GgmlType::Q4_1 || type == GgmlType::Q8_0) {
+    const bool q4 = type == GgmlType::Q4_1;
+    m.layout = q4 ? Layout::Q4_1x16 : Layout::Q8_0x16;
+    m.nb = cols / kern::kQK;
+    m.n_tiles = (rows + kern::kTileRows - 1) / kern::kTileRows;
+    const size_t tb = q4 ? kern::kQ4_1TileBlock : kern::kQ8_0TileBlock;
+    m.tile_bytes = tb * m.nb;
+    m.packed = aligned_bytes(m.tile_bytes * m.n_tiles);
+    std::memset(m.packed.get(), 0, m.tile_bytes * m.n_tiles);  // padding rows: all zero
+    if (!q4) {  // zero weights are stored as 128 in the offset encoding
+      for (size_t t = 0; t < m.n_tiles; ++t)
+        for (size_t b = 0; b < m.nb; ++b) std::memset(m.packed.get() + t * m.tile_bytes + b * tb, 128, 512);
+    }
+    for (size_t o = 0; o < rows; ++o) {
+      const uint8_t* src_row = data + o * m.row_bytes;
+      const size_t t = o / kern::kTileRows, lane = o % kern::kTileRows;
+      for (size_t b = 0; b < m.nb; ++b) {
+        uint8_t* dst = m.packed.get() + t * m.tile_bytes + b * tb;
+        if (q4) {
+          const uint8_t* blk = src_row + b * 20;
+          for (int g = 0; g < 4; ++g) std::memcpy(dst + 64 * g + 4 * lane, blk + 4 + 4 * g, 4);
+          std::memcpy(dst + 256 + 2 * lane, blk, 2);
+          std::memcpy(dst + 288 + 2 * lane, blk + 2, 2);
+        } else {
+          const uint8_t* blk = src_row + b * 34;
+          for (int g = 0; g < 8; ++g)
+            for (int j = 0; j < 4; ++j) dst[64 * g + 4 * lane + j] = static_cast<uint8_t>(blk[2 + 4 * g + j] ^ 0x80);
+          std::memcpy(dst + 512 + 2 * lane, blk, 2);
+        }
+      }
+    }
+    release_pages(data, total);
+  } else {
+    m.layout = Layout::Generic;
+    m.raw = data;
+    kern::generic_act_row_bytes(static_cast<uint32_t>(type), cols);  // throws when no kernel
+  }
+}
+
+WeightMatrix::~WeightMatrix() = default;
+WeightMatrix::WeightMatrix(WeightMatrix&&) noexcept = default;
+WeightMatrix& WeightMatrix::operator=(WeightMatrix&&) noexcept = default;
+
+void WeightMatrix::dequantize_weight_row(size_t o, float* dst) const {
+  if (o >= rows_) throw std::out_of_range("WeightMatrix::dequantize_weight_row: row out of range");
+  const Impl& m = *impl_;
+  if (m.layout == Layout::Generic) {
+    dequantize_row(type_, m.raw + o * m.row_bytes, dst, cols_);
+    return;
+  }
+  const size_t t = o / kern::kTileRows, lane = o % kern::kTileRows;
+  // Rebuild the file's block and dequantize it with the reference formula.
+  for (size_t b = 0; b < m.nb; ++b) {
+    if (m.layout == Layout::Q4_1x16) {
+      const uint8_t* src = m.packed.get() + t * m.tile_bytes + b * kern::kQ4_1TileBlock;
+      uint8_t blk[20];
+      std::memcpy(blk, src + 256 + 2 * lane, 2);
+      std::memcpy(blk + 2, src + 288 + 2 * lane, 2);
+      for (int g = 0; g < 4; ++g) std::memcpy(blk + 4 + 4 * g, src + 64 * g + 4 * lane, 4);
+      dequantize_row(GgmlType::Q4_1, blk, dst + b * kern::kQK, kern::kQK);
+    } else {
+      const uint8_t* src = m.packed.get() + t * m.tile_bytes + b * kern::kQ8_0TileBlock;
+      uint8_t blk[34];
+      std::memcpy(blk, src + 512 + 2 * lane, 2);
+      for (int g = 0; g < 8; ++g)
+        for (int j = 0; j < 4; ++j) blk[2 + 4 * g + j] = static_cast<uint8_t>(src[64 * g + 4 * lane + j] ^ 0x80);
+      dequantize_row(GgmlType::Q8_0, blk, dst + b * kern::kQK, kern::kQK);
+    }
+  }
+}
+
+void WeightMatrix::multiply(const float* x, size_t n, size_t x_stride, float* y, size_t y_stride,
+                            ThreadPool& pool) const {
+  multiply_rows(x, n, x_stride, y, y_stride, 0, rows_, pool);
+}
+
+void WeightMatrix::multiply_rows(const float* x, size_t n, size_t x_stride, float* y, size_t y_stride,
+                                 size_t o_begin, size_t o_end, ThreadPool& pool) const {
+  if (o_end > rows_ || o_begin > o_end) throw std::out_of_range("WeightMatrix::multiply_rows: bad row range");
+  if (n == 0 || o_begin == o_end) return;
+  const Impl& m = *impl_;
+  const size_t threads = pool.size();
+  const bool parallel = threads > 1 && n * cols_ * (o_end - o_begin) >= kMinParallelMacs;
+  const uint32_t tid = static_cast<uint32_t>(type_);
+
+  if (m.layout == Layout::Generic) {
+    const size_t rec = kern::generic_act_row_bytes(tid, cols_);
+    uint8_t* acts = act_scratch(rec * n);
+    auto quantize = [&](size_t b, size_t e, size_t) {
+      for (size_t r = b; r < e; ++r) kern::generic_quantize_row(tid, x + r * x_stride, cols_, acts + r * rec);
+    };
+    auto compute = [&](size_t b, size_t e, size_t) {
+      for (size_t o = o_begin + b; o < o_begin + e; ++o)
+        for (size_t r = 0; r < n; ++r)
+          y[r * y_stride + o] = kern::generic_dot(tid, m.raw + o * m.row_bytes, acts + r * rec, cols_);
+    };
+    if (parallel) {
+      pool.parallel_range(n, quantize, 1);
+      pool.parallel_range(o_end - o_begin, compute);
+    } else {
+      quantize(0, n, 0);
+      compute(0, o_end - o_begin, 0);
+    }
+    return;
+  }
+
+  const kern::IsaKernels& k = kernels_for(active_isa());
+  const bool q4 = m.layout == Layout::Q4_1x16;
+  const kern::TileKernelFn tile_fn = q4 ? k.q4_1 : k.q8_0;
+  const size_t stride = kern::act_row_stride(m.nb);
+  uint8_t* acts = act_scratch(stride * n);
+  auto quantize = [&](size_t b, size_t e, size_t) {
+    for (size_t r = b; r < e; ++r) k.quantize_q8(x + r * x_stride, cols_, acts + r * stride, q4);
+  };
+  if (parallel && n >= 16)
+    pool.parallel_range(n, quantize, 1);
+  else
+    quantize(0, n, 0);
+
+  const kern::ActView act{acts, stride, m.nb};
+  const size_t t_begin = o_begin / kern::kTileRows;
+  const size_t t_end = (o_end + kern::kTileRows - 1) / kern::kTileRows;
+  const size_t tiles = t_end - t_begin;
+  const size_t row_chunk = std::min(n, kRowChunk);
+  const size_t row_tasks = (n + row_chunk - 1) / row_chunk;
+  // Enough tasks for load balance across threads; tiles per task from that.
+  const size_t want = parallel ? threads * 4 : 1;
+  const size_t tile_tasks = std::min(tiles, std::max<size_t>(1, (want + row_tasks - 1) / row_tasks));
+  const size_t tiles_per_task = (tiles + tile_tasks - 1) / tile_tasks;
+  const size_t n_tile_tasks = (tiles + tiles_per_task - 1) / tiles_per_task;
+
+  auto task = [&](size_t id, size_t) {
+    const size_t rt = id / n_tile_tasks, tt = id % n_tile_tasks;
+    const size_t r0 = rt * row_chunk, nr = std::min(n, r0 + row_chunk) - r0;
+    const size_t ta = t_begin + tt * tiles_per_task, tb = std::min(t_end, ta + tiles_per_task);
+    for (size_t t = ta; t < tb; ++t) {
+      const size_t base = t * kern::kTileRows;
+      const auto lo = static_cast<unsigned>(std::max(o_begin, base) - base);
+      const auto hi = static_cast<unsigned>(std::min(o_end, base + kern::kTileRows) - base);
+      tile_fn(m.packed.get() + t * m.tile_bytes, m.nb, act, r0, nr, y + r0 * y_stride + base, y_stride, lo, hi);
+    }
+  };
+  const size_t n_tasks = row_tasks * n_tile_tasks;
+  if (parallel) {
+    pool.parallel_for(n_tasks, task);
+  } else {
+    for (size_t id = 0; id < n_tasks; ++id) task(id, 0);
+  }
+}
+
+}  // namespace cf

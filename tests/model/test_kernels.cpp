@@ -1,0 +1,517 @@
+// Kernels: exact format conversions, dequantization against per-element formulas, the
+// quantized GEMM against double-precision references, ISA and thread-count invariance.
+#include <gtest/gtest.h>
+
+#include <bit>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+#include "base/thread_pool.h"
+#include "model/gguf.h"
+#include "model/kernels.h"
+#include "model/kernels_impl.h"
+#include "test_support.h"
+
+namespace cf {
+namespace {
+
+// ---------------------------------------------------------------------------------------
+// fp16 / bf16
+
+#if defined(__x86_64__)
+__attribute__((target("f16c"))) uint16_t f16c_from_f32(float f) {
+  return static_cast<uint16_t>(_cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+}
+__attribute__((target("f16c"))) float f16c_to_f32(uint16_t h) { return _cvtsh_ss(h); }
+#endif
+
+TEST(Fp16, EveryHalfRoundTripsAndMatchesValue) {
+  for (uint32_t h = 0; h < 65536; ++h) {
+    const float f = fp16_to_fp32(static_cast<uint16_t>(h));
+    const uint32_t exp = (h >> 10) & 0x1f, mant = h & 0x3ff;
+    if (exp == 0x1f && mant != 0) {
+      EXPECT_TRUE(std::isnan(f)) << h;
+      continue;
+    }
+    // Value by definition: subnormals are mant * 2^-24, normals (1024+mant) * 2^(exp-25).
+    double expect = exp == 0 ? std::ldexp(static_cast<double>(mant), -24)
+                             : std::ldexp(1024.0 + mant, static_cast<int>(exp) - 25);
+    if (exp == 0x1f) expect = INFINITY;
+    if (h & 0x8000) expect = -expect;
+    EXPECT_EQ(static_cast<double>(f), expect) << h;
+    EXPECT_EQ(fp32_to_fp16(f), h) << h;
+  }
+}
+
+TEST(Fp16, RoundsHalfToEvenLikeF16C) {
+  std::mt19937 rng(1);
+#if defined(__x86_64__)
+  const bool have_f16c = __builtin_cpu_supports("f16c");
+#else
+  const bool have_f16c = false;
+#endif
+  // Ties: halfway between 1.0 and the next half (1 + 2^-10) rounds to even (1.0).
+  EXPECT_EQ(fp32_to_fp16(1.0f + std::ldexp(1.0f, -11)), 0x3c00);
+  EXPECT_EQ(fp32_to_fp16(1.0f + 3 * std::ldexp(1.0f, -11)), 0x3c02);
+  EXPECT_EQ(fp32_to_fp16(65519.0f), 0x7bff);
+  EXPECT_EQ(fp32_to_fp16(65520.0f), 0x7c00);
+  EXPECT_EQ(fp32_to_fp16(std::ldexp(1.0f, -25)), 0x0000);           // tie to even zero
+  EXPECT_EQ(fp32_to_fp16(std::ldexp(1.5f, -25)), 0x0001);
+  EXPECT_EQ(fp32_to_fp16(-std::ldexp(3.0f, -25)), 0x8002);          // 1.5 ulp -> 2 (even)
+  EXPECT_EQ(fp32_to_fp16(INFINITY), 0x7c00);
+  EXPECT_EQ(fp32_to_fp16(-INFINITY), 0xfc00);
+  EXPECT_EQ(fp32_to_fp16(std::nanf("")) & 0x7e00, 0x7e00);
+  if (!have_f16c) GTEST_SKIP() << "no F16C to compare with";
+#if defined(__x86_64__)
+  for (int i = 0; i < 2000000; ++i) {
+    uint32_t bits = rng();
+    // Bias half of the samples into the half-precision range, where rounding matters.
+    if (i & 1) bits = (bits & 0x807fffffu) | ((100u + bits % 50u) << 23);
+    const float f = std::bit_cast<float>(bits);
+    ASSERT_EQ(fp32_to_fp16(f), f16c_from_f32(f)) << std::hex << bits;
+    const auto h = static_cast<uint16_t>(bits & 0xffff);
+    if (((h >> 10) & 0x1f) != 0x1f) {
+      ASSERT_EQ(fp16_to_fp32(h), f16c_to_f32(h)) << h;
+    }
+  }
+#endif
+}
+
+TEST(Bf16, ConvertsByShiftingAndRoundsToEven) {
+  EXPECT_EQ(bf16_to_fp32(0x3f80), 1.0f);
+  EXPECT_EQ(bf16_to_fp32(0xc000), -2.0f);
+  EXPECT_EQ(kern::fp32_to_bf16(1.0f), 0x3f80);
+  EXPECT_EQ(kern::fp32_to_bf16(std::bit_cast<float>(0x3f808000u)), 0x3f80);  // tie -> even
+  EXPECT_EQ(kern::fp32_to_bf16(std::bit_cast<float>(0x3f818000u)), 0x3f82);
+  EXPECT_EQ(kern::fp32_to_bf16(std::bit_cast<float>(0x3f808001u)), 0x3f81);
+}
+
+// ---------------------------------------------------------------------------------------
+// Random blocks with controlled scales
+
+uint16_t h(float f) { return fp32_to_fp16(f); }
+void put16(uint8_t* p, uint16_t v) { std::memcpy(p, &v, 2); }
+
+// Fills n_blocks blocks of type t with random quants and finite scales. `extreme` mixes in
+// tiny (subnormal), large and negative scales and mins.
+std::vector<uint8_t> random_blocks(GgmlType t, size_t n_blocks, std::mt19937& rng, bool extreme) {
+  const auto info = ggml_type_info(t);
+  std::vector<uint8_t> v(n_blocks * info.block_bytes);
+  for (auto& b : v) b = static_cast<uint8_t>(rng());
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  auto scale = [&]() -> float {
+    float s = 0.01f + 0.05f * std::fabs(u(rng));
+    if (extreme) {
+      switch (rng() % 5) {
+        case 0: s = 3e-7f; break;           // fp16 subnormal
+        case 1: s = 900.0f * u(rng); break;  // large, any sign
+        case 2: s = -s; break;
+        default: break;
+      }
+    }
+    return s;
+  };
+  for (size_t i = 0; i < n_blocks; ++i) {
+    uint8_t* b = v.data() + i * info.block_bytes;
+    switch (t) {
+      case GgmlType::F32:
+        for (size_t j = 0; j < 1; ++j) {
+          const float f = u(rng);
+          std::memcpy(b, &f, 4);
+        }
+        break;
+      case GgmlType::F16: put16(b, h(u(rng))); break;
+      case GgmlType::BF16: put16(b, kern::fp32_to_bf16(u(rng))); break;
+      case GgmlType::Q4_0: case GgmlType::Q5_0: case GgmlType::Q8_0: put16(b, h(scale())); break;
+      case GgmlType::Q4_1: case GgmlType::Q5_1:
+        put16(b, h(scale()));
+        put16(b + 2, h(extreme ? 0.3f * u(rng) * (rng() % 3 == 0 ? 100.0f : 1.0f) : 0.02f * u(rng)));
+        break;
+      case GgmlType::Q4_K: case GgmlType::Q5_K:
+        put16(b, h(scale()));
+        put16(b + 2, h(extreme ? scale() : 0.01f * std::fabs(u(rng))));
+        break;
+      case GgmlType::Q6_K: put16(b + 208, h(scale())); break;
+      default: break;
+    }
+  }
+  return v;
+}
+
+// ---------------------------------------------------------------------------------------
+// Per-element definitions written independently of the library's block loops.
+
+float elem(GgmlType t, const uint8_t* row, size_t i) {
+  auto f16 = [](const uint8_t* p) {
+    uint16_t v;
+    std::memcpy(&v, p, 2);
+    return fp16_to_fp32(v);
+  };
+  switch (t) {
+    case GgmlType::F32: {
+      float f;
+      std::memcpy(&f, row + 4 * i, 4);
+      return f;
+    }
+    case GgmlType::F16: return f16(row + 2 * i);
+    case GgmlType::BF16: {
+      uint16_t v;
+      std::memcpy(&v, row + 2 * i, 2);
+      return std::bit_cast<float>(static_cast<uint32_t>(v) << 16);
+    }
+    case GgmlType::Q4_0: case GgmlType::Q4_1: case GgmlType::Q5_0: case GgmlType::Q5_1: {
+      const size_t bytes = ggml_type_info(t).block_bytes;
+      const uint8_t* b = row + (i / 32) * bytes;
+      const size_t j = i % 32;
+      const bool has_min = t == GgmlType::Q4_1 || t == GgmlType::Q5_1;
+      const bool five = t == GgmlType::Q5_0 || t == GgmlType::Q5_1;
+      const uint8_t* qs = b + 2 + (has_min ? 2 : 0) + (five ? 4 : 0);
+      int q = j < 16 ? (qs[j] & 15) : (qs[j - 16] >> 4);
+      if (five) {
+        const uint8_t* qh = b + 2 + (has_min ? 2 : 0);
+        q += ((qh[j / 8] >> (j % 8)) & 1) << 4;  // bit j of the little-endian 32-bit qh
+      }
+      if (!has_min) q -= five ? 16 : 8;
+      const float d = f16(b);
+      return has_min ? static_cast<float>(q) * d + f16(b + 2) : static_cast<float>(q) * d;
+    }
+    case GgmlType::Q8_0: {
+      const uint8_t* b = row + (i / 32) * 34;
+      return static_cast<float>(static_cast<int8_t>(b[2 + i % 32])) * f16(b);
+    }
+    case GgmlType::Q4_K: case GgmlType::Q5_K: {
+      const bool five = t == GgmlType::Q5_K;
+      const uint8_t* b = row + (i / 256) * (five ? 176 : 144);
+      const size_t k = i % 256, sub = k / 32, l = k % 32;
+      // 6-bit fields: scales 0-3 / mins 0-3 are the low 6 bits of bytes 0-3 / 4-7; scale
+      // and min 4-7 take their low 4 bits from byte 8+j and their top 2 from the top bits
+      // of bytes j / 4+j.
+      const uint8_t* s = b + 4;
+      int sc, mn;
+      if (sub < 4) {
+        sc = s[sub] % 64;
+        mn = s[sub + 4] % 64;
+      } else {
+        sc = (s[sub + 4] % 16) + (s[sub - 4] / 64) * 16;
+        mn = (s[sub + 4] / 16) + (s[sub] / 64) * 16;
+      }
+      const uint8_t* qs = b + (five ? 48 : 16);
+      int q = (sub % 2 == 0) ? qs[(sub / 2) * 32 + l] % 16 : qs[(sub / 2) * 32 + l] / 16;
+      if (five) q += ((b[16 + l] >> sub) & 1) * 16;
+      return f16(b) * static_cast<float>(sc) * static_cast<float>(q) - f16(b + 2) * static_cast<float>(mn);
+    }
+    case GgmlType::Q6_K: {
+      const uint8_t* b = row + (i / 256) * 210;
+      const size_t k = i % 256, half = k / 128, w = k % 128, quarter = w / 32, l = w % 32;
+      const uint8_t lb = b[half * 64 + l + (quarter % 2) * 32];
+      const int lo = quarter < 2 ? lb % 16 : lb / 16;
+      const int hi = (b[128 + half * 32 + l] >> (2 * quarter)) & 3;
+      const int sc = static_cast<int8_t>(b[192 + half * 8 + quarter * 2 + l / 16]);
+      return f16(b + 208) * static_cast<float>(sc) * static_cast<float>(lo + 16 * hi - 32);
+    }
+    default: ADD_FAILURE() << "no formula"; return 0;
+  }
+}
+
+const GgmlType kAllTypes[] = {GgmlType::F32,  GgmlType::F16,  GgmlType::BF16, GgmlType::Q4_0,
+                              GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0,
+                              GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K};
+
+TEST(Dequantize, EveryTypeMatchesPerElementFormula) {
+  std::mt19937 rng(7);
+  for (GgmlType t : kAllTypes) {
+    for (bool extreme : {false, true}) {
+      const size_t n = 512;  // two K-quant super-blocks, sixteen 32-blocks
+      const auto info = ggml_type_info(t);
+      const auto data = random_blocks(t, n / info.block_elems, rng, extreme);
+      std::vector<float> out(n);
+      dequantize_row(t, data.data(), out.data(), n);
+      for (size_t i = 0; i < n; ++i) {
+        const float e = elem(t, data.data(), i);
+        // The library may evaluate d*sc*q in another association; allow 2 ulps.
+        ASSERT_NEAR(out[i], e, std::fabs(e) * 3e-7f + 1e-30f) << info.name << " elem " << i;
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// Activation quantization
+
+TEST(Quantize, Q8MatchesLlamaCppRuleOnEveryIsa) {
+  std::mt19937 rng(3);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  const size_t cols = 1536, nb = cols / 32;
+  std::vector<float> x(cols);
+  for (auto& v : x) v = nd(rng);
+  for (size_t i = 0; i < 32; ++i) x[i] = 0.0f;                     // an all-zero block
+  for (size_t i = 32; i < 64; ++i) x[i] = (static_cast<float>(i) - 48.0f) * 0.5f;  // ties
+  std::vector<uint8_t> want(kern::act_row_stride(nb)), got(want.size());
+  for (bool q8_1 : {false, true}) {
+    // Reference by the rule: id = 127/amax, q = round-half-even(x*id), d = fp16(amax/127).
+    int8_t* wq = reinterpret_cast<int8_t*>(want.data());
+    for (size_t b = 0; b < nb; ++b) {
+      float amax = 0;
+      for (size_t j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(x[b * 32 + j]));
+      const float id = amax != 0 ? 127.0f / amax : 0.0f;
+      int sum = 0;
+      for (size_t j = 0; j < 32; ++j) {
+        wq[b * 32 + j] = static_cast<int8_t>(std::nearbyint(x[b * 32 + j] * id));
+        sum += wq[b * 32 + j];
+      }
+      const float d = amax / 127.0f;
+      float* dv = reinterpret_cast<float*>(want.data() + nb * 32);
+      dv[b] = fp16_to_fp32(fp32_to_fp16(d));
+      if (q8_1)
+        dv[nb + b] = fp16_to_fp32(fp32_to_fp16(d * static_cast<float>(sum)));
+      else
+        reinterpret_cast<int32_t*>(dv + nb)[b] = -128 * sum;
+    }
+    EXPECT_EQ(wq[32 + 1], -std::lround(127.0f * 15.0f / 16.0f));
+    for (Isa isa : {Isa::Portable, Isa::Avx2, Isa::Avx512}) {
+      if (isa > detect_isa()) continue;
+      const auto& k = isa == Isa::Avx512 ? kern::avx512_kernels()
+                      : isa == Isa::Avx2 ? kern::avx2_kernels()
+                                         : kern::portable_kernels();
+      std::fill(got.begin(), got.end(), 0);
+      k.quantize_q8(x.data(), cols, got.data(), q8_1);
+      EXPECT_EQ(0, std::memcmp(want.data(), got.data(), nb * 40)) << isa_name(isa) << " q8_1=" << q8_1;
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// Matrix multiply
+
+struct Case {
+  GgmlType type;
+  size_t rows, cols;
+};
+
+std::vector<float> random_acts(size_t n, size_t cols, std::mt19937& rng) {
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> x(n * cols);
+  for (auto& v : x) v = nd(rng);
+  // A few outliers, as real activations have.
+  for (size_t i = 0; i < x.size(); i += 97) x[i] *= 20.0f;
+  return x;
+}
+
+// The activations as the kernel sees them: quantized then dequantized (double).
+std::vector<double> requantized_acts(GgmlType t, const float* x, size_t cols) {
+  std::vector<uint8_t> rec(kern::generic_act_row_bytes(static_cast<uint32_t>(t), cols));
+  kern::generic_quantize_row(static_cast<uint32_t>(t), x, cols, rec.data());
+  std::vector<double> out(cols);
+  switch (t) {
+    case GgmlType::Q4_0: case GgmlType::Q4_1: case GgmlType::Q5_0: case GgmlType::Q5_1:
+    case GgmlType::Q8_0: {
+      const kern::ActView a{rec.data(), 0, cols / 32};
+      for (size_t i = 0; i < cols; ++i) out[i] = static_cast<double>(a.qs(0)[i]) * a.d(0)[i / 32];
+      break;
+    }
+    case GgmlType::Q4_K: case GgmlType::Q5_K: case GgmlType::Q6_K: {
+      const auto* q = reinterpret_cast<const int8_t*>(rec.data());
+      const auto* d = reinterpret_cast<const float*>(rec.data() + cols);
+      for (size_t i = 0; i < cols; ++i) out[i] = static_cast<double>(q[i]) * d[i / 256];
+      break;
+    }
+    case GgmlType::F16:
+      for (size_t i = 0; i < cols; ++i) out[i] = fp16_to_fp32(fp32_to_fp16(x[i]));
+      break;
+    case GgmlType::BF16:
+      for (size_t i = 0; i < cols; ++i) out[i] = bf16_to_fp32(kern::fp32_to_bf16(x[i]));
+      break;
+    default:
+      for (size_t i = 0; i < cols; ++i) out[i] = x[i];
+  }
+  return out;
+}
+
+// Checks one product against double references: tight against the quantized
+// activations, loose against the original ones.
+void check_product(GgmlType t, const std::vector<uint8_t>& wdata, size_t rows, size_t cols,
+                   const std::vector<float>& x, size_t n, const std::vector<float>& y, const char* label) {
+  std::vector<float> wrow(cols);
+  const size_t rb = ggml_row_bytes(t, cols);
+  for (size_t o = 0; o < rows; ++o) {
+    dequantize_row(t, wdata.data() + o * rb, wrow.data(), cols);
+    double wnorm = 0;
+    for (float v : wrow) wnorm += static_cast<double>(v) * v;
+    wnorm = std::sqrt(wnorm);
+    for (size_t r = 0; r < n; ++r) {
+      const float* xr = x.data() + r * cols;
+      const auto xq = requantized_acts(t, xr, cols);
+      double exact_q = 0, exact = 0, mag = 0, xnorm = 0;
+      for (size_t k = 0; k < cols; ++k) {
+        exact_q += wrow[k] * xq[k];
+        exact += static_cast<double>(wrow[k]) * xr[k];
+        mag += std::fabs(wrow[k] * xq[k]);
+        xnorm += static_cast<double>(xr[k]) * xr[k];
+      }
+      xnorm = std::sqrt(xnorm);
+      const double got = y[r * rows + o];
+      // Float rounding only, except that Q8_1's s = fp16(d * sum q) carries a relative
+      // 2^-11 rounding, and K-quants subtract two float terms that may nearly cancel.
+      const bool has_min = t == GgmlType::Q4_1 || t == GgmlType::Q5_1;
+      const bool k_quant = t == GgmlType::Q4_K || t == GgmlType::Q5_K || t == GgmlType::Q6_K;
+      const double rel = has_min ? 1e-3 : k_quant ? 1e-4 : 1e-5;
+      ASSERT_NEAR(got, exact_q, rel * mag + 1e-6) << label << " o=" << o << " r=" << r;
+      ASSERT_NEAR(got, exact, 0.03 * wnorm * xnorm + 1e-6) << label << " o=" << o << " r=" << r;
+    }
+  }
+}
+
+std::vector<Isa> available_isas() {
+  std::vector<Isa> v{Isa::Portable};
+  if (detect_isa() >= Isa::Avx2) v.push_back(Isa::Avx2);
+  if (detect_isa() >= Isa::Avx512) v.push_back(Isa::Avx512);
+  return v;
+}
+
+class IsaGuard {
+ public:
+  explicit IsaGuard(Isa isa) { force_isa(isa); }
+  ~IsaGuard() { force_isa(detect_isa()); }
+};
+
+TEST(Multiply, EveryTypeMatchesDoubleReference) {
+  std::mt19937 rng(11);
+  ThreadPool pool(2);
+  const Case cases[] = {
+      {GgmlType::Q4_1, 200, 576}, {GgmlType::Q4_1, 48, 1536}, {GgmlType::Q8_0, 200, 576},
+      {GgmlType::Q8_0, 33, 64},   {GgmlType::Q4_0, 40, 576},  {GgmlType::Q5_0, 40, 576},
+      {GgmlType::Q5_1, 40, 576},  {GgmlType::Q4_K, 40, 512},  {GgmlType::Q5_K, 40, 768},
+      {GgmlType::Q6_K, 40, 512},  {GgmlType::F16, 20, 96},    {GgmlType::BF16, 20, 96},
+      {GgmlType::F32, 20, 96},
+  };
+  for (const Case& c : cases) {
+    const auto info = ggml_type_info(c.type);
+    const auto w = random_blocks(c.type, c.rows * c.cols / info.block_elems, rng, false);
+    WeightMatrix m(c.type, w.data(), c.rows, c.cols);
+    for (size_t n : {1, 3, 17}) {
+      const auto x = random_acts(n, c.cols, rng);
+      for (Isa isa : available_isas()) {
+        IsaGuard g(isa);
+        std::vector<float> y(n * c.rows, NAN);
+        m.multiply(x.data(), n, c.cols, y.data(), c.rows, pool);
+        const std::string label = std::string(info.name) + " " + isa_name(isa) + " n=" + std::to_string(n);
+        check_product(c.type, w, c.rows, c.cols, x, n, y, label.c_str());
+      }
+    }
+  }
+}
+
+TEST(Multiply, ExtremeScalesStayAccurate) {
+  std::mt19937 rng(12);
+  ThreadPool pool(1);
+  for (GgmlType t : {GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::Q5_1}) {
+    const size_t rows = 24, cols = 512;
+    const auto w = random_blocks(t, rows * cols / ggml_type_info(t).block_elems, rng, true);
+    WeightMatrix m(t, w.data(), rows, cols);
+    const auto x = random_acts(5, cols, rng);
+    for (Isa isa : available_isas()) {
+      IsaGuard g(isa);
+      std::vector<float> y(5 * rows);
+      m.multiply(x.data(), 5, cols, y.data(), rows, pool);
+      check_product(t, w, rows, cols, x, 5, y, (std::string(ggml_type_name(t)) + " extreme " + isa_name(isa)).c_str());
+    }
+  }
+}
+
+// Repacked types: every ISA and thread count gives the same bits; strides, row ranges and
+// the weight-row lookup agree with the plain path.
+TEST(Multiply, RepackedBitIdenticalAcrossIsasThreadsAndRanges) {
+  std::mt19937 rng(13);
+  ThreadPool pool1(1), pool2(2), pool3(3);
+  for (GgmlType t : {GgmlType::Q4_1, GgmlType::Q8_0}) {
+    for (const auto& [rows, cols] : {std::pair<size_t, size_t>{200, 576}, {1536, 576}, {192, 1536}}) {
+      const auto w = random_blocks(t, rows * cols / 32, rng, false);
+      WeightMatrix m(t, w.data(), rows, cols);
+      for (size_t n : {1, 3, 17, 100}) {
+        const size_t x_stride = cols + 5, y_stride = rows + 3;
+        const auto x = random_acts(n, x_stride, rng);
+        std::vector<float> ref;
+        for (Isa isa : available_isas()) {
+          IsaGuard g(isa);
+          for (ThreadPool* pool : {&pool1, &pool2, &pool3}) {
+            std::vector<float> y(n * y_stride, -7.0f);
+            m.multiply(x.data(), n, x_stride, y.data(), y_stride, *pool);
+            for (size_t r = 0; r < n; ++r)
+              for (size_t o = rows; o < y_stride; ++o) ASSERT_EQ(y[r * y_stride + o], -7.0f) << "wrote past rows";
+            if (ref.empty()) {
+              ref = y;
+            } else {
+              ASSERT_EQ(0, std::memcmp(ref.data(), y.data(), y.size() * 4))
+                  << ggml_type_name(t) << " " << isa_name(isa) << " threads=" << pool->size() << " n=" << n;
+            }
+          }
+          // A slice of output rows writes exactly those rows, with the same values.
+          std::vector<float> ys(n * y_stride, -7.0f);
+          const size_t ob = 5, oe = rows - 9;
+          m.multiply_rows(x.data(), n, x_stride, ys.data(), y_stride, ob, oe, pool2);
+          for (size_t r = 0; r < n; ++r)
+            for (size_t o = 0; o < y_stride; ++o) {
+              const float want = (o >= ob && o < oe) ? ref[r * y_stride + o] : -7.0f;
+              ASSERT_EQ(ys[r * y_stride + o], want) << "slice o=" << o;
+            }
+        }
+      }
+      std::vector<float> a(cols), b(cols);
+      for (size_t o : {size_t{0}, size_t{17}, rows - 1}) {
+        m.dequantize_weight_row(o, a.data());
+        dequantize_row(t, w.data() + o * ggml_row_bytes(t, cols), b.data(), cols);
+        ASSERT_EQ(0, std::memcmp(a.data(), b.data(), cols * 4)) << "weight row " << o;
+      }
+    }
+  }
+}
+
+TEST(Multiply, GenericPathIsThreadCountInvariant) {
+  std::mt19937 rng(14);
+  ThreadPool pool1(1), pool3(3);
+  const size_t rows = 70, cols = 512, n = 9;
+  const auto w = random_blocks(GgmlType::Q4_K, rows * cols / 256, rng, false);
+  WeightMatrix m(GgmlType::Q4_K, w.data(), rows, cols);
+  const auto x = random_acts(n, cols, rng);
+  std::vector<float> y1(n * rows), y3(n * rows);
+  m.multiply(x.data(), n, cols, y1.data(), rows, pool1);
+  m.multiply(x.data(), n, cols, y3.data(), rows, pool3);
+  EXPECT_EQ(0, std::memcmp(y1.data(), y3.data(), y1.size() * 4));
+}
+
+TEST(Multiply, RejectsBadShapes) {
+  std::vector<uint8_t> w(1024);
+  EXPECT_THROW(WeightMatrix(GgmlType::Q4_1, w.data(), 2, 48), std::invalid_argument);
+  EXPECT_THROW(WeightMatrix(GgmlType::Q4_K, w.data(), 1, 128), std::invalid_argument);
+  EXPECT_THROW(WeightMatrix(GgmlType::Q8_K, w.data(), 1, 256), std::invalid_argument);
+}
+
+// The real model's first attention matrix: repacked GEMM vs the dequantized weights.
+TEST(Multiply, RealModelAttnQ) {
+  CF_REQUIRE_MODEL();
+  auto file = GgufFile::open(test::default_model_path());
+  const GgufTensor& t = file->tensor("blk.0.attn_q.weight");
+  ASSERT_EQ(t.type, GgmlType::Q4_1);
+  const size_t cols = t.dims[0], rows = t.rows();
+  // Keep a copy: the matrix releases the mapped pages it no longer needs.
+  std::vector<uint8_t> w(t.data, t.data + t.n_bytes);
+  WeightMatrix m(t.type, t.data, rows, cols);
+  std::mt19937 rng(5);
+  const size_t n = 7;
+  const auto x = random_acts(n, cols, rng);
+  ThreadPool pool(2);
+  std::vector<float> y(n * rows);
+  m.multiply(x.data(), n, cols, y.data(), rows, pool);
+  check_product(t.type, w, rows, cols, x, n, y, "attn_q");
+  // The mapping still reads back correctly after the release (pages come from the file).
+  EXPECT_EQ(0, std::memcmp(w.data(), t.data, t.n_bytes));
+}
+
+}  // namespace
+}  // namespace cf
