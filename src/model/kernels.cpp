@@ -149,7 +149,7 @@ uint8_t* act_scratch(size_t bytes) {
 
 // Below this many multiply-adds a job runs on the calling thread only: waking the pool
 // costs more than the work.
-constexpr size_t kMinParallelMacs = 96 * 1024;
+constexpr size_t kMinParallelMacs = 256 * 1024;
 constexpr size_t kRowChunk = 64;  // activation rows per task for large n
 
 }  // namespace

@@ -1,0 +1,60 @@
+// GEMM throughput on the default model's shapes (Q4_1 layer matrices, Q8_0 output).
+// Reports GMAC/s as the "MAC/s" counter. Args: rows, cols, n (activation rows), threads.
+// CHUNKFUSE_ISA=portable|avx2|avx512 caps the ISA.
+#include <benchmark/benchmark.h>
+
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "base/thread_pool.h"
+#include "model/kernels.h"
+
+namespace {
+
+std::vector<uint8_t> random_weights(cf::GgmlType t, size_t rows, size_t cols) {
+  std::mt19937 rng(1);
+  std::vector<uint8_t> w(cf::ggml_row_bytes(t, cols) * rows);
+  for (auto& b : w) b = static_cast<uint8_t>(rng());
+  const size_t bb = cf::ggml_type_info(t).block_bytes;
+  for (size_t i = 0; i < w.size(); i += bb) {
+    const uint16_t d = cf::fp32_to_fp16(0.01f), m = cf::fp32_to_fp16(-0.05f);
+    std::memcpy(&w[i], &d, 2);
+    if (t == cf::GgmlType::Q4_1) std::memcpy(&w[i + 2], &m, 2);
+  }
+  return w;
+}
+
+void run(benchmark::State& state, cf::GgmlType t) {
+  const size_t rows = state.range(0), cols = state.range(1), n = state.range(2), threads = state.range(3);
+  const auto w = random_weights(t, rows, cols);
+  cf::WeightMatrix m(t, w.data(), rows, cols);
+  std::vector<float> x(n * cols), y(n * rows);
+  std::mt19937 rng(2);
+  std::normal_distribution<float> nd;
+  for (auto& v : x) v = nd(rng);
+  cf::ThreadPool pool(threads);
+  for (auto _ : state) {
+    m.multiply(x.data(), n, cols, y.data(), rows, pool);
+    benchmark::DoNotOptimize(y.data());
+  }
+  state.counters["MAC/s"] = benchmark::Counter(static_cast<double>(rows * cols * n), benchmark::Counter::kIsIterationInvariantRate);
+  state.SetLabel(cf::isa_name(cf::active_isa()));
+}
+
+void q4_1(benchmark::State& s) { run(s, cf::GgmlType::Q4_1); }
+void q8_0(benchmark::State& s) { run(s, cf::GgmlType::Q8_0); }
+
+void layer_shapes(benchmark::internal::Benchmark* b) {
+  for (int threads : {1, 2})
+    for (int n : {1, 64, 512, 2048})
+      for (auto [rows, cols] : {std::pair{576, 576}, {192, 576}, {1536, 576}, {576, 1536}})
+        b->Args({rows, cols, n, threads});
+}
+
+}  // namespace
+
+BENCHMARK(q4_1)->Apply(layer_shapes)->UseRealTime()->MinTime(0.2);
+BENCHMARK(q8_0)->Args({49152, 576, 1, 1})->Args({49152, 576, 1, 2})->Args({49152, 576, 16, 2})
+    ->UseRealTime()->MinTime(0.2);
+BENCHMARK_MAIN();
