@@ -320,6 +320,8 @@ void GgufFile::parse() {
   const uint64_t version_at = r.pos();
   version_ = r.read<uint32_t>("version");
   if (version_ == 1) r.fail("GGUF version 1 is not supported (only versions 2 and 3); re-convert the model", version_at);
+  if (version_ == 0x02000000 || version_ == 0x03000000)
+    r.fail("big-endian GGUF files are not supported", version_at);
   if (version_ != 2 && version_ != 3)
     r.fail("unsupported GGUF version " + std::to_string(version_) + " (only 2 and 3)", version_at);
   const uint64_t tensor_count_at = r.pos();
@@ -334,9 +336,11 @@ void GgufFile::parse() {
            tensor_count_at);
 
   // Metadata.
+  uint64_t alignment_key_at = 0;
   for (uint64_t i = 0; i < kv_count; ++i) {
     const uint64_t key_at = r.pos();
     const std::string_view key = r.read_string("metadata key");
+    if (key == "general.alignment") alignment_key_at = key_at;
     const std::string context = "metadata key " + quoted(key);
     if (kv_.find(key) != kv_.end()) r.fail("duplicate " + context, key_at);
     GgufValue v;
@@ -348,10 +352,10 @@ void GgufFile::parse() {
 
   if (const GgufValue* a = find("general.alignment")) {
     if (!is_integer_type(a->type)) r.fail("general.alignment is a " + std::string(value_type_name(a->type)) +
-                                              ", expected an integer", 0);
+                                              ", expected an integer", alignment_key_at);
     const int64_t align = *get_int("general.alignment");
     if (align <= 0 || !std::has_single_bit(static_cast<uint64_t>(align)))
-      r.fail("general.alignment " + std::to_string(align) + " is not a positive power of two", 0);
+      r.fail("general.alignment " + std::to_string(align) + " is not a positive power of two", alignment_key_at);
     alignment_ = static_cast<uint64_t>(align);
   } else {
     alignment_ = kDefaultAlignment;

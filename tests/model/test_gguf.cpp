@@ -320,6 +320,13 @@ TEST(GgufDamage, UnknownVersion) {
   EXPECT_THAT(parse_error(GgufWriter(99).build()), HasSubstr("unsupported GGUF version 99"));
 }
 
+TEST(GgufDamage, BigEndianIsRejectedClearly) {
+  Bytes b = GgufWriter(3).build();
+  std::swap(b[4], b[7]);  // the version as a big-endian writer stores it
+  std::swap(b[5], b[6]);
+  EXPECT_THAT(parse_error(b), HasSubstr("big-endian GGUF files are not supported at offset 4"));
+}
+
 TEST(GgufDamage, HugeTensorCount) {
   GgufWriter w = full_writer(3);
   w.tensor_count_override = 1ull << 60;
@@ -468,7 +475,8 @@ TEST(GgufDamage, BadAlignment) {
   for (uint32_t a : {0u, 3u, 48u}) {
     GgufWriter w;
     w.add_u32("general.alignment", a);
-    EXPECT_THAT(parse_error(w.build()), HasSubstr("general.alignment " + std::to_string(a) + " is not a positive power of two"));
+    EXPECT_THAT(parse_error(w.build()), HasSubstr("general.alignment " + std::to_string(a) +
+                                                  " is not a positive power of two at offset 24"));
   }
   GgufWriter w;
   w.add_string("general.alignment", "32");
