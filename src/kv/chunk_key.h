@@ -1,0 +1,79 @@
+// Content address of a chunk cache: which model computed it, over which tokens, in which
+// context. Two caches with the same key hold the same K/V (up to float rounding of the
+// machine that computed them), so the key is all a store needs to find or share one.
+//
+// Key id = XXH3-128 over this canonical byte string (all integers little-endian):
+//   "CFCHUNK1"                      8 bytes, domain tag; bump the digit if this layout changes
+//   u64  model fingerprint          Model::fingerprint(): hash of the whole GGUF file
+//   u8   variant kind               0 = pic, 1 = after_prefix, 2 = neighbours
+//   u8[16] context hash             canonical (big-endian) XXH3-128, all zero for pic
+//   u32  n_tokens
+//   i32  tokens[n_tokens]
+// written as 32 lower-case hex digits of the canonical (big-endian) XXH128 form.
+//
+// The context hash of a variant:
+//   pic:          none (all zero). The chunk computed alone from position 0 (TurboRAG/EPIC's
+//                 position-independent cache).
+//   after_prefix: XXH3-128 of "CFPREFX1" u32 n i32 prefix[n]. The chunk computed after the
+//                 prefix tokens (prefix at 0..n-1, chunk at n..): FusionRAG eq. 5 (S as prefix),
+//                 a Cache-Craft prefix variant.
+//   neighbours:   XXH3-128 of "CFNEIGH1" u32 n_prefix i32 prefix[n_prefix] u32 n_neighbours
+//                 u8[16] neighbour_id[n_neighbours] (each neighbour's own key id, in order).
+//                 FusionRAG eq. 10: the chunk computed after S and its top-n neighbours.
+#pragma once
+#include <array>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "model/tokenizer.h"
+
+namespace cf {
+
+enum class ContextKind : uint8_t { pic = 0, after_prefix = 1, neighbours = 2 };
+const char* context_kind_name(ContextKind k);                  // "pic", "after_prefix", "neighbours"
+bool parse_context_kind(std::string_view s, ContextKind& out);  // false on an unknown name
+
+using Hash128 = std::array<uint8_t, 16>;  // canonical (big-endian) XXH3-128
+std::string hash128_hex(const Hash128& h);
+bool parse_hash128_hex(std::string_view hex, Hash128& out);  // false unless 32 hex digits
+
+class ChunkKey;
+
+struct ContextVariant {
+  ContextKind kind = ContextKind::pic;
+  Hash128 context_hash{};  // see the header comment; zero for pic
+
+  static ContextVariant pic();
+  static ContextVariant after_prefix(std::span<const TokenId> prefix);
+  static ContextVariant neighbours(std::span<const TokenId> prefix, std::span<const ChunkKey> neighbours);
+  bool operator==(const ContextVariant&) const = default;
+};
+
+class ChunkKey {
+ public:
+  ChunkKey(uint64_t model_fingerprint, std::vector<TokenId> tokens, ContextVariant variant = ContextVariant::pic());
+
+  uint64_t model_fingerprint() const { return fingerprint_; }
+  const std::vector<TokenId>& tokens() const { return tokens_; }
+  const ContextVariant& variant() const { return variant_; }
+  const Hash128& hash() const { return hash_; }
+  const std::string& id() const { return id_; }  // 32 hex digits
+
+  bool operator==(const ChunkKey& o) const { return hash_ == o.hash_; }
+
+ private:
+  uint64_t fingerprint_;
+  std::vector<TokenId> tokens_;
+  ContextVariant variant_;
+  Hash128 hash_;
+  std::string id_;
+};
+
+// The exact bytes the key id hashes (exposed so tests can pin the layout down).
+std::vector<uint8_t> chunk_key_bytes(uint64_t model_fingerprint, std::span<const TokenId> tokens,
+                                     const ContextVariant& variant);
+
+}  // namespace cf
