@@ -11,4 +11,5 @@ void add_info_command(CLI::App& app, CommandRunner& run);
 void add_generate_command(CLI::App& app, CommandRunner& run);
 void add_perf_command(CLI::App& app, CommandRunner& run);
 void add_ask_command(CLI::App& app, CommandRunner& run);
+void add_chunks_command(CLI::App& app, CommandRunner& run);
 }  // namespace cf::apps

@@ -1,0 +1,256 @@
+// `chunkfuse chunks`: manage the chunk-cache store.
+//   precompute  computes the PIC cache of every passage of a JSON Lines file (skipping
+//               those already stored), with progress on stderr and totals on stdout
+//   ls          lists the stored caches
+//   rm          removes caches by id, or all of them
+//   verify      validates every file; exit code 1 if any is bad
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <ctime>
+#include <stdexcept>
+#include <unordered_set>
+
+#include "apps/app_common.h"
+#include "base/paths.h"
+#include "fusion/rag_prompt.h"
+#include "kv/chunk_store.h"
+
+namespace cf::apps {
+namespace {
+
+std::string default_store_dir() { return cache_root() + "/store"; }
+
+std::string human_bytes(double b) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (b >= 1024 && u < 4) {
+    b /= 1024;
+    ++u;
+  }
+  char buf[32];
+  std::snprintf(buf, sizeof buf, u == 0 ? "%.0f %s" : "%.1f %s", b, units[u]);
+  return buf;
+}
+
+std::string hms(double seconds) {
+  const long s = static_cast<long>(seconds + 0.5);
+  char buf[32];
+  if (s >= 3600)
+    std::snprintf(buf, sizeof buf, "%ld:%02ld:%02ld", s / 3600, s / 60 % 60, s % 60);
+  else
+    std::snprintf(buf, sizeof buf, "%ld:%02ld", s / 60, s % 60);
+  return buf;
+}
+
+// Progress on stderr: redrawn in place on a terminal (at most 10 times a second), one line
+// per tenth of the work otherwise (logs stay short).
+class Progress {
+ public:
+  explicit Progress(size_t total) : total_(total), tty_(::isatty(2)), t0_(now_ms()) {}
+  void update(size_t done, size_t computed_tokens) {
+    const double now = now_ms();
+    const bool last = done == total_;
+    if (tty_) {
+      if (!last && now - last_draw_ < 100) return;
+    } else {
+      const size_t tenth = total_ ? done * 10 / total_ : 10;
+      if (!last && tenth == last_tenth_) return;
+      last_tenth_ = tenth;
+    }
+    last_draw_ = now;
+    const double secs = (now - t0_) / 1000;
+    const double rate = secs > 0 ? done / secs : 0;
+    const double eta = rate > 0 ? (total_ - done) / rate : 0;
+    constexpr int kWidth = 30;
+    const int filled = total_ ? static_cast<int>(kWidth * done / total_) : kWidth;
+    std::fprintf(stderr, "%s[%s%s] %zu/%zu chunks  %.1f chunks/s  %.0f tok/s  ETA %s%s", tty_ ? "\r" : "",
+                 std::string(filled, '#').c_str(), std::string(kWidth - filled, '.').c_str(), done, total_, rate,
+                 secs > 0 ? computed_tokens / secs : 0.0, hms(eta).c_str(), tty_ && !last ? "   " : "\n");
+    std::fflush(stderr);
+  }
+
+ private:
+  size_t total_;
+  bool tty_;
+  double t0_, last_draw_ = -1e18;
+  size_t last_tenth_ = static_cast<size_t>(-1);
+};
+
+struct PrecomputeArgs {
+  ModelOptions model;
+  std::string passages_file;
+  std::string store_dir = default_store_dir();
+  std::string dtype = "f16";
+};
+
+int run_precompute(const PrecomputeArgs& a) {
+  KvDtype dtype;
+  if (!parse_dtype(a.dtype, dtype)) throw std::runtime_error("unknown --dtype " + a.dtype);
+  const auto passages = read_passages_jsonl(a.passages_file);
+  auto model = load_model(a.model);
+  ThreadPool pool(a.model.threads);
+  Forward fwd(*model, pool);
+
+  ChunkStoreOptions opt;
+  opt.dir = a.store_dir;
+  opt.disk_dtype = dtype;
+  opt.memory_budget_bytes = 0;  // write-through only: nothing here reads the caches back
+  opt.model = StoreModel{model->fingerprint(), model->hparams()};
+  ChunkStore store(opt);
+
+  const double t0 = now_ms();
+  const RagPromptOptions prompt_opt;
+  size_t computed = 0, present = 0, duplicates = 0, tokens = 0, computed_tokens = 0;
+  double offline_ms = 0;
+  std::unordered_set<std::string> seen;
+  Progress progress(passages.size());
+  for (size_t i = 0; i < passages.size(); ++i) {
+    ChunkKey key(model->fingerprint(), model->tokenizer().encode(passage_text(passages[i], prompt_opt), false, false));
+    tokens += key.tokens().size();
+    if (key.tokens().empty() || !seen.insert(key.id()).second) {
+      ++duplicates;
+    } else if (store.get(key)) {  // validates: a bad file is reported, set aside and recomputed
+      ++present;
+    } else {
+      ChunkCache c = compute_chunk_cache(fwd, key);
+      offline_ms += c.offline_ms;
+      computed_tokens += c.n_tokens();
+      store.put(std::move(c));
+      ++computed;
+    }
+    progress.update(i + 1, computed_tokens);
+  }
+  const double secs = (now_ms() - t0) / 1000;
+  const auto st = store.stats();
+  std::printf("chunks %zu: computed %zu, already stored %zu, duplicate or empty %zu", passages.size(), computed,
+              present, duplicates);
+  if (st.corrupt_files) std::printf(", %zu bad files replaced", static_cast<size_t>(st.corrupt_files));
+  std::printf("\n");
+  std::printf("tokens %zu (computed %zu), bytes written %zu (%s, %s), %.2f s (forward passes %.2f s, %.1f tok/s)\n",
+              tokens, computed_tokens, static_cast<size_t>(st.disk_bytes_written),
+              human_bytes(static_cast<double>(st.disk_bytes_written)).c_str(), dtype_name(dtype), secs,
+              offline_ms / 1000, offline_ms > 0 ? computed_tokens * 1000.0 / offline_ms : 0.0);
+  std::printf("store %s\n", a.store_dir.c_str());
+  return 0;
+}
+
+struct StoreArgs {
+  std::string store_dir = default_store_dir();
+  std::vector<std::string> ids;
+  bool all = false;
+  std::string model_path;  // verify: also check fingerprint and shape against this model
+};
+
+ChunkStoreOptions bare_store(const std::string& dir) {
+  ChunkStoreOptions o;
+  o.dir = dir;
+  return o;
+}
+
+int run_ls(const StoreArgs& a) {
+  const ChunkStore store(bare_store(a.store_dir));
+  const auto entries = store.list();
+  std::printf("%-32s %7s %10s %5s %-12s %-16s %-19s %10s\n", "ID", "TOKENS", "BYTES", "DTYPE", "VARIANT", "MODEL",
+              "CREATED", "OFFLINE_MS");
+  size_t bytes = 0, tokens = 0, bad = 0;
+  for (const auto& e : entries) {
+    bytes += e.file_bytes;
+    if (!e.problem.empty()) {
+      ++bad;
+      std::printf("%-32s %7s %10zu  unreadable: %s\n", e.id.c_str(), "-", e.file_bytes, e.problem.c_str());
+      continue;
+    }
+    tokens += e.n_tokens;
+    char created[32] = "-";
+    const std::time_t t = static_cast<std::time_t>(e.created_unix_ms / 1000);
+    std::tm tm{};
+    if (e.created_unix_ms > 0 && ::localtime_r(&t, &tm)) std::strftime(created, sizeof created, "%Y-%m-%d %H:%M:%S", &tm);
+    std::printf("%-32s %7zu %10zu %5s %-12s %016llx %-19s %10.1f\n", e.id.c_str(), e.n_tokens, e.file_bytes,
+                dtype_name(e.dtype), context_kind_name(e.kind), static_cast<unsigned long long>(e.model_fingerprint),
+                created, e.offline_ms);
+  }
+  std::printf("%zu entries, %zu tokens, %s in %s%s\n", entries.size(), tokens, human_bytes(static_cast<double>(bytes)).c_str(),
+              a.store_dir.c_str(), bad ? (", " + std::to_string(bad) + " unreadable (run `chunkfuse chunks verify`)").c_str() : "");
+  return 0;
+}
+
+int run_rm(const StoreArgs& a) {
+  ChunkStore store(bare_store(a.store_dir));
+  if (a.all) {
+    std::printf("removed %zu entries from %s\n", store.remove_all(), a.store_dir.c_str());
+    return 0;
+  }
+  if (a.ids.empty()) throw std::runtime_error("give the ids to remove, or --all");
+  int missing = 0;
+  size_t removed = 0;
+  for (const auto& id : a.ids) {
+    Hash128 h;
+    if (!parse_hash128_hex(id, h)) {
+      std::fprintf(stderr, "not a chunk id (32 lower-case hex digits): %s\n", id.c_str());
+      ++missing;
+    } else if (store.remove(id)) {
+      ++removed;
+    } else {
+      std::fprintf(stderr, "no such entry: %s\n", id.c_str());
+      ++missing;
+    }
+  }
+  std::printf("removed %zu entries\n", removed);
+  return missing ? 1 : 0;
+}
+
+int run_verify(const StoreArgs& a) {
+  ChunkStoreOptions o = bare_store(a.store_dir);
+  if (!a.model_path.empty()) {
+    ModelOptions mo;
+    mo.model_path = a.model_path;
+    auto model = load_model(mo);
+    o.model = StoreModel{model->fingerprint(), model->hparams()};
+  }
+  const ChunkStore store(o);
+  const VerifyReport r = store.verify();
+  for (const auto& b : r.bad) std::printf("BAD %s\n", b.message.c_str());
+  std::printf("checked %zu: %zu valid (%s), %zu bad; %zu set aside as .corrupt, %zu temp files%s\n", r.checked, r.valid,
+              human_bytes(static_cast<double>(r.valid_bytes)).c_str(), r.bad.size(), r.corrupt_aside, r.temp_files,
+              o.model ? "" : " (integrity only: pass -m to check the model too)");
+  return r.ok() ? 0 : 1;
+}
+
+}  // namespace
+
+void add_chunks_command(CLI::App& app, CommandRunner& run) {
+  CLI::App* chunks = app.add_subcommand("chunks", "manage the chunk-cache store (precompute, ls, rm, verify)");
+  chunks->require_subcommand(1);
+
+  auto p = std::make_shared<PrecomputeArgs>();
+  CLI::App* pre = chunks->add_subcommand("precompute", "compute and store the PIC cache of every passage");
+  add_model_options(*pre, p->model);
+  pre->add_option("--passages", p->passages_file, "JSON Lines file, one {\"title\":..., \"text\":...} per line")
+      ->required()
+      ->check(CLI::ExistingFile);
+  pre->add_option("--store", p->store_dir, "store directory")->capture_default_str();
+  pre->add_option("--dtype", p->dtype, "K/V type on disk")->check(CLI::IsMember({"f16", "bf16", "f32"}))->capture_default_str();
+  pre->callback([&run, p] { run = [p] { return run_precompute(*p); }; });
+
+  auto s = std::make_shared<StoreArgs>();
+  auto add_store = [&](CLI::App* c) { c->add_option("--store", s->store_dir, "store directory")->capture_default_str(); };
+  CLI::App* ls = chunks->add_subcommand("ls", "list the stored chunk caches");
+  add_store(ls);
+  ls->callback([&run, s] { run = [s] { return run_ls(*s); }; });
+
+  CLI::App* rm = chunks->add_subcommand("rm", "remove chunk caches by id, or all of them");
+  add_store(rm);
+  auto* ids = rm->add_option("ids", s->ids, "ids to remove (as `chunks ls` prints them)");
+  rm->add_flag("--all", s->all, "remove every entry (and files set aside as corrupt, and stale temp files)")->excludes(ids);
+  rm->callback([&run, s] { run = [s] { return run_rm(*s); }; });
+
+  CLI::App* verify = chunks->add_subcommand("verify", "validate every stored file; exit code 1 if any is bad");
+  add_store(verify);
+  verify->add_option("-m,--model", s->model_path, "also check that entries were made by this model (fingerprint, shape)")
+      ->check(CLI::ExistingFile);
+  verify->callback([&run, s] { run = [s] { return run_verify(*s); }; });
+}
+
+}  // namespace cf::apps
