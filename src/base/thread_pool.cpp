@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <stdexcept>
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -17,7 +18,18 @@ inline void cpu_relax() {
 #endif
 }
 // How long an idle worker spins before sleeping on the condition variable.
-constexpr auto kSpinFor = std::chrono::microseconds(2000);
+constexpr auto kSpinFor = std::chrono::microseconds(1000);
+
+// The job word packs generation | task count | next task index, so that a task claim is
+// one compare-and-swap that also proves the claim belongs to the current job. A worker
+// that wakes late can never run a task of a job it did not see published.
+constexpr int kIndexBits = 20, kCountBits = 20;
+constexpr uint64_t kIndexMask = (uint64_t{1} << kIndexBits) - 1;
+constexpr uint64_t kCountMask = (uint64_t{1} << kCountBits) - 1;
+inline uint64_t gen_of(uint64_t w) { return w >> (kIndexBits + kCountBits); }
+inline uint64_t count_of(uint64_t w) { return (w >> kIndexBits) & kCountMask; }
+inline uint64_t index_of(uint64_t w) { return w & kIndexMask; }
+inline uint64_t make_word(uint64_t gen, uint64_t count) { return (gen << (kIndexBits + kCountBits)) | (count << kIndexBits); }
 }  // namespace
 
 ThreadPool::ThreadPool(size_t n_threads) {
@@ -30,17 +42,22 @@ ThreadPool::~ThreadPool() {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     stop_.store(true);
-    generation_.fetch_add(1);
   }
   wake_.notify_all();
   for (auto& w : workers_) w.join();
 }
 
-void ThreadPool::run_tasks(size_t thread_index) {
+// Claims and runs tasks of generation `gen` until none is left; returns how many ran.
+size_t ThreadPool::run_tasks(uint64_t gen, size_t thread_index) {
+  size_t ran = 0;
+  uint64_t w = job_word_.load(std::memory_order_acquire);
   for (;;) {
-    size_t t = next_task_.fetch_add(1, std::memory_order_relaxed);
-    if (t >= job_tasks_) break;
-    (*job_)(t, thread_index);
+    if (gen_of(w) != gen || index_of(w) >= count_of(w)) return ran;
+    if (!job_word_.compare_exchange_weak(w, w + 1, std::memory_order_acq_rel, std::memory_order_acquire)) continue;
+    (*job_)(index_of(w), thread_index);
+    done_.fetch_add(1, std::memory_order_acq_rel);
+    ++ran;
+    w = job_word_.load(std::memory_order_acquire);
   }
 }
 
@@ -48,19 +65,23 @@ void ThreadPool::worker_loop(size_t thread_index) {
   uint64_t seen = 0;
   for (;;) {
     auto spin_until = std::chrono::steady_clock::now() + kSpinFor;
-    uint64_t gen;
     int spins = 0;
-    while ((gen = generation_.load(std::memory_order_acquire)) == seen) {
+    uint64_t gen;
+    while ((gen = gen_of(job_word_.load(std::memory_order_acquire))) == seen) {
+      if (stop_.load(std::memory_order_relaxed)) return;
       cpu_relax();
       if (++spins % 256 == 0 && std::chrono::steady_clock::now() > spin_until) {
         std::unique_lock<std::mutex> lock(mutex_);
-        wake_.wait(lock, [&] { return generation_.load(std::memory_order_acquire) != seen; });
+        ++sleepers_;
+        wake_.wait(lock, [&] {
+          return stop_.load() || gen_of(job_word_.load(std::memory_order_acquire)) != seen;
+        });
+        --sleepers_;
+        spin_until = std::chrono::steady_clock::now() + kSpinFor;
       }
     }
     seen = gen;
-    if (stop_.load()) return;
-    run_tasks(thread_index);
-    pending_workers_.fetch_sub(1, std::memory_order_acq_rel);
+    run_tasks(gen, thread_index);
   }
 }
 
@@ -70,18 +91,24 @@ void ThreadPool::parallel_for(size_t n_tasks, const std::function<void(size_t, s
     for (size_t t = 0; t < n_tasks; ++t) fn(t, 0);
     return;
   }
-  job_ = &fn;
-  job_tasks_ = n_tasks;
-  next_task_.store(0, std::memory_order_relaxed);
-  pending_workers_.store(workers_.size(), std::memory_order_relaxed);
-  {
-    // Publishing under the mutex pairs with the sleeping workers' predicate check.
-    std::lock_guard<std::mutex> lock(mutex_);
-    generation_.fetch_add(1, std::memory_order_acq_rel);
+  if (n_tasks > kCountMask) {  // more tasks than the job word can count: run in slices
+    for (size_t b = 0; b < n_tasks; b += kCountMask)
+      parallel_for(std::min(kCountMask, n_tasks - b), [&](size_t t, size_t th) { fn(b + t, th); });
+    return;
   }
-  wake_.notify_all();
-  run_tasks(0);
-  while (pending_workers_.load(std::memory_order_acquire) != 0) cpu_relax();
+  job_ = &fn;
+  done_.store(0, std::memory_order_relaxed);
+  const uint64_t gen = ++generation_;
+  job_word_.store(make_word(gen, n_tasks), std::memory_order_release);
+  {
+    // Pairs with the sleeping workers' predicate check; skipped while all are spinning.
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (sleepers_ > 0) wake_.notify_all();
+  }
+  run_tasks(gen, 0);
+  // Every task is claimed; wait for the ones other threads are still running. A worker
+  // that was descheduled before claiming anything is not waited for.
+  while (done_.load(std::memory_order_acquire) != n_tasks) cpu_relax();
   job_ = nullptr;
 }
 

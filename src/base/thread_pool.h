@@ -4,6 +4,7 @@
 #pragma once
 #include <atomic>
 #include <condition_variable>
+#include <cstdint>
 #include <cstddef>
 #include <functional>
 #include <mutex>
@@ -34,18 +35,18 @@ class ThreadPool {
 
  private:
   void worker_loop(size_t thread_index);
-  void run_tasks(size_t thread_index);
+  size_t run_tasks(uint64_t gen, size_t thread_index);
 
   size_t n_threads_;
   std::vector<std::thread> workers_;
   const std::function<void(size_t, size_t)>* job_ = nullptr;
-  size_t job_tasks_ = 0;
-  std::atomic<size_t> next_task_{0};
-  std::atomic<size_t> pending_workers_{0};
-  std::atomic<uint64_t> generation_{0};
+  uint64_t generation_ = 0;              // caller side only
+  std::atomic<uint64_t> job_word_{0};    // generation | task count | next index
+  std::atomic<size_t> done_{0};          // tasks of the current job finished
   std::atomic<bool> stop_{false};
   std::mutex mutex_;
   std::condition_variable wake_;
+  int sleepers_ = 0;                     // guarded by mutex_
 };
 
 }  // namespace cf

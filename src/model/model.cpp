@@ -69,7 +69,7 @@ std::unique_ptr<Model> Model::load(const std::string& path) {
   m->chat_template_ = ChatTemplate::from_gguf(f);
 
   const size_t d = h.d_model, qd = h.q_dim(), kvd = h.kv_dim(), ff = h.d_ff;
-  m->token_embd_ = load_matrix(f, "token_embd.weight", h.vocab_size, d);
+  m->token_embd_.emplace(load_matrix(f, "token_embd.weight", h.vocab_size, d));
   if (f.find_tensor("output.weight")) m->output_.emplace(load_matrix(f, "output.weight", h.vocab_size, d));
   m->output_norm_ = load_vector(f, "output_norm.weight", d);
   m->layers_.reserve(h.n_layers);

@@ -36,8 +36,8 @@ class Model {
   const Tokenizer& tokenizer() const { return *tokenizer_; }
   const ChatTemplate& chat_template() const { return *chat_template_; }
   const std::vector<LayerWeights>& layers() const { return layers_; }
-  const WeightMatrix& token_embedding() const { return token_embd_; }  // [vocab][d_model]
-  const WeightMatrix& output() const { return output_ ? *output_ : token_embd_; }  // tied if absent
+  const WeightMatrix& token_embedding() const { return *token_embd_; }  // [vocab][d_model]
+  const WeightMatrix& output() const { return output_ ? *output_ : *token_embd_; }  // tied if absent
   const std::vector<float>& output_norm() const { return output_norm_; }
   // 64-bit content hash of the whole model file: identifies the model in cache keys.
   uint64_t fingerprint() const { return fingerprint_; }
@@ -50,7 +50,7 @@ class Model {
   std::unique_ptr<Tokenizer> tokenizer_;
   std::optional<ChatTemplate> chat_template_;
   std::vector<LayerWeights> layers_;
-  WeightMatrix token_embd_{GgmlType::F32, nullptr, 0, 0};
+  std::optional<WeightMatrix> token_embd_;
   std::optional<WeightMatrix> output_;
   std::vector<float> output_norm_;
   uint64_t fingerprint_ = 0;

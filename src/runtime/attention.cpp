@@ -29,8 +29,11 @@ struct TileArgs {
 };
 
 // One task: the rows [row_begin, row_end) times the query heads sharing kv_head, over all
-// entries, with an online (single pass) softmax. Per-task scratch lives on the stack.
-CF_MULTIVERSION void attend_tile(const TileArgs& a) {
+// entries. The arithmetic follows llama.cpp's (non-flash) CPU attention so that both
+// engines round alike: Q is rounded to f16 (K and V already are, see KvCache), scores are
+// f32 dot products scaled after the dot, the softmax is normalised before the
+// probabilities are rounded to f16, and P.V accumulates in f32.
+CF_MULTIVERSION void attend_tile(const TileArgs& a, std::vector<float>& scores) {
   const int hd = a.s->head_dim;
   const int group = a.s->n_heads / a.s->n_kv_heads;
   const size_t q_stride = static_cast<size_t>(a.s->n_heads) * hd;
@@ -38,12 +41,12 @@ CF_MULTIVERSION void attend_tile(const TileArgs& a) {
   const size_t n_rows = a.row_end - a.row_begin;
   const size_t nq = n_rows * group;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  const size_t n_blocks = (a.n_entries + kBlock - 1) / kBlock;
+  const size_t padded = n_blocks * kBlock;
 
   alignas(64) float qs[kMaxQueries * 256];
   alignas(64) float acc[kMaxQueries * 256];
   alignas(64) float kt[256 * kBlock];
-  alignas(64) float sc[kMaxQueries * kBlock];
-  float m[kMaxQueries], l[kMaxQueries];
   int32_t qpos[kMaxQueries];
 
   int32_t max_pos = std::numeric_limits<int32_t>::min();
@@ -53,29 +56,32 @@ CF_MULTIVERSION void attend_tile(const TileArgs& a) {
     for (int j = 0; j < group; ++j) {
       const size_t qi = r * group + j;
       const float* src = a.q + (a.row_begin + r) * q_stride + static_cast<size_t>(a.kv_head * group + j) * hd;
-      for (int d = 0; d < hd; ++d) qs[qi * hd + d] = src[d] * scale;
+      for (int d = 0; d < hd; ++d) qs[qi * hd + d] = static_cast<float>(static_cast<_Float16>(src[d]));
       qpos[qi] = p;
-      m[qi] = kNegInf;
-      l[qi] = 0.f;
     }
   }
-  std::fill(acc, acc + nq * hd, 0.f);
+  scores.resize(nq * padded);
+  std::vector<uint8_t> live(n_blocks, 0);
 
-  for (size_t b0 = 0; b0 < a.n_entries; b0 += kBlock) {
+  // Pass 1: scaled scores of every visible entry (-inf where masked).
+  for (size_t b = 0; b < n_blocks; ++b) {
+    const size_t b0 = b * kBlock;
     const size_t bn = std::min(kBlock, a.n_entries - b0);
     int32_t min_pos = std::numeric_limits<int32_t>::max();
     for (size_t j = 0; j < bn; ++j) min_pos = std::min(min_pos, a.entry_pos[b0 + j]);
-    if (min_pos > max_pos) continue;  // the whole block lies in every row's future
-
+    if (min_pos > max_pos) {  // the whole block lies in every row's future
+      for (size_t qi = 0; qi < nq; ++qi) std::fill_n(&scores[qi * padded + b0], kBlock, kNegInf);
+      continue;
+    }
+    live[b] = 1;
     // K block transposed to [hd][kBlock] so the score loop runs along entries.
     const float* kb = a.K + b0 * kv_stride + static_cast<size_t>(a.kv_head) * hd;
     for (size_t j = 0; j < bn; ++j)
       for (int d = 0; d < hd; ++d) kt[d * kBlock + j] = kb[j * kv_stride + d];
     for (size_t j = bn; j < kBlock; ++j)
       for (int d = 0; d < hd; ++d) kt[d * kBlock + j] = 0.f;
-
     for (size_t qi = 0; qi < nq; ++qi) {
-      float* s = sc + qi * kBlock;
+      float* s = &scores[qi * padded + b0];
       for (size_t j = 0; j < kBlock; ++j) s[j] = 0.f;
       const float* qv = qs + qi * hd;
       for (int d = 0; d < hd; ++d) {
@@ -83,31 +89,47 @@ CF_MULTIVERSION void attend_tile(const TileArgs& a) {
         const float* kr = kt + d * kBlock;
         for (size_t j = 0; j < kBlock; ++j) s[j] += qd * kr[j];
       }
-      float mx = kNegInf;
       for (size_t j = 0; j < kBlock; ++j) {
         const bool visible = j < bn && a.entry_pos[b0 + std::min(j, bn - 1)] <= qpos[qi];
-        s[j] = visible ? s[j] : kNegInf;
-        mx = std::max(mx, s[j]);
+        s[j] = visible ? s[j] * scale : kNegInf;
       }
-      if (mx == kNegInf) continue;
-      const float m_new = std::max(m[qi], mx);
-      const float corr = m[qi] == kNegInf ? 0.f : detail::exp_inline(m[qi] - m_new);
-      float sum = 0.f;
-      for (size_t j = 0; j < kBlock; ++j) {
-        const float p = s[j] == kNegInf ? 0.f : detail::exp_inline(s[j] - m_new);
-        s[j] = p;
-        sum += p;
-      }
-      l[qi] = l[qi] * corr + sum;
-      m[qi] = m_new;
+    }
+  }
+
+  // Softmax per query, normalised, then rounded to f16 as llama.cpp's P.V input is.
+  for (size_t qi = 0; qi < nq; ++qi) {
+    float* s = &scores[qi * padded];
+    float mx = kNegInf;
+    for (size_t e = 0; e < padded; ++e) mx = std::max(mx, s[e]);
+    if (mx == kNegInf) {
+      std::fill_n(s, padded, 0.f);
+      continue;
+    }
+    double sum = 0;
+    for (size_t e = 0; e < padded; ++e) {
+      const float p = s[e] == kNegInf ? 0.f : detail::exp_inline(s[e] - mx);
+      s[e] = p;
+      sum += p;
+    }
+    const float inv = static_cast<float>(1.0 / sum);
+    for (size_t e = 0; e < padded; ++e) s[e] = static_cast<float>(static_cast<_Float16>(s[e] * inv));
+  }
+
+  // Pass 2: P.V over the live blocks.
+  std::fill(acc, acc + nq * hd, 0.f);
+  for (size_t b = 0; b < n_blocks; ++b) {
+    if (!live[b]) continue;
+    const size_t b0 = b * kBlock;
+    const size_t bn = std::min(kBlock, a.n_entries - b0);
+    const float* vb = a.V + b0 * kv_stride + static_cast<size_t>(a.kv_head) * hd;
+    for (size_t qi = 0; qi < nq; ++qi) {
+      const float* p = &scores[qi * padded + b0];
       float* o = acc + qi * hd;
-      for (int d = 0; d < hd; ++d) o[d] *= corr;
-      const float* vb = a.V + b0 * kv_stride + static_cast<size_t>(a.kv_head) * hd;
       for (size_t j = 0; j < bn; ++j) {
-        const float p = s[j];
-        if (p == 0.f) continue;
+        const float pj = p[j];
+        if (pj == 0.f) continue;
         const float* vr = vb + j * kv_stride;
-        for (int d = 0; d < hd; ++d) o[d] += p * vr[d];
+        for (int d = 0; d < hd; ++d) o[d] += pj * vr[d];
       }
     }
   }
@@ -116,8 +138,7 @@ CF_MULTIVERSION void attend_tile(const TileArgs& a) {
     for (int j = 0; j < group; ++j) {
       const size_t qi = r * group + j;
       float* dst = a.out + (a.row_begin + r) * q_stride + static_cast<size_t>(a.kv_head * group + j) * hd;
-      const float inv = l[qi] > 0.f ? 1.0f / l[qi] : 0.f;
-      for (int d = 0; d < hd; ++d) dst[d] = acc[qi * hd + d] * inv;
+      for (int d = 0; d < hd; ++d) dst[d] = acc[qi * hd + d];
     }
 }
 
@@ -137,7 +158,8 @@ void attention(const AttentionShape& s, const float* q, const int32_t* row_pos, 
     const size_t tile = row_tiles - 1 - task / s.n_kv_heads;
     TileArgs a{&s, q, row_pos, tile * rows_per_task, std::min(n_rows, (tile + 1) * rows_per_task),
                static_cast<int>(task % s.n_kv_heads), K, V, entry_pos, n_entries, out};
-    attend_tile(a);
+    thread_local std::vector<float> scores;
+    attend_tile(a, scores);
   });
 }
 
@@ -159,16 +181,16 @@ void attention_probs(const AttentionShape& s, const float* q_row, int32_t row_po
       }
       const float* k = K + e * kv_stride + static_cast<size_t>(g) * hd;
       float dot = 0.f;
-      for (int d = 0; d < hd; ++d) dot += qh[d] * k[d];
+      for (int d = 0; d < hd; ++d) dot += static_cast<float>(static_cast<_Float16>(qh[d])) * k[d];
       p[e] = dot * scale;
       mx = std::max(mx, p[e]);
     }
-    float sum = 0.f;
+    double sum = 0;
     for (size_t e = 0; e < n_entries; ++e) {
       p[e] = p[e] == kNegInf ? 0.f : detail::exp_inline(p[e] - mx);
       sum += p[e];
     }
-    const float inv = sum > 0.f ? 1.0f / sum : 0.f;
+    const float inv = sum > 0 ? static_cast<float>(1.0 / sum) : 0.f;
     for (size_t e = 0; e < n_entries; ++e) p[e] *= inv;
   }
 }

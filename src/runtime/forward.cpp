@@ -105,6 +105,8 @@ ForwardOutput Forward::run(KvCache& cache, const ForwardInput& in, const Forward
         }
         rope_rotate(qi, h.n_heads, h.head_dim, in.positions[i], h.rope_base, h.rope_style);
         rope_rotate(ki, h.n_kv_heads, h.head_dim, in.positions[i], h.rope_base, h.rope_style);
+        round_to_f16(ki, kvd);
+        round_to_f16(vi, kvd);
         // Write-back before attention: every row of this pass sees the fresh K/V of the others.
         std::memcpy(cache.k(l, out.slots[i]), ki, kvd * sizeof(float));
         std::memcpy(cache.v(l, out.slots[i]), vi, kvd * sizeof(float));

@@ -5,6 +5,7 @@
 #include <stdexcept>
 
 #include "runtime/rope.h"
+#include "runtime/vector_math.h"
 
 namespace cf {
 
@@ -43,8 +44,10 @@ void KvCache::shift(size_t begin, size_t end, int32_t delta) {
   if (delta == 0) return;
   for (size_t s = begin; s < end; ++s) {
     positions_[s] += delta;
-    for (int l = 0; l < n_layers_; ++l)
+    for (int l = 0; l < n_layers_; ++l) {
       rope_rotate(k(l, s), h_.n_kv_heads, h_.head_dim, delta, h_.rope_base, h_.rope_style);
+      round_to_f16(k(l, s), kv_dim_);
+    }
   }
 }
 

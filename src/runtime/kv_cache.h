@@ -2,7 +2,9 @@
 // entry, plus the position of every entry. Entries need not be in position order; the
 // attention mask is by position (an entry is visible to a row iff entry.pos <= row.pos).
 //
-// Keys are stored AFTER RoPE (as llama.cpp does), so attention reads them directly.
+// K and V hold f16-exact values (rounded on write, kept as float for the kernels), the
+// precision of llama.cpp's default cache, so that both engines attend over the same
+// numbers. Keys are stored AFTER RoPE (as llama.cpp does), so attention reads them directly.
 // Moving entries to other positions rotates the stored keys by the position delta
 // (RoPE(p + d) = RoPE(d) * RoPE(p)); values do not depend on position. The composition is
 // exact in real arithmetic; in float it differs from direct computation by rounding only

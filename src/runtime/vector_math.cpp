@@ -8,8 +8,9 @@ namespace cf {
 
 CF_MULTIVERSION void rms_norm(const float* x, const float* w, float* y, size_t n, float eps) {
   double sum = 0;
-  for (size_t i = 0; i < n; ++i) sum += static_cast<double>(x[i]) * x[i];
-  const float scale = 1.0f / std::sqrt(static_cast<float>(sum / static_cast<double>(n)) + eps);
+  for (size_t i = 0; i < n; ++i) sum += static_cast<double>(x[i] * x[i]);  // float product, as ggml
+  const float mean = static_cast<float>(sum / static_cast<double>(n));
+  const float scale = 1.0f / std::sqrt(mean + eps);
   for (size_t i = 0; i < n; ++i) y[i] = x[i] * scale * w[i];
 }
 
@@ -31,6 +32,10 @@ void gelu_mul(float* gate, const float* up, size_t n) {
 
 CF_MULTIVERSION void add_inplace(float* y, const float* x, size_t n) {
   for (size_t i = 0; i < n; ++i) y[i] += x[i];
+}
+
+CF_MULTIVERSION void round_to_f16(float* x, size_t n) {
+  for (size_t i = 0; i < n; ++i) x[i] = static_cast<float>(static_cast<_Float16>(x[i]));
 }
 
 float exp_approx(float x) { return detail::exp_inline(x); }

@@ -11,6 +11,9 @@ void rms_norm(const float* x, const float* w, float* y, size_t n, float eps);
 void silu_mul(float* gate, const float* up, size_t n);
 void gelu_mul(float* gate, const float* up, size_t n);
 void add_inplace(float* y, const float* x, size_t n);
+// Rounds to the nearest f16 value (kept as float): the KV cache holds f16-exact values,
+// as llama.cpp's f16 cache does, so both engines attend over the same numbers.
+void round_to_f16(float* x, size_t n);
 // exp for the softmax and SiLU: relative error below 1e-7 on the whole float range.
 float exp_approx(float x);
 
