@@ -304,7 +304,7 @@ std::vector<uint8_t> encode_cache_file(const ChunkCache& c, KvDtype dtype) {
   return b;
 }
 
-size_t write_cache_file(const std::string& path, const ChunkCache& c, KvDtype dtype) {
+size_t write_cache_file(const std::string& path, const ChunkCache& c, KvDtype dtype, bool durable) {
   const std::vector<uint8_t> bytes = encode_cache_file(c, dtype);
   const std::filesystem::path final_path(path);
   const std::filesystem::path dir = final_path.has_parent_path() ? final_path.parent_path() : ".";
@@ -321,7 +321,7 @@ size_t write_cache_file(const std::string& path, const ChunkCache& c, KvDtype dt
   if (fd < 0) throw CacheFileError(CacheFileDefect::io_error, path, "cannot create " + tmp + ": " + errno_text());
   try {
     write_all(fd, bytes.data(), bytes.size());
-    if (::fsync(fd) != 0) throw std::runtime_error("fsync: " + errno_text());
+    if (durable && ::fsync(fd) != 0) throw std::runtime_error("fsync: " + errno_text());
     if (::close(fd) != 0) throw std::runtime_error("close: " + errno_text());
   } catch (const std::exception& e) {
     ::close(fd);
@@ -334,7 +334,7 @@ size_t write_cache_file(const std::string& path, const ChunkCache& c, KvDtype dt
     throw CacheFileError(CacheFileDefect::io_error, path, "rename: " + why);
   }
   // The rename is durable only once the directory entry is on disk.
-  const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  const int dfd = durable ? ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC) : -1;
   if (dfd >= 0) {
     ::fsync(dfd);
     ::close(dfd);

@@ -106,7 +106,9 @@ struct CacheFileInfo {
 // The complete file image of `c` in `dtype`.
 std::vector<uint8_t> encode_cache_file(const ChunkCache& c, KvDtype dtype);
 // Writes it atomically; returns the file size. Throws CacheFileError(io_error).
-size_t write_cache_file(const std::string& path, const ChunkCache& c, KvDtype dtype);
+// durable = false skips the fsyncs: still atomic for readers, but after a power loss the
+// file may be missing or damaged (which readers detect and recompute).
+size_t write_cache_file(const std::string& path, const ChunkCache& c, KvDtype dtype, bool durable = true);
 // Maps, validates and decodes; throws CacheFileError naming the file and the defect.
 ChunkCache read_cache_file(const std::string& path, const CacheFileExpect& expect = {});
 CacheFileInfo read_cache_file_info(const std::string& path);

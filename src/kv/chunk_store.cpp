@@ -168,7 +168,7 @@ std::shared_ptr<const ChunkCache> ChunkStore::put(ChunkCache cache) {
     std::error_code ec;
     fs::create_directories(fs::path(path).parent_path(), ec);
     try {
-      const size_t n = write_cache_file(path, *c, opt_.disk_dtype);
+      const size_t n = write_cache_file(path, *c, opt_.disk_dtype, opt_.durable);
       std::lock_guard lock(mu_);
       ++stats_.disk_writes;
       stats_.disk_bytes_written += n;

@@ -42,6 +42,9 @@ struct ChunkStoreOptions {
   std::string dir;                              // empty: memory tier only
   size_t memory_budget_bytes = size_t{512} << 20;
   KvDtype disk_dtype = KvDtype::f16;
+  // fsync each file and its directory (about 30-70 ms a put here). Off: puts are faster and
+  // still atomic; a crash may lose or damage recent files, which get() then recomputes.
+  bool durable = true;
   // Needed by get/put/get_or_compute (std::logic_error without it). Without it the store
   // can still list, verify (integrity only: no fingerprint/shape check) and remove.
   std::optional<StoreModel> model;

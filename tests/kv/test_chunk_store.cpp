@@ -362,6 +362,7 @@ TEST(ChunkStore, ConcurrentThreadsShareOneStore) {
   ChunkStoreOptions o = tiny_options(dir.path());
   const size_t one = synthetic_cache(tiny_key(0, 8), tiny_hparams()).memory_bytes();
   o.memory_budget_bytes = 5 * one;
+  o.durable = false;  // the no-fsync path: still atomic for readers
   ChunkStore s(o);
   std::atomic<int> wrong{0};
   std::vector<std::thread> threads;
