@@ -86,6 +86,9 @@ TEST(ChunkCacheModel, PicCacheStoredAndReloaded) {
       EXPECT_EQ(diff, 0.f);
     else
       EXPECT_LE(diff, max_abs(c.kv) / 1024) << "f16 keeps 11 significant bits";
+    KvCache rounded = c.kv;  // what the file should hold: the forward pass's K/V in dtype
+    round_to_dtype(rounded, dtype);
+    EXPECT_EQ(max_kv_diff(r->kv, rounded), 0.f) << dtype_name(dtype);
   }
 }
 
