@@ -2,24 +2,13 @@
 
 #include <cmath>
 
-#include "runtime/vector_math_impl.h"
+#include "runtime/runtime_kernels.h"
 
 namespace cf {
 
-CF_MULTIVERSION void rms_norm(const float* x, const float* w, float* y, size_t n, float eps) {
-  double sum = 0;
-  for (size_t i = 0; i < n; ++i) sum += static_cast<double>(x[i] * x[i]);  // float product, as ggml
-  const float mean = static_cast<float>(sum / static_cast<double>(n));
-  const float scale = 1.0f / std::sqrt(mean + eps);
-  for (size_t i = 0; i < n; ++i) y[i] = x[i] * scale * w[i];
-}
+void rms_norm(const float* x, const float* w, float* y, size_t n, float eps) { rk::active().rms_norm(x, w, y, n, eps); }
 
-CF_MULTIVERSION void silu_mul(float* gate, const float* up, size_t n) {
-  for (size_t i = 0; i < n; ++i) {
-    const float g = gate[i];
-    gate[i] = g / (1.0f + detail::exp_inline(-g)) * up[i];
-  }
-}
+void silu_mul(float* gate, const float* up, size_t n) { rk::active().silu_mul(gate, up, n); }
 
 void gelu_mul(float* gate, const float* up, size_t n) {
   // tanh approximation, as ggml's gelu
@@ -30,14 +19,10 @@ void gelu_mul(float* gate, const float* up, size_t n) {
   }
 }
 
-CF_MULTIVERSION void add_inplace(float* y, const float* x, size_t n) {
-  for (size_t i = 0; i < n; ++i) y[i] += x[i];
-}
+void add_inplace(float* y, const float* x, size_t n) { rk::active().add_inplace(y, x, n); }
 
-CF_MULTIVERSION void round_to_f16(float* x, size_t n) {
-  for (size_t i = 0; i < n; ++i) x[i] = static_cast<float>(static_cast<_Float16>(x[i]));
-}
+void round_to_f16(float* x, size_t n) { rk::active().round_to_f16(x, n); }
 
-float exp_approx(float x) { return detail::exp_inline(x); }
+float exp_approx(float x) { return rk::active().exp(x); }
 
 }  // namespace cf

@@ -1,0 +1,45 @@
+// The runtime's hot loops (attention tiles, norms, activations, f16 rounding), compiled
+// once per instruction set from runtime_kernels_impl.inc and chosen at run time by the
+// same ISA switch as the matmul kernels (CHUNKFUSE_ISA caps both).
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "runtime/attention.h"
+
+namespace cf::rk {
+
+inline constexpr size_t kBlock = 64;       // cache entries per attention block
+inline constexpr size_t kMaxQueries = 48;  // query vectors (rows x heads of a group) per task
+
+struct TileArgs {
+  const AttentionShape* s;
+  const float* q;
+  const int32_t* row_pos;
+  size_t row_begin, row_end;
+  int kv_head;
+  const float* K;
+  const float* V;
+  const int32_t* entry_pos;
+  size_t n_entries;
+  float* out;
+};
+
+struct RuntimeKernels {
+  void (*attend_tile)(const TileArgs&, std::vector<float>& scratch);
+  void (*attention_probs_row)(const AttentionShape&, const float* q_row, int32_t row_pos, const float* K,
+                              const int32_t* entry_pos, size_t n_entries, float* probs);
+  void (*rms_norm)(const float* x, const float* w, float* y, size_t n, float eps);
+  void (*silu_mul)(float* gate, const float* up, size_t n);
+  void (*add_inplace)(float* y, const float* x, size_t n);
+  void (*round_to_f16)(float* x, size_t n);
+  float (*exp)(float x);
+};
+
+const RuntimeKernels& portable_kernels();
+const RuntimeKernels& avx2_kernels();
+const RuntimeKernels& avx512_kernels();
+const RuntimeKernels& active();  // by cf::active_isa()
+
+}  // namespace cf::rk
