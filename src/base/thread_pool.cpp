@@ -70,7 +70,8 @@ void ThreadPool::worker_loop(size_t thread_index) {
     while ((gen = gen_of(job_word_.load(std::memory_order_acquire))) == seen) {
       if (stop_.load(std::memory_order_relaxed)) return;
       cpu_relax();
-      if (++spins % 256 == 0 && std::chrono::steady_clock::now() > spin_until) {
+      if (++spins % 256 == 0) std::this_thread::yield();  // let a runnable thread have the core
+      if (spins % 256 == 0 && std::chrono::steady_clock::now() > spin_until) {
         std::unique_lock<std::mutex> lock(mutex_);
         ++sleepers_;
         wake_.wait(lock, [&] {
@@ -108,7 +109,11 @@ void ThreadPool::parallel_for(size_t n_tasks, const std::function<void(size_t, s
   run_tasks(gen, 0);
   // Every task is claimed; wait for the ones other threads are still running. A worker
   // that was descheduled before claiming anything is not waited for.
-  while (done_.load(std::memory_order_acquire) != n_tasks) cpu_relax();
+  // On a busy machine the thread we wait for may share our core: yield after a short spin.
+  for (int spins = 0; done_.load(std::memory_order_acquire) != n_tasks; ++spins) {
+    if (spins < 4096) cpu_relax();
+    else std::this_thread::yield();
+  }
   job_ = nullptr;
 }
 
