@@ -1,0 +1,133 @@
+#include "fusion/executor.h"
+
+#include <algorithm>
+#include <chrono>
+#include <stdexcept>
+
+namespace cf {
+namespace {
+using Clock = std::chrono::steady_clock;
+double ms_between(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double, std::milli>(b - a).count();
+}
+}  // namespace
+
+FusionExecutor::FusionExecutor(Forward& fwd, ChunkStore& store) : fwd_(fwd), store_(store) {}
+
+std::shared_ptr<const KvCache> FusionExecutor::prefix_cache(const std::vector<TokenId>& system, bool& hit) {
+  {
+    std::lock_guard<std::mutex> lock(prefix_mu_);
+    auto it = prefixes_.find(system);
+    if (it != prefixes_.end()) {
+      hit = true;
+      return it->second;
+    }
+  }
+  hit = false;
+  auto kv = std::make_shared<KvCache>(fwd_.model().hparams(), system.size());
+  std::vector<int32_t> pos(system.size());
+  for (size_t i = 0; i < pos.size(); ++i) pos[i] = static_cast<int32_t>(i);
+  fwd_.run(*kv, {system, pos, {}, {}});
+  std::lock_guard<std::mutex> lock(prefix_mu_);
+  prefixes_.emplace(system, kv);
+  return kv;
+}
+
+FusionResult FusionExecutor::prefill(const RagRequest& req, const FusionOptions& opt) {
+  if (!(opt.ratio >= 0.0 && opt.ratio <= 1.0))
+    throw std::invalid_argument("fusion ratio must be in [0, 1], got " + std::to_string(opt.ratio));
+  if (req.suffix.empty()) throw std::invalid_argument("fused prefill needs a non-empty question suffix");
+  const ModelHparams& h = fwd_.model().hparams();
+  const std::vector<TokenId> tokens = req.flatten();
+  if (static_cast<int>(tokens.size()) > h.context_length)
+    throw std::invalid_argument("prompt of " + std::to_string(tokens.size()) + " tokens exceeds the context of " +
+                                std::to_string(h.context_length));
+  const size_t context_begin = req.system.size();
+  const size_t context_end = context_begin + req.context_tokens();
+  const size_t last = tokens.size() - 1;
+
+  const auto t0 = Clock::now();
+  FusionResult r{{}, KvCache(h, tokens.size() + 256), 0, {}, req.context_tokens(), 0, 0, false, {}, {}};
+  r.next_position = static_cast<int32_t>(tokens.size());
+
+  if (opt.method == "full") {  // the reference: one plain prefill of the whole request
+    std::vector<int32_t> pos(tokens.size());
+    for (size_t i = 0; i < pos.size(); ++i) pos[i] = static_cast<int32_t>(i);
+    auto out = fwd_.run(r.cache, {tokens, pos, {}, std::span<const size_t>(&last, 1)});
+    r.logits = std::move(out.logits);
+    for (size_t s = context_begin; s < context_end; ++s) r.recomputed.push_back(s);
+    r.timings.recompute_ms = r.timings.ttft_ms = ms_between(t0, Clock::now());
+    return r;
+  }
+  std::unique_ptr<Selector> selector = make_selector(opt.method);
+
+  // Lookup: S from the prefix cache, each chunk from the store (computed if missing).
+  auto t_lookup = Clock::now();
+  auto prefix = prefix_cache(req.system, r.prefix_hit);
+  std::vector<std::shared_ptr<const ChunkCache>> caches;
+  double offline = 0;
+  for (const auto& chunk : req.chunks) {
+    ChunkKey key(fwd_.model().fingerprint(), chunk);
+    auto c = store_.get(key);
+    if (c) {
+      ++r.chunk_hits;
+    } else {
+      ++r.chunk_misses;
+      const auto tc = Clock::now();
+      c = store_.get_or_compute(key, [&] { return compute_chunk_cache(fwd_, key); });
+      offline += ms_between(tc, Clock::now());
+    }
+    caches.push_back(std::move(c));
+  }
+  const auto t_stitch = Clock::now();
+
+  // Stitch: S at 0.., chunk i at its offset (keys rotated by the offset).
+  r.cache.append_from(*prefix, 0, prefix->size(), 0);
+  FusionInputs in{req, r.cache, {}, context_begin, context_end, tokens, opt.ratio, opt.seed};
+  for (const auto& c : caches) {
+    const size_t begin = r.cache.size();
+    const int32_t delta = static_cast<int32_t>(begin) - (c->kv.size() ? c->kv.position(0) : 0);
+    r.cache.append_from(c->kv, 0, c->kv.size(), delta);
+    in.chunks.push_back({begin, c->kv.size(), c});
+  }
+  const auto t_select = Clock::now();
+
+  Selection sel = selector->select(fwd_, in);
+  if (r.cache.size() != context_end) throw std::logic_error("selector " + std::string(selector->name()) + " left probe entries in the cache");
+  for (size_t s : sel.slots)
+    if (s < context_begin || s >= context_end) throw std::logic_error("selector chose a slot outside the context");
+  const auto t_recompute = Clock::now();
+
+  // Recompute P in place and compute U into new slots, in one pass (Eq. 7 semantics).
+  std::vector<TokenId> rows;
+  std::vector<int32_t> pos;
+  std::vector<size_t> slots;
+  rows.reserve(sel.slots.size() + req.suffix.size());
+  for (size_t s : sel.slots) {
+    rows.push_back(tokens[s]);
+    pos.push_back(static_cast<int32_t>(s));
+    slots.push_back(s);
+  }
+  const size_t first_new = r.cache.append(req.suffix.size());
+  for (size_t i = 0; i < req.suffix.size(); ++i) {
+    rows.push_back(req.suffix[i]);
+    pos.push_back(static_cast<int32_t>(context_end + i));
+    slots.push_back(first_new + i);
+  }
+  const size_t logit_row = rows.size() - 1;
+  auto out = fwd_.run(r.cache, {rows, pos, slots, std::span<const size_t>(&logit_row, 1)});
+  const auto t_end = Clock::now();
+
+  r.logits = std::move(out.logits);
+  r.recomputed = std::move(sel.slots);
+  r.selection_details = std::move(sel.details);
+  r.timings.lookup_ms = ms_between(t_lookup, t_stitch) - offline;
+  r.timings.offline_ms = offline;
+  r.timings.load_ms = ms_between(t_stitch, t_select);
+  r.timings.selection_ms = ms_between(t_select, t_recompute);
+  r.timings.recompute_ms = ms_between(t_recompute, t_end);
+  r.timings.ttft_ms = ms_between(t0, t_end) - offline;
+  return r;
+}
+
+}  // namespace cf

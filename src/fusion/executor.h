@@ -1,0 +1,60 @@
+// The fused prefill (DESIGN.md "The request"): lay out S + chunks + U at consecutive
+// positions, take S from an exact prefix cache and each chunk's K/V from the chunk store
+// (moving keys to their request positions), let a selector choose the context rows P to
+// recompute, then run the forward pass over P (into their own slots) and all of U (new
+// slots) layer by layer, so a recomputed row sees the fresh K/V of the others (QCFuse
+// Eq. 7). Returns the first token's logits and a cache that decoding continues from.
+#pragma once
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "fusion/selector.h"
+#include "kv/chunk_store.h"
+
+namespace cf {
+
+struct FusionOptions {
+  std::string method = "full";  // "full" (plain prefill, the reference) or a selector name
+  double ratio = 0.15;
+  uint64_t seed = 0;
+};
+
+struct FusionTimings {
+  double lookup_ms = 0;     // prefix cache and chunk store lookups (incl. disk loads)
+  double load_ms = 0;       // stitching: copying caches in, moving keys to their positions
+  double selection_ms = 0;  // the selector (probes, scoring)
+  double recompute_ms = 0;  // forward pass over P and U
+  double ttft_ms = 0;       // request tokens known -> first-token logits
+  double offline_ms = 0;    // chunk caches computed during this request (missing from the store)
+};
+
+struct FusionResult {
+  std::vector<float> logits;      // first output token
+  KvCache cache;                  // S c1..cm U, ready for decoding
+  int32_t next_position = 0;
+  std::vector<size_t> recomputed; // context slots recomputed (ascending)
+  size_t context_tokens = 0;
+  size_t chunk_hits = 0, chunk_misses = 0;
+  bool prefix_hit = false;
+  FusionTimings timings;
+  nlohmann::json selection_details;
+};
+
+class FusionExecutor {
+ public:
+  FusionExecutor(Forward& fwd, ChunkStore& store);
+  // Throws std::invalid_argument on an unknown method or a ratio outside [0, 1].
+  FusionResult prefill(const RagRequest& request, const FusionOptions& opt);
+
+ private:
+  std::shared_ptr<const KvCache> prefix_cache(const std::vector<TokenId>& system, bool& hit);
+  Forward& fwd_;
+  ChunkStore& store_;
+  std::mutex prefix_mu_;
+  std::map<std::vector<TokenId>, std::shared_ptr<const KvCache>> prefixes_;  // exact match
+};
+
+}  // namespace cf

@@ -1,0 +1,45 @@
+#include "fusion/selector.h"
+
+#include <cmath>
+#include <stdexcept>
+
+namespace cf {
+
+std::unique_ptr<Selector> make_reuse_selector();
+std::unique_ptr<Selector> make_random_selector();
+std::unique_ptr<Selector> make_epic_selector();
+std::unique_ptr<Selector> make_cacheblend_selector();
+std::unique_ptr<Selector> make_prophet_selector();
+
+namespace {
+struct Entry {
+  const char* name;
+  std::unique_ptr<Selector> (*make)();
+};
+const Entry kSelectors[] = {
+    {"reuse", make_reuse_selector},          {"random", make_random_selector},
+    {"epic", make_epic_selector},            {"cacheblend", make_cacheblend_selector},
+    {"prophet", make_prophet_selector},
+};
+}  // namespace
+
+size_t recompute_budget(double ratio, size_t n) {
+  if (!(ratio >= 0.0 && ratio <= 1.0)) throw std::invalid_argument("ratio must be in [0, 1]");
+  return std::min(n, static_cast<size_t>(std::floor(ratio * static_cast<double>(n) + 1e-9)));
+}
+
+std::unique_ptr<Selector> make_selector(std::string_view name) {
+  for (const auto& e : kSelectors)
+    if (name == e.name) return e.make();
+  std::string known = "full";
+  for (const auto& e : kSelectors) known += std::string(", ") + e.name;
+  throw std::invalid_argument("unknown fusion method '" + std::string(name) + "' (known: " + known + ")");
+}
+
+std::vector<std::string> selector_names() {
+  std::vector<std::string> names;
+  for (const auto& e : kSelectors) names.push_back(e.name);
+  return names;
+}
+
+}  // namespace cf

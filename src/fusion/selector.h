@@ -1,0 +1,67 @@
+// Selectors choose which retrieved-context tokens a fused prefill recomputes. Each method of
+// the papers is one file (select_<name>.cpp) behind this interface, citing the section it
+// implements and listing its deviations. All of them see the same stitched cache and run
+// their probes through the one forward pass (runtime/forward.h).
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "fusion/rag_prompt.h"
+#include "kv/chunk_cache.h"
+#include "runtime/forward.h"
+
+namespace cf {
+
+// Where one retrieved chunk sits in the stitched cache (slots == request positions).
+struct ChunkPlacement {
+  size_t begin = 0;
+  size_t n_tokens = 0;
+  std::shared_ptr<const ChunkCache> cache;  // its stored cache (metadata: anchors, ...)
+};
+
+// What a selector sees. The cache holds S then every chunk's stored K/V moved to its
+// request positions; entry s is at position s. The question suffix U is not in it.
+struct FusionInputs {
+  const RagRequest& request;
+  KvCache& cache;
+  std::vector<ChunkPlacement> chunks;
+  size_t context_begin = 0, context_end = 0;  // slots of the retrieved context
+  std::vector<TokenId> tokens;                 // the flattened request S c1..cm U
+  double ratio = 0;
+  uint64_t seed = 0;
+
+  size_t context_tokens() const { return context_end - context_begin; }
+  std::span<const TokenId> suffix_tokens() const {
+    return std::span<const TokenId>(tokens).subspan(context_end);
+  }
+  int32_t suffix_position(size_t i) const { return static_cast<int32_t>(context_end + i); }
+};
+
+struct Selection {
+  std::vector<size_t> slots;  // context slots to recompute, ascending
+  nlohmann::json details;     // method-specific facts for reports (scores, layers, ...)
+};
+
+class Selector {
+ public:
+  virtual ~Selector() = default;
+  virtual std::string_view name() const = 0;
+  // May run probes through `fwd`, and may change the cache (CacheBlend refreshes its
+  // early layers; that is part of its method and its cost) but must leave S, the context
+  // and nothing else in it: probe entries are removed before returning.
+  virtual Selection select(Forward& fwd, FusionInputs& in) = 0;
+};
+
+// floor(ratio * n), the papers' budget (QCFuse Eq. 11 / FusionRAG top-k): ratio in [0, 1].
+size_t recompute_budget(double ratio, size_t n);
+
+// Methods: reuse, random, epic, cacheblend, prophet (and more as they land).
+// Throws std::invalid_argument naming the known ones.
+std::unique_ptr<Selector> make_selector(std::string_view name);
+std::vector<std::string> selector_names();
+
+}  // namespace cf
