@@ -259,7 +259,8 @@ def summarize(reps: list[dict], args: argparse.Namespace) -> list[dict]:
 def markdown(rows: list[dict], meta: dict) -> str:
     lines = [
         f"chunkfuse vs llama.cpp — {meta['machine'].get('Model name', '?')}, "
-        f"{meta['threads']} threads, {meta['reps']} reps, median [min–max]",
+        f"{meta['threads']} threads, {meta['reps']} reps, median [min–max]; "
+        f"load average before/after {meta['loadavg_1_5_15_before'][0]:.1f}/{meta['loadavg_1_5_15_after'][0]:.1f}",
         "",
         "| metric | chunkfuse | llama.cpp | ours / llama.cpp |",
         "|---|---:|---:|---:|",
@@ -326,6 +327,7 @@ def main() -> None:
     sides = {"ours": ours_cmd, "llama": llama_cmd}
     wanted = ["ours", "llama"] if args.only == "both" else [args.only]
 
+    load_before = os.getloadavg()
     reps = []
     for rep in range(args.reps):
         order = wanted if rep % 2 == 0 else list(reversed(wanted))
@@ -348,6 +350,9 @@ def main() -> None:
         "machine": cpu_info(),
         "threads": args.threads,
         "reps": args.reps,
+        # Other processes on the machine skew both sides; the load average says how busy it was.
+        "loadavg_1_5_15_before": load_before,
+        "loadavg_1_5_15_after": os.getloadavg(),
         "model": args.model,
         "binary": args.binary,
         "ours_cmd": ours_cmd,
