@@ -66,9 +66,10 @@ FusionResult FusionExecutor::prefill(const RagRequest& req, const FusionOptions&
   auto prefix = prefix_cache(req.system, r.prefix_hit);
   std::vector<std::shared_ptr<const ChunkCache>> caches;
   double offline = 0;
-  for (const auto& chunk : req.chunks) {
-    ChunkKey key(fwd_.model().fingerprint(), chunk);
-    auto c = store_.get(key);
+  for (size_t i = 0; i < req.chunks.size(); ++i) {
+    ChunkKey key(fwd_.model().fingerprint(), req.chunks[i]);
+    auto c = selector->lookup_chunk(fwd_, store_, key, req, i);
+    if (!c) c = store_.get(key);
     if (c) {
       ++r.chunk_hits;
     } else {
@@ -76,6 +77,14 @@ FusionResult FusionExecutor::prefill(const RagRequest& req, const FusionOptions&
       const auto tc = Clock::now();
       c = store_.get_or_compute(key, [&] { return compute_chunk_cache(fwd_, key); });
       offline += ms_between(tc, Clock::now());
+    }
+    // The method's offline metadata, when this chunk does not carry it yet.
+    if (selector->needs_preparation(*c)) {
+      const auto tp = Clock::now();
+      ChunkCache prepared = *c;
+      selector->prepare_chunk(fwd_, prepared);
+      c = store_.put(std::move(prepared));
+      offline += ms_between(tp, Clock::now());
     }
     caches.push_back(std::move(c));
   }

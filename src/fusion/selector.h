@@ -46,10 +46,24 @@ struct Selection {
   nlohmann::json details;     // method-specific facts for reports (scores, layers, ...)
 };
 
+class ChunkStore;
+
 class Selector {
  public:
   virtual ~Selector() = default;
   virtual std::string_view name() const = 0;
+  // Which stored cache stands for a chunk in this request (FusionRAG: its
+  // neighbour-enriched variant; Cache-Craft: the best of its variants). nullptr: the
+  // position-independent cache, the default. Its time counts as lookup.
+  virtual std::shared_ptr<const ChunkCache> lookup_chunk(Forward& fwd, ChunkStore& store, const ChunkKey& pic_key,
+                                                         const RagRequest& request, size_t chunk_index) {
+    return nullptr;
+  }
+  // Offline per-chunk work of the method (QCFuse anchors, ...), kept in ChunkCache::extra:
+  // when needs_preparation() says the chunk lacks it, the executor copies the cache, calls
+  // prepare_chunk() on the copy, stores it again and counts the time as offline.
+  virtual bool needs_preparation(const ChunkCache& chunk) const { return false; }
+  virtual void prepare_chunk(Forward& fwd, ChunkCache& chunk) {}
   // May run probes through `fwd`, and may change the cache (CacheBlend refreshes its
   // early layers; that is part of its method and its cost) but must leave S, the context
   // and nothing else in it: probe entries are removed before returning.
