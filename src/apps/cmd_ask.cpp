@@ -1,11 +1,15 @@
-// `chunkfuse ask`: answer a question over passages (one chunk per passage), print the
-// answer and the time to first token.
+// `chunkfuse ask`: answer a question over passages (one chunk per passage) with a fusion
+// method; prints the answer, the per-phase timings and which tokens were recomputed.
+#include <unistd.h>
+
 #include <cstdio>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <stdexcept>
 
 #include "apps/app_common.h"
-#include "fusion/rag_prompt.h"
+#include "base/paths.h"
+#include "fusion/executor.h"
 #include "runtime/generate.h"
 
 namespace cf::apps {
@@ -15,54 +19,101 @@ struct AskArgs {
   ModelOptions model;
   std::string passages_file;
   std::string question;
-  std::string method = "full";
+  std::string method = "qcfuse";
   double ratio = 0.15;
   int max_tokens = 64;
+  std::string store_dir;
   bool json = false;
+  bool show_tokens = true;
+  uint64_t seed = 0;
 };
 
+// The context with recomputed tokens highlighted (reverse video on a terminal, [[...]]
+// otherwise), one passage per paragraph.
+std::string highlighted_context(const Tokenizer& tok, const RagRequest& req, const std::vector<size_t>& recomputed,
+                                bool color) {
+  const std::set<size_t> chosen(recomputed.begin(), recomputed.end());
+  std::string out;
+  size_t slot = req.system.size();
+  for (const auto& chunk : req.chunks) {
+    bool in = false;
+    for (TokenId t : chunk) {
+      const bool hit = chosen.count(slot++) > 0;
+      if (hit != in) out += hit ? (color ? "\x1b[7m" : "[[") : (color ? "\x1b[0m" : "]]");
+      in = hit;
+      out += tok.token_to_piece(t, false);
+    }
+    if (in) out += color ? "\x1b[0m" : "]]";
+  }
+  return out;
+}
+
 int run_ask(const AskArgs& a) {
-  if (a.method != "full")
-    throw std::runtime_error("method '" + a.method + "' is not available yet (available: full)");
   if (a.question.empty()) throw std::runtime_error("empty --question");
+  if (a.method != "full") make_selector(a.method);  // unknown names fail before any work
   const auto passages = read_passages_jsonl(a.passages_file);
   auto model = load_model(a.model, a.json);
   ThreadPool pool(a.model.threads);
   Forward fwd(*model, pool);
-  Generator gen(fwd);
+  ChunkStoreOptions so;
+  so.dir = a.store_dir.empty() ? cache_root() + "/store" : a.store_dir;
+  so.model = StoreModel{model->fingerprint(), model->hparams()};
+  ChunkStore store(so);
+  FusionExecutor executor(fwd, store);
 
-  const double t_request = now_ms();
   RagRequest req = build_rag_request(*model, passages, a.question);
-  const auto prompt = req.flatten();
-  const int ctx = model->hparams().context_length;
-  if (static_cast<int>(prompt.size()) + a.max_tokens > ctx)
-    throw std::runtime_error("prompt of " + std::to_string(prompt.size()) + " tokens plus " +
-                             std::to_string(a.max_tokens) + " to generate exceeds the context of " + std::to_string(ctx));
-  KvCache cache(model->hparams(), prompt.size() + a.max_tokens);
+  if (static_cast<int>(req.flatten().size()) + a.max_tokens > model->hparams().context_length)
+    throw std::runtime_error("prompt of " + std::to_string(req.flatten().size()) + " tokens plus " +
+                             std::to_string(a.max_tokens) + " to generate exceeds the context of " +
+                             std::to_string(model->hparams().context_length));
+  FusionResult fr = executor.prefill(req, {a.method, a.ratio, a.seed});
+  Generator gen(fwd);
   GenerateOptions opt;
   opt.max_tokens = a.max_tokens;
   opt.sampling.temperature = 0;
-  GenerateResult r = gen.generate(cache, prompt, opt);
-  const double total = now_ms() - t_request;
+  const std::vector<TokenId> prompt = req.flatten();
+  GenerateResult g = gen.continue_from(fr.cache, fr.logits, fr.next_position, prompt, opt);
+  const auto& t = fr.timings;
+  const double ttft = t.ttft_ms + g.ttft_ms;  // + choosing the first token
 
   if (a.json) {
-    nlohmann::json j{{"answer", r.text},
+    nlohmann::json j{{"answer", g.text},
                      {"method", a.method},
-                     {"ttft_ms", r.ttft_ms},
-                     {"phases_ms", {{"prefill", r.prefill_ms}, {"first_token", r.ttft_ms - r.prefill_ms}}},
+                     {"ratio", a.ratio},
+                     {"ttft_ms", ttft},
+                     {"phases_ms",
+                      {{"lookup", t.lookup_ms},
+                       {"load", t.load_ms},
+                       {"selection", t.selection_ms},
+                       {"recompute", t.recompute_ms},
+                       {"first_token", g.ttft_ms}}},
+                     {"offline_ms", t.offline_ms},
                      {"prompt_tokens", prompt.size()},
-                     {"context_tokens", req.context_tokens()},
-                     {"recomputed_tokens", req.context_tokens()},
-                     {"generated_tokens", r.tokens.size()},
-                     {"decode_tokens_per_s", r.decode_tokens_per_s()},
-                     {"total_ms", total}};
+                     {"context_tokens", fr.context_tokens},
+                     {"recomputed_tokens", fr.recomputed.size()},
+                     {"recomputed_positions", fr.recomputed},
+                     {"chunk_hits", fr.chunk_hits},
+                     {"chunk_misses", fr.chunk_misses},
+                     {"generated_tokens", g.tokens.size()},
+                     {"decode_tokens_per_s", g.decode_tokens_per_s()},
+                     {"selection", fr.selection_details}};
     std::printf("%s\n", j.dump(2).c_str());
-  } else {
-    std::printf("%s\n", r.text.c_str());
-    std::fprintf(stderr, "method %s: %zu prompt tokens (%zu in %zu passages), TTFT %.1f ms, %zu tokens at %.1f tok/s\n",
-                 a.method.c_str(), prompt.size(), req.context_tokens(), req.chunks.size(), r.ttft_ms, r.tokens.size(),
-                 r.decode_tokens_per_s());
+    return 0;
   }
+  std::printf("%s\n", g.text.c_str());
+  if (a.show_tokens && a.method != "full") {
+    const bool color = isatty(fileno(stderr));
+    std::fprintf(stderr, "\nrecomputed tokens (%zu of %zu context tokens)%s:\n%s\n\n", fr.recomputed.size(),
+                 fr.context_tokens, color ? ", highlighted" : ", in [[ ]]",
+                 highlighted_context(model->tokenizer(), req, fr.recomputed, color).c_str());
+  }
+  std::fprintf(stderr,
+               "method %s ratio %.2f: %zu prompt tokens (%zu context in %zu passages, %zu recomputed); TTFT %.1f ms "
+               "= lookup %.1f + load %.1f + selection %.1f + recompute %.1f + first token %.1f; chunks %zu cached, "
+               "%zu computed now (%.0f ms offline); %zu tokens at %.1f tok/s\n",
+               a.method.c_str(), a.ratio, prompt.size(), fr.context_tokens, req.chunks.size(), fr.recomputed.size(), ttft,
+               t.lookup_ms, t.load_ms, t.selection_ms, t.recompute_ms, g.ttft_ms, fr.chunk_hits, fr.chunk_misses,
+               t.offline_ms, g.tokens.size(), g.decode_tokens_per_s());
   return 0;
 }
 
@@ -76,10 +127,15 @@ void add_ask_command(CLI::App& app, CommandRunner& run) {
       ->required()
       ->check(CLI::ExistingFile);
   cmd->add_option("-q,--question", a->question, "the question")->required();
-  cmd->add_option("--method", a->method, "fusion method")->capture_default_str();
+  std::string methods = "full";
+  for (const auto& n : selector_names()) methods += ", " + n;
+  cmd->add_option("--method", a->method, "fusion method: " + methods)->capture_default_str();
   cmd->add_option("--ratio", a->ratio, "share of context tokens to recompute")->check(CLI::Range(0.0, 1.0))->capture_default_str();
   cmd->add_option("-n,--max-tokens", a->max_tokens, "answer length limit")->check(CLI::Range(1, 4096))->capture_default_str();
+  cmd->add_option("--store", a->store_dir, "chunk-cache store directory (default: <cache>/store)");
+  cmd->add_option("--seed", a->seed, "seed of methods that sample")->capture_default_str();
   cmd->add_flag("--json", a->json, "print one JSON object");
+  cmd->add_flag("!--no-tokens", a->show_tokens, "do not print the recomputed tokens");
   cmd->callback([&run, a] { run = [a] { return run_ask(*a); }; });
 }
 
