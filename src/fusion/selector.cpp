@@ -10,6 +10,9 @@ std::unique_ptr<Selector> make_random_selector();
 std::unique_ptr<Selector> make_epic_selector();
 std::unique_ptr<Selector> make_cacheblend_selector();
 std::unique_ptr<Selector> make_prophet_selector();
+std::unique_ptr<Selector> make_cachecraft_selector();
+std::unique_ptr<Selector> make_qcfuse_selector();
+std::unique_ptr<Selector> make_fusionrag_selector();
 
 namespace {
 struct Entry {
@@ -20,6 +23,9 @@ const Entry kSelectors[] = {
     {"reuse", make_reuse_selector},          {"random", make_random_selector},
     {"epic", make_epic_selector},            {"cacheblend", make_cacheblend_selector},
     {"prophet", make_prophet_selector},
+    {"cachecraft", make_cachecraft_selector},
+    {"qcfuse", make_qcfuse_selector},
+    {"fusionrag", make_fusionrag_selector},
 };
 }  // namespace
 
