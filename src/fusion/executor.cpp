@@ -60,6 +60,7 @@ FusionResult FusionExecutor::prefill(const RagRequest& req, const FusionOptions&
     return r;
   }
   std::unique_ptr<Selector> selector = make_selector(opt.method);
+  selector->configure(opt.method_options);
 
   // Lookup: S from the prefix cache, each chunk from the store (computed if missing).
   auto t_lookup = Clock::now();
@@ -88,6 +89,7 @@ FusionResult FusionExecutor::prefill(const RagRequest& req, const FusionOptions&
     }
     caches.push_back(std::move(c));
   }
+  offline += selector->offline_ms();
   const auto t_stitch = Clock::now();
 
   // Stitch: S at 0.., chunk i at its offset (keys rotated by the offset).

@@ -20,6 +20,7 @@ struct FusionOptions {
   std::string method = "full";  // "full" (plain prefill, the reference) or a selector name
   double ratio = 0.15;
   uint64_t seed = 0;
+  nlohmann::json method_options = nlohmann::json::object();  // Selector::configure
 };
 
 struct FusionTimings {

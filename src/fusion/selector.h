@@ -5,6 +5,7 @@
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <stdexcept>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
@@ -68,6 +69,15 @@ class Selector {
   // early layers; that is part of its method and its cost) but must leave S, the context
   // and nothing else in it: probe entries are removed before returning.
   virtual Selection select(Forward& fwd, FusionInputs& in) = 0;
+  // Method options from FusionOptions::method_options, before any other call (invalid_argument
+  // on a key the method does not know). Default: the method has none.
+  virtual void configure(const nlohmann::json& options) {
+    if (!options.is_null() && !options.empty())
+      throw std::invalid_argument("method " + std::string(name()) + " takes no options");
+  }
+  // Offline work the selector did during this request's lookups (Cache-Craft builds new
+  // variants): the executor counts it as offline, not as lookup or TTFT.
+  virtual double offline_ms() const { return 0; }
 };
 
 // floor(ratio * n), the papers' budget (QCFuse Eq. 11 / FusionRAG top-k): ratio in [0, 1].
