@@ -1,0 +1,412 @@
+// QCFuse critical-layer profiling (§3.2.3 Eq. 12-13, §3.4 Eq. 18-19): once per model,
+// every layer's anchor-conditioned score I_l (Eq. 18) is judged by Recall@10% against gold
+// evidence positions, and the top-3 layers by their individual recall become L*.
+// Deviations:
+//  - calibration data: Natural Questions (oracle passage + other examples' passages as
+//    distractors, gold = answer occurrences) and HotpotQA (gold = supporting sentences),
+//    the last examples of each file (evaluation runs usually take the first ones); the
+//    paper uses SQuAD, NewsQA and NQ, which we do not have offline. HotpotQA gold is whole
+//    evidence sentences, not answer spans.
+//  - the recall of a layer is the mean of the two datasets' mean recalls;
+//  - the .gz file is read through `gzip -dc` (no zlib in the build).
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <numeric>
+#include <stdexcept>
+
+#include "base/paths.h"
+#include "fusion/qcfuse.h"
+#include "fusion/selector.h"
+#include "fusion/top_k.h"
+#include "kv/chunk_store.h"
+
+namespace cf::qcfuse {
+namespace {
+
+std::vector<std::string> read_lines(const std::string& path) {
+  std::vector<std::string> lines;
+  const bool gz = path.size() > 3 && path.compare(path.size() - 3, 3, ".gz") == 0;
+  if (!std::filesystem::exists(path)) throw std::runtime_error(path + ": no such file");
+  if (!gz) {
+    std::ifstream in(path);
+    if (!in) throw std::runtime_error(path + ": cannot open");
+    for (std::string line; std::getline(in, line);)
+      if (!line.empty()) lines.push_back(std::move(line));
+    return lines;
+  }
+  std::string quoted = "'";
+  for (char c : path) quoted += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  quoted += "'";
+  FILE* p = ::popen(("gzip -dc -- " + quoted).c_str(), "r");
+  if (!p) throw std::runtime_error(path + ": cannot run gzip");
+  std::string cur;
+  char buf[1 << 16];
+  size_t got;
+  while ((got = std::fread(buf, 1, sizeof buf, p)) > 0) {
+    for (size_t i = 0; i < got; ++i) {
+      if (buf[i] == '\n') {
+        if (!cur.empty()) lines.push_back(std::move(cur));
+        cur.clear();
+      } else {
+        cur += buf[i];
+      }
+    }
+  }
+  if (!cur.empty()) lines.push_back(std::move(cur));
+  if (::pclose(p) != 0) throw std::runtime_error(path + ": gzip failed");
+  return lines;
+}
+
+// Prefix passage_text() puts before the passage body.
+size_t body_offset(const Passage& p) { return p.title.empty() ? 0 : std::string("Title: " + p.title + "\n").size(); }
+
+std::vector<std::pair<size_t, size_t>> find_all(const std::string& hay, const std::string& needle) {
+  std::vector<std::pair<size_t, size_t>> out;
+  if (needle.empty()) return out;
+  for (size_t at = hay.find(needle); at != std::string::npos; at = hay.find(needle, at + needle.size()))
+    out.emplace_back(at, at + needle.size());
+  return out;
+}
+
+std::string lower(std::string s) {
+  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+
+using Clock = std::chrono::steady_clock;
+
+}  // namespace
+
+std::string default_profile_path(const std::string& fp) { return cache_root() + "/profiles/" + fp + ".qcfuse.json"; }
+
+nlohmann::json profile_to_json(const LayerProfile& p) {
+  return {{"format", "chunkfuse.qcfuse.profile/1"},
+          {"model_fingerprint", p.model_fingerprint},
+          {"recall_at_10pct", p.recall},
+          {"critical_layers", p.critical_layers},
+          {"critical_set_recall", p.critical_set_recall},
+          {"all_layers_recall", p.all_layers_recall},
+          {"anchor_ratio", p.anchor_ratio},
+          {"seconds", p.seconds},
+          {"data", p.data}};
+}
+
+LayerProfile profile_from_json(const nlohmann::json& j) {
+  try {
+    if (j.at("format").get<std::string>() != "chunkfuse.qcfuse.profile/1")
+      throw std::runtime_error("unknown profile format " + j.at("format").dump());
+    LayerProfile p;
+    p.model_fingerprint = j.at("model_fingerprint").get<std::string>();
+    p.recall = j.at("recall_at_10pct").get<std::vector<double>>();
+    p.critical_layers = j.at("critical_layers").get<std::vector<int>>();
+    p.critical_set_recall = j.value("critical_set_recall", 0.0);
+    p.all_layers_recall = j.value("all_layers_recall", 0.0);
+    p.anchor_ratio = j.at("anchor_ratio").get<double>();
+    p.seconds = j.value("seconds", 0.0);
+    p.data = j.value("data", nlohmann::json::object());
+    for (int l : p.critical_layers)
+      if (l < 0 || static_cast<size_t>(l) >= p.recall.size())
+        throw std::runtime_error("critical layer " + std::to_string(l) + " outside the profiled layers");
+    return p;
+  } catch (const nlohmann::json::exception& e) {
+    throw std::runtime_error(std::string("malformed QCFuse profile: ") + e.what());
+  }
+}
+
+void save_profile(const LayerProfile& p, const std::string& path) {
+  const std::filesystem::path target(path);
+  if (target.has_parent_path()) std::filesystem::create_directories(target.parent_path());
+  const std::string tmp = path + ".tmp" + std::to_string(::getpid());
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    if (!out) throw std::runtime_error(tmp + ": cannot write");
+    out << profile_to_json(p).dump(2) << "\n";
+    if (!out.flush()) throw std::runtime_error(tmp + ": write failed");
+  }
+  std::filesystem::rename(tmp, target);
+}
+
+std::optional<LayerProfile> load_profile(const std::string& path) {
+  if (!std::filesystem::exists(path)) return std::nullopt;
+  std::ifstream in(path);
+  if (!in) throw std::runtime_error(path + ": cannot open");
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    throw std::runtime_error(path + ": not valid JSON (" + e.what() + ")");
+  }
+  return profile_from_json(j);
+}
+
+std::vector<CalibrationExample> read_nq_calibration(const std::string& path, size_t limit) {
+  const std::vector<std::string> lines = read_lines(path);
+  std::vector<CalibrationExample> chosen;
+  const RagPromptOptions opt;
+  for (size_t li = lines.size(); li-- > 0 && chosen.size() < limit;) {
+    const auto j = nlohmann::json::parse(lines[li]);
+    if (!j.contains("ctxs") || j["ctxs"].empty()) continue;
+    Passage gold{j["ctxs"][0].value("title", ""), j["ctxs"][0].value("text", "")};
+    const std::string text = passage_text(gold, opt);
+    const size_t off = body_offset(gold);
+    const std::string body = text.substr(off);
+    std::vector<std::pair<size_t, size_t>> spans;
+    for (const auto& a : j.value("answers", nlohmann::json::array())) {
+      if (!a.is_string()) continue;
+      auto hits = find_all(body, a.get<std::string>());
+      if (hits.empty()) hits = find_all(lower(body), lower(a.get<std::string>()));
+      for (auto [b, e] : hits) spans.emplace_back(off + b, off + e);
+    }
+    if (spans.empty()) continue;
+    CalibrationExample ex;
+    ex.dataset = "nq_open_oracle";
+    ex.index = li;
+    ex.question = j.value("question", "");
+    ex.passages = {gold};
+    ex.gold_spans = {spans};
+    chosen.push_back(std::move(ex));
+  }
+  // Distractors: the gold passages of up to 9 other chosen examples; the gold passage's
+  // slot moves with the example so position does not give it away.
+  const size_t m = chosen.size();
+  std::vector<Passage> golds;
+  for (const auto& ex : chosen) golds.push_back(ex.passages[0]);
+  for (size_t i = 0; i < m; ++i) {
+    const size_t n_distract = std::min<size_t>(9, m - 1);
+    std::vector<Passage> ps;
+    std::vector<std::vector<std::pair<size_t, size_t>>> spans;
+    for (size_t d = 1; d <= n_distract; ++d) {
+      ps.push_back(golds[(i + d) % m]);
+      spans.emplace_back();
+    }
+    const size_t at = i % (n_distract + 1);
+    ps.insert(ps.begin() + static_cast<long>(at), golds[i]);
+    spans.insert(spans.begin() + static_cast<long>(at), chosen[i].gold_spans[0]);
+    chosen[i].passages = std::move(ps);
+    chosen[i].gold_spans = std::move(spans);
+  }
+  return chosen;
+}
+
+std::vector<CalibrationExample> read_hotpot_calibration(const std::string& path, size_t limit) {
+  const std::vector<std::string> lines = read_lines(path);
+  std::vector<CalibrationExample> chosen;
+  const RagPromptOptions opt;
+  for (size_t li = lines.size(); li-- > 0 && chosen.size() < limit;) {
+    const auto j = nlohmann::json::parse(lines[li]);
+    CalibrationExample ex;
+    ex.dataset = "hotpotqa";
+    ex.index = li;
+    ex.question = j.value("question", "");
+    size_t n_gold = 0;
+    for (const auto& c : j.at("context")) {
+      Passage p{c.at(0).get<std::string>(), ""};
+      std::vector<std::pair<size_t, size_t>> sent_spans;
+      for (const auto& s : c.at(1)) {
+        const size_t b = p.text.size();
+        p.text += s.get<std::string>();
+        sent_spans.emplace_back(b, p.text.size());
+      }
+      const size_t off = body_offset(p);
+      std::vector<std::pair<size_t, size_t>> spans;
+      for (const auto& f : j.at("supporting_facts")) {
+        if (f.at(0).get<std::string>() != p.title) continue;
+        const auto sid = f.at(1).get<size_t>();
+        if (sid < sent_spans.size() && sent_spans[sid].second > sent_spans[sid].first)
+          spans.emplace_back(off + sent_spans[sid].first, off + sent_spans[sid].second);
+      }
+      n_gold += spans.size();
+      ex.passages.push_back(std::move(p));
+      ex.gold_spans.push_back(std::move(spans));
+    }
+    if (n_gold == 0) continue;
+    chosen.push_back(std::move(ex));
+  }
+  return chosen;
+}
+
+bool gold_token_positions(const Tokenizer& tok, std::span<const TokenId> tokens, const std::string& text,
+                          const std::vector<std::pair<size_t, size_t>>& spans, std::vector<size_t>& gold) {
+  gold.clear();
+  std::vector<size_t> begin(tokens.size() + 1, 0);
+  std::string spelled;
+  for (size_t t = 0; t < tokens.size(); ++t) {
+    begin[t] = spelled.size();
+    spelled += tok.token_to_piece(tokens[t], false);
+  }
+  begin[tokens.size()] = spelled.size();
+  if (spelled != text) return false;
+  for (size_t t = 0; t < tokens.size(); ++t)
+    for (auto [b, e] : spans)
+      if (begin[t] < e && begin[t + 1] > b) {
+        gold.push_back(t);
+        break;
+      }
+  return true;
+}
+
+LayerProfile profile_critical_layers(Forward& fwd, ChunkStore& store, const std::vector<CalibrationExample>& examples,
+                                     const ProfileOptions& opt) {
+  const auto t0 = Clock::now();
+  const Model& m = fwd.model();
+  const ModelHparams& h = m.hparams();
+  const int L = h.n_layers;
+  std::vector<int> all_layers(L);
+  std::iota(all_layers.begin(), all_layers.end(), 0);
+  const RagPromptOptions prompt_opt;
+
+  struct Row {
+    std::string dataset;
+    std::vector<double> recall;  // per layer
+    double all = 0;
+  };
+  std::vector<Row> rows;
+  std::vector<std::vector<std::vector<double>>> kept_scores;  // per row: per layer scores (for the set recall)
+  std::vector<std::vector<size_t>> kept_gold;
+  std::vector<size_t> kept_k, kept_begin;
+  size_t skipped = 0, done = 0;
+  double anchors_ms = 0, pic_ms = 0;
+  size_t anchors_chunks = 0;
+  std::map<std::vector<TokenId>, KvCache> prefixes;
+
+  for (const CalibrationExample& ex : examples) {
+    const RagRequest req = build_rag_request(m, ex.passages, ex.question, prompt_opt);
+    // Gold slots.
+    std::vector<size_t> gold;
+    bool ok = ex.gold_spans.size() == ex.passages.size();
+    size_t slot = req.system.size();
+    for (size_t i = 0; ok && i < req.chunks.size(); ++i) {
+      std::vector<size_t> g;
+      ok = gold_token_positions(m.tokenizer(), req.chunks[i], passage_text(ex.passages[i], prompt_opt), ex.gold_spans[i], g);
+      for (size_t t : g) gold.push_back(slot + t);
+      slot += req.chunks[i].size();
+    }
+    const size_t n = req.context_tokens();
+    const size_t k = recompute_budget(kProfileBudget, n);
+    if (!ok || gold.empty() || k == 0 || static_cast<int>(req.flatten().size()) > h.context_length) {
+      ++skipped;
+      ++done;
+      if (opt.progress) opt.progress(done, examples.size(), ex, n);
+      continue;
+    }
+    // S (exact prefix), then every chunk's PIC cache with its anchors, stitched.
+    auto pit = prefixes.find(req.system);
+    if (pit == prefixes.end()) {
+      KvCache kv(h, req.system.size());
+      std::vector<int32_t> pos(req.system.size());
+      std::iota(pos.begin(), pos.end(), 0);
+      fwd.run(kv, {req.system, pos, {}, {}});
+      pit = prefixes.emplace(req.system, std::move(kv)).first;
+    }
+    KvCache stitched(h, req.flatten().size());
+    stitched.append_from(pit->second, 0, pit->second.size(), 0);
+    std::vector<size_t> anchor_slots;
+    for (const auto& toks : req.chunks) {
+      ChunkKey key(m.fingerprint(), toks);
+      const auto tc = Clock::now();
+      auto c = store.get_or_compute(key, [&] { return compute_chunk_cache(fwd, key); });
+      pic_ms += std::chrono::duration<double, std::milli>(Clock::now() - tc).count();
+      if (!stored_anchors(*c, opt.anchor_ratio)) {
+        const auto ta = Clock::now();
+        ChunkCache prepared = *c;
+        prepare_anchors(fwd, prepared, opt.anchor_ratio);
+        anchors_ms += std::chrono::duration<double, std::milli>(Clock::now() - ta).count();
+        ++anchors_chunks;
+        c = store.put(std::move(prepared));
+      }
+      const size_t begin = stitched.size();
+      stitched.append_from(c->kv, 0, c->kv.size(), static_cast<int32_t>(begin) - c->kv.position(0));
+      const std::vector<uint32_t> anchors = stored_anchors(*c, opt.anchor_ratio).value();
+      for (uint32_t a : anchors) anchor_slots.push_back(begin + a);
+    }
+    const size_t cb = req.system.size(), ce = cb + n;
+    ProbeResult pr = anchor_probe(fwd, stitched, cb, ce, anchor_slots, req.suffix, all_layers);
+
+    auto recall_of = [&](const std::vector<double>& score) {
+      const auto top = top_k_slots(score, cb, k);
+      size_t hit = 0;
+      for (size_t g : gold) hit += std::binary_search(top.begin(), top.end(), g) ? 1 : 0;
+      return static_cast<double>(hit) / static_cast<double>(gold.size());
+    };
+    Row row{ex.dataset, std::vector<double>(L), 0};
+    std::vector<double> sum(n, 0.0);
+    for (int l = 0; l < L; ++l) {
+      row.recall[l] = recall_of(pr.scores[l]);
+      for (size_t i = 0; i < n; ++i) sum[i] += pr.scores[l][i];
+    }
+    row.all = recall_of(sum);
+    rows.push_back(std::move(row));
+    kept_scores.push_back(std::move(pr.scores));
+    kept_gold.push_back(std::move(gold));
+    kept_k.push_back(k);
+    kept_begin.push_back(cb);
+    ++done;
+    if (opt.progress) opt.progress(done, examples.size(), ex, n);
+  }
+  if (rows.empty()) throw std::runtime_error("QCFuse profiling: no usable calibration example");
+
+  // Per dataset means, then the mean over datasets.
+  std::map<std::string, std::vector<size_t>> by_dataset;
+  for (size_t i = 0; i < rows.size(); ++i) by_dataset[rows[i].dataset].push_back(i);
+  LayerProfile p;
+  p.model_fingerprint = m.fingerprint_hex();
+  p.anchor_ratio = opt.anchor_ratio;
+  p.recall.assign(L, 0.0);
+  nlohmann::json per_dataset = nlohmann::json::object();
+  for (const auto& [name, idx] : by_dataset) {
+    std::vector<double> r(L, 0.0);
+    double all = 0;
+    std::vector<size_t> lines;
+    for (size_t i : idx) {
+      for (int l = 0; l < L; ++l) r[l] += rows[i].recall[l] / static_cast<double>(idx.size());
+      all += rows[i].all / static_cast<double>(idx.size());
+    }
+    for (const auto& ex : examples)
+      if (ex.dataset == name) lines.push_back(ex.index);
+    for (int l = 0; l < L; ++l) p.recall[l] += r[l] / static_cast<double>(by_dataset.size());
+    p.all_layers_recall += all / static_cast<double>(by_dataset.size());
+    per_dataset[name] = {{"examples", idx.size()}, {"lines", lines}, {"recall_at_10pct", r}, {"all_layers_recall", all}};
+  }
+  std::vector<int> order(L);
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return p.recall[a] > p.recall[b]; });
+  order.resize(std::min(opt.critical_layers, L));
+  p.critical_layers = order;
+
+  // Recall of the summed critical set (Eq. 20), averaged the same way.
+  std::map<std::string, std::pair<double, size_t>> set_recall;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const size_t n = kept_scores[i][0].size();
+    std::vector<double> sum(n, 0.0);
+    for (int l : p.critical_layers)
+      for (size_t t = 0; t < n; ++t) sum[t] += kept_scores[i][l][t];
+    const auto top = top_k_slots(sum, kept_begin[i], kept_k[i]);
+    size_t hit = 0;
+    for (size_t g : kept_gold[i]) hit += std::binary_search(top.begin(), top.end(), g) ? 1 : 0;
+    auto& [acc, cnt] = set_recall[rows[i].dataset];
+    acc += static_cast<double>(hit) / static_cast<double>(kept_gold[i].size());
+    ++cnt;
+  }
+  for (const auto& [name, rc] : set_recall) {
+    per_dataset[name]["critical_set_recall"] = rc.first / static_cast<double>(rc.second);
+    p.critical_set_recall += rc.first / static_cast<double>(rc.second) / static_cast<double>(set_recall.size());
+  }
+  p.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  p.data = {{"datasets", per_dataset},
+            {"skipped", skipped},
+            {"budget", kProfileBudget},
+            {"softmax_denominator", "S + context + U keys (causal), as the artifact's kernel"},
+            {"query_rows", "all tokens of the question suffix U"},
+            {"pic_ms", pic_ms},
+            {"anchor_ms", anchors_ms},
+            {"anchor_chunks", anchors_chunks}};
+  return p;
+}
+
+}  // namespace cf::qcfuse
