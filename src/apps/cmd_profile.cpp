@@ -1,0 +1,80 @@
+// `chunkfuse profile-layers`: QCFuse's offline critical-layer profiling (§3.4), once per
+// model. Reads the span-labelled calibration sets (Natural Questions oracle passages with
+// distractors, HotpotQA supporting facts), measures every layer's Recall@10% and writes the
+// profile the qcfuse selector loads (<cache>/profiles/<fingerprint>.qcfuse.json by default).
+#include <cstdio>
+#include <filesystem>
+
+#include "apps/app_common.h"
+#include "fusion/qcfuse.h"
+#include "kv/chunk_store.h"
+
+namespace cf::apps {
+namespace {
+
+struct ProfileArgs {
+  ModelOptions model;
+  std::string data_dir = "../shared/datasets";
+  size_t limit = 40;
+  std::string out;
+  double anchor_ratio = qcfuse::kDefaultAnchorRatio;
+  int layers = qcfuse::kDefaultCriticalLayers;
+};
+
+int run_profile(const ProfileArgs& a) {
+  const std::string nq = a.data_dir + "/nq_open_oracle.jsonl.gz";
+  const std::string hotpot = a.data_dir + "/hotpotqa_dev200.jsonl";
+  for (const auto& f : {nq, hotpot})
+    if (!std::filesystem::exists(f))
+      throw std::runtime_error("calibration file not found: " + f + " (pass --data-dir)");
+  auto model = load_model(a.model);
+  ThreadPool pool(a.model.threads);
+  Forward fwd(*model, pool);
+  ChunkStoreOptions so;  // memory only: calibration caches are not worth keeping
+  so.memory_budget_bytes = size_t{2} << 30;
+  so.model = StoreModel{model->fingerprint(), model->hparams()};
+  ChunkStore store(so);
+
+  std::vector<qcfuse::CalibrationExample> examples = qcfuse::read_nq_calibration(nq, a.limit);
+  for (auto& ex : qcfuse::read_hotpot_calibration(hotpot, a.limit)) examples.push_back(std::move(ex));
+  std::fprintf(stderr, "profiling %d layers on %zu calibration examples (Recall@10%%, anchors r_a = %.2f)\n",
+               model->hparams().n_layers, examples.size(), a.anchor_ratio);
+
+  qcfuse::ProfileOptions opt;
+  opt.anchor_ratio = a.anchor_ratio;
+  opt.critical_layers = a.layers;
+  const double t0 = now_ms();
+  opt.progress = [&](size_t done, size_t total, const qcfuse::CalibrationExample& ex, size_t n) {
+    const double el = (now_ms() - t0) / 1000;
+    std::fprintf(stderr, "  [%zu/%zu] %s line %zu: %zu context tokens, %.0f s elapsed, ~%.0f s left\n", done, total,
+                 ex.dataset.c_str(), ex.index, n, el, el / static_cast<double>(done) * static_cast<double>(total - done));
+  };
+  const qcfuse::LayerProfile p = qcfuse::profile_critical_layers(fwd, store, examples, opt);
+  const std::string out = a.out.empty() ? qcfuse::default_profile_path(model->fingerprint_hex()) : a.out;
+  qcfuse::save_profile(p, out);
+
+  std::printf("layer  Recall@10%%\n");
+  for (size_t l = 0; l < p.recall.size(); ++l) std::printf("%5zu  %.3f\n", l, p.recall[l]);
+  std::printf("critical layers:");
+  for (int l : p.critical_layers) std::printf(" %d (%.3f)", l, p.recall[l]);
+  std::printf("\nset recall %.3f, all-layer recall %.3f, %.1f s; written to %s\n", p.critical_set_recall,
+              p.all_layers_recall, p.seconds, out.c_str());
+  return 0;
+}
+
+}  // namespace
+
+void add_profile_command(CLI::App& app, CommandRunner& run) {
+  auto a = std::make_shared<ProfileArgs>();
+  auto* cmd = app.add_subcommand("profile-layers", "QCFuse: profile the critical layers of a model (offline, once)");
+  add_model_options(*cmd, a->model);
+  cmd->add_option("--data-dir", a->data_dir, "folder with nq_open_oracle.jsonl.gz and hotpotqa_dev200.jsonl")
+      ->capture_default_str();
+  cmd->add_option("--limit", a->limit, "calibration examples per dataset")->check(CLI::Range(1, 100000))->capture_default_str();
+  cmd->add_option("--out", a->out, "profile file (default: <cache>/profiles/<model fingerprint>.qcfuse.json)");
+  cmd->add_option("--anchor-ratio", a->anchor_ratio, "anchor ratio r_a")->check(CLI::Range(0.0, 1.0))->capture_default_str();
+  cmd->add_option("--layers", a->layers, "critical layers to keep")->check(CLI::Range(1, 1000))->capture_default_str();
+  cmd->callback([&run, a] { run = [a] { return run_profile(*a); }; });
+}
+
+}  // namespace cf::apps
