@@ -1,10 +1,17 @@
 #include "fusion/fusionrag_enrich.h"
 
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cctype>
 #include <chrono>
+#include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <numeric>
+#include <random>
 #include <sstream>
 #include <stdexcept>
 #include <unordered_map>
@@ -88,12 +95,76 @@ ChunkCache compute_enriched_cache(Forward& fwd, const KvCache& system_kv, std::s
   return c;
 }
 
+std::string fusionrag_index_path(const ChunkStore& store) {
+  return store.options().dir.empty() ? "" : store.options().dir + "/fusionrag_index.json";
+}
+
+std::map<std::string, FusionRagLink> read_fusionrag_index(const std::string& path) {
+  std::map<std::string, FusionRagLink> out;
+  std::ifstream in(path);
+  if (!in) return out;
+  const nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object() || j.value("version", 0) != 1 || !j.contains("links") || !j["links"].is_object()) return out;
+  for (const auto& [id, link] : j["links"].items())
+    if (auto l = FusionRagLink::from_json(link)) out.emplace(id, std::move(*l));
+  return out;
+}
+
+void merge_fusionrag_index(const std::string& path, const std::map<std::string, FusionRagLink>& links) {
+  const std::string lock_path = path + ".lock";
+  const int fd = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) throw std::runtime_error(lock_path + ": cannot open");
+  ::flock(fd, LOCK_EX);  // released by close, also when this throws
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  auto all = read_fusionrag_index(path);
+  for (const auto& [id, l] : links) all[id] = l;
+  nlohmann::json j = {{"version", 1}, {"links", nlohmann::json::object()}};
+  for (const auto& [id, l] : all) j["links"][id] = l.to_json();
+  const std::string tmp = path + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(std::random_device{}());
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << j.dump();
+    if (!out.flush()) throw std::runtime_error(tmp + ": write failed");
+  }
+  std::filesystem::rename(tmp, path);  // readers see the old file or the new one, never half
+}
+
+namespace {
+// The index file as this process last read it, re-read when it changes on disk.
+std::optional<FusionRagLink> indexed_link(const std::string& path, const std::string& pic_id) {
+  static std::mutex mu;
+  static std::map<std::string, std::pair<std::filesystem::file_time_type, std::map<std::string, FusionRagLink>>> memo;
+  std::error_code ec;
+  const auto mtime = std::filesystem::last_write_time(path, ec);
+  if (ec) return std::nullopt;
+  std::lock_guard lock(mu);
+  auto it = memo.find(path);
+  if (it == memo.end() || it->second.first != mtime)
+    it = memo.insert_or_assign(path, std::make_pair(mtime, read_fusionrag_index(path))).first;
+  auto l = it->second.second.find(pic_id);
+  if (l == it->second.second.end()) return std::nullopt;
+  return l->second;
+}
+}  // namespace
+
 std::shared_ptr<const ChunkCache> find_enriched(ChunkStore& store, const ChunkKey& pic_key,
                                                 std::span<const TokenId> system, std::string* why) {
   auto say = [&](const char* reason) {
     if (why) *why = reason;
     return nullptr;
   };
+  // Fast path: the index file names the enriched entry without loading the PIC.
+  const std::string index = fusionrag_index_path(store);
+  if (!index.empty())
+    if (const auto link = indexed_link(index, pic_key.id());
+        link && std::equal(link->system.begin(), link->system.end(), system.begin(), system.end())) {
+      const ChunkKey key(pic_key.model_fingerprint(), pic_key.tokens(), {ContextKind::neighbours, link->context_hash});
+      if (key.id() == link->enriched_id)
+        if (auto enriched = store.get(key)) return enriched;
+    }
   auto pic = store.get(pic_key);
   if (!pic) return say("no PIC cache");
   const auto link = fusionrag_link(*pic);
@@ -218,6 +289,7 @@ EnrichReport enrich_corpus(Forward& fwd, ChunkStore& store, const std::vector<Co
   }
 
   // Pass 2: the enriched caches.
+  std::map<std::string, FusionRagLink> links;  // for the index file
   KvCache scratch(fwd.model().hparams());
   for (size_t d = 0; d < targets; ++d) {
     if (neigh[d].empty()) {
@@ -234,6 +306,7 @@ EnrichReport enrich_corpus(Forward& fwd, ChunkStore& store, const std::vector<Co
       const auto old = fusionrag_link(*pic);
       if (old && old->enriched_id == ekey.id() && store.contains(ekey)) {
         ++rep.enriched_present;
+        links.emplace(keys[d].id(), *old);
       } else {
         ChunkCache c = compute_enriched_cache(fwd, system_kv, opt.system, *pic, nb, scratch);
         FusionRagLink link;
@@ -247,6 +320,7 @@ EnrichReport enrich_corpus(Forward& fwd, ChunkStore& store, const std::vector<Co
         rep.context_tokens += scratch.size();
         c.extra[kFusionRagExtraKey] = {{"pic", keys[d].id()}, {"neighbours", link.neighbours}};
         store.put(std::move(c));
+        links.emplace(keys[d].id(), link);
         ChunkCache linked = *pic;  // same K/V, the link added to its metadata
         linked.extra[kFusionRagExtraKey] = link.to_json();
         store.put(std::move(linked));
@@ -255,6 +329,8 @@ EnrichReport enrich_corpus(Forward& fwd, ChunkStore& store, const std::vector<Co
     }
     if (opt.progress) opt.progress("enrich", d + 1, targets);
   }
+  if (const std::string index = fusionrag_index_path(store); !index.empty() && !links.empty())
+    merge_fusionrag_index(index, links);
   return rep;
 }
 

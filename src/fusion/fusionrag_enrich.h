@@ -16,10 +16,16 @@
 // (memory-only stores included), needs no second file kept consistent across processes, and
 // `chunks rm` of a PIC drops its link with it. The price: enrichment rewrites each PIC file
 // once (same K/V, new metadata).
+// Reading a whole PIC file only for its link would double a request's loads, so a disk store
+// also gets <store>/fusionrag_index.json ({"version": 1, "links": {pic id: link}}), written
+// atomically (temp file + rename, under an flock so concurrent enrichers merge, not clobber)
+// and read once per process (again when its mtime changes). find_enriched tries it first and
+// falls back to the PIC entry's link.
 #pragma once
 #include <cstddef>
 #include <functional>
 #include <limits>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -65,6 +71,13 @@ ChunkCache compute_enriched_cache(Forward& fwd, const KvCache& system_kv, std::s
 // S, or the enriched entry is missing.
 std::shared_ptr<const ChunkCache> find_enriched(ChunkStore& store, const ChunkKey& pic_key,
                                                 std::span<const TokenId> system, std::string* why = nullptr);
+
+// The index file of a disk store ("" for a memory-only store).
+std::string fusionrag_index_path(const ChunkStore& store);
+// Its links; empty when the file is missing; malformed links are skipped.
+std::map<std::string, FusionRagLink> read_fusionrag_index(const std::string& path);
+// Merges `links` into the file (read-merge-write under an exclusive flock), atomically.
+void merge_fusionrag_index(const std::string& path, const std::map<std::string, FusionRagLink>& links);
 
 struct CorpusChunk {
   std::string text;             // for similarity

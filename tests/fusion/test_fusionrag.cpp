@@ -237,6 +237,22 @@ TEST_F(FusionRag, LinkSurvivesTheDiskStoreAndRerunsSkipWork) {
   EXPECT_EQ(again.enriched, 0u);
   EXPECT_EQ(again.enriched_present, 2u);
   EXPECT_EQ(again.pic_computed, 0u);
+  // The index file holds both links, the same as the PIC entries carry.
+  const auto index = read_fusionrag_index(fusionrag_index_path(store));
+  ASSERT_EQ(index.size(), 2u);
+  EXPECT_EQ(index.at(pic_key.id()).enriched_id, enriched->key.id());
+  EXPECT_EQ(index.at(pic_key.id()).neighbours, fusionrag_link(*store.get(pic_key))->neighbours);
+  // Found through the index alone: the second chunk's PIC entry is not read (here: gone).
+  const ChunkKey second(m.fingerprint(), chunks[1].tokens);
+  const std::string second_enriched = index.at(second.id()).enriched_id;
+  ASSERT_TRUE(store.remove(second.id()));
+  auto via_index = find_enriched(store, second, eo.system, &why);
+  ASSERT_TRUE(via_index);
+  EXPECT_EQ(via_index->key.id(), second_enriched);
+  // Merging keeps the links already there.
+  FusionRagLink extra_link = index.at(pic_key.id());
+  merge_fusionrag_index(fusionrag_index_path(store), {{std::string(32, 'f'), extra_link}});
+  EXPECT_EQ(read_fusionrag_index(fusionrag_index_path(store)).size(), 3u);
   // The enriched entry gone: the link is left dangling and lookup falls back.
   ASSERT_TRUE(store.remove(enriched->key.id()));
   EXPECT_FALSE(find_enriched(store, pic_key, eo.system, &why));
