@@ -12,5 +12,6 @@ void add_generate_command(CLI::App& app, CommandRunner& run);
 void add_perf_command(CLI::App& app, CommandRunner& run);
 void add_ask_command(CLI::App& app, CommandRunner& run);
 void add_chunks_command(CLI::App& app, CommandRunner& run);
+void add_bench_command(CLI::App& app, CommandRunner& run);
 void add_profile_command(CLI::App& app, CommandRunner& run);
 }  // namespace cf::apps

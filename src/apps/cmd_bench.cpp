@@ -1,0 +1,146 @@
+// `chunkfuse bench`: quality and speed of fusion methods on a QA dataset (issue 4). Runs
+// every example through full prefill and each method x ratio, appends one JSON line per
+// run to <out>/results.jsonl (a killed run resumes where it stopped), then writes the
+// report, CSV and plots with tools/bench_report.py.
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
+
+#include "apps/app_common.h"
+#include "eval/runner.h"
+
+namespace cf::apps {
+namespace {
+
+struct BenchArgs {
+  ModelOptions model;
+  std::string data;
+  std::string data_dir;
+  std::string methods = "full,reuse,epic,cacheblend";
+  std::string ratios = "0,0.05,0.15,0.3,1";
+  size_t limit = 0;
+  int max_tokens = 32;
+  uint64_t seed = 0;
+  std::string out;
+  std::string store;
+  bool memory_store = false;
+  std::string dtype = "f16";
+  size_t memory_mb = 512;
+  bool no_report = false;
+};
+
+std::vector<std::string> split_list(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ','))
+    if (!item.empty()) out.push_back(item);
+  return out;
+}
+
+std::vector<double> parse_ratios(const std::string& s) {
+  std::vector<double> out;
+  for (const auto& item : split_list(s)) {
+    size_t used = 0;
+    double r = 0;
+    try {
+      r = std::stod(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used != item.size() || !(r >= 0.0 && r <= 1.0))
+      throw std::runtime_error("--ratios: '" + item + "' is not a number in [0, 1]");
+    out.push_back(r);
+  }
+  return out;
+}
+
+// Appends the invocation to <out>/bench_command.txt, for the report ("the command and machine").
+void record_command(const BenchArgs& a) {
+  std::ostringstream c;
+  c << "chunkfuse bench -m " << a.model.model_path << " --data " << a.data;
+  if (!a.data_dir.empty()) c << " --data-dir " << a.data_dir;
+  c << " --methods " << a.methods << " --ratios " << a.ratios;
+  if (a.limit) c << " --limit " << a.limit;
+  c << " --max-tokens " << a.max_tokens << " --seed " << a.seed << " -t " << a.model.threads;
+  if (a.memory_store) c << " --memory-store";
+  if (!a.store.empty()) c << " --store " << a.store;
+  c << " --dtype " << a.dtype << " --memory-mb " << a.memory_mb << " --out " << a.out;
+  std::filesystem::create_directories(a.out);
+  std::ofstream(std::filesystem::path(a.out) / "bench_command.txt", std::ios::app) << c.str() << "\n";
+}
+
+int run_bench(const BenchArgs& a) {
+  eval::BenchConfig cfg;
+  cfg.methods = split_list(a.methods);
+  cfg.ratios = parse_ratios(a.ratios);
+  eval::expand_runs(cfg.methods, cfg.ratios);  // reject bad methods before loading anything
+  if (!parse_dtype(a.dtype, cfg.disk_dtype)) throw std::runtime_error("unknown --dtype " + a.dtype);
+  cfg.limit = a.limit;
+  cfg.max_tokens = a.max_tokens;
+  cfg.seed = a.seed;
+  cfg.out_dir = a.out;
+  cfg.store_dir = a.store;
+  cfg.memory_only_store = a.memory_store;
+  cfg.memory_budget_bytes = a.memory_mb << 20;
+  cfg.model_name = std::filesystem::path(a.model.model_path).filename().string();
+
+  const eval::Dataset dataset = eval::load_dataset(a.data, a.data_dir);
+  auto model = load_model(a.model);
+  ThreadPool pool(a.model.threads);
+  cfg.threads = static_cast<int>(pool.size());
+  Forward fwd(*model, pool);
+  std::fprintf(stderr, "bench: %s (%zu examples, %s), methods %s, ratios %s, %d threads -> %s\n",
+               dataset.name.c_str(), dataset.examples.size(), dataset.path.c_str(), a.methods.c_str(),
+               a.ratios.c_str(), cfg.threads, a.out.c_str());
+
+  record_command(a);
+  eval::BenchRunner runner(fwd, cfg);
+  const eval::BenchSummary s = runner.run(dataset);
+  std::printf("%zu rows written, %zu already present, %zu/%zu examples run", s.rows_written, s.rows_already_present,
+              s.examples_run, s.examples);
+  if (s.examples_skipped) std::printf(", %zu skipped (too long)", s.examples_skipped);
+  std::printf(", %.1f s\nresults %s\n", s.seconds, s.results_path.c_str());
+  if (a.no_report) return 0;
+  std::string how_to;
+  const int rc = eval::run_report(a.out, how_to);
+  if (rc < 0) {
+    std::printf("report not written: %s\n", how_to.c_str());
+    return 0;
+  }
+  if (rc != 0) throw std::runtime_error("the report script failed (exit " + std::to_string(rc) + "): " + how_to);
+  std::printf("report %s\n", (std::filesystem::path(a.out) / "report.md").c_str());
+  return 0;
+}
+
+}  // namespace
+
+void add_bench_command(CLI::App& app, CommandRunner& run) {
+  auto a = std::make_shared<BenchArgs>();
+  CLI::App* cmd = app.add_subcommand("bench", "quality and speed of fusion methods on a QA dataset (resumable)");
+  add_model_options(*cmd, a->model);
+  cmd->add_option("--data", a->data, "dataset: musique_s, hotpotqa, or a file (their formats, or JSON Lines "
+                                     "{question, answers, passages:[{title,text}]})")
+      ->required();
+  cmd->add_option("--data-dir", a->data_dir, "folder of the named datasets (default: ../shared/datasets beside the "
+                                             "repository, or $CHUNKFUSE_DATA_DIR)");
+  cmd->add_option("--methods", a->methods, "comma-separated methods (full, reuse, and the selectors)")
+      ->capture_default_str();
+  cmd->add_option("--ratios", a->ratios, "comma-separated recompute ratios (full and reuse run once)")
+      ->capture_default_str();
+  cmd->add_option("--limit", a->limit, "first N examples only (0: all)")->capture_default_str();
+  cmd->add_option("-n,--max-tokens", a->max_tokens, "answer length limit")->check(CLI::Range(1, 256))->capture_default_str();
+  cmd->add_option("--seed", a->seed, "seed for sampling methods (random)")->capture_default_str();
+  cmd->add_option("--out", a->out, "output folder (results.jsonl, report.md, summary.csv, plots)")->required();
+  cmd->add_option("--store", a->store, "chunk-cache store folder (default: <out>/store)");
+  cmd->add_flag("--memory-store", a->memory_store, "keep chunk caches in memory only (no disk tier)");
+  cmd->add_option("--dtype", a->dtype, "disk dtype of the chunk caches: f16, bf16, f32")->capture_default_str();
+  cmd->add_option("--memory-mb", a->memory_mb, "memory tier of the store in MiB (0: every lookup reads the disk)")
+      ->capture_default_str();
+  cmd->add_flag("--no-report", a->no_report, "do not run tools/bench_report.py at the end");
+  cmd->callback([&run, a] { run = [a] { return run_bench(*a); }; });
+}
+
+}  // namespace cf::apps

@@ -1,0 +1,361 @@
+#include "eval/runner.h"
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <optional>
+#include <set>
+#include <stdexcept>
+
+#include "eval/metrics.h"
+#include "fusion/executor.h"
+#include "kv/chunk_store.h"
+#include "runtime/generate.h"
+
+namespace cf::eval {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+double now_ms() {
+  return std::chrono::duration<double, std::milli>(Clock::now().time_since_epoch()).count();
+}
+
+std::string ratio_text(double r) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.6g", r);
+  return buf;
+}
+
+std::string hms(double seconds) {
+  const long s = static_cast<long>(seconds + 0.5);
+  char buf[32];
+  if (s >= 3600)
+    std::snprintf(buf, sizeof buf, "%ld:%02ld:%02ld", s / 3600, s / 60 % 60, s % 60);
+  else
+    std::snprintf(buf, sizeof buf, "%ld:%02ld", s / 60, s % 60);
+  return buf;
+}
+
+// Progress on stderr: redrawn in place on a terminal, one line per tenth otherwise. The
+// ETA comes from the time per unit so far (units: one method x ratio of one example).
+class ProgressBar {
+ public:
+  ProgressBar(size_t total, bool enabled) : total_(total), enabled_(enabled), tty_(::isatty(2)), t0_(now_ms()) {}
+  void update(size_t done, const std::string& what) {
+    if (!enabled_) return;
+    const double now = now_ms();
+    const bool last = done == total_;
+    if (tty_) {
+      if (!last && now - last_draw_ < 200) return;
+    } else {
+      const size_t tenth = total_ ? done * 10 / total_ : 10;
+      if (!last && tenth == last_tenth_) return;
+      last_tenth_ = tenth;
+    }
+    last_draw_ = now;
+    const double secs = (now - t0_) / 1000;
+    const double eta = done > 0 ? secs / done * (total_ - done) : 0;
+    constexpr int kWidth = 30;
+    const int filled = total_ ? static_cast<int>(kWidth * done / total_) : kWidth;
+    std::fprintf(stderr, "%s[%s%s] %zu/%zu runs  %s elapsed  ETA %s  %-32.32s%s", tty_ ? "\r" : "",
+                 std::string(filled, '#').c_str(), std::string(kWidth - filled, '.').c_str(), done, total_,
+                 hms(secs).c_str(), done > 0 ? hms(eta).c_str() : "?", what.c_str(), tty_ && !last ? "" : "\n");
+    std::fflush(stderr);
+  }
+
+ private:
+  size_t total_;
+  bool enabled_, tty_;
+  double t0_, last_draw_ = -1e18;
+  size_t last_tenth_ = static_cast<size_t>(-1);
+};
+
+std::string fingerprint_hex(uint64_t f) {
+  char buf[20];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(f));
+  return buf;
+}
+
+std::string shell_quote(const std::string& s) {
+  std::string q = "'";
+  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
+struct Decoded {
+  std::string answer;
+  size_t tokens = 0;
+  double decode_tok_s = 0;
+  std::string stop_reason;
+};
+
+Decoded decode(Forward& fwd, FusionResult& r, const std::vector<TokenId>& prompt, int max_tokens) {
+  Generator gen(fwd);
+  GenerateOptions opt;
+  opt.max_tokens = max_tokens;
+  opt.sampling.temperature = 0;  // greedy
+  opt.stop = {"\n"};
+  GenerateResult g = gen.continue_from(r.cache, r.logits, r.next_position, prompt, opt);
+  return {g.text, g.tokens.size(), g.decode_tokens_per_s(), g.stop_reason};
+}
+
+}  // namespace
+
+std::vector<BenchRun> expand_runs(const std::vector<std::string>& methods, const std::vector<double>& ratios) {
+  const auto known = selector_names();
+  std::vector<BenchRun> runs;
+  std::set<std::string> seen;
+  for (const auto& m : methods) {
+    if (!seen.insert(m).second) continue;
+    if (m == "full") {
+      runs.push_back({m, 1.0});
+    } else if (m == "reuse") {
+      runs.push_back({m, 0.0});
+    } else {
+      if (std::find(known.begin(), known.end(), m) == known.end()) {
+        std::string names = "full";
+        for (const auto& k : known) names += ", " + k;
+        throw std::invalid_argument("unknown method '" + m + "' (known: " + names + ")");
+      }
+      if (ratios.empty()) throw std::invalid_argument("method '" + m + "' needs at least one --ratios value");
+      std::set<std::string> seen_ratios;
+      for (double r : ratios) {
+        if (!(r >= 0.0 && r <= 1.0)) throw std::invalid_argument("ratio " + ratio_text(r) + " is outside [0, 1]");
+        if (seen_ratios.insert(ratio_text(r)).second) runs.push_back({m, r});
+      }
+    }
+  }
+  if (runs.empty()) throw std::invalid_argument("no methods to run");
+  return runs;
+}
+
+std::string row_key(const std::string& dataset, uint64_t model_fingerprint, const std::string& example_id,
+                    const std::string& method, double ratio) {
+  return dataset + "\x1f" + fingerprint_hex(model_fingerprint) + "\x1f" + example_id + "\x1f" + method + "\x1f" +
+         ratio_text(ratio);
+}
+
+std::vector<json> read_results(const std::string& path) {
+  std::vector<json> rows;
+  std::error_code ec;
+  if (!fs::exists(path, ec)) return rows;
+  std::string text;
+  {
+    std::ifstream in(path, std::ios::binary);
+    if (!in) throw std::runtime_error("cannot read " + path);
+    text.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  const size_t complete = text.rfind('\n') == std::string::npos ? 0 : text.rfind('\n') + 1;
+  if (complete < text.size()) {  // a run killed mid-write: drop the partial line
+    std::fprintf(stderr, "bench: %s ends in a half-written line; removing it\n", path.c_str());
+    fs::resize_file(path, complete);
+    text.resize(complete);
+  }
+  size_t line_no = 0, begin = 0;
+  while (begin < text.size()) {
+    const size_t end = text.find('\n', begin);
+    ++line_no;
+    const std::string line = text.substr(begin, end - begin);
+    begin = end + 1;
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    json j = json::parse(line, nullptr, false);
+    if (j.is_discarded() || !j.is_object())
+      throw std::runtime_error(path + ":" + std::to_string(line_no) +
+                               ": not a JSON object; fix or remove the line, or use a fresh --out");
+    rows.push_back(std::move(j));
+  }
+  return rows;
+}
+
+BenchRunner::BenchRunner(Forward& fwd, BenchConfig cfg) : fwd_(fwd), cfg_(std::move(cfg)) {
+  if (cfg_.out_dir.empty()) throw std::invalid_argument("bench: an output folder is required");
+  if (cfg_.max_tokens < 1) throw std::invalid_argument("bench: max_tokens must be at least 1");
+}
+
+BenchSummary BenchRunner::run(const Dataset& dataset) {
+  const double t_start = now_ms();
+  const std::vector<BenchRun> runs = expand_runs(cfg_.methods, cfg_.ratios);
+  const Model& model = fwd_.model();
+  const uint64_t fp = model.fingerprint();
+  fs::create_directories(cfg_.out_dir);
+  BenchSummary sum;
+  sum.results_path = (fs::path(cfg_.out_dir) / "results.jsonl").string();
+
+  // What is already there.
+  std::set<std::string> done;
+  for (const json& row : read_results(sum.results_path)) {
+    if (!row.contains("dataset") || !row.contains("example") || !row.contains("method") || !row.contains("ratio"))
+      continue;
+    if (row.value("dataset", "") == dataset.name && row.value("model_fingerprint", "") == fingerprint_hex(fp) &&
+        row.value("max_tokens", 0) != cfg_.max_tokens)
+      throw std::runtime_error(sum.results_path + " holds rows of this dataset and model made with max_tokens " +
+                               std::to_string(row.value("max_tokens", 0)) + "; use a fresh --out or the same settings");
+    uint64_t row_fp = std::strtoull(row.value("model_fingerprint", "0").c_str(), nullptr, 16);
+    done.insert(row_key(row["dataset"].get<std::string>(), row_fp, row["example"].get<std::string>(),
+                        row["method"].get<std::string>(), row["ratio"].get<double>()));
+  }
+
+  const size_t n_examples = cfg_.limit ? std::min(cfg_.limit, dataset.examples.size()) : dataset.examples.size();
+  sum.examples = n_examples;
+  std::vector<std::vector<BenchRun>> todo(n_examples);
+  size_t total_units = 0;
+  for (size_t e = 0; e < n_examples; ++e) {
+    for (const auto& r : runs) {
+      if (done.count(row_key(dataset.name, fp, dataset.examples[e].id, r.method, r.ratio)))
+        ++sum.rows_already_present;
+      else
+        todo[e].push_back(r);
+    }
+    total_units += todo[e].size();
+  }
+
+  ChunkStoreOptions so;
+  if (!cfg_.memory_only_store) so.dir = cfg_.store_dir.empty() ? (fs::path(cfg_.out_dir) / "store").string() : cfg_.store_dir;
+  so.disk_dtype = cfg_.disk_dtype;
+  so.memory_budget_bytes = cfg_.memory_budget_bytes;
+  so.durable = false;  // still atomic; a damaged file is detected and recomputed
+  so.model = StoreModel{fp, model.hparams()};
+  ChunkStore store(so);
+  FusionExecutor executor(fwd_, store);
+
+  std::ofstream out(sum.results_path, std::ios::app | std::ios::binary);
+  if (!out) throw std::runtime_error("cannot append to " + sum.results_path);
+
+  ProgressBar progress(total_units, cfg_.progress);
+  size_t units = 0;
+  bool warmed_up = false;
+  progress.update(0, "");
+  for (size_t e = 0; e < n_examples; ++e) {
+    if (todo[e].empty()) continue;
+    const QaExample& ex = dataset.examples[e];
+    const RagRequest req = build_rag_request(model, ex.passages, ex.question, cfg_.prompt);
+    const std::vector<TokenId> prompt = req.flatten();
+    if (static_cast<long>(prompt.size()) + cfg_.max_tokens > model.hparams().context_length) {
+      std::fprintf(stderr, "\nbench: example %s: %zu prompt tokens + %d to generate exceed the context of %d; skipped\n",
+                   ex.id.c_str(), prompt.size(), cfg_.max_tokens, model.hparams().context_length);
+      ++sum.examples_skipped;
+      units += todo[e].size();
+      continue;
+    }
+    ++sum.examples_run;
+
+    // (1) Chunk caches, untimed: what a deployment computes when a passage is indexed.
+    double chunk_offline_ms = 0;
+    size_t chunks_computed = 0;
+    for (const auto& chunk : req.chunks) {
+      ChunkKey key(fp, chunk);
+      store.get_or_compute(key, [&] {
+        ChunkCache c = compute_chunk_cache(fwd_, key);
+        chunk_offline_ms += c.offline_ms;
+        ++chunks_computed;
+        return c;
+      });
+    }
+    // The first timed runs of a process pay for page faults and the prefix cache of S.
+    if (!warmed_up) {
+      executor.prefill(req, {"full", 1.0, 0});
+      executor.prefill(req, {"reuse", 0.0, 0});
+      warmed_up = true;
+    }
+
+    // (2) The reference.
+    FusionResult full = executor.prefill(req, {"full", 1.0, cfg_.seed});
+    const std::vector<float> full_logits = full.logits;
+    const Decoded full_dec = decode(fwd_, full, prompt, cfg_.max_tokens);
+
+    double load_avg[1] = {0};
+    if (getloadavg(load_avg, 1) != 1) load_avg[0] = -1;
+    const uint64_t example_seed = cfg_.seed * 1000003ull + e;
+
+    // (3) Every method x ratio still to do.
+    for (const BenchRun& run : todo[e]) {
+      progress.update(units, ex.id + " " + run.method + "@" + ratio_text(run.ratio));
+      std::optional<FusionResult> own;
+      const FusionResult* r = &full;
+      Decoded dec = full_dec;
+      if (run.method != "full") {
+        own.emplace(executor.prefill(req, {run.method, run.ratio, example_seed}));
+        r = &*own;
+        dec = decode(fwd_, *own, prompt, cfg_.max_tokens);
+      }
+      const FusionTimings& t = r->timings;
+      json row{{"dataset", dataset.name},
+               {"model", cfg_.model_name},
+               {"model_fingerprint", fingerprint_hex(fp)},
+               {"example", ex.id},
+               {"example_index", e},
+               {"method", run.method},
+               {"ratio", run.ratio},
+               {"answer", dec.answer},
+               {"gold", ex.answers},
+               {"full_answer", full_dec.answer},
+               {"f1", qa_f1(dec.answer, ex.answers)},
+               {"em", exact_match(dec.answer, ex.answers)},
+               {"rouge_l", rouge_l(dec.answer, ex.answers)},
+               {"fidelity_f1", fidelity_f1(dec.answer, full_dec.answer)},
+               {"first_token_agree", first_token_agrees(full_logits, r->logits)},
+               {"kl", kl_divergence_from_logits(full_logits, r->logits)},
+               {"ttft_ms", t.ttft_ms},
+               {"lookup_ms", t.lookup_ms},
+               {"load_ms", t.load_ms},
+               {"selection_ms", t.selection_ms},
+               {"recompute_ms", t.recompute_ms},
+               {"method_offline_ms", t.offline_ms},
+               {"chunk_offline_ms", chunk_offline_ms},
+               {"chunks", req.chunks.size()},
+               {"chunks_computed", chunks_computed},
+               {"recomputed_tokens", r->recomputed.size()},
+               {"context_tokens", r->context_tokens},
+               {"prompt_tokens", prompt.size()},
+               {"generated_tokens", dec.tokens},
+               {"stop_reason", dec.stop_reason},
+               {"decode_tok_s", dec.decode_tok_s},
+               {"max_tokens", cfg_.max_tokens},
+               {"seed", example_seed},
+               {"threads", cfg_.threads},
+               {"store", cfg_.memory_only_store ? "memory" : std::string("disk-") + dtype_name(cfg_.disk_dtype)},
+               {"load_avg_1m", load_avg[0]}};
+      out << row.dump() << '\n';
+      out.flush();
+      if (!out) throw std::runtime_error("write to " + sum.results_path + " failed");
+      ++sum.rows_written;
+      ++units;
+    }
+    progress.update(units, ex.id);
+  }
+  progress.update(total_units, "done");
+  sum.seconds = (now_ms() - t_start) / 1000;
+  return sum;
+}
+
+int run_report(const std::string& out_dir, std::string& how_to) {
+  const auto root = find_repo_root();
+  const std::string script = root ? (fs::path(*root) / "tools" / "bench_report.py").string() : "tools/bench_report.py";
+  std::error_code ec;
+  if (!root || !fs::exists(script, ec)) {
+    how_to = "report script not found; from the repository root run: python3 tools/bench_report.py " + out_dir;
+    return -1;
+  }
+  // The bench venv of scripts/setup.sh --bench has matplotlib for the plots.
+  const fs::path venv_python = fs::path(*root) / ".venv" / "bin" / "python";
+  std::string python = fs::exists(venv_python, ec) ? venv_python.string() : "python3";
+  how_to = python + " " + script + " " + out_dir;
+  if (python == "python3" && std::system("command -v python3 >/dev/null 2>&1") != 0) {
+    how_to = "python3 not found; with Python 3 run: " + how_to;
+    return -1;
+  }
+  const int rc = std::system((shell_quote(python) + " " + shell_quote(script) + " " + shell_quote(out_dir)).c_str());
+  return rc == -1 ? -1 : WEXITSTATUS(rc);
+}
+
+}  // namespace cf::eval

@@ -1,0 +1,83 @@
+// The benchmark runner behind `chunkfuse bench` (issue 4, items 1 and 5): every example of a
+// dataset through full prefill and each method x ratio, one JSON line per
+// (example, method, ratio) appended to <out>/results.jsonl as it finishes.
+//
+// Per example: (1) the chunk caches of its passages are computed into the store first,
+// untimed (their cost is recorded as chunk_offline_ms); (2) full prefill runs once: its
+// answer and first-token distribution are the reference for fidelity; (3) each method x
+// ratio runs FusionExecutor::prefill then greedy decoding (Generator::continue_from, up to
+// max_tokens, stopping at end of generation or a newline). `full` and `reuse` run once per
+// example (recorded at ratio 1 and 0), the other methods once per ratio.
+//
+// Resumable: rows already in results.jsonl (same dataset, model, example, method, ratio)
+// are skipped; an example with nothing left to do is not even loaded into the model. A
+// half-written last line (a killed run) is cut off before appending.
+#pragma once
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "eval/datasets.h"
+#include "fusion/rag_prompt.h"
+#include "kv/cache_file.h"
+#include "runtime/forward.h"
+
+namespace cf::eval {
+
+struct BenchConfig {
+  std::vector<std::string> methods;  // "full" and/or selector names
+  std::vector<double> ratios;        // for the methods other than full and reuse
+  size_t limit = 0;                  // first N examples; 0: all
+  int max_tokens = 32;
+  uint64_t seed = 0;
+  std::string out_dir;
+  std::string store_dir;             // empty: <out_dir>/store
+  bool memory_only_store = false;    // no disk tier (store_dir ignored)
+  KvDtype disk_dtype = KvDtype::f16;
+  size_t memory_budget_bytes = size_t{512} << 20;
+  RagPromptOptions prompt;
+  std::string model_name;            // recorded in each row (e.g. the GGUF file name)
+  int threads = 0;                   // recorded in each row
+  bool progress = true;              // progress bar with ETA on stderr
+};
+
+// One (method, ratio) of the plan.
+struct BenchRun {
+  std::string method;
+  double ratio = 0;
+};
+// full -> (full, 1) and reuse -> (reuse, 0) once; every other method once per ratio.
+// Throws std::invalid_argument on an unknown method, a ratio outside [0, 1], or an empty plan.
+std::vector<BenchRun> expand_runs(const std::vector<std::string>& methods, const std::vector<double>& ratios);
+
+struct BenchSummary {
+  std::string results_path;
+  size_t examples = 0;          // examples in the plan (after --limit)
+  size_t examples_run = 0;      // examples that had rows left to do
+  size_t examples_skipped = 0;  // too long for the model's context
+  size_t rows_written = 0, rows_already_present = 0;
+  double seconds = 0;
+};
+
+// Rows already in a results file, keyed as the runner keys them. Cuts a half-written last
+// line off the file. Missing file: empty.
+std::vector<nlohmann::json> read_results(const std::string& path);
+std::string row_key(const std::string& dataset, uint64_t model_fingerprint, const std::string& example_id,
+                    const std::string& method, double ratio);
+
+class BenchRunner {
+ public:
+  BenchRunner(Forward& fwd, BenchConfig cfg);
+  BenchSummary run(const Dataset& dataset);
+
+ private:
+  Forward& fwd_;
+  BenchConfig cfg_;
+};
+
+// Runs tools/bench_report.py on `out_dir` with python3. Returns its exit status, or -1 when
+// python3 or the script cannot be found; `how_to` then says how to run it by hand.
+int run_report(const std::string& out_dir, std::string& how_to);
+
+}  // namespace cf::eval

@@ -1,0 +1,158 @@
+// The quick mode of the benchmark (issue 4: what CI runs): two musique_s examples, methods
+// full, reuse and epic at ratios 0.15 and 1, on the real model with a disk store in f16.
+// Checks the sanity the issue asks for (full's fidelity to itself is 1; rho = 1 equals
+// full), the rows written, that a resumed run adds nothing (also after a half-written
+// line), and that the report is produced.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+
+#include "../runtime/model_fixture.h"
+#include "eval/runner.h"
+
+namespace cf::eval {
+namespace {
+
+namespace fs = std::filesystem;
+
+size_t line_count(const std::string& path) {
+  std::ifstream in(path);
+  size_t n = 0;
+  std::string line;
+  while (std::getline(in, line)) n += !line.empty();
+  return n;
+}
+
+TEST(BenchPlan, FullAndReuseOnceOthersPerRatio) {
+  const auto runs = expand_runs({"full", "reuse", "epic", "full"}, {0.15, 1.0, 0.15});
+  ASSERT_EQ(runs.size(), 4u);
+  EXPECT_EQ(runs[0].method, "full");
+  EXPECT_EQ(runs[0].ratio, 1.0);
+  EXPECT_EQ(runs[1].method, "reuse");
+  EXPECT_EQ(runs[1].ratio, 0.0);
+  EXPECT_EQ(runs[2].method, "epic");
+  EXPECT_EQ(runs[2].ratio, 0.15);
+  EXPECT_EQ(runs[3].ratio, 1.0);
+  EXPECT_THROW(expand_runs({"nonesuch"}, {0.1}), std::invalid_argument);
+  EXPECT_THROW(expand_runs({"epic"}, {1.5}), std::invalid_argument);
+  EXPECT_THROW(expand_runs({"epic"}, {}), std::invalid_argument);
+  EXPECT_THROW(expand_runs({}, {0.1}), std::invalid_argument);
+}
+
+TEST(BenchQuick, TwoMusiqueExamples) {
+  CF_REQUIRE_MODEL();
+  const Dataset data = load_dataset("musique_s");  // fails if ../shared/datasets is missing
+  const fs::path out = fs::temp_directory_path() / ("cf_bench_quick_" + std::to_string(::getpid()));
+  fs::remove_all(out);
+
+  const Model& m = test::shared_model();
+  Forward fwd(m, test::shared_pool());
+  BenchConfig cfg;
+  cfg.methods = {"full", "reuse", "epic"};
+  cfg.ratios = {0.15, 1.0};
+  cfg.limit = 2;
+  cfg.max_tokens = 12;
+  cfg.out_dir = out.string();
+  cfg.model_name = "test-model";
+  cfg.progress = false;
+
+  BenchRunner runner(fwd, cfg);
+  const BenchSummary first = runner.run(data);
+  EXPECT_EQ(first.examples, 2u);
+  EXPECT_EQ(first.examples_run, 2u);
+  EXPECT_EQ(first.rows_written, 8u);  // 2 x (full, reuse, epic@0.15, epic@1)
+  EXPECT_EQ(first.rows_already_present, 0u);
+  EXPECT_FALSE(fs::is_empty(out / "store"));  // the disk tier was used
+
+  const auto rows = read_results(first.results_path);
+  ASSERT_EQ(rows.size(), 8u);
+  std::map<std::string, nlohmann::json> by;  // "<example> <method>@<ratio>"
+  for (const auto& r : rows) {
+    char ratio[16];
+    std::snprintf(ratio, sizeof ratio, "%g", r["ratio"].get<double>());
+    by[r["example"].get<std::string>() + " " + r["method"].get<std::string>() + "@" + ratio] = r;
+  }
+  for (const std::string ex : {"0", "1"}) {
+    ASSERT_TRUE(by.count(ex + " full@1") && by.count(ex + " reuse@0") && by.count(ex + " epic@0.15") &&
+                by.count(ex + " epic@1"))
+        << "missing rows of example " << ex;
+    const auto& full = by[ex + " full@1"];
+    const auto& reuse = by[ex + " reuse@0"];
+    const auto& epic1 = by[ex + " epic@1"];
+    const auto& epic015 = by[ex + " epic@0.15"];
+    const size_t ctx = full["context_tokens"].get<size_t>();
+    EXPECT_GT(ctx, 500u);
+    EXPECT_EQ(full["dataset"], "musique_s");
+    // Full prefill against itself.
+    EXPECT_DOUBLE_EQ(full["fidelity_f1"].get<double>(), 1.0);
+    EXPECT_EQ(full["kl"].get<double>(), 0.0);
+    EXPECT_TRUE(full["first_token_agree"].get<bool>());
+    EXPECT_EQ(full["recomputed_tokens"].get<size_t>(), ctx);
+    // rho = 1 equals full prefill.
+    EXPECT_EQ(epic1["answer"], full["answer"]);
+    EXPECT_DOUBLE_EQ(epic1["fidelity_f1"].get<double>(), 1.0);
+    EXPECT_LT(epic1["kl"].get<double>(), 1e-6);
+    EXPECT_TRUE(epic1["first_token_agree"].get<bool>());
+    EXPECT_EQ(epic1["recomputed_tokens"].get<size_t>(), ctx);
+    // Budgets: reuse recomputes nothing, epic at 0.15 at most floor(0.15 n).
+    EXPECT_EQ(reuse["recomputed_tokens"].get<size_t>(), 0u);
+    EXPECT_LE(epic015["recomputed_tokens"].get<size_t>(), static_cast<size_t>(0.15 * ctx));
+    EXPECT_GT(epic015["recomputed_tokens"].get<size_t>(), 0u);
+    for (const auto* r : {&full, &reuse, &epic1, &epic015}) {
+      const auto& row = *r;
+      EXPECT_EQ(row["full_answer"], full["answer"]);
+      for (const char* k : {"f1", "em", "rouge_l", "fidelity_f1"}) {
+        EXPECT_GE(row[k].get<double>(), 0.0) << k;
+        EXPECT_LE(row[k].get<double>(), 1.0) << k;
+      }
+      EXPECT_GE(row["kl"].get<double>(), 0.0);
+      const double ttft = row["ttft_ms"].get<double>();
+      EXPECT_GT(ttft, 0.0);
+      const double phases = row["lookup_ms"].get<double>() + row["load_ms"].get<double>() +
+                            row["selection_ms"].get<double>() + row["recompute_ms"].get<double>();
+      EXPECT_LE(phases, ttft + 1e-6);
+      EXPECT_GT(phases, 0.5 * ttft);  // the phases cover the TTFT
+      EXPECT_EQ(row["max_tokens"], 12);
+      EXPECT_EQ(row["store"], "disk-f16");
+      EXPECT_LE(row["generated_tokens"].get<size_t>(), 12u);
+    }
+    // Reusing caches must be faster than prefilling ~1500 tokens.
+    EXPECT_LT(reuse["ttft_ms"].get<double>(), full["ttft_ms"].get<double>());
+  }
+
+  // Resumed: nothing left to do, nothing appended; a half-written line is cut off first.
+  const size_t lines = line_count(first.results_path);
+  { std::ofstream(first.results_path, std::ios::app) << R"({"dataset": "musique_s", "exa)"; }
+  BenchRunner again(fwd, cfg);
+  const BenchSummary second = again.run(data);
+  EXPECT_EQ(second.rows_written, 0u);
+  EXPECT_EQ(second.rows_already_present, 8u);
+  EXPECT_EQ(second.examples_run, 0u);
+  EXPECT_EQ(line_count(first.results_path), lines);
+  EXPECT_EQ(read_results(first.results_path).size(), 8u);
+
+  // A different max_tokens in the same folder is refused rather than mixed in.
+  BenchConfig other = cfg;
+  other.max_tokens = 5;
+  BenchRunner mixed(fwd, other);
+  EXPECT_THROW(mixed.run(data), std::runtime_error);
+
+  // The report.
+  std::string how_to;
+  const int rc = run_report(out.string(), how_to);
+  ASSERT_EQ(rc, 0) << how_to;
+  ASSERT_TRUE(fs::exists(out / "report.md"));
+  ASSERT_TRUE(fs::exists(out / "summary.csv"));
+  std::ifstream rep(out / "report.md");
+  const std::string report((std::istreambuf_iterator<char>(rep)), std::istreambuf_iterator<char>());
+  EXPECT_NE(report.find("musique_s"), std::string::npos);
+  EXPECT_NE(report.find("epic"), std::string::npos);
+  EXPECT_EQ(line_count((out / "summary.csv").string()), 1u + 4u);  // header + full, reuse, epic@0.15, epic@1
+  fs::remove_all(out);
+}
+
+}  // namespace
+}  // namespace cf::eval

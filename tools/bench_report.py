@@ -1,0 +1,287 @@
+#!/usr/bin/env python3
+"""Report of a `chunkfuse bench` run: reads DIR/results.jsonl and writes
+
+  DIR/report.md    one table per dataset (and model): method x ratio -> quality (F1 vs gold),
+                   fidelity to full prefill (answer token F1, first-token agreement, KL),
+                   TTFT median and p90, selection share of TTFT, speedup vs full prefill
+  DIR/summary.csv  the same aggregates (and a few more) as CSV
+  DIR/*.png        if matplotlib imports: quality vs TTFT per method (one curve per
+                   method, as in the papers' figures) and TTFT phase bars, per dataset
+
+Standard library only, matplotlib optional. Usage: bench_report.py DIR
+Aggregates: means over examples, except TTFT and phases (median; p90 by linear
+interpolation between order statistics). Selection share = sum(selection) / sum(TTFT).
+Speedup = median TTFT of full prefill / median TTFT of the method, over the same examples'
+rows. F1 recovery = (F1 - F1_reuse) / (F1_full - F1_reuse), as FusionRAG reports it.
+"""
+import csv
+import json
+import math
+import os
+import platform
+import statistics
+import sys
+from collections import OrderedDict, defaultdict
+
+
+def quantile(values, q):
+    """Linear interpolation between order statistics (numpy's default)."""
+    v = sorted(values)
+    if not v:
+        return float("nan")
+    pos = (len(v) - 1) * q
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return v[lo] + (v[hi] - v[lo]) * (pos - lo)
+
+
+def mean(values):
+    return sum(values) / len(values) if values else float("nan")
+
+
+def read_rows(path):
+    rows = []
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as e:
+                print(f"bench_report: {path}:{n}: skipped ({e})", file=sys.stderr)
+    return rows
+
+
+def method_order(rows):
+    order = ["full", "reuse"]
+    for r in rows:
+        if r["method"] not in order:
+            order.append(r["method"])
+    return order
+
+
+def aggregate(rows):
+    """(dataset, model) -> list of per-(method, ratio) aggregate dicts, in display order."""
+    groups = defaultdict(lambda: defaultdict(list))
+    for r in rows:
+        groups[(r["dataset"], r.get("model", ""))][(r["method"], float(r["ratio"]))].append(r)
+    out = OrderedDict()
+    for key in sorted(groups):
+        cells = groups[key]
+        order = method_order([r for rs in cells.values() for r in rs])
+        full_ttft = quantile([r["ttft_ms"] for rs in cells.values() for r in rs if r["method"] == "full"], 0.5)
+        f1_of = {mr: mean([r["f1"] for r in rs]) for mr, rs in cells.items()}
+        f1_full = mean([v for (m, _), v in f1_of.items() if m == "full"]) if any(m == "full" for m, _ in f1_of) else None
+        f1_reuse = mean([v for (m, _), v in f1_of.items() if m == "reuse"]) if any(m == "reuse" for m, _ in f1_of) else None
+        table = []
+        for mr in sorted(cells, key=lambda mr: (order.index(mr[0]), mr[1])):
+            rs = cells[mr]
+            ttft = [r["ttft_ms"] for r in rs]
+            med = quantile(ttft, 0.5)
+            sum_ttft = sum(ttft)
+            a = OrderedDict()
+            a["dataset"], a["model"] = key
+            a["method"], a["ratio"] = mr
+            a["n"] = len(rs)
+            a["f1"] = mean([r["f1"] for r in rs])
+            a["em"] = mean([r["em"] for r in rs])
+            a["rouge_l"] = mean([r["rouge_l"] for r in rs])
+            a["fidelity_f1"] = mean([r["fidelity_f1"] for r in rs])
+            a["first_token_agree"] = mean([1.0 if r["first_token_agree"] else 0.0 for r in rs])
+            a["kl_mean"] = mean([r["kl"] for r in rs])
+            a["kl_median"] = quantile([r["kl"] for r in rs], 0.5)
+            a["ttft_median_ms"] = med
+            a["ttft_p90_ms"] = quantile(ttft, 0.9)
+            for phase in ("lookup", "load", "selection", "recompute"):
+                a[f"{phase}_median_ms"] = quantile([r[f"{phase}_ms"] for r in rs], 0.5)
+            a["selection_share"] = sum(r["selection_ms"] for r in rs) / sum_ttft if sum_ttft > 0 else float("nan")
+            a["speedup_vs_full"] = full_ttft / med if med > 0 and not math.isnan(full_ttft) else float("nan")
+            a["recomputed_share"] = mean([r["recomputed_tokens"] / r["context_tokens"] for r in rs if r["context_tokens"]])
+            a["context_tokens_mean"] = mean([r["context_tokens"] for r in rs])
+            a["decode_tok_s_median"] = quantile([r["decode_tok_s"] for r in rs if r["decode_tok_s"] > 0], 0.5)
+            a["method_offline_ms_mean"] = mean([r.get("method_offline_ms", 0.0) for r in rs])
+            a["chunk_offline_ms_mean"] = mean([r.get("chunk_offline_ms", 0.0) for r in rs])
+            if f1_full is not None and f1_reuse is not None and abs(f1_full - f1_reuse) > 1e-12:
+                a["f1_recovery"] = (a["f1"] - f1_reuse) / (f1_full - f1_reuse)
+            else:
+                a["f1_recovery"] = float("nan")
+            table.append(a)
+        out[key] = table
+    return out
+
+
+def fmt(x, digits=3):
+    if isinstance(x, float):
+        if math.isnan(x):
+            return "–"
+        return f"{x:.{digits}f}"
+    return str(x)
+
+
+def machine_line():
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return f"{cpu}, {os.cpu_count()} hardware threads, {platform.system()} {platform.release()}"
+
+
+def write_report(out_dir, rows, tables, plots):
+    lines = ["# chunkfuse bench report", ""]
+    cmd_file = os.path.join(out_dir, "bench_command.txt")
+    if os.path.exists(cmd_file):
+        with open(cmd_file, encoding="utf-8") as f:
+            cmds = [l.strip() for l in f if l.strip()]
+        if cmds:
+            lines += ["Command (latest invocation; resumed runs append rows):", "", "```", cmds[-1], "```", ""]
+    threads = sorted({r.get("threads", 0) for r in rows})
+    loads = [r["load_avg_1m"] for r in rows if r.get("load_avg_1m", -1) >= 0]
+    lines.append(f"Machine: {machine_line()}; threads used: {', '.join(map(str, threads))}; "
+                 f"1-minute load average during the run: median {fmt(quantile(loads, 0.5), 2)}, "
+                 f"max {fmt(max(loads) if loads else float('nan'), 2)}.")
+    stores = sorted({r.get("store", "?") for r in rows})
+    max_tokens = sorted({r.get("max_tokens", 0) for r in rows})
+    lines += [f"Rows: {len(rows)}. Chunk store: {', '.join(stores)}. Greedy decoding, up to "
+              f"{', '.join(map(str, max_tokens))} tokens, stopping at a newline.", ""]
+    lines += ["Columns: F1/EM/ROUGE-L against the gold answers (LongBench normalisation, max over "
+              "gold answers); fidelity = token F1 of the answer against full prefill's answer; "
+              "1st tok = share of examples whose first generated token equals full prefill's; "
+              "KL = mean KL(full || method) of the first-token distributions; TTFT median and p90 "
+              "(ms); sel. = share of TTFT spent in selection; speedup = full prefill's median TTFT / "
+              "the method's; recomp. = recomputed share of the context tokens; recovery = "
+              "(F1 - F1_reuse) / (F1_full - F1_reuse).", ""]
+    for (dataset, model), table in tables.items():
+        n_ex = len({r["example"] for r in rows if r["dataset"] == dataset and r.get("model", "") == model})
+        lines += [f"## {dataset} ({model}, {n_ex} examples, "
+                  f"{fmt(mean([a['context_tokens_mean'] for a in table]), 0)} context tokens on average)", ""]
+        lines.append("| method | ρ | n | F1 | EM | ROUGE-L | fidelity | 1st tok | KL | TTFT med | TTFT p90 "
+                     "| sel. | speedup | recomp. | recovery |")
+        lines.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+        for a in table:
+            lines.append(
+                f"| {a['method']} | {a['ratio']:g} | {a['n']} | {fmt(a['f1'])} | {fmt(a['em'])} | "
+                f"{fmt(a['rouge_l'])} | {fmt(a['fidelity_f1'])} | {fmt(a['first_token_agree'], 2)} | "
+                f"{fmt(a['kl_mean'], 4)} | {fmt(a['ttft_median_ms'], 1)} | {fmt(a['ttft_p90_ms'], 1)} | "
+                f"{fmt(100 * a['selection_share'], 1)}% | {fmt(a['speedup_vs_full'], 2)}x | "
+                f"{fmt(100 * a['recomputed_share'], 1)}% | {fmt(a['f1_recovery'], 2)} |")
+        lines.append("")
+        lines.append("TTFT phases (median ms) and offline cost:")
+        lines.append("")
+        lines.append("| method | ρ | lookup | load | selection | recompute | decode tok/s | method offline ms/example |")
+        lines.append("|---|---:|---:|---:|---:|---:|---:|---:|")
+        for a in table:
+            lines.append(f"| {a['method']} | {a['ratio']:g} | {fmt(a['lookup_median_ms'], 2)} | "
+                         f"{fmt(a['load_median_ms'], 2)} | {fmt(a['selection_median_ms'], 2)} | "
+                         f"{fmt(a['recompute_median_ms'], 1)} | {fmt(a['decode_tok_s_median'], 1)} | "
+                         f"{fmt(a['method_offline_ms_mean'], 1)} |")
+        chunk_ms = [r.get("chunk_offline_ms", 0.0) for r in rows
+                    if r["dataset"] == dataset and r.get("model", "") == model and r["method"] == "full"]
+        lines += ["", f"Chunk caches (offline, per example, computed in this run): mean "
+                      f"{fmt(mean(chunk_ms), 1)} ms.", ""]
+        for p in plots.get((dataset, model), []):
+            lines += [f"![{p}]({p})", ""]
+    with open(os.path.join(out_dir, "report.md"), "w", encoding="utf-8") as f:
+        f.write("\n".join(lines))
+
+
+def write_csv(out_dir, tables):
+    all_rows = [a for table in tables.values() for a in table]
+    if not all_rows:
+        return
+    with open(os.path.join(out_dir, "summary.csv"), "w", newline="", encoding="utf-8") as f:
+        w = csv.DictWriter(f, fieldnames=list(all_rows[0].keys()))
+        w.writeheader()
+        for a in all_rows:
+            w.writerow({k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in a.items()})
+
+
+def slug(s):
+    return "".join(c if c.isalnum() or c in "-_" else "_" for c in s)
+
+
+def write_plots(out_dir, tables):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("bench_report: matplotlib not found; no plots (pip install matplotlib)", file=sys.stderr)
+        return {}
+    plots = {}
+    for (dataset, model), table in tables.items():
+        names = []
+        base = slug(dataset) + ("_" + slug(os.path.splitext(model)[0]) if len(tables) > 1 else "")
+        # Quality (F1 and fidelity) against median TTFT, one curve per method over its ratios.
+        fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+        for ax, metric, label in ((axes[0], "f1", "F1 vs gold"), (axes[1], "fidelity_f1", "fidelity to full prefill")):
+            for method in method_order([{"method": a["method"]} for a in table]):
+                pts = sorted((a["ttft_median_ms"], a[metric], a["ratio"]) for a in table if a["method"] == method)
+                if not pts:
+                    continue
+                style = "*" if method in ("full", "reuse") else "o-"
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], style, label=method, markersize=9 if len(pts) == 1 else 5)
+                for x, y, r in pts:
+                    if method not in ("full", "reuse"):
+                        ax.annotate(f"{r:g}", (x, y), textcoords="offset points", xytext=(3, 3), fontsize=7)
+            ax.set_xlabel("TTFT median (ms)")
+            ax.set_ylabel(label)
+            ax.grid(alpha=0.3)
+        axes[1].legend(fontsize=8)
+        fig.suptitle(f"{dataset}: quality vs time to first token ({model})")
+        fig.tight_layout()
+        name = f"{base}_quality_vs_ttft.png"
+        fig.savefig(os.path.join(out_dir, name), dpi=110)
+        plt.close(fig)
+        names.append(name)
+        # TTFT phases, stacked medians per method x ratio.
+        fig, ax = plt.subplots(figsize=(max(6, 0.55 * len(table) + 2), 4.2))
+        labels = [f"{a['method']}\n{a['ratio']:g}" for a in table]
+        bottom = [0.0] * len(table)
+        for phase in ("lookup", "load", "selection", "recompute"):
+            vals = [a[f"{phase}_median_ms"] for a in table]
+            ax.bar(range(len(table)), vals, bottom=bottom, label=phase)
+            bottom = [b + v for b, v in zip(bottom, vals)]
+        ax.set_xticks(range(len(table)))
+        ax.set_xticklabels(labels, fontsize=7)
+        ax.set_ylabel("median ms")
+        ax.set_title(f"{dataset}: TTFT phases ({model})")
+        ax.legend(fontsize=8)
+        ax.grid(axis="y", alpha=0.3)
+        fig.tight_layout()
+        name = f"{base}_ttft_phases.png"
+        fig.savefig(os.path.join(out_dir, name), dpi=110)
+        plt.close(fig)
+        names.append(name)
+        plots[(dataset, model)] = names
+    return plots
+
+
+def main(argv):
+    if len(argv) != 2:
+        print(__doc__, file=sys.stderr)
+        return 2
+    out_dir = argv[1]
+    path = os.path.join(out_dir, "results.jsonl")
+    if not os.path.exists(path):
+        print(f"bench_report: {path} not found", file=sys.stderr)
+        return 1
+    rows = read_rows(path)
+    if not rows:
+        print(f"bench_report: {path} has no rows", file=sys.stderr)
+        return 1
+    tables = aggregate(rows)
+    plots = write_plots(out_dir, tables)
+    write_csv(out_dir, tables)
+    write_report(out_dir, rows, tables, plots)
+    print(f"bench_report: wrote {os.path.join(out_dir, 'report.md')}, summary.csv"
+          + (f" and {sum(len(v) for v in plots.values())} plots" if plots else ""), file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
