@@ -4,16 +4,20 @@
 //   ls          lists the stored caches
 //   rm          removes caches by id, or all of them
 //   verify      validates every file; exit code 1 if any is bad
+//   enrich      FusionRAG's offline stage: PIC caches plus each passage's neighbour-enriched
+//               cache (fusion/fusionrag_enrich.h), with progress and the cost per chunk
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <ctime>
+#include <numeric>
 #include <stdexcept>
 #include <unordered_set>
 
 #include "apps/app_common.h"
 #include "base/paths.h"
+#include "fusion/fusionrag_enrich.h"
 #include "fusion/rag_prompt.h"
 #include "kv/chunk_store.h"
 
@@ -48,7 +52,8 @@ std::string hms(double seconds) {
 // per tenth of the work otherwise (logs stay short).
 class Progress {
  public:
-  explicit Progress(size_t total) : total_(total), tty_(::isatty(2)), t0_(now_ms()) {}
+  explicit Progress(size_t total, bool show_tokens = true)
+      : total_(total), tty_(::isatty(2)), show_tokens_(show_tokens), t0_(now_ms()) {}
   void update(size_t done, size_t computed_tokens) {
     const double now = now_ms();
     const bool last = done == total_;
@@ -65,15 +70,18 @@ class Progress {
     const double eta = rate > 0 ? (total_ - done) / rate : 0;
     constexpr int kWidth = 30;
     const int filled = total_ ? static_cast<int>(kWidth * done / total_) : kWidth;
-    std::fprintf(stderr, "%s[%s%s] %zu/%zu chunks  %.1f chunks/s  %.0f tok/s  ETA %s%s", tty_ ? "\r" : "",
+    char tok_rate[32] = "";
+    if (show_tokens_) std::snprintf(tok_rate, sizeof tok_rate, "  %.0f tok/s", secs > 0 ? computed_tokens / secs : 0.0);
+    std::fprintf(stderr, "%s[%s%s] %zu/%zu chunks  %.2f chunks/s%s  ETA %s%s", tty_ ? "\r" : "",
                  std::string(filled, '#').c_str(), std::string(kWidth - filled, '.').c_str(), done, total_, rate,
-                 secs > 0 ? computed_tokens / secs : 0.0, hms(eta).c_str(), tty_ && !last ? "   " : "\n");
+                 tok_rate, hms(eta).c_str(), tty_ && !last ? "   " : "\n");
     std::fflush(stderr);
   }
 
  private:
   size_t total_;
   bool tty_;
+  bool show_tokens_;
   double t0_, last_draw_ = -1e18;
   size_t last_tenth_ = static_cast<size_t>(-1);
 };
@@ -133,6 +141,70 @@ int run_precompute(const PrecomputeArgs& a) {
               human_bytes(static_cast<double>(st.disk_bytes_written)).c_str(), dtype_name(dtype), secs,
               offline_ms / 1000, offline_ms > 0 ? computed_tokens * 1000.0 / offline_ms : 0.0);
   std::printf("store %s\n", a.store_dir.c_str());
+  return 0;
+}
+
+struct EnrichArgs {
+  ModelOptions model;
+  std::string passages_file;
+  std::string store_dir = default_store_dir();
+  std::string dtype = "f16";
+  size_t neighbours = kFusionRagDefaultNeighbours;
+  size_t limit = 0;  // 0: every passage
+};
+
+int run_enrich(const EnrichArgs& a) {
+  KvDtype dtype;
+  if (!parse_dtype(a.dtype, dtype)) throw std::runtime_error("unknown --dtype " + a.dtype);
+  const auto passages = read_corpus_passages(a.passages_file);
+  auto model = load_model(a.model);
+  ThreadPool pool(a.model.threads);
+  Forward fwd(*model, pool);
+
+  ChunkStoreOptions opt;
+  opt.dir = a.store_dir;
+  opt.disk_dtype = dtype;
+  opt.memory_budget_bytes = size_t{1} << 30;  // neighbours are read again and again
+  opt.model = StoreModel{model->fingerprint(), model->hparams()};
+  ChunkStore store(opt);
+
+  EnrichOptions eo;
+  eo.neighbours = a.neighbours;
+  eo.system = default_system_tokens(*model);
+  if (a.limit) eo.limit = a.limit;
+  std::unique_ptr<Progress> progress;
+  std::string phase;
+  eo.progress = [&](const char* p, size_t done, size_t total) {
+    if (phase != p) {
+      phase = p;
+      std::fprintf(stderr, "%s\n", phase == "pic" ? "PIC caches (chunks and their neighbours):"
+                                                  : "neighbour-enriched caches:");
+      progress = std::make_unique<Progress>(total, /*show_tokens=*/false);
+    }
+    progress->update(done, 0);
+  };
+  const double t0 = now_ms();
+  const EnrichReport r = enrich_corpus(fwd, store, corpus_chunks(*model, passages), eo);
+  const double secs = (now_ms() - t0) / 1000;
+
+  std::vector<double> ms = r.enrich_ms;
+  std::sort(ms.begin(), ms.end());
+  const double total_ms = std::accumulate(ms.begin(), ms.end(), 0.0);
+  std::printf("passages %zu: %zu unique, %zu duplicate or empty; S %zu tokens, top-%zu neighbours by BM25 (%.1f ms)\n",
+              r.chunks, r.unique, r.duplicates_or_empty, eo.system.size(), a.neighbours, r.similarity_ms);
+  std::printf("PIC caches: computed %zu (%.2f s of forward passes), already stored %zu\n", r.pic_computed,
+              r.pic_ms / 1000, r.pic_present);
+  std::printf("enriched: computed %zu, already stored %zu, no neighbour %zu\n", r.enriched, r.enriched_present,
+              r.no_neighbours);
+  if (!ms.empty())
+    std::printf("enrichment per chunk: mean %.1f ms, median %.1f ms, p90 %.1f ms (%zu chunk tokens after %.0f context "
+                "tokens on average; %.1f chunk tok/s)\n",
+                total_ms / ms.size(), ms[ms.size() / 2], ms[std::min(ms.size() - 1, ms.size() * 9 / 10)],
+                r.enriched_tokens / ms.size(), static_cast<double>(r.context_tokens) / ms.size(),
+                r.enriched_tokens * 1000.0 / total_ms);
+  const auto st = store.stats();
+  std::printf("%.2f s in all, bytes written %s (%s), store %s\n", secs,
+              human_bytes(static_cast<double>(st.disk_bytes_written)).c_str(), dtype_name(dtype), a.store_dir.c_str());
   return 0;
 }
 
@@ -233,6 +305,24 @@ void add_chunks_command(CLI::App& app, CommandRunner& run) {
   pre->add_option("--store", p->store_dir, "store directory")->capture_default_str();
   pre->add_option("--dtype", p->dtype, "K/V type on disk")->check(CLI::IsMember({"f16", "bf16", "f32"}))->capture_default_str();
   pre->callback([&run, p] { run = [p] { return run_precompute(*p); }; });
+
+  auto e = std::make_shared<EnrichArgs>();
+  CLI::App* enr = chunks->add_subcommand(
+      "enrich", "FusionRAG offline stage: PIC caches and each passage's cache enriched by its top-n similar passages");
+  add_model_options(*enr, e->model);
+  enr->add_option("--passages", e->passages_file,
+                  "the corpus: JSON Lines of {\"title\", \"text\"}, or a JSON array of passages or of examples with "
+                  "\"ctxs\" (musique_s.json)")
+      ->required()
+      ->check(CLI::ExistingFile);
+  enr->add_option("--neighbours", e->neighbours, "similar passages per passage (FusionRAG's top-n)")
+      ->check(CLI::Range(1, 64))
+      ->capture_default_str();
+  enr->add_option("--limit", e->limit, "enrich only the first N unique passages (neighbours still from all); 0: all")
+      ->capture_default_str();
+  enr->add_option("--store", e->store_dir, "store directory")->capture_default_str();
+  enr->add_option("--dtype", e->dtype, "K/V type on disk")->check(CLI::IsMember({"f16", "bf16", "f32"}))->capture_default_str();
+  enr->callback([&run, e] { run = [e] { return run_enrich(*e); }; });
 
   auto s = std::make_shared<StoreArgs>();
   auto add_store = [&](CLI::App* c) { c->add_option("--store", s->store_dir, "store directory")->capture_default_str(); };
