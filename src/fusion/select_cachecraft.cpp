@@ -50,6 +50,7 @@
 #include <numeric>
 
 #include "base/thread_pool.h"
+#include "runtime/attention.h"
 
 namespace cf {
 namespace {
@@ -232,14 +233,22 @@ VariantBuildReport build_cachecraft_variants(Forward& fwd, ChunkStore& store, co
   ForwardHooks hooks;
   for (size_t s = ctx_begin; s < ctx_end; ++s)
     if (need[chunk_of[s - ctx_begin]]) hooks.rows.push_back(s);
-  hooks.capture_attention = true;
+  // Probabilities row by row from the tapped Q and the layer's finished K, instead of the
+  // hook's capture: that buffer (rows x heads x entries) is over 1 GB a layer at 6k tokens.
+  const AttentionShape shape{h.n_heads, h.n_kv_heads, h.head_dim};
+  const size_t q_dim = static_cast<size_t>(h.n_heads) * h.head_dim;
+  std::vector<std::vector<float>> probs(fwd.pool().size() + 1);
   hooks.on_layer = [&](const LayerTap& t) {
-    fwd.pool().parallel_for(t.rows.size(), [&](size_t ri, size_t) {
+    fwd.pool().parallel_for(t.rows.size(), [&](size_t ri, size_t thread) {
       const size_t slot = t.rows[ri];
       const size_t r = slot - ctx_begin;
       const size_t ci = chunk_of[r];
+      std::vector<float>& pb = probs[thread];
+      pb.resize(static_cast<size_t>(h.n_heads) * t.n_entries);
+      attention_probs(shape, t.q + ri * q_dim, static_cast<int32_t>(slot), full.k(t.layer, 0), full.positions().data(),
+                      t.n_entries, pb.data());
       for (int hh = 0; hh < h.n_heads; ++hh) {
-        const float* p = t.attn_probs + (ri * h.n_heads + hh) * t.n_entries;
+        const float* p = pb.data() + static_cast<size_t>(hh) * t.n_entries;
         for (size_t j = 0; j <= ci; ++j) {
           const size_t lo = j == 0 ? 0 : begin[j - 1], hi = j == 0 ? ctx_begin : begin[j];
           double sum = 0;
