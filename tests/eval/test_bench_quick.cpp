@@ -1,5 +1,6 @@
-// The quick mode of the benchmark (issue 4: what CI runs): two musique_s examples, methods
-// full, reuse and epic at ratios 0.15 and 1, on the real model with a disk store in f16.
+// The quick mode of the benchmark (issue 4: what CI runs): two musique_s examples (three
+// passages each), methods full, reuse and epic at ratios 0.15 and 1, on the real model
+// with a disk store in f16.
 // Checks the sanity the issue asks for (full's fidelity to itself is 1; rho = 1 equals
 // full), the rows written, that a resumed run adds nothing (also after a half-written
 // line), and that the report is produced.
@@ -44,7 +45,11 @@ TEST(BenchPlan, FullAndReuseOnceOthersPerRatio) {
 
 TEST(BenchQuick, TwoMusiqueExamples) {
   CF_REQUIRE_MODEL();
-  const Dataset data = load_dataset("musique_s");  // fails if ../shared/datasets is missing
+  Dataset data = load_dataset("musique_s");  // fails if ../shared/datasets is missing
+  // The first two examples with their first three passages (~1.9K context tokens instead
+  // of ~6K): the same pipeline, within CI's minute on two cores.
+  data.examples.resize(2);
+  for (auto& ex : data.examples) ex.passages.resize(3);
   const fs::path out = fs::temp_directory_path() / ("cf_bench_quick_" + std::to_string(::getpid()));
   fs::remove_all(out);
 
@@ -84,7 +89,7 @@ TEST(BenchQuick, TwoMusiqueExamples) {
     const auto& epic1 = by[ex + " epic@1"];
     const auto& epic015 = by[ex + " epic@0.15"];
     const size_t ctx = full["context_tokens"].get<size_t>();
-    EXPECT_GT(ctx, 500u);
+    EXPECT_GT(ctx, 300u);
     EXPECT_EQ(full["dataset"], "musique_s");
     // Full prefill against itself.
     EXPECT_DOUBLE_EQ(full["fidelity_f1"].get<double>(), 1.0);
