@@ -11,8 +11,9 @@
 Standard library only, matplotlib optional. Usage: bench_report.py DIR
 Aggregates: means over examples, except TTFT and phases (median; p90 by linear
 interpolation between order statistics). Selection share = sum(selection) / sum(TTFT).
-Speedup = median TTFT of full prefill / median TTFT of the method, over the same examples'
-rows. F1 recovery = (F1 - F1_reuse) / (F1_full - F1_reuse), as FusionRAG reports it.
+Speedup = median TTFT of full prefill / median TTFT of the method, both over the method's
+examples. F1 recovery = (F1 - F1_reuse) / (F1_full - F1_reuse) over the examples that have
+all three, as FusionRAG reports it (undefined when full and reuse score the same).
 """
 import csv
 import json
@@ -69,10 +70,10 @@ def aggregate(rows):
     for key in sorted(groups):
         cells = groups[key]
         order = method_order([r for rs in cells.values() for r in rs])
-        full_ttft = quantile([r["ttft_ms"] for rs in cells.values() for r in rs if r["method"] == "full"], 0.5)
-        f1_of = {mr: mean([r["f1"] for r in rs]) for mr, rs in cells.items()}
-        f1_full = mean([v for (m, _), v in f1_of.items() if m == "full"]) if any(m == "full" for m, _ in f1_of) else None
-        f1_reuse = mean([v for (m, _), v in f1_of.items() if m == "reuse"]) if any(m == "reuse" for m, _ in f1_of) else None
+        # Baselines per example, so a cell is compared with full/reuse on its own examples
+        # (a partial or resumed run has cells over different example sets).
+        full_by = {r["example"]: r for rs in cells.values() for r in rs if r["method"] == "full"}
+        reuse_by = {r["example"]: r for rs in cells.values() for r in rs if r["method"] == "reuse"}
         table = []
         for mr in sorted(cells, key=lambda mr: (order.index(mr[0]), mr[1])):
             rs = cells[mr]
@@ -95,14 +96,18 @@ def aggregate(rows):
             for phase in ("lookup", "load", "selection", "recompute"):
                 a[f"{phase}_median_ms"] = quantile([r[f"{phase}_ms"] for r in rs], 0.5)
             a["selection_share"] = sum(r["selection_ms"] for r in rs) / sum_ttft if sum_ttft > 0 else float("nan")
+            full_ttft = quantile([full_by[r["example"]]["ttft_ms"] for r in rs if r["example"] in full_by], 0.5)
             a["speedup_vs_full"] = full_ttft / med if med > 0 and not math.isnan(full_ttft) else float("nan")
             a["recomputed_share"] = mean([r["recomputed_tokens"] / r["context_tokens"] for r in rs if r["context_tokens"]])
             a["context_tokens_mean"] = mean([r["context_tokens"] for r in rs])
             a["decode_tok_s_median"] = quantile([r["decode_tok_s"] for r in rs if r["decode_tok_s"] > 0], 0.5)
             a["method_offline_ms_mean"] = mean([r.get("method_offline_ms", 0.0) for r in rs])
             a["chunk_offline_ms_mean"] = mean([r.get("chunk_offline_ms", 0.0) for r in rs])
-            if f1_full is not None and f1_reuse is not None and abs(f1_full - f1_reuse) > 1e-12:
-                a["f1_recovery"] = (a["f1"] - f1_reuse) / (f1_full - f1_reuse)
+            paired = [r for r in rs if r["example"] in full_by and r["example"] in reuse_by]
+            f1_full = mean([full_by[r["example"]]["f1"] for r in paired])
+            f1_reuse = mean([reuse_by[r["example"]]["f1"] for r in paired])
+            if paired and abs(f1_full - f1_reuse) > 1e-12:
+                a["f1_recovery"] = (mean([r["f1"] for r in paired]) - f1_reuse) / (f1_full - f1_reuse)
             else:
                 a["f1_recovery"] = float("nan")
             table.append(a)
