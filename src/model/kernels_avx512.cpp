@@ -1,7 +1,9 @@
 // AVX-512 VNNI kernels. One zmm holds 16 output rows x 4 k-bytes; vpdpbusd multiplies the
 // unsigned weight bytes (Q4_1 nibbles, Q8_0 stored as w+128) by the broadcast signed
-// activation bytes. Up to 8 activation rows share each unpacked weight block.
-// Per-lane float arithmetic is the same sequence as the portable kernel (bit-identical).
+// activation bytes, giving one 4-element group's exact sum per output row. Each group has
+// its own float accumulator (llama.cpp's order, kernels_impl.h), so two activation rows
+// share each unpacked weight block. Per-lane float arithmetic is the same sequence as the
+// portable kernel (bit-identical).
 // GCC 12 reports its own _mm512_undefined_* helpers as maybe-uninitialized.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
@@ -36,27 +38,36 @@ void quantize_q8_avx512(const float* x, size_t cols, uint8_t* out, bool q8_1) {
     // Sum of the saturated bytes (saturation never triggers: |x*id| <= 127).
     const int sum = _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
     dv[b] = fp16_round_f16c(d);
-    if (q8_1)
+    if (q8_1) {
       sv[b] = fp16_round_f16c(d * static_cast<float>(sum));
-    else
-      cv[b] = -128 * sum;
+    } else {
+      // Per 4-element group: vpdpbusd of the bytes with 0x80 gives 128 * their sum.
+      const __m256i groups = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(static_cast<char>(0x80)),
+                                                 _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + b * kQK)));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(cv + 8 * b), _mm256_sub_epi32(_mm256_setzero_si256(), groups));
+    }
   }
 }
 
 inline __m512i bcast32(const int8_t* p) { return _mm512_set1_epi32(load_i32(p)); }
 
+// llama.cpp's hsum_float_8 over 8 per-group accumulators, lane by lane.
+inline __m512 hsum8_lanes(const __m512 l[8]) {
+  return _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(l[0], l[4]), _mm512_add_ps(l[2], l[6])),
+                       _mm512_add_ps(_mm512_add_ps(l[1], l[5]), _mm512_add_ps(l[3], l[7])));
+}
+
+// R activation rows (R <= 2: 8 accumulators per row must stay in registers).
 template <int R>
 inline void q4_1_rows(const uint8_t* tile, size_t nb, const ActView& a, size_t r0, float* y, size_t y_stride,
                       __mmask16 store_mask) {
-  __m512 acc[R];
+  __m512 acc[R][8];
   const int8_t* xq[R];
   const float* xd[R];
-  const float* xs[R];
   for (int r = 0; r < R; ++r) {
-    acc[r] = _mm512_setzero_ps();
+    for (int g = 0; g < 8; ++g) acc[r][g] = _mm512_setzero_ps();
     xq[r] = a.qs(r0 + r);
     xd[r] = a.d(r0 + r);
-    xs[r] = a.s(r0 + r);
   }
   const __m512i low4 = _mm512_set1_epi8(0x0F);
   for (size_t b = 0; b < nb; ++b) {
@@ -68,35 +79,38 @@ inline void q4_1_rows(const uint8_t* tile, size_t nb, const ActView& a, size_t r
       w[g + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
     }
     const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + 256)));
-    const __m512 mw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + 288)));
     for (int r = 0; r < R; ++r) {
       const int8_t* q = xq[r] + b * kQK;
-      // w[g] holds elements 4g..4g+3 of each row for g < 8 (high nibbles are 16 + ...).
-      __m512i s0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[0], bcast32(q + 0));
-      __m512i s1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[1], bcast32(q + 4));
-      s0 = _mm512_dpbusd_epi32(s0, w[2], bcast32(q + 8));
-      s1 = _mm512_dpbusd_epi32(s1, w[3], bcast32(q + 12));
-      s0 = _mm512_dpbusd_epi32(s0, w[4], bcast32(q + 16));
-      s1 = _mm512_dpbusd_epi32(s1, w[5], bcast32(q + 20));
-      s0 = _mm512_dpbusd_epi32(s0, w[6], bcast32(q + 24));
-      s1 = _mm512_dpbusd_epi32(s1, w[7], bcast32(q + 28));
-      const __m512 sumf = _mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1));
-      acc[r] = _mm512_fmadd_ps(sumf, _mm512_mul_ps(dw, _mm512_set1_ps(xd[r][b])), acc[r]);
-      acc[r] = _mm512_fmadd_ps(mw, _mm512_set1_ps(xs[r][b]), acc[r]);
+      const __m512 dd = _mm512_mul_ps(dw, _mm512_set1_ps(xd[r][b]));
+      // w[g] holds elements 4g..4g+3 of each row (high nibbles are 16 + ...): one lane of
+      // llama.cpp's accumulator.
+      for (int g = 0; g < 8; ++g) {
+        const __m512i s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[g], bcast32(q + 4 * g));
+        acc[r][g] = _mm512_fmadd_ps(dd, _mm512_cvtepi32_ps(s), acc[r][g]);
+      }
     }
   }
-  for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(y + r * y_stride, store_mask, acc[r]);
+  for (int r = 0; r < R; ++r) {
+    const float* xs = a.s(r0 + r);
+    __m512 summ = _mm512_setzero_ps();
+    for (size_t b = 0; b < nb; ++b) {
+      const __m512 mw = _mm512_cvtph_ps(
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(tile + b * kQ4_1TileBlock + 288)));
+      summ = _mm512_fmadd_ps(mw, _mm512_set1_ps(xs[b]), summ);
+    }
+    _mm512_mask_storeu_ps(y + r * y_stride, store_mask, _mm512_add_ps(hsum8_lanes(acc[r]), summ));
+  }
 }
 
 template <int R>
 inline void q8_0_rows(const uint8_t* tile, size_t nb, const ActView& a, size_t r0, float* y, size_t y_stride,
                       __mmask16 store_mask) {
-  __m512 acc[R];
+  __m512 acc[R][8];
   const int8_t* xq[R];
   const float* xd[R];
   const int32_t* xc[R];
   for (int r = 0; r < R; ++r) {
-    acc[r] = _mm512_setzero_ps();
+    for (int g = 0; g < 8; ++g) acc[r][g] = _mm512_setzero_ps();
     xq[r] = a.qs(r0 + r);
     xd[r] = a.d(r0 + r);
     xc[r] = a.corr(r0 + r);
@@ -108,46 +122,36 @@ inline void q8_0_rows(const uint8_t* tile, size_t nb, const ActView& a, size_t r
     const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + 512)));
     for (int r = 0; r < R; ++r) {
       const int8_t* q = xq[r] + b * kQK;
-      // Start from -128 * sum(q): sum (w+128) q - 128 sum q = sum w q exactly.
-      __m512i s0 = _mm512_dpbusd_epi32(_mm512_set1_epi32(xc[r][b]), w[0], bcast32(q + 0));
-      __m512i s1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[1], bcast32(q + 4));
-      for (int g = 2; g < 8; g += 2) {
-        s0 = _mm512_dpbusd_epi32(s0, w[g], bcast32(q + 4 * g));
-        s1 = _mm512_dpbusd_epi32(s1, w[g + 1], bcast32(q + 4 * g + 4));
+      const __m512 dd = _mm512_mul_ps(dw, _mm512_set1_ps(xd[r][b]));
+      for (int g = 0; g < 8; ++g) {
+        // Start from -128 * sum(q of the group): sum (w+128) q - 128 sum q = sum w q exactly.
+        const __m512i s = _mm512_dpbusd_epi32(_mm512_set1_epi32(xc[r][8 * b + g]), w[g], bcast32(q + 4 * g));
+        acc[r][g] = _mm512_fmadd_ps(dd, _mm512_cvtepi32_ps(s), acc[r][g]);
       }
-      const __m512 sumf = _mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1));
-      acc[r] = _mm512_fmadd_ps(sumf, _mm512_mul_ps(dw, _mm512_set1_ps(xd[r][b])), acc[r]);
     }
   }
-  for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(y + r * y_stride, store_mask, acc[r]);
+  for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(y + r * y_stride, store_mask, hsum8_lanes(acc[r]));
 }
 
-template <void (*F1)(const uint8_t*, size_t, const ActView&, size_t, float*, size_t, __mmask16),
-          void (*F2)(const uint8_t*, size_t, const ActView&, size_t, float*, size_t, __mmask16),
-          void (*F3)(const uint8_t*, size_t, const ActView&, size_t, float*, size_t, __mmask16),
-          void (*F4)(const uint8_t*, size_t, const ActView&, size_t, float*, size_t, __mmask16),
-          void (*F8)(const uint8_t*, size_t, const ActView&, size_t, float*, size_t, __mmask16)>
+using RowsFn = void (*)(const uint8_t*, size_t, const ActView&, size_t, float*, size_t, __mmask16);
+
+template <RowsFn F1, RowsFn F2>
 void run_rows(const uint8_t* tile, size_t nb, const ActView& a, size_t r0, size_t nr, float* y, size_t y_stride,
               unsigned o_lo, unsigned o_hi) {
   const auto mask = static_cast<__mmask16>(((1u << o_hi) - 1) & ~((1u << o_lo) - 1));
   size_t r = 0;
-  for (; r + 8 <= nr; r += 8) F8(tile, nb, a, r0 + r, y + r * y_stride, y_stride, mask);
-  // Tails: each lane's arithmetic is the same whatever the group size.
-  for (; r + 4 <= nr; r += 4) F4(tile, nb, a, r0 + r, y + r * y_stride, y_stride, mask);
-  if (nr - r == 3) F3(tile, nb, a, r0 + r, y + r * y_stride, y_stride, mask);
-  else if (nr - r == 2) F2(tile, nb, a, r0 + r, y + r * y_stride, y_stride, mask);
-  else if (nr - r == 1) F1(tile, nb, a, r0 + r, y + r * y_stride, y_stride, mask);
+  // Each lane's arithmetic is the same whatever the group size.
+  for (; r + 2 <= nr; r += 2) F2(tile, nb, a, r0 + r, y + r * y_stride, y_stride, mask);
+  if (r < nr) F1(tile, nb, a, r0 + r, y + r * y_stride, y_stride, mask);
 }
 
 void q4_1_tile_avx512(const uint8_t* tile, size_t nb, const ActView& a, size_t r0, size_t nr, float* y,
                       size_t y_stride, unsigned o_lo, unsigned o_hi) {
-  run_rows<q4_1_rows<1>, q4_1_rows<2>, q4_1_rows<3>, q4_1_rows<4>, q4_1_rows<8>>(tile, nb, a, r0, nr, y, y_stride,
-                                                                                 o_lo, o_hi);
+  run_rows<q4_1_rows<1>, q4_1_rows<2>>(tile, nb, a, r0, nr, y, y_stride, o_lo, o_hi);
 }
 void q8_0_tile_avx512(const uint8_t* tile, size_t nb, const ActView& a, size_t r0, size_t nr, float* y,
                       size_t y_stride, unsigned o_lo, unsigned o_hi) {
-  run_rows<q8_0_rows<1>, q8_0_rows<2>, q8_0_rows<3>, q8_0_rows<4>, q8_0_rows<8>>(tile, nb, a, r0, nr, y, y_stride,
-                                                                                 o_lo, o_hi);
+  run_rows<q8_0_rows<1>, q8_0_rows<2>>(tile, nb, a, r0, nr, y, y_stride, o_lo, o_hi);
 }
 
 }  // namespace

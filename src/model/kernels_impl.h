@@ -1,15 +1,19 @@
 // Internal to the kernels: the repacked weight layouts, the quantized-activation buffer,
 // and the per-ISA function table that kernels.cpp dispatches to.
 //
-// Numerics shared by every ISA (so portable, AVX2 and AVX-512 give bit-identical y):
+// Numerics shared by every ISA (so portable, AVX2 and AVX-512 give bit-identical y), and
+// the same float operation sequence as llama.cpp's x86 vec-dot kernels (AVX2 branch, which
+// the AVX-512 build compiles too), so both engines round alike:
 //  - activations are quantized per 32-block exactly as llama.cpp's x86 quantize_row_q8_0/1:
 //    amax, d = amax/127 (stored as fp16), id = 127/amax, q = round-half-even(x*id);
 //    Q8_1 also keeps s = fp16(d * sum(q)) with the unrounded d.
-//  - per output element and per block, in block order:
-//      Q4_1: acc = fma(float(sumi), dw*dx, acc); acc = fma(mw, sx, acc)
-//      Q8_0: acc = fma(float(sumi), dw*dx, acc)
-//    where sumi is the exact integer dot of the block (VNNI computes it with an
-//    unsigned-offset trick whose correction is exact).
+//  - per output element, 8 float lanes: lane g (g < 8) holds the exact integer dot of the
+//    block's elements 4g..4g+3 (what one int32 lane of vpdpbusd yields), and per block, in
+//    block order, lane[g] = fma(dw*dx, float(isum_g), lane[g]) with dw*dx rounded to float;
+//  - Q4_1 also sums its min term separately: summ = fma(mw, sx, summ) per block;
+//  - the result is hsum8(lane) (+ summ for Q4_1), hsum8 = llama.cpp's hsum_float_8:
+//    ((l0+l4) + (l2+l6)) + ((l1+l5) + (l3+l7)).
+//    (Its tinyBLAS Q8_0 GEMM for batched logits has the same per-element sequence.)
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -32,9 +36,10 @@ constexpr size_t kQ4_1TileBlock = 320;
 constexpr size_t kQ8_0TileBlock = 544;
 
 // Activations quantized to 8 bits per 32-block, one record per row:
-//   int8 qs[cols], float d[nb] (the fp16 value as float), then 4-byte aux[nb]:
-//   for Q8_1 the float s = fp16(d*sum q); for Q8_0 the int32 -128*sum q (the VNNI
-//   offset correction).
+//   int8 qs[cols], float d[nb] (the fp16 value as float), then the aux field:
+//   for Q8_1 the float s[nb] = fp16(d*sum q); for Q8_0 the int32 corr[8 nb]:
+//   -128 * (sum of the 4 q of group g of block b) at [8b + g] (the VNNI offset correction
+//   of each 4-element lane).
 struct ActView {
   const uint8_t* base = nullptr;
   size_t stride = 0;  // bytes per row
@@ -47,7 +52,7 @@ struct ActView {
     return reinterpret_cast<const int32_t*>(base + r * stride + nb * kQK + nb * 4);
   }
 };
-inline size_t act_row_stride(size_t nb) { return (nb * kQK + nb * 8 + 63) / 64 * 64; }
+inline size_t act_row_stride(size_t nb) { return (nb * kQK + nb * 4 + nb * 32 + 63) / 64 * 64; }
 
 // Quantizes one row of `cols` floats into an ActView record at `out`.
 // q8_1 selects the aux field (s for Q8_1, the int correction for Q8_0).
@@ -67,6 +72,11 @@ struct IsaKernels {
 const IsaKernels& portable_kernels();
 const IsaKernels& avx2_kernels();
 const IsaKernels& avx512_kernels();
+
+// llama.cpp's hsum_float_8 over the 8 per-group lanes of one output element.
+inline float hsum8_llama(const float l[8]) {
+  return ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]));
+}
 
 // Portable helpers shared by the ISA files.
 float fp16_round(float f);  // f -> fp16 -> f (round half to even), as F16C does

@@ -256,18 +256,19 @@ void quantize_q8_portable(const float* x, size_t cols, uint8_t* out, bool q8_1) 
     for (size_t j = 0; j < kQK; ++j) amax = std::max(amax, std::fabs(xb[j]));
     const float d = amax / 127.0f;
     const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
-    int sum = 0;
+    int sum = 0, group_sum[8] = {};
     for (size_t j = 0; j < kQK; ++j) {
       float q = std::nearbyint(xb[j] * id);  // default rounding: half to even
       q = std::min(127.0f, std::max(-128.0f, q));
       qs[b * kQK + j] = static_cast<int8_t>(q);
       sum += static_cast<int>(q);
+      group_sum[j / 4] += static_cast<int>(q);
     }
     dv[b] = fp16_round(d);
     if (q8_1)
       sv[b] = fp16_round(d * static_cast<float>(sum));
     else
-      cv[b] = -128 * sum;
+      for (int g = 0; g < 8; ++g) cv[8 * b + g] = -128 * group_sum[g];
   }
 }
 
@@ -277,25 +278,29 @@ void q4_1_tile_portable(const uint8_t* tile, size_t nb, const ActView& a, size_t
     const int8_t* xq = a.qs(r0 + r);
     const float* xd = a.d(r0 + r);
     const float* xs = a.s(r0 + r);
-    float acc[kTileRows] = {};
+    float lane[kTileRows][8] = {};
+    float summ[kTileRows] = {};
     for (size_t b = 0; b < nb; ++b) {
       const uint8_t* wb = tile + b * kQ4_1TileBlock;
       const int8_t* q = xq + b * kQK;
       for (unsigned o = 0; o < kTileRows; ++o) {
-        int sumi = 0;
-        for (int g = 0; g < 4; ++g)
-          for (int j = 0; j < 4; ++j) {
-            const uint8_t v = wb[64 * g + 4 * o + j];
-            sumi += (v & 0xF) * q[4 * g + j] + (v >> 4) * q[16 + 4 * g + j];
-          }
         const float dw = fp16_to_fp32(load_u16(wb + 256 + 2 * o));
         const float mw = fp16_to_fp32(load_u16(wb + 288 + 2 * o));
         const float dd = dw * xd[b];
-        acc[o] = std::fma(static_cast<float>(sumi), dd, acc[o]);
-        acc[o] = std::fma(mw, xs[b], acc[o]);
+        for (int g = 0; g < 4; ++g) {
+          int lo = 0, hi = 0;  // groups g (low nibbles) and g + 4 (high nibbles)
+          for (int j = 0; j < 4; ++j) {
+            const uint8_t v = wb[64 * g + 4 * o + j];
+            lo += (v & 0xF) * q[4 * g + j];
+            hi += (v >> 4) * q[16 + 4 * g + j];
+          }
+          lane[o][g] = std::fma(dd, static_cast<float>(lo), lane[o][g]);
+          lane[o][g + 4] = std::fma(dd, static_cast<float>(hi), lane[o][g + 4]);
+        }
+        summ[o] = std::fma(mw, xs[b], summ[o]);
       }
     }
-    for (unsigned o = o_lo; o < o_hi; ++o) y[r * y_stride + o] = acc[o];
+    for (unsigned o = o_lo; o < o_hi; ++o) y[r * y_stride + o] = hsum8_llama(lane[o]) + summ[o];
   }
 }
 
@@ -304,19 +309,20 @@ void q8_0_tile_portable(const uint8_t* tile, size_t nb, const ActView& a, size_t
   for (size_t r = 0; r < nr; ++r) {
     const int8_t* xq = a.qs(r0 + r);
     const float* xd = a.d(r0 + r);
-    float acc[kTileRows] = {};
+    float lane[kTileRows][8] = {};
     for (size_t b = 0; b < nb; ++b) {
       const uint8_t* wb = tile + b * kQ8_0TileBlock;
       const int8_t* q = xq + b * kQK;
       for (unsigned o = 0; o < kTileRows; ++o) {
-        int sumi = 0;
-        for (int g = 0; g < 8; ++g)
+        const float dd = fp16_to_fp32(load_u16(wb + 512 + 2 * o)) * xd[b];
+        for (int g = 0; g < 8; ++g) {
+          int sumi = 0;
           for (int j = 0; j < 4; ++j) sumi += (static_cast<int>(wb[64 * g + 4 * o + j]) - 128) * q[4 * g + j];
-        const float dw = fp16_to_fp32(load_u16(wb + 512 + 2 * o));
-        acc[o] = std::fma(static_cast<float>(sumi), dw * xd[b], acc[o]);
+          lane[o][g] = std::fma(dd, static_cast<float>(sumi), lane[o][g]);
+        }
       }
     }
-    for (unsigned o = o_lo; o < o_hi; ++o) y[r * y_stride + o] = acc[o];
+    for (unsigned o = o_lo; o < o_hi; ++o) y[r * y_stride + o] = hsum8_llama(lane[o]);
   }
 }
 
@@ -332,7 +338,8 @@ const IsaKernels& portable_kernels() {
 //   Q4_0/Q5_0/Q8_0: Q8_0 ActView record; Q4_1/Q5_1: Q8_1 ActView record;
 //   K-quants: Q8_K = int8 qs[cols], float d[nb], int16 bsums[16 nb];
 //   F16 / BF16: the activations rounded to that type; F32: the floats.
-// Dots accumulate per block in float in block order (llama.cpp's SIMD order differs; the
+// Q4_1 and Q8_0 dots follow llama.cpp's order exactly (see kernels_impl.h); the other
+// types accumulate per block in float in block order (llama.cpp's SIMD order differs; the
 // difference is float rounding only). F32/F16/BF16 dots accumulate in double.
 
 namespace {
@@ -387,16 +394,24 @@ float dot_q4_0(const uint8_t* w, const ActView& a, size_t nb) {
   return acc;
 }
 float dot_q4_1(const uint8_t* w, const ActView& a, size_t nb) {
-  float acc = 0.0f;
+  float lane[8] = {}, summ = 0.0f;
   const int8_t* xq = a.qs(0);
   for (size_t b = 0; b < nb; ++b, w += 20) {
     const uint8_t* qs = w + 4;
     const int8_t* q = xq + b * kQK;
-    int sumi = 0;
-    for (int j = 0; j < 16; ++j) sumi += (qs[j] & 0xF) * q[j] + (qs[j] >> 4) * q[j + 16];
-    acc += static_cast<float>(sumi) * (h2f(w) * a.d(0)[b]) + h2f(w + 2) * a.s(0)[b];
+    const float dd = h2f(w) * a.d(0)[b];
+    for (int g = 0; g < 4; ++g) {
+      int lo = 0, hi = 0;
+      for (int j = 4 * g; j < 4 * g + 4; ++j) {
+        lo += (qs[j] & 0xF) * q[j];
+        hi += (qs[j] >> 4) * q[j + 16];
+      }
+      lane[g] = std::fma(dd, static_cast<float>(lo), lane[g]);
+      lane[g + 4] = std::fma(dd, static_cast<float>(hi), lane[g + 4]);
+    }
+    summ = std::fma(h2f(w + 2), a.s(0)[b], summ);
   }
-  return acc;
+  return hsum8_llama(lane) + summ;
 }
 float dot_q5_0(const uint8_t* w, const ActView& a, size_t nb) {
   float acc = 0.0f;
@@ -433,16 +448,19 @@ float dot_q5_1(const uint8_t* w, const ActView& a, size_t nb) {
   return acc;
 }
 float dot_q8_0(const uint8_t* w, const ActView& a, size_t nb) {
-  float acc = 0.0f;
+  float lane[8] = {};
   const int8_t* xq = a.qs(0);
   for (size_t b = 0; b < nb; ++b, w += 34) {
     const int8_t* qs = reinterpret_cast<const int8_t*>(w + 2);
     const int8_t* q = xq + b * kQK;
-    int sumi = 0;
-    for (int j = 0; j < 32; ++j) sumi += qs[j] * q[j];
-    acc += static_cast<float>(sumi) * (h2f(w) * a.d(0)[b]);
+    const float dd = h2f(w) * a.d(0)[b];
+    for (int g = 0; g < 8; ++g) {
+      int sumi = 0;
+      for (int j = 4 * g; j < 4 * g + 4; ++j) sumi += qs[j] * q[j];
+      lane[g] = std::fma(dd, static_cast<float>(sumi), lane[g]);
+    }
   }
-  return acc;
+  return hsum8_llama(lane);
 }
 
 struct Q8KView {

@@ -261,10 +261,11 @@ TEST(Quantize, Q8MatchesLlamaCppRuleOnEveryIsa) {
       float amax = 0;
       for (size_t j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(x[b * 32 + j]));
       const float id = amax != 0 ? 127.0f / amax : 0.0f;
-      int sum = 0;
+      int sum = 0, group_sum[8] = {};
       for (size_t j = 0; j < 32; ++j) {
         wq[b * 32 + j] = static_cast<int8_t>(std::nearbyint(x[b * 32 + j] * id));
         sum += wq[b * 32 + j];
+        group_sum[j / 4] += wq[b * 32 + j];
       }
       const float d = amax / 127.0f;
       float* dv = reinterpret_cast<float*>(want.data() + nb * 32);
@@ -272,7 +273,7 @@ TEST(Quantize, Q8MatchesLlamaCppRuleOnEveryIsa) {
       if (q8_1)
         dv[nb + b] = fp16_to_fp32(fp32_to_fp16(d * static_cast<float>(sum)));
       else
-        reinterpret_cast<int32_t*>(dv + nb)[b] = -128 * sum;
+        for (int g = 0; g < 8; ++g) reinterpret_cast<int32_t*>(dv + nb)[8 * b + g] = -128 * group_sum[g];
     }
     EXPECT_EQ(wq[32 + 1], -std::lround(127.0f * 15.0f / 16.0f));
     for (Isa isa : {Isa::Portable, Isa::Avx2, Isa::Avx512}) {
@@ -282,7 +283,8 @@ TEST(Quantize, Q8MatchesLlamaCppRuleOnEveryIsa) {
                                          : kern::portable_kernels();
       std::fill(got.begin(), got.end(), 0);
       k.quantize_q8(x.data(), cols, got.data(), q8_1);
-      EXPECT_EQ(0, std::memcmp(want.data(), got.data(), nb * 40)) << isa_name(isa) << " q8_1=" << q8_1;
+      const size_t record = nb * 36 + nb * (q8_1 ? 4 : 32);  // qs, d, then s or the 8 corrections
+      EXPECT_EQ(0, std::memcmp(want.data(), got.data(), record)) << isa_name(isa) << " q8_1=" << q8_1;
     }
   }
 }
@@ -469,6 +471,70 @@ TEST(Multiply, RepackedBitIdenticalAcrossIsasThreadsAndRanges) {
         dequantize_row(t, w.data() + o * ggml_row_bytes(t, cols), b.data(), cols);
         ASSERT_EQ(0, std::memcmp(a.data(), b.data(), cols * 4)) << "weight row " << o;
       }
+    }
+  }
+}
+
+// llama.cpp's x86 vec-dot order for Q4_1 x Q8_1 and Q8_0 x Q8_0 (ggml_vec_dot_q4_1_q8_1,
+// ggml_vec_dot_q8_0_q8_0 and tinyBLAS_Q0_AVX on an AVX2/AVX-512 build), written from the
+// file's blocks: 8 float lanes, lane g = fma(dw*dx, exact dot of elements 4g..4g+3, lane g)
+// per block; Q4_1 adds summ = fma(m, s, summ) per block; then hsum_float_8's tree, then
+// + summ. Every ISA must reproduce it bit for bit.
+float llama_order_dot(GgmlType t, const uint8_t* w_row, const float* x, size_t cols) {
+  const bool q4 = t == GgmlType::Q4_1;
+  std::vector<uint8_t> rec(kern::generic_act_row_bytes(static_cast<uint32_t>(t), cols));
+  kern::generic_quantize_row(static_cast<uint32_t>(t), x, cols, rec.data());
+  const kern::ActView a{rec.data(), 0, cols / 32};
+  float lane[8] = {}, summ = 0.0f;
+  for (size_t b = 0; b < cols / 32; ++b) {
+    const uint8_t* blk = w_row + b * (q4 ? 20 : 34);
+    uint16_t dh, mh;
+    std::memcpy(&dh, blk, 2);
+    std::memcpy(&mh, blk + 2, 2);
+    int wq[32];
+    for (int j = 0; j < 32; ++j)
+      wq[j] = q4 ? (j < 16 ? blk[4 + j] & 0xF : blk[4 + j - 16] >> 4) : static_cast<int8_t>(blk[2 + j]);
+    const float dd = fp16_to_fp32(dh) * a.d(0)[b];
+    for (int g = 0; g < 8; ++g) {
+      int isum = 0;
+      for (int j = 4 * g; j < 4 * g + 4; ++j) isum += wq[j] * a.qs(0)[32 * b + j];
+      lane[g] = std::fma(dd, static_cast<float>(isum), lane[g]);
+    }
+    if (q4) summ = std::fma(fp16_to_fp32(mh), a.s(0)[b], summ);
+  }
+  const float h4[4] = {lane[0] + lane[4], lane[1] + lane[5], lane[2] + lane[6], lane[3] + lane[7]};
+  const float total = (h4[0] + h4[2]) + (h4[1] + h4[3]);
+  return q4 ? total + summ : total;
+}
+
+TEST(Multiply, RepackedFollowsLlamaCppOrderExactly) {
+  std::mt19937 rng(15);
+  ThreadPool pool(2);
+  for (GgmlType t : {GgmlType::Q4_1, GgmlType::Q8_0}) {
+    const size_t rows = 37, cols = 576;
+    const auto w = random_blocks(t, rows * cols / 32, rng, false);
+    WeightMatrix m(t, w.data(), rows, cols);
+    const size_t rb = ggml_row_bytes(t, cols);
+    for (size_t n : {1, 2, 5}) {
+      const auto x = random_acts(n, cols, rng);
+      std::vector<float> want(n * rows);
+      for (size_t r = 0; r < n; ++r)
+        for (size_t o = 0; o < rows; ++o) want[r * rows + o] = llama_order_dot(t, w.data() + o * rb, &x[r * cols], cols);
+      for (Isa isa : available_isas()) {
+        IsaGuard g(isa);
+        std::vector<float> y(n * rows);
+        m.multiply(x.data(), n, cols, y.data(), rows, pool);
+        for (size_t i = 0; i < y.size(); ++i)
+          ASSERT_EQ(std::bit_cast<uint32_t>(y[i]), std::bit_cast<uint32_t>(want[i]))
+              << ggml_type_name(t) << " " << isa_name(isa) << " n=" << n << " at " << i;
+      }
+      // The plain (non-repacked) dot of the same weight type agrees as well.
+      std::vector<uint8_t> rec(kern::generic_act_row_bytes(static_cast<uint32_t>(t), cols));
+      kern::generic_quantize_row(static_cast<uint32_t>(t), x.data(), cols, rec.data());
+      for (size_t o = 0; o < rows; ++o)
+        ASSERT_EQ(std::bit_cast<uint32_t>(kern::generic_dot(static_cast<uint32_t>(t), w.data() + o * rb, rec.data(), cols)),
+                  std::bit_cast<uint32_t>(want[o]))
+            << ggml_type_name(t) << " generic dot, row " << o;
     }
   }
 }
