@@ -23,7 +23,7 @@ void attention(const AttentionShape& s, const float* q, const int32_t* row_pos, 
     // Later row tiles see more entries; hand them out first for better balance.
     const size_t tile = row_tiles - 1 - task / s.n_kv_heads;
     rk::TileArgs a{&s, q, row_pos, tile * rows_per_task, std::min(n_rows, (tile + 1) * rows_per_task),
-                   static_cast<int>(task % s.n_kv_heads), K, V, entry_pos, n_entries, out};
+                   static_cast<int>(task % s.n_kv_heads), K, V, entry_pos, n_entries, out, n_rows == 1};
     thread_local std::vector<float> scores;
     k.attend_tile(a, scores);
   });

@@ -24,6 +24,10 @@ struct TileArgs {
   const int32_t* entry_pos;
   size_t n_entries;
   float* out;
+  // llama.cpp multiplies Q.K and P.V with tinyBLAS when a batch has two or more tokens and
+  // with ggml_vec_dot_f16 for a single token; the two sum in different orders. True when
+  // the whole attention call has one row, to follow the latter (decode steps).
+  bool single_row_order;
 };
 
 struct RuntimeKernels {

@@ -1,0 +1,226 @@
+// The attention kernel against a scalar model of llama.cpp's non-flash CPU attention on an
+// AVX-512 build, bit for bit, under every ISA: Q rounded to f16; Q.K and P.V as tinyBLAS
+// sums them for a batch (16 lanes, fma chains, _mm512_reduce_add_ps's tree) or as
+// ggml_vec_dot_f16 does for one token (64 lanes folded to 16, then the tree); the softmax
+// of ggml_vec_soft_max_f32 (ggml_v_expf, per-16 sums in double, float of 1/sum); P rounded
+// to f16. The model is written from that description, independently of the kernel code.
+#include <gtest/gtest.h>
+
+#include <bit>
+#include <cmath>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "base/thread_pool.h"
+#include "model/kernels.h"
+#include "runtime/attention.h"
+#include "runtime/vector_math.h"
+
+namespace cf {
+namespace {
+
+float f16(float x) { return fp16_to_fp32(fp32_to_fp16(x)); }
+
+// ggml_v_expf, lane by lane; scalef as ldexp (one rounding).
+float ggml_expf(float x) {
+  const float r = 0x1.8p23f;
+  const float z = std::fma(x, 0x1.715476p+0f, r);
+  const float n = z - r;
+  const float b = std::fma(-n, 0x1.7f7d1cp-20f, std::fma(-n, 0x1.62e4p-1f, x));
+  const float u = b * b;
+  const float j = std::fma(std::fma(std::fma(0x1.0e4020p-7f, b, 0x1.573e2ep-5f), u,
+                                    std::fma(0x1.555e66p-3f, b, 0x1.fffdb6p-2f)),
+                           u, std::fma(0x1.ffffecp-1f, b, 1.0f));
+  if (std::fabs(n) > 192) return n <= 0 ? 0.0f : std::numeric_limits<float>::infinity();
+  return std::ldexp(j, static_cast<int>(n));
+}
+
+// _mm512_reduce_add_ps on 16 values.
+float tree16(const float* v) {
+  float b[8], c[4];
+  for (int i = 0; i < 8; ++i) b[i] = v[i + 8] + v[i];
+  for (int i = 0; i < 4; ++i) c[i] = b[i + 4] + b[i];
+  return (c[0] + c[2]) + (c[1] + c[3]);
+}
+
+// tinyBLAS (batch) or ggml_vec_dot_f16 (single token) over n f16-exact values.
+float llama_dot(const std::vector<float>& x, const std::vector<float>& y, bool single) {
+  const size_t n = x.size();
+  if (!single) {
+    float lane[16] = {};
+    for (size_t i = 0; i < n; ++i) lane[i % 16] = std::fma(x[i], y[i], lane[i % 16]);
+    return tree16(lane);
+  }
+  const size_t np = n & ~size_t{63};
+  float acc[4][16] = {};
+  for (size_t i = 0; i < np; ++i) acc[(i % 64) / 16][i % 16] = std::fma(x[i], y[i], acc[(i % 64) / 16][i % 16]);
+  float f[16];
+  for (int t = 0; t < 16; ++t) f[t] = (acc[0][t] + acc[2][t]) + (acc[1][t] + acc[3][t]);
+  double sum = tree16(f);
+  for (size_t i = np; i < n; ++i) sum += static_cast<double>(x[i] * y[i]);
+  return static_cast<float>(sum);
+}
+
+struct Case {
+  AttentionShape s{9, 3, 64};
+  size_t n_entries = 0;
+  std::vector<float> K, V;       // [entries][kv_dim], f16-exact
+  std::vector<int32_t> entry_pos;
+};
+
+Case make_case(size_t n_entries, std::mt19937& rng, AttentionShape shape = {9, 3, 64}) {
+  Case c;
+  c.s = shape;
+  c.n_entries = n_entries;
+  const size_t kvd = static_cast<size_t>(c.s.n_kv_heads) * c.s.head_dim;
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  c.K.resize(n_entries * kvd);
+  c.V.resize(n_entries * kvd);
+  for (auto& v : c.K) v = f16(2.0f * nd(rng));
+  for (auto& v : c.V) v = f16(nd(rng));
+  for (size_t e = 0; e < n_entries; ++e) c.entry_pos.push_back(static_cast<int32_t>(e));
+  return c;
+}
+
+// One query row of llama.cpp's attention; the cache padded with masked entries to 256.
+std::vector<float> llama_attention_row(const Case& c, const float* q_row, int32_t pos, bool single) {
+  const int hd = c.s.head_dim, group = c.s.n_heads / c.s.n_kv_heads;
+  const size_t kvd = static_cast<size_t>(c.s.n_kv_heads) * hd;
+  const size_t n_kv = (c.n_entries + 255) / 256 * 256;
+  std::vector<float> out(static_cast<size_t>(c.s.n_heads) * hd);
+  for (int h = 0; h < c.s.n_heads; ++h) {
+    const int g = h / group;
+    std::vector<float> q(hd);
+    for (int d = 0; d < hd; ++d) q[d] = f16(q_row[h * hd + d]);
+    std::vector<float> w(n_kv, -std::numeric_limits<float>::infinity());
+    for (size_t e = 0; e < c.n_entries; ++e) {
+      if (c.entry_pos[e] > pos) continue;
+      std::vector<float> k(c.K.begin() + e * kvd + g * hd, c.K.begin() + e * kvd + (g + 1) * hd);
+      w[e] = llama_dot(k, q, single) * (1.0f / std::sqrt(static_cast<float>(hd)));
+    }
+    float mx = -std::numeric_limits<float>::infinity();
+    for (float v : w) mx = std::max(mx, v);
+    double sum = 0;
+    for (size_t e = 0; e < n_kv; e += 16) {
+      for (size_t t = 0; t < 16; ++t) w[e + t] = ggml_expf(w[e + t] - mx);
+      sum += static_cast<double>(tree16(&w[e]));
+    }
+    const float inv = static_cast<float>(1.0 / sum);
+    for (auto& v : w) v = f16(v * inv);
+    for (int d = 0; d < hd; ++d) {
+      std::vector<float> vcol(n_kv, 0.0f);
+      for (size_t e = 0; e < c.n_entries; ++e) vcol[e] = c.V[e * kvd + g * hd + d];
+      out[h * hd + d] = llama_dot(vcol, w, single);
+    }
+  }
+  return out;
+}
+
+std::vector<Isa> isas() {
+  std::vector<Isa> v{Isa::Portable};
+  if (detect_isa() >= Isa::Avx2) v.push_back(Isa::Avx2);
+  if (detect_isa() >= Isa::Avx512) v.push_back(Isa::Avx512);
+  return v;
+}
+
+struct IsaGuard {
+  explicit IsaGuard(Isa isa) { force_isa(isa); }
+  ~IsaGuard() { force_isa(detect_isa()); }
+};
+
+void expect_bits(const std::vector<float>& got, const std::vector<float>& want, const std::string& label) {
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i)
+    ASSERT_EQ(std::bit_cast<uint32_t>(got[i]), std::bit_cast<uint32_t>(want[i]))
+        << label << " at " << i << ": " << got[i] << " vs " << want[i];
+}
+
+// A prefill of 33 rows after 170 cached entries: tiles of 16 rows (transposed score path)
+// and a last tile of one row (direct path), every row in the batched order.
+TEST(AttentionOrder, BatchMatchesLlamaCppBitForBitOnEveryIsa) {
+  std::mt19937 rng(21);
+  const size_t prefix = 170, rows = 33;
+  Case c = make_case(prefix + rows, rng);
+  const size_t qd = static_cast<size_t>(c.s.n_heads) * c.s.head_dim;
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> q(rows * qd);
+  for (auto& v : q) v = 1.5f * nd(rng);
+  std::vector<int32_t> row_pos(rows);
+  for (size_t r = 0; r < rows; ++r) row_pos[r] = static_cast<int32_t>(prefix + r);
+  std::vector<float> want;
+  for (size_t r = 0; r < rows; ++r) {
+    const auto o = llama_attention_row(c, &q[r * qd], row_pos[r], false);
+    want.insert(want.end(), o.begin(), o.end());
+  }
+  ThreadPool pool(2);
+  for (Isa isa : isas()) {
+    IsaGuard g(isa);
+    std::vector<float> got(rows * qd);
+    attention(c.s, q.data(), row_pos.data(), rows, c.K.data(), c.V.data(), c.entry_pos.data(), c.n_entries, got.data(),
+              pool);
+    expect_bits(got, want, std::string("batch ") + isa_name(isa));
+  }
+}
+
+// One row alone (a decode step) follows ggml_vec_dot_f16's order instead: with few query
+// heads per KV head (direct score path), with many (transposed path), and with a head size
+// that leaves a tail after the 64-lane loop.
+TEST(AttentionOrder, SingleRowMatchesLlamaCppDecodeOrder) {
+  std::mt19937 rng(22);
+  for (const AttentionShape shape : {AttentionShape{9, 3, 64}, AttentionShape{16, 2, 64}, AttentionShape{4, 2, 80}}) {
+    Case c = make_case(300, rng, shape);
+    const size_t qd = static_cast<size_t>(c.s.n_heads) * c.s.head_dim;
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    std::vector<float> q(qd);
+    for (auto& v : q) v = 1.5f * nd(rng);
+    const int32_t pos = 299;
+    const auto want = llama_attention_row(c, q.data(), pos, true);
+    const auto batched = llama_attention_row(c, q.data(), pos, false);
+    ThreadPool pool(1);
+    for (Isa isa : isas()) {
+      IsaGuard g(isa);
+      std::vector<float> got(qd);
+      attention(c.s, q.data(), &pos, 1, c.K.data(), c.V.data(), c.entry_pos.data(), c.n_entries, got.data(), pool);
+      expect_bits(got, want, std::string("single ") + isa_name(isa) + " heads " + std::to_string(shape.n_heads) +
+                                 " hd " + std::to_string(shape.head_dim));
+    }
+    EXPECT_NE(want, batched) << "the two orders should differ somewhere on this case";
+  }
+}
+
+TEST(AttentionOrder, ExpIsGgmlExpBitForBit) {
+  std::vector<float> xs;
+  for (float x = -110.0f; x < 90.0f; x += 0.0137f) xs.push_back(x);
+  for (float x : {0.0f, -0.0f, -87.5f, -103.9f, -104.0f, 88.3f, 88.4f, 89.0f, -1e-30f, 1e-30f}) xs.push_back(x);
+  for (Isa isa : isas()) {
+    IsaGuard g(isa);
+    for (float x : xs) {
+      const float got = exp_approx(x), want = ggml_expf(x);
+      ASSERT_EQ(std::bit_cast<uint32_t>(got), std::bit_cast<uint32_t>(want)) << isa_name(isa) << " x=" << x;
+    }
+  }
+}
+
+TEST(AttentionOrder, SiluIsGgmlSwiglu) {
+  std::mt19937 rng(23);
+  std::normal_distribution<float> nd(0.0f, 3.0f);
+  std::vector<float> gate(1536), up(1536);
+  for (auto& v : gate) v = nd(rng);
+  for (auto& v : up) v = nd(rng);
+  gate[0] = 0.0f;
+  gate[1] = -95.0f;
+  gate[2] = 95.0f;
+  for (Isa isa : isas()) {
+    IsaGuard g(isa);
+    std::vector<float> got = gate;
+    silu_mul(got.data(), up.data(), got.size());
+    for (size_t i = 0; i < got.size(); ++i) {
+      const float want = gate[i] / (1.0f + ggml_expf(0.0f - gate[i])) * up[i];
+      ASSERT_EQ(std::bit_cast<uint32_t>(got[i]), std::bit_cast<uint32_t>(want)) << isa_name(isa) << " i=" << i;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace cf
