@@ -27,17 +27,20 @@ void rope_rotate(float* x, int n_heads, int head_dim, double pos, float base, Ro
   }
   for (int h = 0; h < n_heads; ++h) {
     float* v = x + static_cast<size_t>(h) * head_dim;
+    // The products fused as llama.cpp's build (GCC, -ffp-contract=fast) fuses them, so both
+    // engines round alike: fma(a, c, -(b s)) and fma(a, s, b c) (checked bit for bit
+    // against its RoPE output).
     if (style == RopeStyle::Normal) {
       for (int i = 0; i < half; ++i) {
         const float a = v[2 * i], b = v[2 * i + 1];
-        v[2 * i] = a * c[i] - b * s[i];
-        v[2 * i + 1] = a * s[i] + b * c[i];
+        v[2 * i] = std::fma(a, c[i], -(b * s[i]));
+        v[2 * i + 1] = std::fma(a, s[i], b * c[i]);
       }
     } else {
       for (int i = 0; i < half; ++i) {
         const float a = v[i], b = v[i + half];
-        v[i] = a * c[i] - b * s[i];
-        v[i + half] = a * s[i] + b * c[i];
+        v[i] = std::fma(a, c[i], -(b * s[i]));
+        v[i + half] = std::fma(a, s[i], b * c[i]);
       }
     }
   }

@@ -20,18 +20,20 @@ using nlohmann::json;
 
 // How close is close. This model's numerics are chaotic at the level of last bits: 8-bit
 // quantization of every matmul input turns a one-ulp difference (another summation order,
-// another exp approximation) into a flipped rounding, and 30 layers amplify it. llama.cpp
-// itself, on this file, differs from itself by up to 0.69 (median 0.23) on its top-10
-// logits and changes the top-1 token at 4 of 84 positions between its batched and its
-// token-by-token evaluation of the same prompt (measured with tools/make_golden.py's
-// settings; BENCHMARKS.md). We hold ourselves to the same order: a real error (a wrong
-// RoPE pairing, norm or mask) moves logits by whole units and breaks most top-1 tokens.
-constexpr float kMaxLogitDiff = 2.0f;
-constexpr float kMedianLogitDiff = 0.5f;
-constexpr double kMinTop1Agreement = 0.95;
-// Greedy continuations may part only at near-ties: within llama.cpp's own batched vs
-// token-by-token spread (0.69).
-constexpr double kNearTieMargin = 0.7;
+// another exp approximation) into a flipped rounding, and 30 layers amplify it (llama.cpp
+// itself differs from itself by up to 0.69 between its batched and token-by-token
+// evaluation of the same prompt; BENCHMARKS.md). So the engine reproduces llama.cpp's CPU
+// float operation sequence op by op (matmul lanes, RoPE's fused products, f16 K/V/Q/P,
+// attention sums, softmax, exp, SiLU; see kernels_impl.h and runtime_kernels_impl.inc),
+// and then the logits are llama.cpp's: measured, every top-10 logit at all 145 positions
+// equals the fixture to its 5 decimals (max diff 0.000), top-1 equal everywhere, all 10
+// greedy continuations identical. The bounds below leave room only for the fixture's
+// rounding, and for one greedy continuation that parts at a near-tie.
+constexpr float kMaxLogitDiff = 1e-4f;
+constexpr float kMedianLogitDiff = 1e-4f;
+constexpr double kMinTop1Agreement = 1.0;
+// A greedy continuation may part only at a near-tie (llama.cpp's top-1 margin there).
+constexpr double kNearTieMargin = 0.05;
 
 const json& fixture() {
   static json j = [] {
@@ -119,7 +121,7 @@ TEST(Golden, GreedyContinuationsMatchLlamaCpp) {
   }
   std::printf("identical greedy continuations: %d of %d\n", identical, total);
   EXPECT_GE(total, 10);
-  EXPECT_GE(identical, total / 2);
+  EXPECT_GE(identical, total - 1);
 }
 
 }  // namespace
