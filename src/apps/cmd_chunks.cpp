@@ -17,6 +17,7 @@
 
 #include "apps/app_common.h"
 #include "base/paths.h"
+#include "base/progress.h"
 #include "fusion/fusionrag_enrich.h"
 #include "fusion/rag_prompt.h"
 #include "kv/chunk_store.h"
@@ -25,66 +26,6 @@ namespace cf::apps {
 namespace {
 
 std::string default_store_dir() { return cache_root() + "/store"; }
-
-std::string human_bytes(double b) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  int u = 0;
-  while (b >= 1024 && u < 4) {
-    b /= 1024;
-    ++u;
-  }
-  char buf[32];
-  std::snprintf(buf, sizeof buf, u == 0 ? "%.0f %s" : "%.1f %s", b, units[u]);
-  return buf;
-}
-
-std::string hms(double seconds) {
-  const long s = static_cast<long>(seconds + 0.5);
-  char buf[32];
-  if (s >= 3600)
-    std::snprintf(buf, sizeof buf, "%ld:%02ld:%02ld", s / 3600, s / 60 % 60, s % 60);
-  else
-    std::snprintf(buf, sizeof buf, "%ld:%02ld", s / 60, s % 60);
-  return buf;
-}
-
-// Progress on stderr: redrawn in place on a terminal (at most 10 times a second), one line
-// per tenth of the work otherwise (logs stay short).
-class Progress {
- public:
-  explicit Progress(size_t total, bool show_tokens = true)
-      : total_(total), tty_(::isatty(2)), show_tokens_(show_tokens), t0_(now_ms()) {}
-  void update(size_t done, size_t computed_tokens) {
-    const double now = now_ms();
-    const bool last = done == total_;
-    if (tty_) {
-      if (!last && now - last_draw_ < 100) return;
-    } else {
-      const size_t tenth = total_ ? done * 10 / total_ : 10;
-      if (!last && tenth == last_tenth_) return;
-      last_tenth_ = tenth;
-    }
-    last_draw_ = now;
-    const double secs = (now - t0_) / 1000;
-    const double rate = secs > 0 ? done / secs : 0;
-    const double eta = rate > 0 ? (total_ - done) / rate : 0;
-    constexpr int kWidth = 30;
-    const int filled = total_ ? static_cast<int>(kWidth * done / total_) : kWidth;
-    char tok_rate[32] = "";
-    if (show_tokens_) std::snprintf(tok_rate, sizeof tok_rate, "  %.0f tok/s", secs > 0 ? computed_tokens / secs : 0.0);
-    std::fprintf(stderr, "%s[%s%s] %zu/%zu chunks  %.2f chunks/s%s  ETA %s%s", tty_ ? "\r" : "",
-                 std::string(filled, '#').c_str(), std::string(kWidth - filled, '.').c_str(), done, total_, rate,
-                 tok_rate, hms(eta).c_str(), tty_ && !last ? "   " : "\n");
-    std::fflush(stderr);
-  }
-
- private:
-  size_t total_;
-  bool tty_;
-  bool show_tokens_;
-  double t0_, last_draw_ = -1e18;
-  size_t last_tenth_ = static_cast<size_t>(-1);
-};
 
 struct PrecomputeArgs {
   ModelOptions model;
@@ -113,7 +54,7 @@ int run_precompute(const PrecomputeArgs& a) {
   size_t computed = 0, present = 0, duplicates = 0, tokens = 0, computed_tokens = 0;
   double offline_ms = 0;
   std::unordered_set<std::string> seen;
-  Progress progress(passages.size());
+  ProgressBar progress(passages.size(), "chunks");
   for (size_t i = 0; i < passages.size(); ++i) {
     ChunkKey key(model->fingerprint(), model->tokenizer().encode(passage_text(passages[i], prompt_opt), false, false));
     tokens += key.tokens().size();
@@ -128,7 +69,10 @@ int run_precompute(const PrecomputeArgs& a) {
       store.put(std::move(c));
       ++computed;
     }
-    progress.update(i + 1, computed_tokens);
+    const double secs = (now_ms() - t0) / 1000;
+    char note[48];
+    std::snprintf(note, sizeof note, "%.0f tok/s", secs > 0 ? computed_tokens / secs : 0.0);
+    progress.update(i + 1, note);
   }
   const double secs = (now_ms() - t0) / 1000;
   const auto st = store.stats();
@@ -138,7 +82,7 @@ int run_precompute(const PrecomputeArgs& a) {
   std::printf("\n");
   std::printf("tokens %zu (computed %zu), bytes written %zu (%s, %s), %.2f s (forward passes %.2f s, %.1f tok/s)\n",
               tokens, computed_tokens, static_cast<size_t>(st.disk_bytes_written),
-              human_bytes(static_cast<double>(st.disk_bytes_written)).c_str(), dtype_name(dtype), secs,
+              format_bytes(static_cast<double>(st.disk_bytes_written)).c_str(), dtype_name(dtype), secs,
               offline_ms / 1000, offline_ms > 0 ? computed_tokens * 1000.0 / offline_ms : 0.0);
   std::printf("store %s\n", a.store_dir.c_str());
   return 0;
@@ -172,16 +116,16 @@ int run_enrich(const EnrichArgs& a) {
   eo.neighbours = a.neighbours;
   eo.system = default_system_tokens(*model);
   if (a.limit) eo.limit = a.limit;
-  std::unique_ptr<Progress> progress;
+  std::unique_ptr<ProgressBar> progress;
   std::string phase;
   eo.progress = [&](const char* p, size_t done, size_t total) {
     if (phase != p) {
       phase = p;
       std::fprintf(stderr, "%s\n", phase == "pic" ? "PIC caches (chunks and their neighbours):"
                                                   : "neighbour-enriched caches:");
-      progress = std::make_unique<Progress>(total, /*show_tokens=*/false);
+      progress = std::make_unique<ProgressBar>(total, "chunks");
     }
-    progress->update(done, 0);
+    progress->update(done);
   };
   const double t0 = now_ms();
   const EnrichReport r = enrich_corpus(fwd, store, corpus_chunks(*model, passages), eo);
@@ -204,7 +148,7 @@ int run_enrich(const EnrichArgs& a) {
                 r.enriched_tokens * 1000.0 / total_ms);
   const auto st = store.stats();
   std::printf("%.2f s in all, bytes written %s (%s), store %s\n", secs,
-              human_bytes(static_cast<double>(st.disk_bytes_written)).c_str(), dtype_name(dtype), a.store_dir.c_str());
+              format_bytes(static_cast<double>(st.disk_bytes_written)).c_str(), dtype_name(dtype), a.store_dir.c_str());
   return 0;
 }
 
@@ -243,7 +187,7 @@ int run_ls(const StoreArgs& a) {
                 dtype_name(e.dtype), context_kind_name(e.kind), static_cast<unsigned long long>(e.model_fingerprint),
                 created, e.offline_ms);
   }
-  std::printf("%zu entries, %zu tokens, %s in %s%s\n", entries.size(), tokens, human_bytes(static_cast<double>(bytes)).c_str(),
+  std::printf("%zu entries, %zu tokens, %s in %s%s\n", entries.size(), tokens, format_bytes(static_cast<double>(bytes)).c_str(),
               a.store_dir.c_str(), bad ? (", " + std::to_string(bad) + " unreadable (run `chunkfuse chunks verify`)").c_str() : "");
   return 0;
 }
@@ -285,7 +229,7 @@ int run_verify(const StoreArgs& a) {
   const VerifyReport r = store.verify();
   for (const auto& b : r.bad) std::printf("BAD %s\n", b.message.c_str());
   std::printf("checked %zu: %zu valid (%s), %zu bad; %zu set aside as .corrupt, %zu temp files%s\n", r.checked, r.valid,
-              human_bytes(static_cast<double>(r.valid_bytes)).c_str(), r.bad.size(), r.corrupt_aside, r.temp_files,
+              format_bytes(static_cast<double>(r.valid_bytes)).c_str(), r.bad.size(), r.corrupt_aside, r.temp_files,
               o.model ? "" : " (integrity only: pass -m to check the model too)");
   return r.ok() ? 0 : 1;
 }

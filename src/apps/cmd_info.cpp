@@ -11,6 +11,7 @@
 #include <string>
 
 #include "apps/commands.h"
+#include "base/progress.h"
 #include "model/gguf.h"
 
 namespace cf::apps {
@@ -44,19 +45,6 @@ std::string_view value_type_name(const GgufValue& v) {
   return "?";
 }
 
-std::string human_bytes(uint64_t n) {
-  static constexpr const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  double v = static_cast<double>(n);
-  size_t u = 0;
-  while (v >= 1024.0 && u + 1 < std::size(units)) {
-    v /= 1024.0;
-    ++u;
-  }
-  char buf[64];
-  if (u == 0) std::snprintf(buf, sizeof buf, "%" PRIu64 " B", n);
-  else std::snprintf(buf, sizeof buf, "%.2f %s", v, units[u]);
-  return buf;
-}
 
 std::string human_count(uint64_t n) {
   char buf[64];
@@ -100,7 +88,7 @@ std::string dims_string(const GgufTensor& t) {
 void print_info(const GgufFile& f, const InfoOptions& opt, std::ostream& out) {
   char line[512];
   out << "file:          " << f.path() << "\n";
-  out << "size:          " << f.file_size() << " bytes (" << human_bytes(f.file_size()) << ")\n";
+  out << "size:          " << f.file_size() << " bytes (" << format_bytes(static_cast<double>(f.file_size())) << ")\n";
   out << "GGUF version:  " << f.version() << "\n";
   out << "alignment:     " << f.alignment() << " (tensor data starts at byte " << f.data_offset() << ")\n";
 
@@ -163,11 +151,11 @@ void print_info(const GgufFile& f, const InfoOptions& opt, std::ostream& out) {
   out << line;
   for (const auto& [name, tt] : by_type) {
     std::snprintf(line, sizeof line, "  %-6s %7" PRIu64 " %16" PRIu64 " %16" PRIu64 "  (%s)\n", name.c_str(), tt.count,
-                  tt.elements, tt.bytes, human_bytes(tt.bytes).c_str());
+                  tt.elements, tt.bytes, format_bytes(static_cast<double>(tt.bytes)).c_str());
     out << line;
   }
   out << "parameters:    " << params << " (" << human_count(params) << ")\n";
-  out << "tensor bytes:  " << tensor_bytes << " (" << human_bytes(tensor_bytes) << ")\n";
+  out << "tensor bytes:  " << tensor_bytes << " (" << format_bytes(static_cast<double>(tensor_bytes)) << ")\n";
 
   if (opt.list_tensors) {
     out << "\n";

@@ -14,6 +14,7 @@
 #include <set>
 #include <stdexcept>
 
+#include "base/progress.h"
 #include "eval/metrics.h"
 #include "fusion/executor.h"
 #include "kv/chunk_store.h"
@@ -35,50 +36,6 @@ std::string ratio_text(double r) {
   std::snprintf(buf, sizeof buf, "%.6g", r);
   return buf;
 }
-
-std::string hms(double seconds) {
-  const long s = static_cast<long>(seconds + 0.5);
-  char buf[32];
-  if (s >= 3600)
-    std::snprintf(buf, sizeof buf, "%ld:%02ld:%02ld", s / 3600, s / 60 % 60, s % 60);
-  else
-    std::snprintf(buf, sizeof buf, "%ld:%02ld", s / 60, s % 60);
-  return buf;
-}
-
-// Progress on stderr: redrawn in place on a terminal, one line per tenth otherwise. The
-// ETA comes from the time per unit so far (units: one method x ratio of one example).
-class ProgressBar {
- public:
-  ProgressBar(size_t total, bool enabled) : total_(total), enabled_(enabled), tty_(::isatty(2)), t0_(now_ms()) {}
-  void update(size_t done, const std::string& what) {
-    if (!enabled_) return;
-    const double now = now_ms();
-    const bool last = done == total_;
-    if (tty_) {
-      if (!last && now - last_draw_ < 200) return;
-    } else {
-      const size_t tenth = total_ ? done * 10 / total_ : 10;
-      if (!last && tenth == last_tenth_) return;
-      last_tenth_ = tenth;
-    }
-    last_draw_ = now;
-    const double secs = (now - t0_) / 1000;
-    const double eta = done > 0 ? secs / done * (total_ - done) : 0;
-    constexpr int kWidth = 30;
-    const int filled = total_ ? static_cast<int>(kWidth * done / total_) : kWidth;
-    std::fprintf(stderr, "%s[%s%s] %zu/%zu runs  %s elapsed  ETA %s  %-32.32s%s", tty_ ? "\r" : "",
-                 std::string(filled, '#').c_str(), std::string(kWidth - filled, '.').c_str(), done, total_,
-                 hms(secs).c_str(), done > 0 ? hms(eta).c_str() : "?", what.c_str(), tty_ && !last ? "" : "\n");
-    std::fflush(stderr);
-  }
-
- private:
-  size_t total_;
-  bool enabled_, tty_;
-  double t0_, last_draw_ = -1e18;
-  size_t last_tenth_ = static_cast<size_t>(-1);
-};
 
 std::string fingerprint_hex(uint64_t f) {
   char buf[20];
@@ -231,7 +188,7 @@ BenchSummary BenchRunner::run(const Dataset& dataset) {
   std::ofstream out(sum.results_path, std::ios::app | std::ios::binary);
   if (!out) throw std::runtime_error("cannot append to " + sum.results_path);
 
-  ProgressBar progress(total_units, cfg_.progress);
+  ProgressBar progress(total_units, "runs", cfg_.progress);
   size_t units = 0;
   bool warmed_up = false;
   progress.update(0, "");
