@@ -27,6 +27,22 @@ namespace {
 
 std::string default_store_dir() { return cache_root() + "/store"; }
 
+KvDtype dtype_option(const std::string& name) {
+  KvDtype dtype;
+  if (!parse_dtype(name, dtype)) throw std::runtime_error("unknown --dtype " + name);
+  return dtype;
+}
+
+// A store for writing this model's caches; `memory_budget` 0 makes it write-through.
+ChunkStoreOptions writing_store(const Model& model, const std::string& dir, KvDtype dtype, size_t memory_budget) {
+  ChunkStoreOptions opt;
+  opt.dir = dir;
+  opt.disk_dtype = dtype;
+  opt.memory_budget_bytes = memory_budget;
+  opt.model = StoreModel{model.fingerprint(), model.hparams()};
+  return opt;
+}
+
 struct PrecomputeArgs {
   ModelOptions model;
   std::string passages_file;
@@ -35,19 +51,13 @@ struct PrecomputeArgs {
 };
 
 int run_precompute(const PrecomputeArgs& a) {
-  KvDtype dtype;
-  if (!parse_dtype(a.dtype, dtype)) throw std::runtime_error("unknown --dtype " + a.dtype);
+  const KvDtype dtype = dtype_option(a.dtype);
   const auto passages = read_passages_jsonl(a.passages_file);
   auto model = load_model(a.model);
   ThreadPool pool(a.model.threads);
   Forward fwd(*model, pool);
-
-  ChunkStoreOptions opt;
-  opt.dir = a.store_dir;
-  opt.disk_dtype = dtype;
-  opt.memory_budget_bytes = 0;  // write-through only: nothing here reads the caches back
-  opt.model = StoreModel{model->fingerprint(), model->hparams()};
-  ChunkStore store(opt);
+  // Write-through only: nothing here reads the caches back.
+  ChunkStore store(writing_store(*model, a.store_dir, dtype, 0));
 
   const double t0 = now_ms();
   const RagPromptOptions prompt_opt;
@@ -98,19 +108,13 @@ struct EnrichArgs {
 };
 
 int run_enrich(const EnrichArgs& a) {
-  KvDtype dtype;
-  if (!parse_dtype(a.dtype, dtype)) throw std::runtime_error("unknown --dtype " + a.dtype);
+  const KvDtype dtype = dtype_option(a.dtype);
   const auto passages = read_corpus_passages(a.passages_file);
   auto model = load_model(a.model);
   ThreadPool pool(a.model.threads);
   Forward fwd(*model, pool);
-
-  ChunkStoreOptions opt;
-  opt.dir = a.store_dir;
-  opt.disk_dtype = dtype;
-  opt.memory_budget_bytes = size_t{1} << 30;  // neighbours are read again and again
-  opt.model = StoreModel{model->fingerprint(), model->hparams()};
-  ChunkStore store(opt);
+  // Neighbours are read again and again: keep them in memory.
+  ChunkStore store(writing_store(*model, a.store_dir, dtype, size_t{1} << 30));
 
   EnrichOptions eo;
   eo.neighbours = a.neighbours;
