@@ -25,7 +25,7 @@ done
 
 # --- 1. System packages -----------------------------------------------------------------
 PACKAGES=(
-  cmake ninja-build g++
+  cmake ninja-build g++ pkg-config
   libgtest-dev libgmock-dev nlohmann-json3-dev libcli11-dev libcpp-httplib-dev
   libspdlog-dev libfmt-dev libxxhash-dev libbenchmark-dev libzstd-dev
   clang-14 libclang-rt-14-dev

@@ -12,18 +12,20 @@ double ms_between(Clock::time_point a, Clock::time_point b) {
 }
 }  // namespace
 
-FusionExecutor::FusionExecutor(Forward& fwd, ChunkStore& store) : fwd_(fwd), store_(store) {}
+FusionExecutor::FusionExecutor(Forward& fwd, ChunkStore& store, PrefixSource* prefixes)
+    : fwd_(fwd), store_(store), external_prefixes_(prefixes) {}
 
-std::shared_ptr<const KvCache> FusionExecutor::prefix_cache(const std::vector<TokenId>& system, bool& hit) {
+std::shared_ptr<const KvCache> FusionExecutor::prefix_cache(const std::vector<TokenId>& system, size_t& hit_tokens) {
+  if (external_prefixes_) return external_prefixes_->prefix(fwd_, system, hit_tokens);
   {
     std::lock_guard<std::mutex> lock(prefix_mu_);
     auto it = prefixes_.find(system);
     if (it != prefixes_.end()) {
-      hit = true;
+      hit_tokens = system.size();
       return it->second;
     }
   }
-  hit = false;
+  hit_tokens = 0;
   auto kv = std::make_shared<KvCache>(fwd_.model().hparams(), system.size());
   std::vector<int32_t> pos(system.size());
   for (size_t i = 0; i < pos.size(); ++i) pos[i] = static_cast<int32_t>(i);
@@ -44,16 +46,24 @@ FusionResult FusionExecutor::prefill(const RagRequest& req, const FusionOptions&
                                 std::to_string(h.context_length));
   const size_t context_begin = req.system.size();
   const size_t context_end = context_begin + req.context_tokens();
-  const size_t last = tokens.size() - 1;
 
   const auto t0 = Clock::now();
-  FusionResult r{{}, KvCache(h, tokens.size() + 256), 0, {}, req.context_tokens(), 0, 0, false, {}, {}};
+  FusionResult r{{}, KvCache(h, tokens.size() + 256), 0, {}, req.context_tokens(), 0, 0, false, 0, {}, {}};
   r.next_position = static_cast<int32_t>(tokens.size());
 
   if (opt.method == "full") {  // the reference: one plain prefill of the whole request
-    std::vector<int32_t> pos(tokens.size());
-    for (size_t i = 0; i < pos.size(); ++i) pos[i] = static_cast<int32_t>(i);
-    auto out = fwd_.run(r.cache, {tokens, pos, {}, std::span<const size_t>(&last, 1)});
+    size_t start = 0;          // with a prefix source, S comes from it (exact K/V)
+    if (external_prefixes_) {
+      auto prefix = prefix_cache(req.system, r.prefix_hit_tokens);
+      r.prefix_hit = r.prefix_hit_tokens > 0;
+      r.cache.append_from(*prefix, 0, prefix->size(), 0);
+      start = prefix->size();
+    }
+    std::vector<int32_t> pos(tokens.size() - start);
+    for (size_t i = 0; i < pos.size(); ++i) pos[i] = static_cast<int32_t>(start + i);
+    const size_t last_row = pos.size() - 1;
+    auto out = fwd_.run(r.cache, {std::span<const TokenId>(tokens).subspan(start), pos, {},
+                                  std::span<const size_t>(&last_row, 1)});
     r.logits = std::move(out.logits);
     for (size_t s = context_begin; s < context_end; ++s) r.recomputed.push_back(s);
     r.timings.recompute_ms = r.timings.ttft_ms = ms_between(t0, Clock::now());
@@ -64,7 +74,8 @@ FusionResult FusionExecutor::prefill(const RagRequest& req, const FusionOptions&
 
   // Lookup: S from the prefix cache, each chunk from the store (computed if missing).
   auto t_lookup = Clock::now();
-  auto prefix = prefix_cache(req.system, r.prefix_hit);
+  auto prefix = prefix_cache(req.system, r.prefix_hit_tokens);
+  r.prefix_hit = r.prefix_hit_tokens > 0;
   std::vector<std::shared_ptr<const ChunkCache>> caches;
   double offline = 0;
   for (size_t i = 0; i < req.chunks.size(); ++i) {

@@ -16,6 +16,16 @@
 
 namespace cf {
 
+// Where S (the exact prefix before the chunks) comes from. The default is an exact-match
+// map inside the executor; the server plugs in its radix prefix cache (serve/prefix_cache.h).
+class PrefixSource {
+ public:
+  virtual ~PrefixSource() = default;
+  // A cache holding exactly the K/V of `tokens` at positions 0..n-1 (computing what it
+  // lacks with `fwd`); hit_tokens = how many of them were already cached.
+  virtual std::shared_ptr<const KvCache> prefix(Forward& fwd, std::span<const TokenId> tokens, size_t& hit_tokens) = 0;
+};
+
 struct FusionOptions {
   std::string method = "full";  // "full" (plain prefill, the reference) or a selector name
   double ratio = 0.15;
@@ -39,21 +49,26 @@ struct FusionResult {
   std::vector<size_t> recomputed; // context slots recomputed (ascending)
   size_t context_tokens = 0;
   size_t chunk_hits = 0, chunk_misses = 0;
-  bool prefix_hit = false;
+  bool prefix_hit = false;         // S came (at least partly) from the prefix cache
+  size_t prefix_hit_tokens = 0;
   FusionTimings timings;
   nlohmann::json selection_details;
 };
 
 class FusionExecutor {
  public:
-  FusionExecutor(Forward& fwd, ChunkStore& store);
+  // `prefixes` (optional, not owned) replaces the built-in exact-match map for S. With one,
+  // "full" also takes S from it (and prefills chunks and U after it); without, "full" is
+  // one plain prefill of the whole request, the reference every benchmark compares with.
+  FusionExecutor(Forward& fwd, ChunkStore& store, PrefixSource* prefixes = nullptr);
   // Throws std::invalid_argument on an unknown method or a ratio outside [0, 1].
   FusionResult prefill(const RagRequest& request, const FusionOptions& opt);
 
  private:
-  std::shared_ptr<const KvCache> prefix_cache(const std::vector<TokenId>& system, bool& hit);
+  std::shared_ptr<const KvCache> prefix_cache(const std::vector<TokenId>& system, size_t& hit_tokens);
   Forward& fwd_;
   ChunkStore& store_;
+  PrefixSource* external_prefixes_ = nullptr;
   std::mutex prefix_mu_;
   std::map<std::vector<TokenId>, std::shared_ptr<const KvCache>> prefixes_;  // exact match
 };

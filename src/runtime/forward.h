@@ -61,12 +61,22 @@ struct ForwardOutput {
   const float* row_logits(size_t i) const { return logits.data() + i * vocab; }
 };
 
+// One sequence of a batched pass: its own cache and rows (hooks are not supported).
+struct BatchSequence {
+  KvCache* cache = nullptr;
+  ForwardInput input;
+};
+
 class Forward {
  public:
   Forward(const Model& model, ThreadPool& pool);
   // Throws std::invalid_argument on inconsistent input (sizes, token ids out of range,
   // slots out of range, negative positions).
   ForwardOutput run(KvCache& cache, const ForwardInput& in, const ForwardHooks* hooks = nullptr);
+  // Several independent sequences in one pass (continuous batching of decode steps): the
+  // matrix products run over all rows together, attention per sequence over its own cache.
+  // Each sequence's output equals what run() gives it alone (the kernels are batch-invariant).
+  std::vector<ForwardOutput> run_batch(std::span<const BatchSequence> sequences);
 
   const Model& model() const { return model_; }
   ThreadPool& pool() { return pool_; }

@@ -1,0 +1,143 @@
+// The serving engine behind `chunkfuse serve` (issue 5): one model, one chunk store, one
+// prefix cache, CRAFT, and a scheduler thread. The HTTP layer (server.cpp) turns requests
+// into CompletionRequest and calls Engine::complete from its connection threads; the
+// engine queues them fairly (FIFO), starts loading their chunk caches while they wait,
+// prefills one at a time and batches the decode steps of all running requests.
+//
+// Prompt layout of a RAG request (DESIGN.md): S = the chat template up to the last user
+// message's content (system message and earlier turns included), then one chunk per
+// document, then U = the last user message and the template's assistant header. Without
+// documents the whole rendered prompt is S + U. Completions (`prompt`) use no template.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace cf {
+
+// A request the engine refuses: the HTTP layer maps it to `status` with an OpenAI-style
+// error body {"error": {"message", "type", "param", "code"}}.
+struct RequestError : std::runtime_error {
+  RequestError(int status, std::string type, std::string message, std::string param = "")
+      : std::runtime_error(message), status(status), type(std::move(type)), param(std::move(param)) {}
+  int status;         // 400 bad request, 404 unknown chunk, 413 too large, 429/503 queue full
+  std::string type;   // "invalid_request_error", "not_found_error", ...
+  std::string param;  // offending field, when there is one
+};
+
+struct ChatMessage {
+  std::string role;  // system | user | assistant
+  std::string content;
+};
+
+struct DocumentRef {
+  std::string text;  // inline passage text, or
+  std::string id;    // a registered chunk id (POST /v1/chunks)
+};
+
+struct FusionSpec {
+  std::string method = "full";  // full | reuse | random | epic | cacheblend | prophet | fusionrag | cachecraft | qcfuse
+  double ratio = 0.15;
+  bool reorder = false;         // CRAFT reordering (can change answers: off by default)
+  std::string conversation_id;  // CRAFT conversation-scoped dedup; empty: none
+  bool prefix_cache = true;     // use the shared exact prefix cache
+};
+
+struct CompletionRequest {
+  bool chat = true;
+  std::vector<ChatMessage> messages;  // chat
+  std::string prompt;                 // completions
+  std::vector<DocumentRef> documents;
+  FusionSpec fusion;
+  int max_tokens = 128;
+  double temperature = 0.0;  // 0: greedy
+  double top_p = 1.0;
+  std::optional<uint64_t> seed;
+  std::vector<std::string> stop;
+  std::string model;  // echoed back
+};
+
+struct CompletionTimings {
+  double queue_ms = 0, lookup_ms = 0, load_ms = 0, selection_ms = 0, recompute_ms = 0;
+  double ttft_ms = 0;    // from arrival (queue included) to the first token chosen
+  double decode_ms = 0;
+};
+
+struct CompletionResult {
+  std::string text;
+  std::string finish_reason;  // "stop" | "length"
+  size_t prompt_tokens = 0, completion_tokens = 0;
+  size_t prefix_hit_tokens = 0;      // served from the prefix cache
+  size_t chunk_hits = 0, chunk_misses = 0;
+  size_t recomputed_tokens = 0;      // context tokens recomputed by fusion
+  size_t prefilled_tokens = 0;       // tokens that went through the forward pass for the prompt
+  std::vector<std::string> chunk_order;  // chunk ids in prompt order (after CRAFT)
+  size_t deduped_chunks = 0;
+  CompletionTimings timings;
+  nlohmann::json to_json() const;    // the "chunkfuse" extension object of a response
+};
+
+struct ChunkInfo {
+  std::string id;
+  size_t n_tokens = 0;
+  bool cached = false;  // its cache is in the store
+  std::string text;
+};
+
+struct EngineOptions {
+  std::string model_path;
+  int threads = 0;                     // 0: all cores
+  std::string cache_dir;               // chunk store directory; empty: <cache_root>/serve-store
+  size_t chunk_memory_bytes = size_t{1} << 30;
+  size_t prefix_cache_bytes = size_t{256} << 20;
+  size_t max_prompt_tokens = 0;        // 0: the model's context length
+  size_t max_queue = 64;               // waiting requests; more gets 503
+  size_t max_batch = 8;                // requests decoding together
+  size_t max_documents = 64;
+  std::string default_method = "full";
+};
+
+struct EngineMetrics {
+  uint64_t requests = 0, errors = 0, cancelled = 0;
+  size_t queue_length = 0, running = 0;
+  std::vector<double> ttft_bucket_bounds_ms;  // histogram upper bounds
+  std::vector<uint64_t> ttft_bucket_counts;   // cumulative, Prometheus style; last = +Inf
+  double ttft_sum_ms = 0;
+  uint64_t ttft_count = 0;
+  uint64_t prompt_tokens = 0, completion_tokens = 0, prefilled_tokens = 0, prefix_hit_tokens = 0;
+  uint64_t chunk_hits = 0, chunk_misses = 0;
+  size_t store_memory_bytes = 0, store_disk_bytes = 0, prefix_cache_bytes = 0;
+};
+
+class Engine {
+ public:
+  explicit Engine(EngineOptions opt);  // loads the model; throws std::runtime_error
+  ~Engine();                           // stops the scheduler; waiting requests get 503
+
+  // Validates, queues, runs; blocks the calling thread until done. on_text streams the
+  // answer as it becomes final; returning false cancels (client gone): the request's slot
+  // is freed at the next step and RequestError is not thrown, the partial result returned.
+  CompletionResult complete(const CompletionRequest& req,
+                            const std::function<bool(std::string_view)>& on_text = {});
+
+  // Registers passages (tokenized alone, cache precomputed into the store); returns ids.
+  std::vector<ChunkInfo> register_chunks(const std::vector<std::string>& texts);
+  std::optional<ChunkInfo> chunk(const std::string& id) const;
+  bool remove_chunk(const std::string& id);
+
+  EngineMetrics metrics() const;
+  std::string model_name() const;  // GGUF general.name or the file stem
+  const EngineOptions& options() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace cf
