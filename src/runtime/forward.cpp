@@ -46,28 +46,65 @@ void gather_rows(const float* src, size_t dim, std::span<const size_t> rows, std
 Forward::Forward(const Model& model, ThreadPool& pool) : model_(model), pool_(pool) {}
 
 ForwardOutput Forward::run(KvCache& cache, const ForwardInput& in, const ForwardHooks* hooks) {
-  const ModelHparams& h = model_.hparams();
-  check_input(h, cache, in);
-  const size_t n = in.tokens.size();
-  const size_t d = h.d_model, qd = h.q_dim(), kvd = h.kv_dim(), ff = h.d_ff;
-  ForwardOutput out;
-  out.vocab = h.vocab_size;
-  if (n == 0) return out;
+  const BatchSequence seq{&cache, in};
+  return std::move(run_sequences(std::span<const BatchSequence>(&seq, 1), hooks).front());
+}
 
-  // Where each row's K/V goes.
-  out.slots.resize(n);
-  if (in.slots.empty()) {
-    const size_t first = cache.append(n);
-    for (size_t i = 0; i < n; ++i) out.slots[i] = first + i;
-  } else {
-    std::copy(in.slots.begin(), in.slots.end(), out.slots.begin());
+std::vector<ForwardOutput> Forward::run_batch(std::span<const BatchSequence> sequences) {
+  return run_sequences(sequences, nullptr);
+}
+
+// The pass over all rows of all sequences: per-row work (norms, projections, RoPE, the MLP)
+// runs on the concatenated rows, attention per sequence over its own cache. Row i of
+// sequence s is global row offset[s] + i. Hooks see global rows, which equal the rows of
+// the input when there is one sequence (the only case run() allows hooks for).
+std::vector<ForwardOutput> Forward::run_sequences(std::span<const BatchSequence> seqs, const ForwardHooks* hooks) {
+  const ModelHparams& h = model_.hparams();
+  if (hooks && seqs.size() != 1) throw std::invalid_argument("forward: hooks need exactly one sequence");
+  std::vector<size_t> offset(seqs.size() + 1, 0);
+  for (size_t s = 0; s < seqs.size(); ++s) {
+    if (!seqs[s].cache) throw std::invalid_argument("forward: sequence without a cache");
+    for (size_t t = 0; t < s; ++t)
+      if (seqs[t].cache == seqs[s].cache) throw std::invalid_argument("forward: two sequences share one cache");
+    check_input(h, *seqs[s].cache, seqs[s].input);
+    offset[s + 1] = offset[s] + seqs[s].input.tokens.size();
   }
-  for (size_t i = 0; i < n; ++i) cache.set_position(out.slots[i], in.positions[i]);
+  const size_t n = offset.back();
+  const size_t d = h.d_model, qd = h.q_dim(), kvd = h.kv_dim(), ff = h.d_ff;
+  std::vector<ForwardOutput> outs(seqs.size());
+  for (auto& o : outs) o.vocab = h.vocab_size;
+  if (n == 0) return outs;
+
+  // Where each row's K/V goes, and each row's token, position and cache.
+  std::vector<TokenId> tokens(n);
+  std::vector<int32_t> positions(n);
+  std::vector<size_t> slots(n);
+  std::vector<KvCache*> row_cache(n);
+  for (size_t s = 0; s < seqs.size(); ++s) {
+    const ForwardInput& in = seqs[s].input;
+    KvCache& cache = *seqs[s].cache;
+    const size_t ns = in.tokens.size();
+    ForwardOutput& out = outs[s];
+    out.slots.resize(ns);
+    if (in.slots.empty()) {
+      const size_t first = ns ? cache.append(ns) : cache.size();
+      for (size_t i = 0; i < ns; ++i) out.slots[i] = first + i;
+    } else {
+      std::copy(in.slots.begin(), in.slots.end(), out.slots.begin());
+    }
+    for (size_t i = 0; i < ns; ++i) {
+      cache.set_position(out.slots[i], in.positions[i]);
+      tokens[offset[s] + i] = in.tokens[i];
+      positions[offset[s] + i] = in.positions[i];
+      slots[offset[s] + i] = out.slots[i];
+      row_cache[offset[s] + i] = &cache;
+    }
+  }
   std::vector<float> x(n * d), xn(n * d), q(n * qd), k(n * kvd), v(n * kvd), attn(n * qd);
   std::vector<float> gate(n * ff), up(n * ff);
 
   pool_.parallel_range(n, [&](size_t b, size_t e, size_t) {
-    for (size_t i = b; i < e; ++i) model_.token_embedding().dequantize_weight_row(in.tokens[i], &x[i * d]);
+    for (size_t i = b; i < e; ++i) model_.token_embedding().dequantize_weight_row(tokens[i], &x[i * d]);
   });
 
   const AttentionShape shape{h.n_heads, h.n_kv_heads, h.head_dim};
@@ -103,21 +140,27 @@ ForwardOutput Forward::run(KvCache& cache, const ForwardInput& in, const Forward
           for (int hh = 0; hh < h.n_kv_heads; ++hh)
             rms_norm(ki + hh * h.head_dim, w.k_norm.data(), ki + hh * h.head_dim, h.head_dim, h.rms_eps);
         }
-        rope_rotate(qi, h.n_heads, h.head_dim, in.positions[i], h.rope_base, h.rope_style);
-        rope_rotate(ki, h.n_kv_heads, h.head_dim, in.positions[i], h.rope_base, h.rope_style);
+        rope_rotate(qi, h.n_heads, h.head_dim, positions[i], h.rope_base, h.rope_style);
+        rope_rotate(ki, h.n_kv_heads, h.head_dim, positions[i], h.rope_base, h.rope_style);
         round_to_f16(ki, kvd);
         round_to_f16(vi, kvd);
         // Write-back before attention: every row of this pass sees the fresh K/V of the others.
-        std::memcpy(cache.k(l, out.slots[i]), ki, kvd * sizeof(float));
-        std::memcpy(cache.v(l, out.slots[i]), vi, kvd * sizeof(float));
+        std::memcpy(row_cache[i]->k(l, slots[i]), ki, kvd * sizeof(float));
+        std::memcpy(row_cache[i]->v(l, slots[i]), vi, kvd * sizeof(float));
       }
     });
 
-    const size_t n_entries = cache.size();
-    attention(shape, q.data(), in.positions.data(), n, cache.k(l, 0), cache.v(l, 0), cache.positions().data(),
-              n_entries, attn.data(), pool_);
+    for (size_t s = 0; s < seqs.size(); ++s) {
+      const size_t ns = offset[s + 1] - offset[s];
+      if (ns == 0) continue;
+      const KvCache& cache = *seqs[s].cache;
+      attention(shape, &q[offset[s] * qd], &positions[offset[s]], ns, cache.k(l, 0), cache.v(l, 0),
+                cache.positions().data(), cache.size(), &attn[offset[s] * qd], pool_);
+    }
+    const size_t n_entries = seqs.front().cache->size();
 
     if (tap_here) {
+      const KvCache& cache = *seqs.front().cache;
       gather_rows(q.data(), qd, hooks->rows, tap_q);
       gather_rows(k.data(), kvd, hooks->rows, tap_k);
       gather_rows(v.data(), kvd, hooks->rows, tap_v);
@@ -126,7 +169,7 @@ ForwardOutput Forward::run(KvCache& cache, const ForwardInput& in, const Forward
         tap_probs.assign(hooks->rows.size() * per_row, 0.f);
         pool_.parallel_for(hooks->rows.size(), [&](size_t i, size_t) {
           const size_t r = hooks->rows[i];
-          attention_probs(shape, &q[r * qd], in.positions[r], cache.k(l, 0), cache.positions().data(), n_entries,
+          attention_probs(shape, &q[r * qd], positions[r], cache.k(l, 0), cache.positions().data(), n_entries,
                           &tap_probs[i * per_row]);
         });
       }
@@ -165,20 +208,35 @@ ForwardOutput Forward::run(KvCache& cache, const ForwardInput& in, const Forward
       hooks->on_layer(tap);
     }
     if (hooks && hooks->stop_after_layer == l) {
-      out.stopped_early = true;
-      return out;
+      outs.front().stopped_early = true;
+      return outs;
     }
   }
 
-  if (!in.logit_rows.empty()) {
-    const size_t nl = in.logit_rows.size();
+  // Logits of the rows asked for, all sequences in one product.
+  std::vector<size_t> logit_rows;
+  for (size_t s = 0; s < seqs.size(); ++s)
+    for (size_t r : seqs[s].input.logit_rows) logit_rows.push_back(offset[s] + r);
+  if (!logit_rows.empty()) {
+    const size_t nl = logit_rows.size();
     std::vector<float> normed(nl * d);
     for (size_t i = 0; i < nl; ++i)
-      rms_norm(&x[in.logit_rows[i] * d], model_.output_norm().data(), &normed[i * d], d, h.rms_eps);
-    out.logits.resize(nl * out.vocab);
-    model_.output().multiply(normed.data(), nl, d, out.logits.data(), out.vocab, pool_);
+      rms_norm(&x[logit_rows[i] * d], model_.output_norm().data(), &normed[i * d], d, h.rms_eps);
+    std::vector<float> logits(nl * h.vocab_size);
+    model_.output().multiply(normed.data(), nl, d, logits.data(), h.vocab_size, pool_);
+    if (seqs.size() == 1) {
+      outs.front().logits = std::move(logits);
+      return outs;
+    }
+    size_t done = 0;
+    for (size_t s = 0; s < seqs.size(); ++s) {
+      const size_t k_rows = seqs[s].input.logit_rows.size();
+      outs[s].logits.assign(logits.begin() + static_cast<std::ptrdiff_t>(done * h.vocab_size),
+                            logits.begin() + static_cast<std::ptrdiff_t>((done + k_rows) * h.vocab_size));
+      done += k_rows;
+    }
   }
-  return out;
+  return outs;
 }
 
 }  // namespace cf

@@ -82,6 +82,7 @@ class Forward {
   ThreadPool& pool() { return pool_; }
 
  private:
+  std::vector<ForwardOutput> run_sequences(std::span<const BatchSequence> sequences, const ForwardHooks* hooks);
   const Model& model_;
   ThreadPool& pool_;
 };

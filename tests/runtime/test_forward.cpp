@@ -243,5 +243,79 @@ TEST(Forward, RejectsInconsistentInput) {
   EXPECT_EQ(cache.size(), 0u);
 }
 
+
+// Continuous batching must not change any sequence's numbers: the batched pass gives each
+// sequence bit-identical logits and K/V to running it alone, for prefills of different
+// lengths and for the one-row decode steps that follow.
+TEST(Forward, BatchedSequencesEqualSeparateRuns) {
+  CF_REQUIRE_MODEL();
+  Forward fwd(shared_model(), shared_pool());
+  const ModelHparams& h = shared_model().hparams();
+  const std::vector<TokenId> all = sample_tokens(40);
+  const std::vector<std::vector<TokenId>> prompts = {
+      {all.begin(), all.begin() + 7}, {all.begin() + 5, all.begin() + 17}, {all.begin() + 30, all.begin() + 33}};
+  std::vector<KvCache> alone, batched;
+  std::vector<std::vector<float>> alone_logits;
+  for (const auto& p : prompts) {
+    alone.emplace_back(h);
+    const auto pos = iota_positions(p.size());
+    const size_t last = p.size() - 1;
+    alone_logits.push_back(fwd.run(alone.back(), {p, pos, {}, std::span<const size_t>(&last, 1)}).logits);
+  }
+  std::vector<std::vector<int32_t>> positions;
+  std::vector<size_t> lasts;
+  for (const auto& p : prompts) {
+    batched.emplace_back(h);
+    positions.push_back(iota_positions(p.size()));
+    lasts.push_back(p.size() - 1);
+  }
+  std::vector<BatchSequence> seqs;
+  for (size_t s = 0; s < prompts.size(); ++s)
+    seqs.push_back({&batched[s], {prompts[s], positions[s], {}, std::span<const size_t>(&lasts[s], 1)}});
+  const auto outs = fwd.run_batch(seqs);
+  ASSERT_EQ(outs.size(), prompts.size());
+  for (size_t s = 0; s < prompts.size(); ++s) {
+    ASSERT_EQ(outs[s].logits.size(), alone_logits[s].size());
+    EXPECT_EQ(max_abs_diff(outs[s].logits.data(), alone_logits[s].data(), outs[s].logits.size()), 0.f) << s;
+    ASSERT_EQ(batched[s].size(), alone[s].size());
+    for (int l = 0; l < h.n_layers; l += 7)
+      EXPECT_EQ(max_abs_diff(batched[s].k(l, 0), alone[s].k(l, 0), alone[s].size() * h.kv_dim()), 0.f);
+  }
+
+  // One decode step each, batched vs alone.
+  const std::vector<TokenId> next = {all[8], all[20], all[35]};
+  std::vector<int32_t> next_pos;
+  for (const auto& p : prompts) next_pos.push_back(static_cast<int32_t>(p.size()));
+  const size_t row0 = 0;
+  std::vector<BatchSequence> step;
+  for (size_t s = 0; s < prompts.size(); ++s)
+    step.push_back({&batched[s], {std::span<const TokenId>(&next[s], 1), std::span<const int32_t>(&next_pos[s], 1), {},
+                                  std::span<const size_t>(&row0, 1)}});
+  const auto step_outs = fwd.run_batch(step);
+  for (size_t s = 0; s < prompts.size(); ++s) {
+    const auto one = fwd.run(alone[s], {std::span<const TokenId>(&next[s], 1), std::span<const int32_t>(&next_pos[s], 1),
+                                        {}, std::span<const size_t>(&row0, 1)});
+    EXPECT_EQ(max_abs_diff(step_outs[s].logits.data(), one.logits.data(), one.logits.size()), 0.f) << s;
+  }
+}
+
+TEST(Forward, BatchRejectsSharedCachesAndBadInputWithoutTouchingCaches) {
+  CF_REQUIRE_MODEL();
+  Forward fwd(shared_model(), shared_pool());
+  KvCache a(shared_model().hparams()), b(shared_model().hparams());
+  const std::vector<TokenId> toks = {1, 2};
+  const std::vector<int32_t> pos = {0, 1};
+  const std::vector<int32_t> one_pos = {0};
+  std::vector<BatchSequence> shared = {{&a, {toks, pos, {}, {}}}, {&a, {toks, pos, {}, {}}}};
+  EXPECT_THROW(fwd.run_batch(shared), std::invalid_argument);
+  std::vector<BatchSequence> bad = {{&a, {toks, pos, {}, {}}}, {&b, {toks, one_pos, {}, {}}}};
+  EXPECT_THROW(fwd.run_batch(bad), std::invalid_argument);
+  std::vector<BatchSequence> no_cache = {{nullptr, {toks, pos, {}, {}}}};
+  EXPECT_THROW(fwd.run_batch(no_cache), std::invalid_argument);
+  EXPECT_EQ(a.size(), 0u);
+  EXPECT_EQ(b.size(), 0u);
+  EXPECT_TRUE(fwd.run_batch({}).empty());
+}
+
 }  // namespace
 }  // namespace cf
