@@ -1,10 +1,16 @@
 #include "kv/chunk_store.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <stdexcept>
+#include <tuple>
 
 namespace cf {
 namespace fs = std::filesystem;
@@ -12,6 +18,7 @@ namespace {
 
 constexpr const char* kExt = ".cfkv";
 constexpr const char* kCorruptExt = ".corrupt";
+constexpr const char* kScoresFile = "fr-scores.json";
 
 double steady_ms() {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count();
@@ -48,13 +55,117 @@ void for_each_file(const std::string& dir, Fn fn) {
 
 }  // namespace
 
+const char* eviction_policy_name(EvictionPolicy p) { return p == EvictionPolicy::cachecraft ? "cachecraft" : "lru"; }
+
+bool parse_eviction_policy(std::string_view s, EvictionPolicy& out) {
+  if (s == "lru") out = EvictionPolicy::lru;
+  else if (s == "cachecraft") out = EvictionPolicy::cachecraft;
+  else return false;
+  return true;
+}
+
+int preload_layers(int n_layers, double t_prefill, double t_load) {
+  if (n_layers <= 1 || !(t_load > 0) || t_prefill >= t_load) return 1;
+  const double lp = (n_layers - 1) * (1.0 - t_prefill / t_load) + 1.0;
+  // The tolerance keeps an exact product (the paper's 5 layers at 1:2 -> 3) from rounding up.
+  return std::clamp(static_cast<int>(std::ceil(lp - 1e-9)), 1, n_layers);
+}
+
 ChunkStore::ChunkStore(ChunkStoreOptions opt) : opt_(std::move(opt)) {
   if (!opt_.report) opt_.report = [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); };
+  if (!(opt_.cfo_floor > 0)) throw std::invalid_argument("chunk store: cfo_floor must be > 0");
   if (!opt_.dir.empty()) {
     std::error_code ec;
     fs::create_directories(opt_.dir, ec);
     if (ec) throw CacheFileError(CacheFileDefect::io_error, opt_.dir, "cannot create the store directory: " + ec.message());
+    scan_dir();
   }
+}
+
+ChunkStore::~ChunkStore() {
+  {
+    std::lock_guard lock(mu_);
+    stopping_ = true;
+    for (const std::string& id : prefetch_queue_)
+      if (auto it = loading_.find(id); it != loading_.end() && it->second->queued) loading_.erase(it);
+    prefetch_queue_.clear();
+  }
+  prefetch_cv_.notify_all();
+  if (prefetch_thread_.joinable()) prefetch_thread_.join();
+  try {
+    save_scores();
+  } catch (...) {  // a destructor must not throw; save_scores reports its own failures
+  }
+}
+
+void ChunkStore::scan_dir() {
+  struct Found {
+    std::string id;
+    size_t bytes;
+    fs::file_time_type mtime;
+  };
+  std::vector<Found> found;
+  for_each_file(opt_.dir, [&](const fs::path& p, FileKind kind) {
+    if (kind != FileKind::cache) return;
+    std::error_code ec;
+    const auto bytes = fs::file_size(p, ec);
+    const auto mtime = fs::last_write_time(p, ec);
+    if (!ec) found.push_back({p.stem().string(), static_cast<size_t>(bytes), mtime});
+  });
+  // Recency of files from earlier runs: their write order.
+  std::stable_sort(found.begin(), found.end(), [](const Found& a, const Found& b) { return a.mtime < b.mtime; });
+  std::lock_guard lock(mu_);
+  for (const Found& f : found) {
+    note_file_locked(f.id, f.bytes);
+    meta_[f.id].last_use = ++tick_;
+  }
+  if (opt_.eviction != EvictionPolicy::cachecraft) return;
+  std::ifstream in(scores_path());
+  if (!in) return;
+  try {
+    const nlohmann::json j = nlohmann::json::parse(in);
+    for (const auto& [id, score] : j.at("scores").items())
+      if (auto it = meta_.find(id); it != meta_.end()) it->second.score = score.get<double>();
+  } catch (const std::exception& e) {
+    opt_.report("chunk store " + scores_path() + ": unreadable f_r scores (" + e.what() + "), starting from 1");
+  }
+}
+
+std::string ChunkStore::scores_path() const { return opt_.dir + "/" + kScoresFile; }
+
+bool ChunkStore::save_scores() {
+  if (opt_.eviction != EvictionPolicy::cachecraft || opt_.dir.empty()) return true;
+  nlohmann::json scores = nlohmann::json::object();
+  {
+    std::lock_guard lock(mu_);
+    for (const auto& [id, m] : meta_)
+      if (m.on_disk) scores[id] = m.score;
+  }
+  const std::string path = scores_path();
+  if (scores.empty()) {  // an empty store leaves no score file behind
+    std::error_code ec;
+    fs::remove(path, ec);
+    return true;
+  }
+  const std::string tmp = opt_.dir + "/.fr-scores.tmp." + std::to_string(::getpid());
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << nlohmann::json{{"version", 1}, {"scores", scores}}.dump();
+    if (!out.flush()) {
+      opt_.report("chunk store " + path + ": cannot write the f_r scores");
+      std::error_code ec;
+      fs::remove(tmp, ec);
+      return false;
+    }
+  }
+  std::error_code ec;
+  fs::rename(tmp, path, ec);  // atomic: readers see the old or the new scores
+  if (ec) {
+    opt_.report("chunk store " + path + ": cannot write the f_r scores: " + ec.message());
+    fs::remove(tmp, ec);
+    return false;
+  }
+  return true;
 }
 
 std::string ChunkStore::path_for(const std::string& id) const {
@@ -67,10 +178,132 @@ const StoreModel& ChunkStore::model() const {
   return *opt_.model;
 }
 
+// --- bookkeeping (mu_ held)
+
+ChunkStore::EntryMeta& ChunkStore::meta_locked(const std::string& id) { return meta_[id]; }
+
+void ChunkStore::touch_locked(const std::string& id) { meta_locked(id).last_use = ++tick_; }
+
+void ChunkStore::note_file_locked(const std::string& id, size_t bytes) {
+  EntryMeta& m = meta_locked(id);
+  if (m.on_disk) disk_bytes_ -= m.file_bytes;
+  else ++disk_entries_;
+  m.on_disk = true;
+  m.file_bytes = bytes;
+  disk_bytes_ += bytes;
+}
+
+void ChunkStore::forget_file_locked(const std::string& id) {
+  auto it = meta_.find(id);
+  if (it == meta_.end()) return;
+  if (it->second.on_disk) {
+    disk_bytes_ -= it->second.file_bytes;
+    --disk_entries_;
+    it->second.on_disk = false;
+    it->second.file_bytes = 0;
+  }
+  if (!index_.count(id)) meta_.erase(it);
+}
+
+size_t ChunkStore::entry_count_locked() const {
+  size_t n = disk_entries_;
+  for (const MemEntry& e : lru_)
+    if (auto it = meta_.find(e.id); it == meta_.end() || !it->second.on_disk) ++n;
+  return n;
+}
+
+void ChunkStore::memory_erase_locked(MemList::iterator it) {
+  memory_bytes_ -= it->bytes;
+  index_.erase(it->id);
+  lru_.erase(it);
+}
+
+ChunkStore::MemList::iterator ChunkStore::memory_victim_locked() {
+  auto victim = std::prev(lru_.end());
+  if (opt_.eviction != EvictionPolicy::cachecraft) return victim;
+  auto score_of = [&](const std::string& id) {
+    auto it = meta_.find(id);
+    return it == meta_.end() ? 0.0 : it->second.score;
+  };
+  // From the least recent forward: the lowest f_r, ties to the least recent.
+  double best = score_of(victim->id);
+  for (auto it = victim; it != lru_.begin();) {
+    --it;
+    if (const double s = score_of(it->id); s < best) {
+      best = s;
+      victim = it;
+    }
+  }
+  return victim;
+}
+
+void ChunkStore::memory_insert_locked(const std::string& id, std::shared_ptr<const ChunkCache> c, bool prefetched) {
+  const size_t bytes = c->memory_bytes();
+  if (auto it = index_.find(id); it != index_.end()) memory_erase_locked(it->second);  // same key, same content
+  if (bytes > opt_.memory_budget_bytes) return;  // would evict everything and still not fit
+  // Without a disk tier the entry budget bounds the memory tier.
+  const size_t max_resident = opt_.dir.empty() && opt_.max_entries ? opt_.max_entries : SIZE_MAX;
+  while ((memory_bytes_ + bytes > opt_.memory_budget_bytes || lru_.size() >= max_resident) && !lru_.empty()) {
+    auto victim = memory_victim_locked();
+    const std::string vid = victim->id;
+    memory_erase_locked(victim);
+    ++stats_.evictions;
+    auto m = meta_.find(vid);
+    if (m != meta_.end() && m->second.on_disk) ++stats_.demotions;
+    else if (m != meta_.end()) meta_.erase(m);  // no file: the entry is gone, and its f_r with it
+  }
+  lru_.push_front({id, std::move(c), bytes, prefetched});
+  index_[id] = lru_.begin();
+  memory_bytes_ += bytes;
+  meta_locked(id);
+}
+
+std::vector<std::string> ChunkStore::budget_victims_locked(const std::string& keep) {
+  std::vector<std::string> victims;
+  if (opt_.dir.empty() || (!opt_.disk_budget_bytes && !opt_.max_entries)) return victims;
+  auto over = [&] {
+    return (opt_.disk_budget_bytes && disk_bytes_ > opt_.disk_budget_bytes) ||
+           (opt_.max_entries && entry_count_locked() > opt_.max_entries);
+  };
+  const bool by_score = opt_.eviction == EvictionPolicy::cachecraft;
+  while (over()) {
+    // Smallest (resident, f_r or 0, last use): demoted entries first, then the policy's order.
+    const std::string* victim = nullptr;
+    std::tuple<bool, double, uint64_t> best{};
+    for (const auto& [id, m] : meta_) {
+      const bool resident = index_.count(id) > 0;
+      if (id == keep || loading_.count(id) || (!m.on_disk && !resident)) continue;
+      const std::tuple<bool, double, uint64_t> rank{resident, by_score ? m.score : 0.0, m.last_use};
+      if (!victim || rank < best) {
+        victim = &id;
+        best = rank;
+      }
+    }
+    if (!victim) break;  // everything left is kept: the budget is overshot for now
+    const std::string id = *victim;
+    if (auto it = index_.find(id); it != index_.end()) memory_erase_locked(it->second);
+    forget_file_locked(id);
+    meta_.erase(id);
+    victims.push_back(id);
+    ++stats_.evictions_disk;
+  }
+  return victims;
+}
+
+void ChunkStore::delete_files(const std::vector<std::string>& ids) {
+  for (const std::string& id : ids) {
+    std::error_code ec;
+    fs::remove(path_for(id), ec);
+  }
+}
+
+// --- loading
+
 void ChunkStore::report_bad_file(const CacheFileError& e) {
   {
     std::lock_guard lock(mu_);
     ++stats_.corrupt_files;
+    forget_file_locked(fs::path(e.path()).stem().string());
   }
   opt_.report("chunk cache " + std::string(e.what()) + ", recomputing");
   // Move it aside so the next reader does not pay for validating it again; if that fails
@@ -80,41 +313,98 @@ void ChunkStore::report_bad_file(const CacheFileError& e) {
   if (ec) fs::remove(e.path(), ec);
 }
 
+std::shared_ptr<const ChunkCache> ChunkStore::read_file(const std::string& id) {
+  const StoreModel& m = model();
+  const std::string path = path_for(id);
+  const double t0 = steady_ms();
+  try {
+    CacheFileExpect expect;
+    expect.model_fingerprint = m.fingerprint;
+    expect.hparams = m.hparams;
+    expect.key_id = id;
+    auto c = std::make_shared<const ChunkCache>(read_cache_file(path, expect));
+    std::error_code ec;
+    const auto bytes = fs::file_size(path, ec);
+    std::lock_guard lock(mu_);
+    ++stats_.disk_loads;
+    stats_.disk_load_ms += steady_ms() - t0;
+    if (!ec) stats_.disk_bytes_read += bytes;
+    return c;
+  } catch (const CacheFileError& e) {
+    if (e.reason() != CacheFileDefect::not_found) {
+      report_bad_file(e);
+    } else {
+      std::lock_guard lock(mu_);
+      forget_file_locked(id);  // deleted behind our back (another process, a budget)
+    }
+  }
+  return nullptr;
+}
+
+void ChunkStore::finish_load(const std::string& id, const std::shared_ptr<Load>& load,
+                             std::shared_ptr<const ChunkCache> c) {
+  std::error_code ec;
+  const auto bytes = c ? fs::file_size(path_for(id), ec) : 0;
+  std::lock_guard lock(mu_);
+  load->done = true;
+  load->result = c;
+  if (auto it = loading_.find(id); it != loading_.end() && it->second == load) loading_.erase(it);
+  if (c && !load->cancelled) {  // cancelled: removed while loading, keep nothing
+    if (!ec) note_file_locked(id, static_cast<size_t>(bytes));
+    touch_locked(id);
+    memory_insert_locked(id, std::move(c), load->by_prefetch);
+  }
+  loaded_cv_.notify_all();
+}
+
 std::shared_ptr<const ChunkCache> ChunkStore::get(const ChunkKey& key) {
   const StoreModel& m = model();
   const std::string& id = key.id();
+  std::shared_ptr<Load> load;
   {
-    std::lock_guard lock(mu_);
+    std::unique_lock lock(mu_);
     if (auto it = index_.find(id); it != index_.end()) {
       lru_.splice(lru_.begin(), lru_, it->second);
       ++stats_.memory_hits;
+      if (it->second->prefetched) {
+        ++stats_.prefetch_hits;
+        it->second->prefetched = false;
+      }
+      touch_locked(id);
       return it->second->cache;
     }
-  }
-  if (!opt_.dir.empty() && key.model_fingerprint() == m.fingerprint) {
-    const double t0 = steady_ms();
-    try {
-      CacheFileExpect expect;
-      expect.model_fingerprint = m.fingerprint;
-      expect.hparams = m.hparams;
-      expect.key_id = id;
-      auto c = std::make_shared<const ChunkCache>(read_cache_file(path_for(id), expect));
-      {
-        std::lock_guard lock(mu_);
-        ++stats_.disk_hits;
-        stats_.disk_load_ms += steady_ms() - t0;
-        stats_.disk_bytes_read += c->n_tokens() * 2 * static_cast<size_t>(c->kv.n_layers()) * c->kv.kv_dim() *
-                                  dtype_size(opt_.disk_dtype);
+    if (opt_.dir.empty() || key.model_fingerprint() != m.fingerprint) {
+      ++stats_.misses;
+      return nullptr;
+    }
+    if (auto it = loading_.find(id); it == loading_.end()) {
+      load = std::make_shared<Load>();
+      loading_[id] = load;
+    } else if (it->second->queued) {  // a prefetch not started yet: load it ourselves
+      load = it->second;
+      load->queued = false;
+      load->by_prefetch = false;
+    } else {  // in flight: wait for it rather than read the file twice
+      load = it->second;
+      loaded_cv_.wait(lock, [&] { return load->done; });
+      if (!load->result) {
+        ++stats_.misses;
+        return nullptr;
       }
-      memory_insert(id, c);
-      return c;
-    } catch (const CacheFileError& e) {
-      if (e.reason() != CacheFileDefect::not_found) report_bad_file(e);
+      ++stats_.disk_hits;
+      if (load->by_prefetch) {
+        ++stats_.prefetch_hits;
+        ++stats_.prefetch_waits;
+        if (auto mem = index_.find(id); mem != index_.end()) mem->second->prefetched = false;
+      }
+      return load->result;
     }
   }
+  auto c = read_file(id);
+  finish_load(id, load, c);
   std::lock_guard lock(mu_);
-  ++stats_.misses;
-  return nullptr;
+  ++(c ? stats_.disk_hits : stats_.misses);
+  return c;
 }
 
 bool ChunkStore::contains(const ChunkKey& key) const {
@@ -126,24 +416,68 @@ bool ChunkStore::contains(const ChunkKey& key) const {
   return !opt_.dir.empty() && fs::is_regular_file(path_for(key.id()), ec);
 }
 
-void ChunkStore::memory_insert(const std::string& id, std::shared_ptr<const ChunkCache> c) {
-  const size_t bytes = c->memory_bytes();
+void ChunkStore::prefetch(const std::vector<ChunkKey>& keys) {
+  const StoreModel& m = model();
+  if (opt_.dir.empty()) return;
+  std::vector<std::string> ids;
+  for (const ChunkKey& k : keys) {
+    std::error_code ec;
+    if (k.model_fingerprint() == m.fingerprint && fs::is_regular_file(path_for(k.id()), ec)) ids.push_back(k.id());
+  }
+  {
+    std::lock_guard lock(mu_);
+    if (stopping_) return;
+    for (const std::string& id : ids) {
+      if (index_.count(id) || loading_.count(id)) continue;
+      auto load = std::make_shared<Load>();
+      load->queued = load->by_prefetch = true;
+      loading_[id] = std::move(load);
+      prefetch_queue_.push_back(id);
+      ++stats_.prefetches;
+    }
+    if (!prefetch_queue_.empty() && !prefetch_thread_.joinable())
+      prefetch_thread_ = std::thread([this] { prefetch_worker(); });
+  }
+  prefetch_cv_.notify_one();
+}
+
+void ChunkStore::prefetch_worker() {
+  std::unique_lock lock(mu_);
+  while (true) {
+    prefetch_cv_.wait(lock, [&] { return stopping_ || !prefetch_queue_.empty(); });
+    if (stopping_) return;
+    const std::string id = std::move(prefetch_queue_.front());
+    prefetch_queue_.pop_front();
+    auto it = loading_.find(id);
+    if (it != loading_.end() && it->second->queued) {  // else taken over by a get, or removed
+      auto load = it->second;
+      load->queued = false;
+      ++prefetch_running_;
+      lock.unlock();
+      auto c = read_file(id);
+      finish_load(id, load, std::move(c));
+      lock.lock();
+      --prefetch_running_;
+    }
+    loaded_cv_.notify_all();  // wait_prefetches
+  }
+}
+
+void ChunkStore::wait_prefetches() {
+  std::unique_lock lock(mu_);
+  loaded_cv_.wait(lock, [&] { return stopping_ || (prefetch_queue_.empty() && prefetch_running_ == 0); });
+}
+
+void ChunkStore::note_use(const std::string& id, double cfo) {
+  const double credit = 1.0 / (cfo >= opt_.cfo_floor ? cfo : opt_.cfo_floor);  // NaN: the floor
   std::lock_guard lock(mu_);
-  if (auto it = index_.find(id); it != index_.end()) {  // replace (same key, same content)
-    memory_bytes_ -= it->second->bytes;
-    lru_.erase(it->second);
-    index_.erase(it);
-  }
-  if (bytes > opt_.memory_budget_bytes) return;  // would evict everything and still not fit
-  while (memory_bytes_ + bytes > opt_.memory_budget_bytes && !lru_.empty()) {
-    memory_bytes_ -= lru_.back().bytes;
-    index_.erase(lru_.back().id);
-    lru_.pop_back();
-    ++stats_.evictions;
-  }
-  lru_.push_front({id, std::move(c), bytes});
-  index_[id] = lru_.begin();
-  memory_bytes_ += bytes;
+  if (auto it = meta_.find(id); it != meta_.end()) it->second.score += credit;
+}
+
+double ChunkStore::score(const std::string& id) const {
+  std::lock_guard lock(mu_);
+  auto it = meta_.find(id);
+  return it == meta_.end() ? 0.0 : it->second.score;
 }
 
 std::shared_ptr<const ChunkCache> ChunkStore::put(ChunkCache cache) {
@@ -158,29 +492,37 @@ std::shared_ptr<const ChunkCache> ChunkStore::put(ChunkCache cache) {
                                 " entries for " + std::to_string(cache.key.tokens().size()) + " tokens");
   round_to_dtype(cache.kv, opt_.disk_dtype);
   auto c = std::make_shared<const ChunkCache>(std::move(cache));
-  memory_insert(c->key.id(), c);
+  const std::string& id = c->key.id();
   {
     std::lock_guard lock(mu_);
+    touch_locked(id);
+    memory_insert_locked(id, c, false);
+    if (opt_.dir.empty() && !index_.count(id)) meta_.erase(id);  // too large to keep anywhere
     ++stats_.puts;
   }
   if (!opt_.dir.empty()) {
-    const std::string path = path_for(c->key.id());
+    const std::string path = path_for(id);
     std::error_code ec;
     fs::create_directories(fs::path(path).parent_path(), ec);
+    std::vector<std::string> victims;
     try {
       const size_t n = write_cache_file(path, *c, opt_.disk_dtype, opt_.durable);
       std::lock_guard lock(mu_);
       ++stats_.disk_writes;
       stats_.disk_bytes_written += n;
+      note_file_locked(id, n);
+      victims = budget_victims_locked(id);
     } catch (const CacheFileError&) {
       std::lock_guard lock(mu_);
       ++stats_.disk_write_errors;
+      // An older file of this key, if any, is intact (writes are atomic) and still counted.
+      if (auto m = meta_.find(id); m != meta_.end() && !m->second.on_disk && !index_.count(id)) meta_.erase(m);
       throw;
     }
+    delete_files(victims);
   }
   return c;
 }
-
 std::shared_ptr<const ChunkCache> ChunkStore::get_or_compute(const ChunkKey& key,
                                                              const std::function<ChunkCache()>& compute) {
   if (auto c = get(key)) return c;
@@ -209,11 +551,15 @@ bool ChunkStore::remove(const std::string& id) {
   {
     std::lock_guard lock(mu_);
     if (auto it = index_.find(id); it != index_.end()) {
-      memory_bytes_ -= it->second->bytes;
-      lru_.erase(it->second);
-      index_.erase(it);
+      memory_erase_locked(it->second);
       removed = true;
     }
+    if (auto it = loading_.find(id); it != loading_.end()) {
+      it->second->cancelled = true;                   // a running load keeps nothing
+      if (it->second->queued) loading_.erase(it);     // a queued one is skipped by the worker
+    }
+    forget_file_locked(id);
+    meta_.erase(id);
   }
   if (!opt_.dir.empty()) {
     std::error_code ec;
@@ -225,7 +571,19 @@ bool ChunkStore::remove(const std::string& id) {
 }
 
 size_t ChunkStore::remove_all() {
-  clear_memory();
+  {
+    std::lock_guard lock(mu_);
+    for (auto it = loading_.begin(); it != loading_.end();) {
+      it->second->cancelled = true;
+      it = it->second->queued ? loading_.erase(it) : std::next(it);
+    }
+    prefetch_queue_.clear();
+    lru_.clear();
+    index_.clear();
+    meta_.clear();
+    memory_bytes_ = disk_bytes_ = disk_entries_ = 0;
+  }
+  loaded_cv_.notify_all();  // wait_prefetches: the queue is empty now
   size_t n = 0;
   for_each_file(opt_.dir, [&](const fs::path& p, FileKind kind) {
     if (kind == FileKind::other) return;
@@ -236,11 +594,14 @@ size_t ChunkStore::remove_all() {
   if (!opt_.dir.empty() && fs::is_directory(opt_.dir, ec))
     for (const auto& sub : fs::directory_iterator(opt_.dir, ec))
       if (sub.path().filename().string().size() == 2 && fs::is_empty(sub.path(), ec)) fs::remove(sub.path(), ec);
+  if (!opt_.dir.empty()) fs::remove(scores_path(), ec);
   return n;
 }
 
 void ChunkStore::clear_memory() {
   std::lock_guard lock(mu_);
+  for (const MemEntry& e : lru_)
+    if (auto m = meta_.find(e.id); m != meta_.end() && !m->second.on_disk) meta_.erase(m);  // gone for good
   lru_.clear();
   index_.clear();
   memory_bytes_ = 0;
@@ -306,6 +667,9 @@ ChunkStoreStats ChunkStore::stats() const {
   s.memory_bytes = memory_bytes_;
   s.memory_entries = lru_.size();
   s.memory_budget_bytes = opt_.memory_budget_bytes;
+  s.disk_bytes = disk_bytes_;
+  s.disk_entries = disk_entries_;
+  s.entries = entry_count_locked();
   return s;
 }
 

@@ -1,9 +1,9 @@
 // The chunk-cache store: a bounded in-memory tier in front of a directory of cache files.
 //
-//   get(key)  memory tier (LRU, bounded in bytes) -> disk tier (<dir>/<id[0:2]>/<id>.cfkv,
+//   get(key)  memory tier (bounded in bytes) -> disk tier (<dir>/<id[0:2]>/<id>.cfkv,
 //             mapped and fully validated) -> nullptr. A disk hit is promoted to memory.
 //   put(c)    rounds c's K/V through the disk dtype (so both tiers serve the same floats),
-//             inserts it in memory and writes the file atomically.
+//             inserts it in memory and writes the file atomically (write-through).
 //
 // A file that fails validation (truncated, damaged, foreign model, wrong shape, ...) is
 // never served: it is counted, reported in one line ("chunk cache <file>: <reason>,
@@ -12,18 +12,58 @@
 // a miss. Renaming aside can race with another process that has just written a fresh copy
 // of the same key; the worst outcome is one needless recompute, never a bad hit.
 //
+// Cache management (Cache-Craft §3.3-3.5, digest B2.5-B2.6):
+//  - Eviction policy of the memory tier: lru (least recently used goes) or cachecraft
+//    (lowest reusability f_r goes, ties to the least recent). f_r starts at 1 for a new
+//    entry (one access at CFO = 1, the least credit an access earns; the paper leaves the
+//    seed open, digest B6.3) and note_use(id, cfo) adds 1/max(cfo, cfo_floor) on every use
+//    whose CFO the caller knows (the Cache-Craft selector does). get() alone moves recency,
+//    not f_r: a lookup of a PIC cache's variant index is not a use of its K/V. No aging.
+//  - Tiers demote, they do not delete: memory eviction leaves the file (written through at
+//    put), counted in `demotions`; a later get reloads it. f_r survives demotion. Real
+//    deletion happens only for the disk budget (file bytes) or the entry budget (Cache-Craft's
+//    N x M instances: distinct keys with a file or a memory copy), checked after each write:
+//    the victim is the lowest-scored (policy order) entry that is not in the memory tier and
+//    not being loaded; only when no such entry is left do memory-resident ones go (from both
+//    tiers). The entry just written is never a victim, so a budget smaller than one entry is
+//    overshot by that entry. Deleting is safe for holders: a loaded cache is decoded into
+//    memory (no file stays mapped) and immutable, so a caller's shared_ptr stays valid.
+//    The budgets cover the files this store knows: those found in the directory when it was
+//    opened, those it wrote and those it loaded. Files another process writes meanwhile are
+//    counted when this store first loads them.
+//  - f_r is kept per key id while its entry exists in either tier; deleting an entry drops it.
+//    Under the cachecraft policy it is also saved to <dir>/fr-scores.json (atomically, on
+//    save_scores() and in the destructor) and read back when a store opens the directory, so
+//    scores outlive the process. Several processes on one directory: the last save wins
+//    (scores are advice, never correctness).
+//  - prefetch(keys) queues disk -> memory loads for a request that is still waiting
+//    (Cache-Craft §3.5) on one worker thread owned by the store (started by the first
+//    prefetch, joined by the destructor, which drops loads not yet started). Every disk load,
+//    get's or prefetch's, is registered while in flight: a get of a key being loaded waits
+//    for that load instead of reading the file again, and a get of a key still queued takes
+//    the load over. Nothing is served that a get would not serve: the same validation.
+//  - Whole caches are loaded, not layer by layer (Alg. 2): on this CPU engine a chunk's
+//    prefill takes far longer than reading its file (T_prefill >= T_load), so Eq. 16 gives
+//    L_p = 1, i.e. per-layer loading would only ever run one layer ahead of compute, and a
+//    load of the whole cache while the request queues already hides it (digest part C).
+//    preload_layers() is Eq. 16, for the day that changes.
+//
 // Cross-process: files appear only by rename(2), so readers in any process see either no
 // file or a complete one. Two writers of one key each write a complete temp file and rename
 // it; the content is identical, the last rename wins. Thread-safe within a process.
 #pragma once
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <list>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
+#include <string_view>
+#include <thread>
 #include <unordered_map>
 #include <vector>
 
@@ -38,6 +78,16 @@ struct StoreModel {
   ModelHparams hparams;
 };
 
+// Which memory-tier entry goes first (and which file, when a disk/entry budget deletes).
+enum class EvictionPolicy { lru, cachecraft };
+const char* eviction_policy_name(EvictionPolicy p);                // "lru", "cachecraft"
+bool parse_eviction_policy(std::string_view s, EvictionPolicy& out);  // false on an unknown name
+
+// Cache-Craft Eq. 16 / Alg. 2: layers to preload ahead of compute so that loading never
+// stalls it, max(1, ceil((L-1)(1 - T_prefill/T_load) + 1)); 1 when T_prefill >= T_load.
+// Rounding up is ours (the paper leaves it open). t_load <= 0: nothing to wait for, 1.
+int preload_layers(int n_layers, double t_prefill, double t_load);
+
 struct ChunkStoreOptions {
   std::string dir;                              // empty: memory tier only
   size_t memory_budget_bytes = size_t{512} << 20;
@@ -50,17 +100,35 @@ struct ChunkStoreOptions {
   std::optional<StoreModel> model;
   // Where defect reports go; default: one line on stderr.
   std::function<void(const std::string&)> report;
+
+  EvictionPolicy eviction = EvictionPolicy::lru;
+  // Real deletion beyond these (0 = unbounded): bytes of cache files, and entries (distinct
+  // keys with a file or a memory copy; Cache-Craft's N x M). Without a directory the entry
+  // budget bounds the memory tier, whose evictions are then deletions.
+  size_t disk_budget_bytes = 0;
+  size_t max_entries = 0;
+  // note_use credits 1/max(cfo, cfo_floor): a perfect prefix match (CFO = 0) counts as 100
+  // full-recompute accesses instead of dividing by zero (digest B6.3).
+  double cfo_floor = 0.01;
 };
 
 struct ChunkStoreStats {
   uint64_t memory_hits = 0, disk_hits = 0, misses = 0;
-  uint64_t evictions = 0;         // memory-tier entries dropped for the byte budget
+  uint64_t evictions = 0;         // memory-tier entries dropped for the byte (or entry) budget
+  uint64_t demotions = 0;         // of those, the ones whose file stays: a later get reloads them
+  uint64_t evictions_disk = 0;    // entries deleted for real (file and memory copy) for a budget
+  uint64_t disk_loads = 0;        // files read and decoded, by get or prefetch
+  uint64_t prefetches = 0;        // loads queued by prefetch (keys not in memory nor in flight)
+  uint64_t prefetch_hits = 0;     // gets served by a prefetched load (in memory, or waited for)
+  uint64_t prefetch_waits = 0;    // of those, gets that waited for the load to finish
   uint64_t puts = 0, computes = 0;
   uint64_t disk_writes = 0, disk_write_errors = 0;
   uint64_t corrupt_files = 0;     // files found bad by get (each reported and moved aside)
   uint64_t disk_bytes_read = 0, disk_bytes_written = 0;
   double disk_load_ms = 0, compute_ms = 0;
   size_t memory_bytes = 0, memory_entries = 0, memory_budget_bytes = 0;
+  size_t disk_bytes = 0, disk_entries = 0;  // files this store knows (see the header comment)
+  size_t entries = 0;                       // distinct keys in either tier
 };
 
 struct ChunkListEntry {
@@ -94,6 +162,9 @@ struct VerifyReport {
 class ChunkStore {
  public:
   explicit ChunkStore(ChunkStoreOptions opt);
+  ~ChunkStore();  // drops queued prefetches, joins the worker, saves f_r (cachecraft policy)
+  ChunkStore(const ChunkStore&) = delete;
+  ChunkStore& operator=(const ChunkStore&) = delete;
 
   const ChunkStoreOptions& options() const { return opt_; }
   std::string path_for(const std::string& id) const;  // <dir>/<id[0:2]>/<id>.cfkv
@@ -111,9 +182,23 @@ class ChunkStore {
   // Concurrent calls for one missing key may both compute (no in-flight dedup).
   std::shared_ptr<const ChunkCache> get_or_compute(const ChunkKey& key, const std::function<ChunkCache()>& compute);
 
+  // f_r += 1/max(cfo, cfo_floor) for the entry `id` (cfo: the share of the chunk the caller
+  // recomputes when reusing it, Cache-Craft Eq. 12). Ids the store does not hold are ignored.
+  void note_use(const std::string& id, double cfo);
+  void note_use(const ChunkKey& key, double cfo) { note_use(key.id(), cfo); }
+  double score(const std::string& id) const;  // f_r; 0 for an id the store does not hold
+
+  // Queues disk -> memory loads of the keys not in memory (nor in flight) whose file
+  // exists; returns at once. Keys of another model are skipped.
+  void prefetch(const std::vector<ChunkKey>& keys);
+  void wait_prefetches();  // until the queue is empty and no prefetch load runs
+  // Writes f_r of every entry to <dir>/fr-scores.json (cachecraft policy with a directory;
+  // otherwise does nothing). Returns false if the write failed (reported).
+  bool save_scores();
+
   bool remove(const std::string& id);  // memory entry, file and <file>.corrupt; true if any existed
-  size_t remove_all();                 // every entry, .corrupt and temp file; returns cache files removed
-  void clear_memory();
+  size_t remove_all();                 // every entry, .corrupt, temp and score file; returns cache files removed
+  void clear_memory();                 // drops the memory tier (files and f_r stay; not counted)
 
   std::vector<ChunkListEntry> list() const;  // cache files on disk, sorted by id
   VerifyReport verify() const;                // validates every file fully; changes nothing
@@ -124,17 +209,57 @@ class ChunkStore {
     std::string id;
     std::shared_ptr<const ChunkCache> cache;
     size_t bytes;
+    bool prefetched = false;  // loaded by prefetch and not yet served by a get
   };
-  void memory_insert(const std::string& id, std::shared_ptr<const ChunkCache> c);
+  // What the store knows of a key besides its memory copy; exists while either tier holds it.
+  struct EntryMeta {
+    double score = 1.0;     // f_r
+    uint64_t last_use = 0;  // tick of the last get/put/load
+    size_t file_bytes = 0;
+    bool on_disk = false;
+  };
+  // A disk load in flight. queued: waiting for the prefetch worker (a get may take it over).
+  struct Load {
+    bool queued = false, by_prefetch = false, done = false, cancelled = false;
+    std::shared_ptr<const ChunkCache> result;
+  };
+  using MemList = std::list<MemEntry>;
+
   const StoreModel& model() const;
   void report_bad_file(const CacheFileError& e);
+  std::shared_ptr<const ChunkCache> read_file(const std::string& id);  // counted; nullptr: none/bad
+  void finish_load(const std::string& id, const std::shared_ptr<Load>& load, std::shared_ptr<const ChunkCache> c);
+  void prefetch_worker();
+  // All below: mu_ held.
+  void memory_insert_locked(const std::string& id, std::shared_ptr<const ChunkCache> c, bool prefetched);
+  MemList::iterator memory_victim_locked();
+  void memory_erase_locked(MemList::iterator it);
+  EntryMeta& meta_locked(const std::string& id);  // creates a fresh entry (f_r = 1)
+  void touch_locked(const std::string& id);
+  void note_file_locked(const std::string& id, size_t bytes);
+  void forget_file_locked(const std::string& id);  // file gone; drops the meta if nothing holds it
+  size_t entry_count_locked() const;
+  // Picks and unlinks from the books the entries a budget deletes; returns their ids.
+  std::vector<std::string> budget_victims_locked(const std::string& keep);
+  void scan_dir();  // constructor: learns the directory's files (and f_r from the sidecar)
+  std::string scores_path() const;
+  void delete_files(const std::vector<std::string>& ids);
 
   ChunkStoreOptions opt_;
   mutable std::mutex mu_;
-  std::list<MemEntry> lru_;  // front = most recently used
-  std::unordered_map<std::string, std::list<MemEntry>::iterator> index_;
-  size_t memory_bytes_ = 0;
-  ChunkStoreStats stats_;  // guarded by mu_ (memory fields filled in by stats())
+  MemList lru_;  // front = most recently used
+  std::unordered_map<std::string, MemList::iterator> index_;
+  std::unordered_map<std::string, EntryMeta> meta_;
+  std::unordered_map<std::string, std::shared_ptr<Load>> loading_;
+  std::condition_variable loaded_cv_;  // a load finished
+  std::deque<std::string> prefetch_queue_;
+  std::condition_variable prefetch_cv_;  // queue grew, or stopping
+  size_t prefetch_running_ = 0;
+  bool stopping_ = false;
+  std::thread prefetch_thread_;
+  uint64_t tick_ = 0;
+  size_t memory_bytes_ = 0, disk_bytes_ = 0, disk_entries_ = 0;
+  ChunkStoreStats stats_;  // guarded by mu_ (memory/disk fields filled in by stats())
 };
 
 }  // namespace cf
