@@ -21,6 +21,7 @@ struct CraftOptions {
   // request's chunks, then frequency-sort the rest. Keeps hits when frequencies drift.
   bool tree_guided_order = true;
   size_t max_conversations = 10000;  // ChunkMaps kept (least recently used dropped)
+  size_t max_tree_nodes = 100000;    // CP-Tree nodes kept (least recently used leaves dropped)
 };
 
 struct CraftPlan {
@@ -42,7 +43,9 @@ class Craft {
   ~Craft();
   // One request: CA-Table update, dedup (when conversation_id is non-empty), order (when
   // reorder; else the given order), CP-Tree lookup and promotion/extension. Thread-safe.
-  // Ties in frequency break by chunk id (request-independent, digest A6.2).
+  // Ties in frequency break by chunk id (request-independent, digest A6.2). A conversation's
+  // later turns (its id seen before) follow its history, so they skip the CP-Tree
+  // (matched_chunks = keep_chunks = 0).
   CraftPlan plan(const std::vector<std::string>& chunk_ids, const std::string& conversation_id, bool reorder);
   void forget_conversation(const std::string& conversation_id);
   CraftStats stats() const;
