@@ -5,8 +5,12 @@
 // chunks. Only exact K/V goes in (a full prefill of those tokens): fused, approximate caches
 // never do.
 //
-// Eviction: when the bytes held exceed the budget, the least recently used leaf that no
-// lookup is copying from is dropped, repeatedly (a parent becomes a leaf in turn).
+// Eviction: when the bytes held exceed the budget, the least recently used leaf is dropped,
+// repeatedly (a parent becomes a leaf in turn; a path is touched as a whole, so a parent is
+// never older than its children). A block's K/V is immutable and shared: a lookup takes
+// references under the lock and copies outside it, so a block evicted meanwhile is freed
+// only when that copy ends (stats.bytes counts what the tree holds).
+// Thread-safe: one mutex around the tree; several lookups and inserts may run at once.
 #pragma once
 #include <cstddef>
 #include <cstdint>
