@@ -1,0 +1,425 @@
+// Request parsing and response formatting of the OpenAI-compatible API (see server.h).
+// Field rules follow OpenAI's API reference: null means "not given", unknown fields are
+// ignored, a known field of the wrong type is a 400 that names it.
+#include <cmath>
+#include <limits>
+#include <sstream>
+
+#include "serve/server.h"
+
+namespace cf {
+
+using nlohmann::json;
+
+nlohmann::json CompletionResult::to_json() const {
+  return json{{"prompt_tokens", prompt_tokens},
+              {"completion_tokens", completion_tokens},
+              {"prefix_hit_tokens", prefix_hit_tokens},
+              {"prefilled_tokens", prefilled_tokens},
+              {"recomputed_tokens", recomputed_tokens},
+              {"chunk_hits", chunk_hits},
+              {"chunk_misses", chunk_misses},
+              {"chunk_order", chunk_order},
+              {"deduped_chunks", deduped_chunks},
+              {"history_tokens", history_tokens},
+              {"cancelled", cancelled},
+              {"timings_ms",
+               {{"queue", timings.queue_ms},
+                {"lookup", timings.lookup_ms},
+                {"load", timings.load_ms},
+                {"selection", timings.selection_ms},
+                {"recompute", timings.recompute_ms},
+                {"ttft", timings.ttft_ms},
+                {"decode", timings.decode_ms}}}};
+}
+
+namespace api {
+namespace {
+
+[[noreturn]] void bad(const std::string& param, const std::string& message) {
+  throw RequestError(400, "invalid_request_error", message, param);
+}
+
+// The field when present and not null, else nullptr.
+const json* field(const json& obj, const char* name) {
+  auto it = obj.find(name);
+  if (it == obj.end() || it->is_null()) return nullptr;
+  return &*it;
+}
+
+std::string get_string(const json& v, const std::string& param) {
+  if (!v.is_string()) bad(param, "'" + param + "' must be a string");
+  return v.get<std::string>();
+}
+
+bool get_bool(const json& v, const std::string& param) {
+  if (!v.is_boolean()) bad(param, "'" + param + "' must be a boolean");
+  return v.get<bool>();
+}
+
+double get_number(const json& v, const std::string& param, double lo, double hi) {
+  if (!v.is_number()) bad(param, "'" + param + "' must be a number");
+  const double x = v.get<double>();
+  if (!std::isfinite(x) || x < lo || x > hi) {
+    std::ostringstream os;
+    os << "'" << param << "' must be in [" << lo << ", " << hi << "], got " << x;
+    bad(param, os.str());
+  }
+  return x;
+}
+
+int64_t get_int(const json& v, const std::string& param, int64_t lo, int64_t hi) {
+  // 16.0 is an integer to JSON Schema and to OpenAI; 16.5 is not.
+  if (v.is_number_float()) {
+    const double d = v.get<double>();
+    if (!std::isfinite(d) || d != std::floor(d)) bad(param, "'" + param + "' must be an integer");
+  } else if (!v.is_number_integer()) {
+    bad(param, "'" + param + "' must be an integer");
+  }
+  const double x = v.get<double>();
+  if (x < static_cast<double>(lo) || x > static_cast<double>(hi))
+    bad(param, "'" + param + "' must be in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+  return v.get<int64_t>();
+}
+
+// Message content: a string, or OpenAI's list of parts of which only text parts are
+// supported (joined, as OpenAI does for system messages).
+std::string message_content(const json& v, const std::string& param) {
+  if (v.is_string()) return v.get<std::string>();
+  if (!v.is_array()) bad(param, "'" + param + "' must be a string or a list of text parts");
+  std::string out;
+  for (size_t i = 0; i < v.size(); ++i) {
+    const std::string p = param + "[" + std::to_string(i) + "]";
+    const json& part = v[i];
+    if (!part.is_object()) bad(p, "'" + p + "' must be an object");
+    const json* type = field(part, "type");
+    if (!type || get_string(*type, p + ".type") != "text") bad(p + ".type", "only content parts of type 'text' are supported");
+    const json* text = field(part, "text");
+    if (!text) bad(p + ".text", "'" + p + ".text' is required");
+    out += get_string(*text, p + ".text");
+  }
+  return out;
+}
+
+std::vector<ChatMessage> parse_messages(const json& body) {
+  const json* msgs = field(body, "messages");
+  if (!msgs) bad("messages", "'messages' is required");
+  if (!msgs->is_array()) bad("messages", "'messages' must be a list");
+  if (msgs->empty()) bad("messages", "'messages' must not be empty");
+  std::vector<ChatMessage> out;
+  for (size_t i = 0; i < msgs->size(); ++i) {
+    const std::string p = "messages[" + std::to_string(i) + "]";
+    const json& m = (*msgs)[i];
+    if (!m.is_object()) bad(p, "'" + p + "' must be an object");
+    const json* role = field(m, "role");
+    if (!role) bad(p + ".role", "'" + p + ".role' is required");
+    std::string r = get_string(*role, p + ".role");
+    if (r == "developer") r = "system";  // OpenAI's newer name for the system role
+    if (r != "system" && r != "user" && r != "assistant")
+      bad(p + ".role", "unsupported role '" + r + "' (system, developer, user, assistant)");
+    const json* content = field(m, "content");
+    if (!content && r != "assistant") bad(p + ".content", "'" + p + ".content' is required");
+    out.push_back({r, content ? message_content(*content, p + ".content") : std::string()});
+  }
+  return out;
+}
+
+std::string parse_prompt(const json& body) {
+  const json* prompt = field(body, "prompt");
+  if (!prompt) bad("prompt", "'prompt' is required");
+  if (prompt->is_string()) return prompt->get<std::string>();
+  // The openai client sends a list for batched prompts; one prompt per request here.
+  if (prompt->is_array() && prompt->size() == 1 && (*prompt)[0].is_string()) return (*prompt)[0].get<std::string>();
+  bad("prompt", "'prompt' must be a string (or a list of exactly one string)");
+}
+
+std::vector<DocumentRef> parse_documents(const json& v) {
+  if (!v.is_array()) bad("documents", "'documents' must be a list");
+  std::vector<DocumentRef> out;
+  for (size_t i = 0; i < v.size(); ++i) {
+    const std::string p = "documents[" + std::to_string(i) + "]";
+    const json& d = v[i];
+    DocumentRef ref;
+    if (d.is_string()) {
+      ref.text = d.get<std::string>();
+    } else if (d.is_object()) {
+      const json* id = field(d, "id");
+      const json* text = field(d, "text");
+      if ((id != nullptr) == (text != nullptr)) bad(p, "'" + p + "' needs exactly one of 'id' and 'text'");
+      if (id) ref.id = get_string(*id, p + ".id");
+      if (text) ref.text = get_string(*text, p + ".text");
+      if (id && ref.id.empty()) bad(p + ".id", "'" + p + ".id' must not be empty");
+    } else {
+      bad(p, "'" + p + "' must be a string or an object with 'id' or 'text'");
+    }
+    if (ref.id.empty() && ref.text.empty()) bad(p, "'" + p + "' is an empty passage");
+    out.push_back(std::move(ref));
+  }
+  return out;
+}
+
+FusionSpec parse_fusion(const json* v, const std::string& default_method) {
+  FusionSpec f;
+  f.method = default_method;
+  if (!v) return f;
+  if (!v->is_object()) bad("fusion", "'fusion' must be an object");
+  if (const json* x = field(*v, "method")) f.method = get_string(*x, "fusion.method");
+  if (const json* x = field(*v, "ratio")) f.ratio = get_number(*x, "fusion.ratio", 0.0, 1.0);
+  if (const json* x = field(*v, "reorder")) f.reorder = get_bool(*x, "fusion.reorder");
+  if (const json* x = field(*v, "conversation_id")) f.conversation_id = get_string(*x, "fusion.conversation_id");
+  if (const json* x = field(*v, "prefix_cache")) f.prefix_cache = get_bool(*x, "fusion.prefix_cache");
+  if (f.method.empty()) bad("fusion.method", "'fusion.method' must not be empty");
+  return f;
+}
+
+std::vector<std::string> parse_stop(const json& v) {
+  constexpr size_t kMaxStops = 16;
+  if (v.is_string()) {
+    if (v.get<std::string>().empty()) bad("stop", "'stop' must not be empty");
+    return {v.get<std::string>()};
+  }
+  if (!v.is_array()) bad("stop", "'stop' must be a string or a list of strings");
+  if (v.size() > kMaxStops) bad("stop", "'stop' holds at most " + std::to_string(kMaxStops) + " sequences");
+  std::vector<std::string> out;
+  for (size_t i = 0; i < v.size(); ++i) {
+    const std::string s = get_string(v[i], "stop[" + std::to_string(i) + "]");
+    if (s.empty()) bad("stop", "stop sequences must not be empty");
+    out.push_back(s);
+  }
+  return out;
+}
+
+}  // namespace
+
+json parse_body(const std::string& body) {
+  json j = json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) throw RequestError(400, "invalid_request_error", "the body is not valid JSON");
+  if (!j.is_object()) throw RequestError(400, "invalid_request_error", "the body must be a JSON object");
+  return j;
+}
+
+ParsedCompletion parse_completion(const json& body, bool chat, const std::string& default_method) {
+  ParsedCompletion pc;
+  CompletionRequest& r = pc.request;
+  r.chat = chat;
+  if (const json* x = field(body, "model")) r.model = get_string(*x, "model");
+  if (chat)
+    r.messages = parse_messages(body);
+  else
+    r.prompt = parse_prompt(body);
+  // max_completion_tokens is the newer name; OpenAI lets it win when both are given.
+  constexpr int64_t kMaxTokens = 1 << 20;
+  if (const json* x = field(body, "max_tokens")) r.max_tokens = static_cast<int>(get_int(*x, "max_tokens", 1, kMaxTokens));
+  if (const json* x = field(body, "max_completion_tokens"))
+    r.max_tokens = static_cast<int>(get_int(*x, "max_completion_tokens", 1, kMaxTokens));
+  if (const json* x = field(body, "temperature")) r.temperature = get_number(*x, "temperature", 0.0, 2.0);
+  if (const json* x = field(body, "top_p")) {
+    r.top_p = get_number(*x, "top_p", 0.0, 1.0);
+    if (r.top_p <= 0.0) bad("top_p", "'top_p' must be greater than 0");
+  }
+  if (const json* x = field(body, "seed"))
+    r.seed = static_cast<uint64_t>(
+        get_int(*x, "seed", std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max()));
+  if (const json* x = field(body, "stop")) r.stop = parse_stop(*x);
+  if (const json* x = field(body, "n"); x && get_int(*x, "n", 1, 1 << 20) != 1) bad("n", "only n = 1 is supported");
+  if (const json* x = field(body, "stream")) pc.stream = get_bool(*x, "stream");
+  if (const json* x = field(body, "stream_options")) {
+    if (!x->is_object()) bad("stream_options", "'stream_options' must be an object");
+    if (const json* u = field(*x, "include_usage")) pc.include_usage = get_bool(*u, "stream_options.include_usage");
+  }
+  if (const json* x = field(body, "documents")) r.documents = parse_documents(*x);
+  r.fusion = parse_fusion(field(body, "fusion"), default_method);
+  return pc;
+}
+
+std::vector<std::string> parse_chunk_texts(const json& body) {
+  const json* texts = field(body, "texts");
+  const json* docs = field(body, "documents");
+  if ((texts != nullptr) == (docs != nullptr)) bad("texts", "give exactly one of 'texts' and 'documents'");
+  const char* name = texts ? "texts" : "documents";
+  const json& list = texts ? *texts : *docs;
+  if (!list.is_array()) bad(name, std::string("'") + name + "' must be a list");
+  if (list.empty()) bad(name, std::string("'") + name + "' must not be empty");
+  std::vector<std::string> out;
+  for (size_t i = 0; i < list.size(); ++i) {
+    const std::string p = std::string(name) + "[" + std::to_string(i) + "]";
+    const json& d = list[i];
+    std::string text;
+    if (d.is_string()) {
+      text = d.get<std::string>();
+    } else if (docs && d.is_object() && field(d, "text")) {
+      text = get_string(*field(d, "text"), p + ".text");
+    } else {
+      bad(p, "'" + p + (docs ? "' must be a string or an object with 'text'" : "' must be a string"));
+    }
+    if (text.empty()) bad(p, "'" + p + "' is an empty passage");
+    out.push_back(std::move(text));
+  }
+  return out;
+}
+
+json error_body(int status, const std::string& type, const std::string& message, const std::string& param) {
+  (void)status;
+  return json{{"error",
+               {{"message", message},
+                {"type", type},
+                {"param", param.empty() ? json(nullptr) : json(param)},
+                {"code", nullptr}}}};
+}
+
+json error_body(const RequestError& e) { return error_body(e.status, e.type, e.what(), e.param); }
+
+json usage_json(const CompletionResult& r) {
+  // Every prompt token not run through the model came from a cache (prefix or chunk).
+  const size_t cached = r.prompt_tokens > r.prefilled_tokens ? r.prompt_tokens - r.prefilled_tokens : 0;
+  return json{{"prompt_tokens", r.prompt_tokens},
+              {"completion_tokens", r.completion_tokens},
+              {"total_tokens", r.prompt_tokens + r.completion_tokens},
+              {"prompt_tokens_details", {{"cached_tokens", cached}}}};
+}
+
+namespace {
+json base_object(const ResponseMeta& m, const char* object) {
+  return json{{"id", m.id}, {"object", object}, {"created", m.created}, {"model", m.model}};
+}
+const char* chunk_object(const ResponseMeta& m) { return m.chat ? "chat.completion.chunk" : "text_completion"; }
+}  // namespace
+
+json completion_response(const ResponseMeta& m, const CompletionResult& r) {
+  json j = base_object(m, m.chat ? "chat.completion" : "text_completion");
+  json choice{{"index", 0}, {"logprobs", nullptr}, {"finish_reason", r.finish_reason}};
+  if (m.chat)
+    choice["message"] = {{"role", "assistant"}, {"content", r.text}};
+  else
+    choice["text"] = r.text;
+  j["choices"] = json::array({choice});
+  j["usage"] = usage_json(r);
+  j["chunkfuse"] = r.to_json();
+  return j;
+}
+
+json stream_role_chunk(const ResponseMeta& m) {
+  json j = base_object(m, chunk_object(m));
+  json choice{{"index", 0}, {"logprobs", nullptr}, {"finish_reason", nullptr}};
+  if (m.chat)
+    choice["delta"] = {{"role", "assistant"}, {"content", ""}};
+  else
+    choice["text"] = "";
+  j["choices"] = json::array({choice});
+  return j;
+}
+
+json stream_text_chunk(const ResponseMeta& m, std::string_view text) {
+  json j = base_object(m, chunk_object(m));
+  json choice{{"index", 0}, {"logprobs", nullptr}, {"finish_reason", nullptr}};
+  if (m.chat)
+    choice["delta"] = {{"content", std::string(text)}};
+  else
+    choice["text"] = std::string(text);
+  j["choices"] = json::array({choice});
+  return j;
+}
+
+json stream_finish_chunk(const ResponseMeta& m, const std::string& finish_reason) {
+  json j = base_object(m, chunk_object(m));
+  json choice{{"index", 0}, {"logprobs", nullptr}, {"finish_reason", finish_reason}};
+  if (m.chat)
+    choice["delta"] = json::object();
+  else
+    choice["text"] = "";
+  j["choices"] = json::array({choice});
+  return j;
+}
+
+json stream_usage_chunk(const ResponseMeta& m, const CompletionResult& r) {
+  json j = base_object(m, chunk_object(m));
+  j["choices"] = json::array();
+  j["usage"] = usage_json(r);
+  j["chunkfuse"] = r.to_json();
+  return j;
+}
+
+std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+std::string sse_event(const json& j) { return "data: " + dump(j) + "\n\n"; }
+
+json chunk_json(const ChunkInfo& c, bool with_text) {
+  json j{{"id", c.id}, {"object", "chunk"}, {"n_tokens", c.n_tokens}, {"cached", c.cached}};
+  if (with_text) j["text"] = c.text;
+  return j;
+}
+
+json models_json(const std::string& model_name, int64_t created) {
+  return json{{"object", "list"},
+              {"data", json::array({json{{"id", model_name}, {"object", "model"}, {"created", created},
+                                         {"owned_by", "chunkfuse"}}})}};
+}
+
+namespace {
+
+// Prometheus wants plain decimal numbers; "+Inf" for the last bucket.
+std::string num(double x) {
+  std::ostringstream os;
+  os.precision(15);  // enough for ms sums; avoids 0.10000000000000001
+  os << x;
+  return os.str();
+}
+
+void metric(std::ostringstream& os, const char* name, const char* type, const char* help) {
+  os << "# HELP " << name << ' ' << help << "\n# TYPE " << name << ' ' << type << '\n';
+}
+
+}  // namespace
+
+std::string prometheus_text(const EngineMetrics& m, const HttpCounters& h) {
+  std::ostringstream os;
+  auto counter = [&](const char* name, const char* help, uint64_t v) {
+    metric(os, name, "counter", help);
+    os << name << ' ' << v << '\n';
+  };
+  auto gauge = [&](const char* name, const char* help, double v) {
+    metric(os, name, "gauge", help);
+    os << name << ' ' << num(v) << '\n';
+  };
+  counter("chunkfuse_requests_total", "Completion requests the engine accepted.", m.requests);
+  counter("chunkfuse_request_errors_total", "Completion requests the engine refused or failed.", m.errors);
+  counter("chunkfuse_requests_cancelled_total", "Requests cancelled because the client went away.", m.cancelled);
+  counter("chunkfuse_prompt_tokens_total", "Prompt tokens of all requests.", m.prompt_tokens);
+  counter("chunkfuse_completion_tokens_total", "Generated tokens.", m.completion_tokens);
+  counter("chunkfuse_prefilled_tokens_total", "Prompt tokens that went through the forward pass.", m.prefilled_tokens);
+  counter("chunkfuse_prefix_hit_tokens_total", "Prompt tokens served from the prefix cache.", m.prefix_hit_tokens);
+  counter("chunkfuse_chunk_hits_total", "Chunks whose cache was found in the store.", m.chunk_hits);
+  counter("chunkfuse_chunk_misses_total", "Chunks whose cache had to be computed.", m.chunk_misses);
+  const uint64_t chunks = m.chunk_hits + m.chunk_misses;
+  gauge("chunkfuse_chunk_hit_ratio", "chunk_hits / (chunk_hits + chunk_misses) since start.",
+        chunks ? static_cast<double>(m.chunk_hits) / static_cast<double>(chunks) : 0.0);
+  gauge("chunkfuse_prefix_hit_ratio", "prefix_hit_tokens / prompt_tokens since start.",
+        m.prompt_tokens ? static_cast<double>(m.prefix_hit_tokens) / static_cast<double>(m.prompt_tokens) : 0.0);
+  gauge("chunkfuse_queue_length", "Requests waiting to be scheduled.", static_cast<double>(m.queue_length));
+  gauge("chunkfuse_running_requests", "Requests prefilling or decoding.", static_cast<double>(m.running));
+  metric(os, "chunkfuse_store_bytes", "gauge", "Chunk-cache store bytes per tier.");
+  os << "chunkfuse_store_bytes{tier=\"memory\"} " << m.store_memory_bytes << '\n';
+  os << "chunkfuse_store_bytes{tier=\"disk\"} " << m.store_disk_bytes << '\n';
+  gauge("chunkfuse_prefix_cache_bytes", "K/V bytes held by the prefix cache.", static_cast<double>(m.prefix_cache_bytes));
+
+  // TTFT in seconds, Prometheus' base unit; the engine keeps milliseconds.
+  metric(os, "chunkfuse_ttft_seconds", "histogram", "Time to first token, queueing included.");
+  const size_t n_bounds = m.ttft_bucket_bounds_ms.size();
+  for (size_t i = 0; i < n_bounds && i < m.ttft_bucket_counts.size(); ++i)
+    os << "chunkfuse_ttft_seconds_bucket{le=\"" << num(m.ttft_bucket_bounds_ms[i] / 1000.0) << "\"} "
+       << m.ttft_bucket_counts[i] << '\n';
+  const uint64_t inf_count = m.ttft_bucket_counts.size() > n_bounds ? m.ttft_bucket_counts[n_bounds] : m.ttft_count;
+  os << "chunkfuse_ttft_seconds_bucket{le=\"+Inf\"} " << inf_count << '\n';
+  os << "chunkfuse_ttft_seconds_sum " << num(m.ttft_sum_ms / 1000.0) << '\n';
+  os << "chunkfuse_ttft_seconds_count " << m.ttft_count << '\n';
+
+  metric(os, "chunkfuse_http_responses_total", "counter", "HTTP responses by status class.");
+  os << "chunkfuse_http_responses_total{code=\"2xx\"} " << h.responses_2xx << '\n';
+  os << "chunkfuse_http_responses_total{code=\"4xx\"} " << h.responses_4xx << '\n';
+  os << "chunkfuse_http_responses_total{code=\"5xx\"} " << h.responses_5xx << '\n';
+  counter("chunkfuse_http_streams_cancelled_total", "Streams whose client disconnected mid-answer.", h.streams_cancelled);
+  return os.str();
+}
+
+}  // namespace api
+}  // namespace cf

@@ -1,0 +1,284 @@
+// HttpServer: cpp-httplib routes around Engine (see server.h). Each connection runs on one
+// of httplib's pool threads, which blocks in Engine::complete while the engine schedules.
+#include "serve/server.h"
+
+#include <httplib.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <mutex>
+#include <optional>
+#include <random>
+#include <thread>
+
+namespace cf {
+
+using nlohmann::json;
+
+namespace {
+
+int64_t unix_seconds() {
+  return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+void reply_json(httplib::Response& res, int status, const json& body) {
+  res.status = status;
+  res.set_content(api::dump(body), "application/json");
+}
+
+void reply_error(httplib::Response& res, const RequestError& e) { reply_json(res, e.status, api::error_body(e)); }
+
+// A streamed request: the engine runs on its own thread so that the handler can wait for the
+// first piece of text before committing to 200 (errors found while validating or queueing
+// still get their 4xx), then hand the rest to httplib's chunked content provider.
+struct StreamJob {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<std::string> pieces;  // text not yet written
+  bool done = false;
+  CompletionResult result;
+  std::optional<RequestError> request_error;
+  std::string failure;  // any other exception's message
+  std::atomic<bool> client_gone{false};
+  std::thread worker;  // never owns the job, so this destructor never runs on it
+
+  ~StreamJob() {
+    client_gone = true;
+    if (worker.joinable()) worker.join();
+  }
+
+  void run(Engine& engine, const CompletionRequest& req) {
+    worker = std::thread([this, &engine, req] {
+      std::optional<RequestError> rerr;
+      std::string fail;
+      CompletionResult r;
+      try {
+        r = engine.complete(req, [this](std::string_view text) {
+          if (client_gone) return false;
+          if (!text.empty()) {
+            std::lock_guard lk(mu);
+            pieces.emplace_back(text);
+          }
+          cv.notify_all();
+          return true;
+        });
+      } catch (const RequestError& e) {
+        rerr = e;
+      } catch (const std::exception& e) {
+        fail = e.what();
+      }
+      std::lock_guard lk(mu);
+      result = std::move(r);
+      request_error = std::move(rerr);
+      failure = std::move(fail);
+      done = true;
+      cv.notify_all();
+    });
+  }
+};
+
+}  // namespace
+
+struct HttpServer::Impl {
+  Engine& engine;
+  HttpServerOptions opt;
+  httplib::Server svr;
+  std::atomic<uint64_t> n2xx{0}, n4xx{0}, n5xx{0}, n_cancelled{0};
+  std::atomic<uint64_t> next_id{0};
+  const uint64_t id_salt = std::random_device{}() * 0x9E3779B97F4A7C15ull ^ std::random_device{}();
+  const int64_t started = unix_seconds();
+
+  Impl(Engine& e, HttpServerOptions o) : engine(e), opt(std::move(o)) { setup(); }
+
+  std::string new_id(bool chat) {
+    char buf[40];
+    std::snprintf(buf, sizeof buf, "%s-%016llx%08llx", chat ? "chatcmpl" : "cmpl",
+                  static_cast<unsigned long long>(id_salt), static_cast<unsigned long long>(next_id++));
+    return buf;
+  }
+
+  // Every handler's errors become OpenAI error bodies; nothing escapes into httplib.
+  httplib::Server::Handler guarded(std::function<void(const httplib::Request&, httplib::Response&)> h) {
+    return [h = std::move(h)](const httplib::Request& req, httplib::Response& res) {
+      try {
+        h(req, res);
+      } catch (const RequestError& e) {
+        reply_error(res, e);
+      } catch (const std::exception& e) {
+        reply_json(res, 500, api::error_body(500, "server_error", e.what()));
+      }
+    };
+  }
+
+  void setup() {
+    const int threads = std::max(1, opt.threads);
+    svr.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
+    svr.set_payload_max_length(opt.max_body_bytes);
+    svr.set_read_timeout(opt.read_timeout_s, 0);
+    svr.set_keep_alive_timeout(opt.keep_alive_timeout_s);
+    svr.set_tcp_nodelay(true);  // stream events are small; do not let Nagle hold them
+
+    // Errors httplib itself produces (413, unknown route) get an OpenAI body too.
+    svr.set_error_handler(httplib::Server::HandlerWithResponse([](const httplib::Request& req, httplib::Response& res) {
+      if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
+      std::string type = "invalid_request_error", msg = "HTTP error " + std::to_string(res.status);
+      if (res.status == 404) {
+        type = "not_found_error";
+        msg = "no route for " + req.method + " " + req.path;
+      } else if (res.status == 413) {
+        msg = "request body too large";
+      } else if (res.status >= 500) {
+        type = "server_error";
+      }
+      reply_json(res, res.status, api::error_body(res.status, type, msg));
+      return httplib::Server::HandlerResponse::Handled;
+    }));
+    svr.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr) {
+      reply_json(res, 500, api::error_body(500, "server_error", "internal error"));
+    });
+    svr.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
+      if (res.status >= 500)
+        ++n5xx;
+      else if (res.status >= 400)
+        ++n4xx;
+      else
+        ++n2xx;
+      if (opt.log_requests)
+        std::fprintf(stderr, "%s %s %s -> %d\n", req.remote_addr.c_str(), req.method.c_str(), req.path.c_str(),
+                     res.status);
+    });
+
+    svr.Post("/v1/chat/completions", guarded([this](const auto& req, auto& res) { completion(req, res, true); }));
+    svr.Post("/v1/completions", guarded([this](const auto& req, auto& res) { completion(req, res, false); }));
+
+    svr.Post("/v1/chunks", guarded([this](const httplib::Request& req, httplib::Response& res) {
+      const auto texts = api::parse_chunk_texts(api::parse_body(req.body));
+      json data = json::array();
+      for (const auto& c : engine.register_chunks(texts)) data.push_back(api::chunk_json(c, false));
+      reply_json(res, 200, json{{"object", "list"}, {"data", data}});
+    }));
+    svr.Get(R"(/v1/chunks/([^/]+))", guarded([this](const httplib::Request& req, httplib::Response& res) {
+      const std::string id = req.matches[1];
+      auto c = engine.chunk(id);
+      if (!c) throw RequestError(404, "not_found_error", "no chunk with id '" + id + "'", "id");
+      reply_json(res, 200, api::chunk_json(*c, true));
+    }));
+    svr.Delete(R"(/v1/chunks/([^/]+))", guarded([this](const httplib::Request& req, httplib::Response& res) {
+      const std::string id = req.matches[1];
+      if (!engine.remove_chunk(id)) throw RequestError(404, "not_found_error", "no chunk with id '" + id + "'", "id");
+      reply_json(res, 200, json{{"id", id}, {"object", "chunk.deleted"}, {"deleted", true}});
+    }));
+
+    svr.Get("/v1/models", guarded([this](const httplib::Request&, httplib::Response& res) {
+      reply_json(res, 200, api::models_json(engine.model_name(), started));
+    }));
+    svr.Get(R"(/v1/models/(.+))", guarded([this](const httplib::Request& req, httplib::Response& res) {
+      const json list = api::models_json(engine.model_name(), started);
+      if (req.matches[1] != engine.model_name())
+        throw RequestError(404, "not_found_error", "no model '" + std::string(req.matches[1]) + "'", "model");
+      reply_json(res, 200, list["data"][0]);
+    }));
+    svr.Get("/health", guarded([this](const httplib::Request&, httplib::Response& res) {
+      const EngineMetrics m = engine.metrics();
+      reply_json(res, 200,
+                 json{{"status", "ok"}, {"model", engine.model_name()}, {"queue_length", m.queue_length},
+                      {"running", m.running}});
+    }));
+    svr.Get("/metrics", guarded([this](const httplib::Request&, httplib::Response& res) {
+      res.set_content(api::prometheus_text(engine.metrics(), counters_now()), "text/plain; version=0.0.4");
+    }));
+  }
+
+  api::HttpCounters counters_now() const {
+    return api::HttpCounters{n2xx.load(), n4xx.load(), n5xx.load(), n_cancelled.load()};
+  }
+
+  void completion(const httplib::Request& req, httplib::Response& res, bool chat) {
+    api::ParsedCompletion pc = api::parse_completion(api::parse_body(req.body), chat, engine.options().default_method);
+    api::ResponseMeta meta{new_id(chat), unix_seconds(),
+                           pc.request.model.empty() ? engine.model_name() : pc.request.model, chat};
+    if (!pc.stream) {
+      reply_json(res, 200, api::completion_response(meta, engine.complete(pc.request)));
+      return;
+    }
+
+    auto job = std::make_shared<StreamJob>();
+    job->run(engine, pc.request);
+    {
+      std::unique_lock lk(job->mu);
+      job->cv.wait(lk, [&] { return !job->pieces.empty() || job->done; });
+      if (job->done && job->pieces.empty()) {
+        if (job->request_error) throw RequestError(*job->request_error);
+        if (!job->failure.empty()) throw std::runtime_error(job->failure);
+      }
+    }
+    res.set_header("Cache-Control", "no-cache");
+    res.set_chunked_content_provider(
+        "text/event-stream",
+        [this, job, meta, include_usage = pc.include_usage](size_t, httplib::DataSink& sink) {
+          auto send = [&](const std::string& s) {
+            if (sink.write(s.data(), s.size())) return true;
+            job->client_gone = true;  // the engine frees the slot at its next step
+            ++n_cancelled;
+            return false;
+          };
+          if (!send(api::sse_event(api::stream_role_chunk(meta)))) return false;
+          for (;;) {
+            std::vector<std::string> batch;
+            bool done = false;
+            {
+              std::unique_lock lk(job->mu);
+              job->cv.wait(lk, [&] { return !job->pieces.empty() || job->done; });
+              batch.swap(job->pieces);
+              done = job->done;
+            }
+            for (const auto& piece : batch)
+              if (!send(api::sse_event(api::stream_text_chunk(meta, piece)))) return false;
+            if (done) break;
+          }
+          // Past the 200 an error can only travel as an event (as OpenAI's API does).
+          bool ok = true;
+          if (job->request_error)
+            ok = send(api::sse_event(api::error_body(*job->request_error)));
+          else if (!job->failure.empty())
+            ok = send(api::sse_event(api::error_body(500, "server_error", job->failure)));
+          else {
+            ok = send(api::sse_event(api::stream_finish_chunk(meta, job->result.finish_reason)));
+            if (ok && include_usage) ok = send(api::sse_event(api::stream_usage_chunk(meta, job->result)));
+          }
+          if (!ok || !send(api::kSseDone)) return false;
+          sink.done();
+          return true;
+        },
+        [job](bool success) {
+          if (!success) job->client_gone = true;
+        });
+  }
+};
+
+HttpServer::HttpServer(Engine& engine, HttpServerOptions opt) : impl_(std::make_unique<Impl>(engine, std::move(opt))) {}
+HttpServer::~HttpServer() { stop(); }
+
+int HttpServer::bind() {
+  auto& o = impl_->opt;
+  if (o.port == 0) {
+    const int port = impl_->svr.bind_to_any_port(o.host);
+    if (port <= 0) throw std::runtime_error("cannot bind " + o.host + " to any port");
+    o.port = port;
+  } else if (!impl_->svr.bind_to_port(o.host, o.port)) {
+    throw std::runtime_error("cannot bind " + o.host + ":" + std::to_string(o.port) + " (in use, or not a local address?)");
+  }
+  return o.port;
+}
+
+bool HttpServer::listen() { return impl_->svr.listen_after_bind(); }
+
+void HttpServer::stop() {
+  if (impl_->svr.is_running()) impl_->svr.stop();
+}
+
+api::HttpCounters HttpServer::counters() const { return impl_->counters_now(); }
+
+}  // namespace cf

@@ -1,0 +1,350 @@
+// The HTTP layer's request parsing and response formatting (src/serve/api_json.cpp): what
+// OpenAI clients send must parse, what they must not send must be a 400 naming the field,
+// and what we answer must have the shape the openai client and Prometheus read.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <regex>
+#include <set>
+#include <sstream>
+
+#include "serve/server.h"
+
+namespace cf {
+namespace {
+
+using nlohmann::json;
+
+api::ParsedCompletion chat(const json& body) { return api::parse_completion(body, true, "full"); }
+
+// The RequestError a body raises (status 0 when it parses).
+RequestError refusal(const json& body, bool is_chat = true) {
+  try {
+    api::parse_completion(body, is_chat, "full");
+  } catch (const RequestError& e) {
+    return e;
+  }
+  return RequestError(0, "", "");
+}
+
+json basic_chat() { return json{{"model", "m"}, {"messages", json::array({{{"role", "user"}, {"content", "hi"}}})}}; }
+
+TEST(ServerApi, ChatBodyWithAllKnownFieldsParses) {
+  json b = basic_chat();
+  b["messages"] = json::array({{{"role", "system"}, {"content", "be brief"}},
+                               {{"role", "user"}, {"content", json::array({{{"type", "text"}, {"text", "a"}},
+                                                                           {{"type", "text"}, {"text", "b"}}})}}});
+  b["max_tokens"] = 7;
+  b["temperature"] = 0.5;
+  b["top_p"] = 0.9;
+  b["seed"] = 42;
+  b["stop"] = json::array({"\n", "END"});
+  b["stream"] = true;
+  b["stream_options"] = {{"include_usage", true}};
+  b["documents"] = json::array({"passage one", {{"id", "abc"}}, {{"text", "passage three"}}});
+  b["fusion"] = {{"method", "epic"}, {"ratio", 0.3}, {"reorder", true}, {"conversation_id", "c1"},
+                 {"prefix_cache", false}};
+  b["frequency_penalty"] = 0;  // unknown to us: ignored, as OpenAI ignores unknown fields
+  b["user"] = "someone";
+  const auto pc = chat(b);
+  const auto& r = pc.request;
+  EXPECT_TRUE(r.chat);
+  EXPECT_EQ(r.model, "m");
+  ASSERT_EQ(r.messages.size(), 2u);
+  EXPECT_EQ(r.messages[0].role, "system");
+  EXPECT_EQ(r.messages[1].content, "ab");
+  EXPECT_EQ(r.max_tokens, 7);
+  EXPECT_DOUBLE_EQ(r.temperature, 0.5);
+  EXPECT_DOUBLE_EQ(r.top_p, 0.9);
+  ASSERT_TRUE(r.seed.has_value());
+  EXPECT_EQ(*r.seed, 42u);
+  EXPECT_EQ(r.stop, (std::vector<std::string>{"\n", "END"}));
+  EXPECT_TRUE(pc.stream);
+  EXPECT_TRUE(pc.include_usage);
+  ASSERT_EQ(r.documents.size(), 3u);
+  EXPECT_EQ(r.documents[0].text, "passage one");
+  EXPECT_EQ(r.documents[1].id, "abc");
+  EXPECT_TRUE(r.documents[1].text.empty());
+  EXPECT_EQ(r.documents[2].text, "passage three");
+  EXPECT_EQ(r.fusion.method, "epic");
+  EXPECT_DOUBLE_EQ(r.fusion.ratio, 0.3);
+  EXPECT_TRUE(r.fusion.reorder);
+  EXPECT_EQ(r.fusion.conversation_id, "c1");
+  EXPECT_FALSE(r.fusion.prefix_cache);
+}
+
+TEST(ServerApi, DefaultsAndNullsMeanNotGiven) {
+  json b = basic_chat();
+  b["max_tokens"] = nullptr;
+  b["stop"] = nullptr;
+  b["temperature"] = nullptr;
+  const auto r = api::parse_completion(b, true, "cacheblend").request;
+  EXPECT_EQ(r.max_tokens, CompletionRequest{}.max_tokens);
+  EXPECT_DOUBLE_EQ(r.temperature, 0.0);
+  EXPECT_TRUE(r.stop.empty());
+  EXPECT_FALSE(r.seed.has_value());
+  EXPECT_EQ(r.fusion.method, "cacheblend");  // the server's default method
+  EXPECT_FALSE(chat(b).stream);
+}
+
+TEST(ServerApi, MaxCompletionTokensWinsAndStopMayBeAString) {
+  json b = basic_chat();
+  b["max_tokens"] = 5;
+  b["max_completion_tokens"] = 9;
+  b["stop"] = "###";
+  const auto r = chat(b).request;
+  EXPECT_EQ(r.max_tokens, 9);
+  EXPECT_EQ(r.stop, std::vector<std::string>{"###"});
+}
+
+TEST(ServerApi, DeveloperRoleIsSystemAndAssistantContentMayBeNull) {
+  json b = basic_chat();
+  b["messages"] = json::array({{{"role", "developer"}, {"content", "x"}},
+                               {{"role", "assistant"}, {"content", nullptr}},
+                               {{"role", "user"}, {"content", "q"}}});
+  const auto r = chat(b).request;
+  EXPECT_EQ(r.messages[0].role, "system");
+  EXPECT_EQ(r.messages[1].content, "");
+}
+
+TEST(ServerApi, CompletionPromptIsAStringOrAListOfOne) {
+  EXPECT_EQ(api::parse_completion(json{{"prompt", "abc"}}, false, "full").request.prompt, "abc");
+  EXPECT_EQ(api::parse_completion(json{{"prompt", {"xyz"}}}, false, "full").request.prompt, "xyz");
+  EXPECT_FALSE(api::parse_completion(json{{"prompt", "abc"}}, false, "full").request.chat);
+  EXPECT_EQ(refusal(json{{"prompt", {"a", "b"}}}, false).param, "prompt");
+  EXPECT_EQ(refusal(json{{"prompt", {1, 2, 3}}}, false).param, "prompt");
+  EXPECT_EQ(refusal(json{{"model", "m"}}, false).param, "prompt");
+}
+
+TEST(ServerApi, WrongTypesAndValuesAre400NamingTheField) {
+  struct Case {
+    const char* key;
+    json value;
+    const char* param;
+  };
+  const std::vector<Case> cases = {
+      {"model", 3, "model"},
+      {"max_tokens", "ten", "max_tokens"},
+      {"max_tokens", 0, "max_tokens"},
+      {"max_tokens", 2.5, "max_tokens"},
+      {"max_completion_tokens", -1, "max_completion_tokens"},
+      {"temperature", "hot", "temperature"},
+      {"temperature", 3.0, "temperature"},
+      {"top_p", 0.0, "top_p"},
+      {"top_p", 1.5, "top_p"},
+      {"seed", "s", "seed"},
+      {"stop", 5, "stop"},
+      {"stop", json::array({"a", 1}), "stop[1]"},
+      {"stop", "", "stop"},
+      {"stream", "yes", "stream"},
+      {"stream_options", json{{"include_usage", 1}}, "stream_options.include_usage"},
+      {"n", 2, "n"},
+      {"documents", "one passage", "documents"},
+      {"documents", json::array({1}), "documents[0]"},
+      {"documents", json::array({json::object()}), "documents[0]"},
+      {"documents", json::array({{{"id", "a"}, {"text", "b"}}}), "documents[0]"},
+      {"documents", json::array({{{"id", 7}}}), "documents[0].id"},
+      {"documents", json::array({""}), "documents[0]"},
+      {"fusion", "epic", "fusion"},
+      {"fusion", json{{"ratio", 1.5}}, "fusion.ratio"},
+      {"fusion", json{{"ratio", -0.1}}, "fusion.ratio"},
+      {"fusion", json{{"ratio", "half"}}, "fusion.ratio"},
+      {"fusion", json{{"method", 1}}, "fusion.method"},
+      {"fusion", json{{"reorder", "true"}}, "fusion.reorder"},
+      {"fusion", json{{"prefix_cache", 0}}, "fusion.prefix_cache"},
+      {"messages", "hi", "messages"},
+      {"messages", json::array(), "messages"},
+      {"messages", json::array({{{"role", "tool"}, {"content", "x"}}}), "messages[0].role"},
+      {"messages", json::array({{{"content", "x"}}}), "messages[0].role"},
+      {"messages", json::array({{{"role", "user"}}}), "messages[0].content"},
+      {"messages", json::array({{{"role", "user"}, {"content", 5}}}), "messages[0].content"},
+      {"messages", json::array({{{"role", "user"}, {"content", {{{"type", "image_url"}}}}}}),
+       "messages[0].content[0].type"},
+  };
+  for (const auto& c : cases) {
+    json b = basic_chat();
+    b[c.key] = c.value;
+    const RequestError e = refusal(b);
+    EXPECT_EQ(e.status, 400) << c.key << " = " << c.value.dump();
+    EXPECT_EQ(e.type, "invalid_request_error") << c.key;
+    EXPECT_EQ(e.param, c.param) << c.key << " = " << c.value.dump() << ": " << e.what();
+  }
+  json no_messages = basic_chat();
+  no_messages.erase("messages");
+  EXPECT_EQ(refusal(no_messages).param, "messages");
+}
+
+TEST(ServerApi, RatioBoundsAreInclusive) {
+  for (double ratio : {0.0, 1.0}) {
+    json b = basic_chat();
+    b["fusion"] = {{"ratio", ratio}};
+    EXPECT_DOUBLE_EQ(chat(b).request.fusion.ratio, ratio);
+  }
+}
+
+TEST(ServerApi, BodyMustBeAJsonObject) {
+  for (const char* text : {"{\"model\": ", "", "not json", "[1, 2]", "\"str\"", "{\"a\": \"\xff\"}"}) {
+    try {
+      api::parse_body(text);
+      ADD_FAILURE() << "accepted: " << text;
+    } catch (const RequestError& e) {
+      EXPECT_EQ(e.status, 400);
+    }
+  }
+  EXPECT_EQ(api::parse_body("{\"a\": 1}")["a"], 1);
+}
+
+TEST(ServerApi, ChunkTextsFromTextsOrDocuments) {
+  EXPECT_EQ(api::parse_chunk_texts(json{{"texts", {"a", "b"}}}), (std::vector<std::string>{"a", "b"}));
+  EXPECT_EQ(api::parse_chunk_texts(json{{"documents", json::array({"a", {{"text", "b"}}})}}),
+            (std::vector<std::string>{"a", "b"}));
+  for (const json& bad : {json::object(), json{{"texts", "a"}}, json{{"texts", json::array()}},
+                          json{{"texts", {1}}}, json{{"texts", {"a"}}, {"documents", {"b"}}},
+                          json{{"texts", json::array({{{"text", "b"}}})}}, json{{"texts", {""}}}}) {
+    EXPECT_THROW(api::parse_chunk_texts(bad), RequestError) << bad.dump();
+  }
+}
+
+CompletionResult sample_result() {
+  CompletionResult r;
+  r.text = "Paris.";
+  r.finish_reason = "stop";
+  r.prompt_tokens = 100;
+  r.completion_tokens = 3;
+  r.prefilled_tokens = 30;
+  r.prefix_hit_tokens = 32;
+  r.chunk_hits = 2;
+  r.chunk_misses = 1;
+  r.recomputed_tokens = 12;
+  r.chunk_order = {"c1", "c2", "c3"};
+  r.timings.ttft_ms = 42.5;
+  return r;
+}
+
+TEST(ServerApi, ChatResponseHasOpenAIShapeAndTheExtension) {
+  const api::ResponseMeta meta{"chatcmpl-1", 1700000000, "smol", true};
+  const json j = api::completion_response(meta, sample_result());
+  EXPECT_EQ(j["id"], "chatcmpl-1");
+  EXPECT_EQ(j["object"], "chat.completion");
+  EXPECT_EQ(j["created"], 1700000000);
+  EXPECT_EQ(j["model"], "smol");
+  ASSERT_EQ(j["choices"].size(), 1u);
+  EXPECT_EQ(j["choices"][0]["message"]["role"], "assistant");
+  EXPECT_EQ(j["choices"][0]["message"]["content"], "Paris.");
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "stop");
+  EXPECT_EQ(j["usage"]["prompt_tokens"], 100);
+  EXPECT_EQ(j["usage"]["completion_tokens"], 3);
+  EXPECT_EQ(j["usage"]["total_tokens"], 103);
+  // Everything not run through the model came from a cache.
+  EXPECT_EQ(j["usage"]["prompt_tokens_details"]["cached_tokens"], 70);
+  EXPECT_EQ(j["chunkfuse"]["recomputed_tokens"], 12);
+  EXPECT_EQ(j["chunkfuse"]["chunk_order"], json({"c1", "c2", "c3"}));
+  EXPECT_DOUBLE_EQ(j["chunkfuse"]["timings_ms"]["ttft"].get<double>(), 42.5);
+}
+
+TEST(ServerApi, CompletionResponseCarriesText) {
+  const api::ResponseMeta meta{"cmpl-1", 1, "smol", false};
+  const json j = api::completion_response(meta, sample_result());
+  EXPECT_EQ(j["object"], "text_completion");
+  EXPECT_EQ(j["choices"][0]["text"], "Paris.");
+  EXPECT_FALSE(j["choices"][0].contains("message"));
+}
+
+TEST(ServerApi, StreamChunksFollowOpenAI) {
+  const api::ResponseMeta meta{"chatcmpl-2", 1, "smol", true};
+  const json first = api::stream_role_chunk(meta);
+  EXPECT_EQ(first["object"], "chat.completion.chunk");
+  EXPECT_EQ(first["choices"][0]["delta"]["role"], "assistant");
+  EXPECT_TRUE(first["choices"][0]["finish_reason"].is_null());
+  const json piece = api::stream_text_chunk(meta, " Par");
+  EXPECT_EQ(piece["choices"][0]["delta"]["content"], " Par");
+  EXPECT_FALSE(piece["choices"][0]["delta"].contains("role"));
+  const json last = api::stream_finish_chunk(meta, "length");
+  EXPECT_EQ(last["choices"][0]["finish_reason"], "length");
+  EXPECT_TRUE(last["choices"][0]["delta"].empty());
+  const json usage = api::stream_usage_chunk(meta, sample_result());
+  EXPECT_TRUE(usage["choices"].empty());
+  EXPECT_EQ(usage["usage"]["total_tokens"], 103);
+
+  const api::ResponseMeta text_meta{"cmpl-2", 1, "smol", false};
+  EXPECT_EQ(api::stream_text_chunk(text_meta, "x")["object"], "text_completion");
+  EXPECT_EQ(api::stream_text_chunk(text_meta, "x")["choices"][0]["text"], "x");
+}
+
+TEST(ServerApi, SseEventIsOneDataLine) {
+  const std::string ev = api::sse_event(json{{"a", "line1\nline2"}});
+  EXPECT_EQ(ev, "data: {\"a\":\"line1\\nline2\"}\n\n");  // newlines escaped: one event, one line
+}
+
+TEST(ServerApi, DumpSurvivesASplitUtf8Character) {
+  // "é" is C3 A9; a piece that ends after C3 must not throw.
+  const std::string out = api::dump(json{{"t", std::string("caf\xC3")}});
+  EXPECT_NE(out.find("caf"), std::string::npos);
+  EXPECT_TRUE(json::accept(out));
+}
+
+TEST(ServerApi, ErrorBodyHasOpenAIFields) {
+  const json j = api::error_body(RequestError(404, "not_found_error", "no chunk 'x'", "documents[0].id"));
+  EXPECT_EQ(j["error"]["message"], "no chunk 'x'");
+  EXPECT_EQ(j["error"]["type"], "not_found_error");
+  EXPECT_EQ(j["error"]["param"], "documents[0].id");
+  EXPECT_TRUE(j["error"].contains("code"));
+  EXPECT_TRUE(api::error_body(400, "invalid_request_error", "bad")["error"]["param"].is_null());
+}
+
+TEST(ServerApi, PrometheusTextIsWellFormed) {
+  EngineMetrics m;
+  m.requests = 10;
+  m.errors = 1;
+  m.chunk_hits = 3;
+  m.chunk_misses = 1;
+  m.prompt_tokens = 200;
+  m.prefix_hit_tokens = 50;
+  m.queue_length = 2;
+  m.store_memory_bytes = 1024;
+  m.store_disk_bytes = 4096;
+  m.ttft_bucket_bounds_ms = {10, 100, 1000};
+  m.ttft_bucket_counts = {1, 4, 6, 7};
+  m.ttft_sum_ms = 2500;
+  m.ttft_count = 7;
+  const std::string text = api::prometheus_text(m, api::HttpCounters{9, 2, 0, 1});
+
+  // Every line is a comment or `name{labels} value`; every sample's family has a TYPE.
+  const std::regex sample(R"(([a-z_]+)(\{[a-z]+="[^"]*"\})? (\S+))");
+  std::istringstream in(text);
+  std::string line;
+  std::set<std::string> typed;
+  size_t samples = 0;
+  while (std::getline(in, line)) {
+    if (line.rfind("# TYPE ", 0) == 0) {
+      typed.insert(line.substr(7, line.find(' ', 7) - 7));
+      continue;
+    }
+    if (line.rfind("# HELP ", 0) == 0) continue;
+    std::smatch mt;
+    ASSERT_TRUE(std::regex_match(line, mt, sample)) << line;
+    std::string family = mt[1];
+    for (const char* suffix : {"_bucket", "_sum", "_count"})
+      if (!typed.count(family) && family.size() > std::strlen(suffix) &&
+          family.compare(family.size() - std::strlen(suffix), std::string::npos, suffix) == 0)
+        family.resize(family.size() - std::strlen(suffix));
+    EXPECT_TRUE(typed.count(family)) << "no TYPE for " << line;
+    EXPECT_NO_THROW((void)std::stod(mt[3] == "+Inf" ? std::string("0") : std::string(mt[3]))) << line;
+    ++samples;
+  }
+  EXPECT_GT(samples, 15u);
+  EXPECT_NE(text.find("# TYPE chunkfuse_ttft_seconds histogram"), std::string::npos);
+  EXPECT_NE(text.find("chunkfuse_ttft_seconds_bucket{le=\"0.1\"} 4\n"), std::string::npos);
+  EXPECT_NE(text.find("chunkfuse_ttft_seconds_bucket{le=\"+Inf\"} 7\n"), std::string::npos);
+  EXPECT_NE(text.find("chunkfuse_ttft_seconds_sum 2.5\n"), std::string::npos);
+  EXPECT_NE(text.find("chunkfuse_ttft_seconds_count 7\n"), std::string::npos);
+  EXPECT_NE(text.find("chunkfuse_requests_total 10\n"), std::string::npos);
+  EXPECT_NE(text.find("chunkfuse_chunk_hit_ratio 0.75\n"), std::string::npos);
+  EXPECT_NE(text.find("chunkfuse_prefix_hit_ratio 0.25\n"), std::string::npos);
+  EXPECT_NE(text.find("chunkfuse_store_bytes{tier=\"disk\"} 4096\n"), std::string::npos);
+  EXPECT_NE(text.find("chunkfuse_queue_length 2\n"), std::string::npos);
+  EXPECT_NE(text.find("chunkfuse_http_responses_total{code=\"4xx\"} 2\n"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace cf
