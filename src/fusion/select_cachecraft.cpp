@@ -32,7 +32,9 @@
 //    CFO at the configured α would have chosen.
 //  - Variants: made from the request's full pass after the chunk's true prefix ("a unique
 //    chunk and prefix", §3.3), at most M per chunk (paper: a global N×M budget with f_r
-//    eviction; we neither evict nor track f_r: a chunk with M variants gets no more).
+//    eviction): a chunk with M variants gets no more. select() credits each chunk's cache
+//    with f_r += 1/CFO in the store (ChunkStore::note_use); the store's cachecraft policy
+//    and its entry budget (N×M) evict by it.
 //    Online creation is offline work (Selector::offline_ms) and serves later requests only:
 //    the request that creates a variant chose its own variants before.
 //  - Attention statistics: mean over heads and layers (B6.1), inter(prev, cur) direction.
@@ -40,7 +42,7 @@
 //    pass after layer L*, which the executor's single Forward::run over P ∪ U cannot do
 //    (it needs a per-row last layer in ForwardInput). Only its decision rule is
 //    implemented and tested (cachecraft::focused_chunk_count).
-//  - No tiers, preloading or f_r (§3.4.2, §3.5): the chunk store's memory/disk tiers apply.
+//  - Tiers, demotion and preloading (§3.4.2, §3.5) are the chunk store's (kv/chunk_store.h).
 #include "fusion/select_cachecraft.h"
 
 #include <algorithm>
@@ -320,6 +322,7 @@ class CacheCraftSelector final : public Selector {
 
   std::shared_ptr<const ChunkCache> lookup_chunk(Forward& fwd, ChunkStore& store, const ChunkKey& pic_key,
                                                  const RagRequest& request, size_t chunk_index) override {
+    store_ = &store;  // select() credits the caches it reuses (f_r)
     if (!planned_) plan(fwd, store, request);
     return chunk_index < chosen_.size() ? chosen_[chunk_index] : nullptr;
   }
@@ -367,6 +370,8 @@ class CacheCraftSelector final : public Selector {
     for (size_t i = 0; i < k; ++i) {
       for (size_t t = 0; t < counts[i]; ++t) sel.slots.push_back(in.chunks[i].begin + rank[i][t]);
       const ContextVariant& cv = in.chunks[i].cache->key.variant();
+      const double cfo = cachecraft::cache_fix_overhead(opt_.alpha, scored[i].cci, scored[i].beta_prime);
+      if (store_) store_->note_use(in.chunks[i].cache->key.id(), cfo);  // f_r += 1/CFO (§3.3)
       per_chunk.push_back({{"variant", context_kind_name(cv.kind)},
                            {"context_hash", hash128_hex(cv.context_hash)},
                            {"penalty", penalty[i]},
@@ -374,7 +379,7 @@ class CacheCraftSelector final : public Selector {
                            {"gamma", scored[i].gamma},
                            {"beta_prime", scored[i].beta_prime},
                            {"cci", scored[i].cci},
-                           {"cfo", cachecraft::cache_fix_overhead(opt_.alpha, scored[i].cci, scored[i].beta_prime)},
+                           {"cfo", cfo},
                            {"tokens", sizes[i]},
                            {"recomputed", counts[i]}});
     }
@@ -423,6 +428,7 @@ class CacheCraftSelector final : public Selector {
   }
 
   CacheCraftOptions opt_;
+  ChunkStore* store_ = nullptr;  // the executor's, set by lookup_chunk; outlives this request
   bool planned_ = false;
   std::vector<std::shared_ptr<const ChunkCache>> chosen_;
   double offline_ms_ = 0;
