@@ -27,21 +27,42 @@ std::string passage_text(const Passage& p, const RagPromptOptions& opt) {
   return s;
 }
 
+std::vector<std::string> render_chat_around(const ChatTemplate& tmpl, std::vector<ChatMessage> messages,
+                                            const std::vector<size_t>& split_at) {
+  // Markers no template adds or trims: control bytes around a name.
+  auto marker = [](size_t i) { return "\x01\x02CHUNKFUSE_CONTENT_" + std::to_string(i) + "\x02\x01"; };
+  for (size_t k = 0; k < split_at.size(); ++k) {
+    if (split_at[k] >= messages.size() || (k > 0 && split_at[k] <= split_at[k - 1]))
+      throw std::invalid_argument("render_chat_around: split indices out of range or not ascending");
+    messages[split_at[k]].content = marker(k);
+  }
+  const std::string rendered = tmpl.apply(messages, true);
+  std::vector<std::string> pieces;
+  size_t from = 0;
+  for (size_t k = 0; k < split_at.size(); ++k) {
+    const std::string m = marker(k);
+    const size_t at = rendered.find(m, from);
+    if (at == std::string::npos) throw std::logic_error("chat template dropped a message's content");
+    pieces.push_back(rendered.substr(from, at - from));
+    from = at + m.size();
+  }
+  pieces.push_back(rendered.substr(from));
+  return pieces;
+}
+
 RagRequest build_rag_request(const Model& model, const std::vector<Passage>& passages, const std::string& question,
                              const RagPromptOptions& opt) {
   const Tokenizer& tok = model.tokenizer();
   std::string before, after;
   const std::string question_text = "Question: " + question;
   if (opt.use_chat_template) {
-    static const std::string kMarker = "\x01\x02CHUNKFUSE_USER_CONTENT\x02\x01";
     std::vector<ChatMessage> msgs;
     if (!opt.system.empty()) msgs.push_back({"system", opt.system});
-    msgs.push_back({"user", kMarker});
-    const std::string rendered = model.chat_template().apply(msgs, true);
-    const size_t at = rendered.find(kMarker);
-    if (at == std::string::npos) throw std::logic_error("chat template dropped the user message");
-    before = rendered.substr(0, at);
-    after = rendered.substr(at + kMarker.size());
+    msgs.push_back({"user", ""});
+    const size_t user = msgs.size() - 1;
+    auto pieces = render_chat_around(model.chat_template(), std::move(msgs), {user});
+    before = std::move(pieces[0]);
+    after = std::move(pieces[1]);
   } else {
     before = opt.system.empty() ? "" : opt.system + "\n\n";
     after = "\nAnswer:";

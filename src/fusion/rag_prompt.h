@@ -33,6 +33,13 @@ struct RagRequest {
 // Text of a passage as it goes into its chunk ("Title: ...\n<text>" + separator).
 std::string passage_text(const Passage& p, const RagPromptOptions& opt);
 
+// Renders `messages` with the generation prompt, leaving out the content of the messages at
+// `split_at` (ascending indices), and returns the template text around them: pieces[0]
+// before the first, pieces[i] between the i-th and the next, pieces.back() after the last.
+// How S and U are cut out of a chat prompt (here and in the server).
+std::vector<std::string> render_chat_around(const ChatTemplate& tmpl, std::vector<ChatMessage> messages,
+                                            const std::vector<size_t>& split_at);
+
 RagRequest build_rag_request(const Model& model, const std::vector<Passage>& passages, const std::string& question,
                              const RagPromptOptions& opt = {});
 

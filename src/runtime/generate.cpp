@@ -27,8 +27,10 @@ size_t complete_utf8_prefix(std::string_view s) {
   return s.size();
 }
 
+}  // namespace
+
 // Holds back text that could still turn into a stop string or is an incomplete character.
-class StopMatcher {
+class DecodeSession::StopMatcher {
  public:
   explicit StopMatcher(const std::vector<std::string>& stops) : stops_(stops) {}
   // Adds text; returns true when a stop string completed (text is then cut before it).
@@ -68,7 +70,50 @@ class StopMatcher {
   size_t emitted_ = 0;
 };
 
-}  // namespace
+DecodeSession::DecodeSession(const Tokenizer& tok, const GenerateOptions& opt, std::vector<TokenId> history)
+    : tok_(tok), opt_(opt), sampler_(opt.sampling), seen_(std::move(history)), stop_(std::make_unique<StopMatcher>(opt.stop)) {
+  if (opt.max_tokens <= 0) stop_reason_ = "length";
+}
+DecodeSession::~DecodeSession() = default;
+DecodeSession::DecodeSession(DecodeSession&&) noexcept = default;
+
+std::string DecodeSession::text() const { return stop_->text(); }
+
+void DecodeSession::finish(std::string reason) {
+  stop_reason_ = std::move(reason);
+  // "length" already flushed with the last token.
+  if (stop_reason_ != "length" && opt_.on_text) {
+    std::string_view rest = stop_->ready(true);
+    if (!rest.empty()) opt_.on_text(rest);
+  }
+}
+
+bool DecodeSession::step(const float* logits, size_t vocab) {
+  if (finished()) throw std::logic_error("decode session: step after the end");
+  const TokenId next = sampler_.sample(logits, vocab, seen_);
+  if (tok_.is_end_of_generation(next)) {
+    finish("eos");
+    return false;
+  }
+  tokens_.push_back(next);
+  seen_.push_back(next);
+  const bool hit = stop_->add(tok_.token_to_piece(next, false));
+  const bool last = hit || tokens_.size() >= static_cast<size_t>(opt_.max_tokens);
+  std::string_view piece = stop_->ready(last);
+  if (opt_.on_text && !piece.empty() && !opt_.on_text(piece)) {
+    finish("callback");
+    return false;
+  }
+  if (hit) {
+    finish("stop");
+    return false;
+  }
+  if (last) {
+    finish("length");
+    return false;
+  }
+  return true;
+}
 
 GenerateResult Generator::generate(KvCache& cache, const std::vector<TokenId>& prompt, const GenerateOptions& opt,
                                    int32_t start_pos) {
@@ -91,53 +136,31 @@ GenerateResult Generator::generate(KvCache& cache, const std::vector<TokenId>& p
 GenerateResult Generator::continue_from(KvCache& cache, std::vector<float> logits, int32_t next_pos,
                                         const std::vector<TokenId>& history, const GenerateOptions& opt) {
   const auto t0 = Clock::now();
-  const Tokenizer& tok = fwd_.model().tokenizer();
   const size_t vocab = fwd_.model().hparams().vocab_size;
   if (logits.size() != vocab) throw std::invalid_argument("generate: logits of the wrong size");
-  Sampler sampler(opt.sampling);
-  std::vector<TokenId> seen = history;
-  StopMatcher stop(opt.stop);
+  DecodeSession session(fwd_.model().tokenizer(), opt, history);
   GenerateResult r;
-  r.stop_reason = "length";
   Clock::time_point decode_start;
-  for (int i = 0; i < opt.max_tokens; ++i) {
-    if (i > 0) {
-      const size_t row = 0;
-      const TokenId t = r.tokens.back();
-      const int32_t p = next_pos++;
-      ForwardInput in{std::span<const TokenId>(&t, 1), std::span<const int32_t>(&p, 1), {},
-                      std::span<const size_t>(&row, 1)};
-      logits = std::move(fwd_.run(cache, in).logits);
-    }
-    const TokenId next = sampler.sample(logits.data(), vocab, seen);
-    if (i == 0) {
+  bool first = true;
+  while (!session.finished()) {
+    const bool more = session.step(logits.data(), vocab);
+    if (first) {
       r.ttft_ms = ms_since(t0);
       decode_start = Clock::now();
+      first = false;
     }
-    if (tok.is_end_of_generation(next)) {
-      r.stop_reason = "eos";
-      break;
-    }
-    r.tokens.push_back(next);
-    seen.push_back(next);
-    const bool hit = stop.add(tok.token_to_piece(next, false));
-    const bool last = hit || i + 1 == opt.max_tokens;
-    std::string_view piece = stop.ready(last);
-    if (opt.on_text && !piece.empty() && !opt.on_text(piece)) {
-      r.stop_reason = "callback";
-      break;
-    }
-    if (hit) {
-      r.stop_reason = "stop";
-      break;
-    }
+    if (!more) break;
+    const size_t row = 0;
+    const TokenId t = session.last_token();
+    const int32_t p = next_pos++;
+    ForwardInput in{std::span<const TokenId>(&t, 1), std::span<const int32_t>(&p, 1), {},
+                    std::span<const size_t>(&row, 1)};
+    logits = std::move(fwd_.run(cache, in).logits);
   }
-  if (r.stop_reason != "length" && opt.on_text) {
-    std::string_view rest = stop.ready(true);
-    if (!rest.empty()) opt.on_text(rest);
-  }
+  r.stop_reason = session.stop_reason();
+  r.tokens = session.tokens();
   if (!r.tokens.empty()) r.decode_ms = ms_since(decode_start);
-  r.text = stop.text();
+  r.text = session.text();
   return r;
 }
 

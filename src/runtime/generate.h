@@ -4,6 +4,7 @@
 // says stop. Streamed text never splits a UTF-8 character and never shows a stop string.
 #pragma once
 #include <functional>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -30,6 +31,38 @@ struct GenerateResult {
   double ttft_ms = 0;              // until the first token is chosen
   double decode_ms = 0;            // all decode steps
   double decode_tokens_per_s() const { return decode_ms > 0 ? (tokens.size() > 1 ? (tokens.size() - 1) * 1000.0 / decode_ms : 0) : 0; }
+};
+
+// One generation's per-token logic, whatever runs the forward pass (the Generator runs one
+// sequence; the server's scheduler batches many): sampling, end of generation, stop
+// strings, the token limit and UTF-8-safe streaming through GenerateOptions::on_text.
+class DecodeSession {
+ public:
+  // `history`: the prompt (for the repetition penalty). `opt` must outlive the session.
+  DecodeSession(const Tokenizer& tok, const GenerateOptions& opt, std::vector<TokenId> history);
+  ~DecodeSession();
+  DecodeSession(DecodeSession&&) noexcept;
+  // Chooses the next token from the logits of the latest position. true: generation goes
+  // on, and last_token() must be run through the model (at the next position) to give the
+  // next logits; false: finished, stop_reason() says why ("eos", "stop", "length",
+  // "callback") and all text has been streamed.
+  bool step(const float* logits, size_t vocab);
+  bool finished() const { return !stop_reason_.empty(); }
+  const std::string& stop_reason() const { return stop_reason_; }
+  TokenId last_token() const { return tokens_.back(); }
+  const std::vector<TokenId>& tokens() const { return tokens_; }  // the stopping token excluded
+  std::string text() const;                                       // stop string cut off
+
+ private:
+  void finish(std::string reason);
+  class StopMatcher;
+  const Tokenizer& tok_;
+  const GenerateOptions& opt_;
+  Sampler sampler_;
+  std::vector<TokenId> seen_;
+  std::vector<TokenId> tokens_;
+  std::unique_ptr<StopMatcher> stop_;
+  std::string stop_reason_;
 };
 
 class Generator {

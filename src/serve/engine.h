@@ -19,6 +19,8 @@
 #include <string_view>
 #include <vector>
 
+#include "model/chat_template.h"
+
 namespace cf {
 
 // A request the engine refuses: the HTTP layer maps it to `status` with an OpenAI-style
@@ -31,10 +33,8 @@ struct RequestError : std::runtime_error {
   std::string param;  // offending field, when there is one
 };
 
-struct ChatMessage {
-  std::string role;  // system | user | assistant
-  std::string content;
-};
+// ChatMessage {role: system | user | assistant, content} is the chat template's own
+// (model/chat_template.h): one type from the HTTP layer down to the renderer.
 
 struct DocumentRef {
   std::string text;  // inline passage text, or
@@ -71,7 +71,9 @@ struct CompletionTimings {
 
 struct CompletionResult {
   std::string text;
-  std::string finish_reason;  // "stop" | "length"
+  std::string finish_reason;  // "stop" | "length" (a cancelled request: "stop", cancelled set)
+  bool cancelled = false;     // on_text returned false
+  size_t history_tokens = 0;  // tokens of earlier turns of the conversation at the start of S
   size_t prompt_tokens = 0, completion_tokens = 0;
   size_t prefix_hit_tokens = 0;      // served from the prefix cache
   size_t chunk_hits = 0, chunk_misses = 0;

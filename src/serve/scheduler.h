@@ -1,0 +1,99 @@
+// The serving loop (issue 5, item 2): one thread owns the Forward pass and its thread pool.
+// Requests wait in a bounded FIFO queue; each iteration the loop runs the queued tasks
+// (chunk registration), prefills ONE waiting request if a running slot is free, then runs
+// ONE batched decode step for every running request (continuous batching: a new request
+// joins the batch as soon as its prefill is done, a finished one leaves it at once).
+// Decode steps go through Forward::run_batch, whose rows are batch-invariant, so a greedy
+// answer does not depend on which requests it was batched with.
+#pragma once
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <thread>
+#include <vector>
+
+#include "runtime/forward.h"
+#include "runtime/generate.h"
+
+namespace cf {
+
+// What a request's prefill hands to decoding.
+struct PrefillOutput {
+  std::vector<float> logits;  // of the last prompt row
+  KvCache cache;              // the prompt's K/V
+  int32_t next_position = 0;  // where the first generated token goes
+};
+
+struct SchedulerJob {
+  using Clock = std::chrono::steady_clock;
+  // Set by the submitter. Both functions run on the scheduler thread.
+  std::function<PrefillOutput(Forward&)> prefill;
+  std::function<void(SchedulerJob&)> on_finish;  // after the last step (optional): cache, session are final
+  GenerateOptions generate;                       // on_text returning false cancels
+  std::vector<TokenId> history;                   // the prompt (repetition penalty)
+
+  // Filled by the scheduler.
+  std::optional<KvCache> cache;
+  std::optional<DecodeSession> session;
+  int32_t next_position = 0;
+  std::exception_ptr error;  // prefill or decode failed (the job is done)
+  Clock::time_point arrival, started, first_token, finished;
+  bool done = false;         // guarded by the scheduler's mutex
+};
+
+struct SchedulerOptions {
+  size_t max_queue = 64;  // waiting jobs; submit() refuses more
+  size_t max_batch = 8;   // jobs decoding together
+};
+
+class Scheduler {
+ public:
+  Scheduler(Forward& fwd, SchedulerOptions opt);
+  ~Scheduler();  // jobs still waiting or running fail with RequestError 503
+  Scheduler(const Scheduler&) = delete;
+  Scheduler& operator=(const Scheduler&) = delete;
+
+  // Queues the job (arrival time stamped here); throws RequestError 503 when the queue is
+  // full or the scheduler is stopping. The job must stay alive until wait() returns.
+  void submit(SchedulerJob& job);
+  // Blocks until the job is done; rethrows its error.
+  void wait(SchedulerJob& job);
+
+  // Runs fn on the scheduler thread between steps (work that needs the Forward pass, such as
+  // computing a chunk cache) and waits for it; rethrows what it throws.
+  void call(const std::function<void(Forward&)>& fn);
+
+  size_t queue_length() const;
+  size_t running() const;
+
+ private:
+  void loop();
+  void start_one(SchedulerJob& job);
+  void decode_step();
+  void finish(SchedulerJob& job);
+  void fail_all(std::exception_ptr e);
+
+  Forward& fwd_;
+  SchedulerOptions opt_;
+  mutable std::mutex mu_;
+  std::condition_variable work_cv_, done_cv_;
+  std::deque<SchedulerJob*> waiting_;
+  struct Task {
+    const std::function<void(Forward&)>* fn;
+    std::exception_ptr error;
+    bool done = false;
+  };
+  std::deque<Task*> tasks_;
+  std::vector<SchedulerJob*> running_;  // scheduler thread only (size mirrored in n_running_)
+  size_t n_running_ = 0;                // guarded by mu_
+  bool stopping_ = false;
+  std::thread thread_;
+};
+
+}  // namespace cf

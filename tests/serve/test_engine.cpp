@@ -1,0 +1,397 @@
+// The serving engine against the real model: its answers equal the in-process building
+// blocks (Generator, FusionExecutor) on the same prompt, caches hit where they should,
+// batching and cancellation do not disturb other requests, bad requests get clear errors.
+#include "serve/engine.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <filesystem>
+#include <future>
+#include <set>
+#include <thread>
+
+#include "../runtime/model_fixture.h"
+#include "fusion/executor.h"
+#include "fusion/rag_prompt.h"
+#include "runtime/generate.h"
+
+namespace cf {
+namespace {
+
+namespace fs = std::filesystem;
+
+const std::string kSystem =
+    "You are a helpful assistant. Answer the question using the passages. Answer briefly, in one sentence.";
+const std::vector<std::string> kDocs = {
+    "The Eiffel Tower is a wrought-iron lattice tower in Paris, France. It was completed in 1889.",
+    "Mount Everest is Earth's highest mountain above sea level, located in the Himalayas.",
+    "The Great Wall of China is a series of fortifications built across northern China.",
+    "The Amazon River in South America is the largest river by discharge volume of water.",
+};
+
+std::string test_dir() {
+  static const std::string dir = [] {
+    auto d = fs::temp_directory_path() / ("cf_engine_test_" + std::to_string(::getpid()));
+    fs::remove_all(d);
+    fs::create_directories(d);
+    return d.string();
+  }();
+  return dir;
+}
+
+EngineOptions engine_options() {
+  EngineOptions o;
+  o.model_path = test::default_model_path();
+  o.threads = 2;
+  o.cache_dir = test_dir() + "/store";
+  return o;
+}
+
+Engine& shared_engine() {
+  static Engine e(engine_options());
+  return e;
+}
+
+CompletionRequest chat(const std::string& question, std::vector<std::string> docs = {}, std::string method = "full",
+                       int max_tokens = 16) {
+  CompletionRequest r;
+  r.messages = {{"system", kSystem}, {"user", question}};
+  for (auto& d : docs) r.documents.push_back({d, ""});
+  r.fusion.method = std::move(method);
+  r.fusion.prefix_cache = false;
+  r.max_tokens = max_tokens;
+  return r;
+}
+
+// The engine's chat layout built by hand: S = template before the user content, each
+// document alone (+ "\n\n"), U = user content + template after it.
+RagRequest reference_layout(const Model& m, const CompletionRequest& r) {
+  const Tokenizer& tok = m.tokenizer();
+  const size_t last = r.messages.size() - 1;
+  auto pieces = render_chat_around(m.chat_template(), r.messages, {last});
+  RagRequest rr;
+  rr.system = tok.encode(pieces[0], true, true);
+  for (const auto& d : r.documents) rr.chunks.push_back(tok.encode(d.text + "\n\n", false, false));
+  rr.suffix = tok.encode(r.messages[last].content, false, false);
+  auto after = tok.encode(pieces[1], false, true);
+  rr.suffix.insert(rr.suffix.end(), after.begin(), after.end());
+  return rr;
+}
+
+GenerateOptions greedy(int max_tokens) {
+  GenerateOptions g;
+  g.max_tokens = max_tokens;
+  g.sampling.temperature = 0;
+  return g;
+}
+
+TEST(Engine, GreedyChatEqualsGenerator) {
+  CF_REQUIRE_MODEL();
+  Engine& e = shared_engine();
+  CompletionRequest req = chat("What is the capital of France?", {}, "full", 20);
+  std::string streamed;
+  CompletionResult r = e.complete(req, [&](std::string_view s) {
+    streamed += s;
+    return true;
+  });
+
+  const Model& m = test::shared_model();
+  // Without documents S + U is the whole rendered template.
+  const auto prompt = m.tokenizer().encode(m.chat_template().apply(req.messages, true), true, true);
+  EXPECT_EQ(reference_layout(m, req).flatten(), prompt);
+  Forward fwd(m, test::shared_pool());
+  KvCache cache(m.hparams());
+  GenerateResult g = Generator(fwd).generate(cache, prompt, greedy(20));
+  EXPECT_FALSE(r.text.empty());
+  EXPECT_EQ(r.text, g.text);
+  EXPECT_EQ(streamed, r.text);
+  EXPECT_EQ(r.completion_tokens, g.tokens.size());
+  EXPECT_EQ(r.prompt_tokens, prompt.size());
+  EXPECT_EQ(r.prefilled_tokens, prompt.size());
+  EXPECT_EQ(r.finish_reason, g.stop_reason == "length" ? "length" : "stop");
+  EXPECT_GT(r.timings.ttft_ms, 0);
+}
+
+TEST(Engine, FusedRequestEqualsExecutorInProcess) {
+  CF_REQUIRE_MODEL();
+  Engine& e = shared_engine();
+  CompletionRequest req = chat("Where is the Eiffel Tower?", {kDocs[0], kDocs[1], kDocs[2]}, "epic", 16);
+  req.fusion.ratio = 0.15;
+  CompletionResult r = e.complete(req);
+
+  const Model& m = test::shared_model();
+  Forward fwd(m, test::shared_pool());
+  ChunkStoreOptions so;  // memory only
+  so.model = StoreModel{m.fingerprint(), m.hparams()};
+  ChunkStore store(so);
+  FusionExecutor ex(fwd, store);
+  RagRequest rr = reference_layout(m, req);
+  FusionOptions fo;
+  fo.method = "epic";
+  fo.ratio = 0.15;
+  FusionResult fr = ex.prefill(rr, fo);
+  GenerateResult g = Generator(fwd).continue_from(fr.cache, fr.logits, fr.next_position, rr.flatten(), greedy(16));
+  EXPECT_EQ(r.text, g.text);
+  EXPECT_EQ(r.recomputed_tokens, fr.recomputed.size());
+  EXPECT_EQ(r.prompt_tokens, rr.flatten().size());
+  EXPECT_EQ(r.chunk_order.size(), 3u);
+  EXPECT_EQ(r.chunk_hits + r.chunk_misses, 3u);
+  EXPECT_EQ(r.prefilled_tokens, rr.system.size() + fr.recomputed.size() + rr.suffix.size());
+
+  // The same request through the prefix cache (S exact either way): the same answer, and
+  // the chunk caches the first run stored are hits now.
+  req.fusion.prefix_cache = true;
+  CompletionResult again = e.complete(req);
+  EXPECT_EQ(again.text, r.text);
+  EXPECT_EQ(again.chunk_hits, 3u);
+}
+
+TEST(Engine, PrefixCacheServesTheSecondIdenticalRequest) {
+  CF_REQUIRE_MODEL();
+  Engine& e = shared_engine();
+  CompletionRequest req = chat("Which river carries the most water?", {kDocs[3], kDocs[1]}, "full", 12);
+  req.fusion.prefix_cache = true;
+  CompletionResult first = e.complete(req);
+  CompletionResult second = e.complete(req);
+  EXPECT_EQ(second.text, first.text);
+  EXPECT_GT(second.prefix_hit_tokens, first.prefix_hit_tokens);
+  EXPECT_EQ(second.prefix_hit_tokens % 16, 0u);
+  EXPECT_EQ(second.prefilled_tokens, second.prompt_tokens - second.prefix_hit_tokens);
+  // The first chunk lies in whole cached blocks; the last block of S' is partial (not kept).
+  EXPECT_GE(second.chunk_hits, 1u);
+  // The same prompt prefilled from scratch gives the same answer (the cache is exact).
+  req.fusion.prefix_cache = false;
+  EXPECT_EQ(e.complete(req).text, first.text);
+
+  // Completions: S = all but the last token, so a repeat is served from the cache.
+  CompletionRequest comp;
+  comp.chat = false;
+  comp.prompt =
+      "The history of the printing press begins in the fifteenth century in the city of Mainz, when a goldsmith "
+      "named Johannes Gutenberg";
+  comp.max_tokens = 8;
+  CompletionResult c1 = e.complete(comp);
+  CompletionResult c2 = e.complete(comp);
+  EXPECT_EQ(c1.text, c2.text);
+  EXPECT_GT(c2.prefix_hit_tokens, 0u);
+}
+
+TEST(Engine, CraftPutsFrequentChunksFirstAndHits) {
+  CF_REQUIRE_MODEL();
+  Engine& e = shared_engine();
+  const std::string a = "Alpha station records the weather of the northern valley every hour.";
+  const std::string b = "Bravo station measures river levels on the eastern plain twice a day.";
+  auto req = [&](std::vector<std::string> docs) {
+    CompletionRequest r = chat("What does Alpha station record?", std::move(docs), "full", 4);
+    r.fusion.prefix_cache = true;
+    r.fusion.reorder = true;
+    return r;
+  };
+  e.complete(req({"An unrelated passage about tea.", a, b}));
+  e.complete(req({b, "An unrelated passage about coffee.", a}));
+  CompletionResult third = e.complete(req({"An unrelated passage about cocoa.", b, a}));
+  ASSERT_EQ(third.chunk_order.size(), 3u);
+  const Model& m = test::shared_model();
+  auto id_of = [&](const std::string& t) {
+    return ChunkKey(m.fingerprint(), m.tokenizer().encode(t + "\n\n", false, false)).id();
+  };
+  const std::set<std::string> frequent{id_of(a), id_of(b)};
+  EXPECT_TRUE(frequent.count(third.chunk_order[0]));
+  EXPECT_TRUE(frequent.count(third.chunk_order[1]));
+  EXPECT_EQ(third.chunk_order[2], id_of("An unrelated passage about cocoa."));
+  EXPECT_GE(third.chunk_hits, 1u);
+  EXPECT_GT(third.prefix_hit_tokens, 0u);
+}
+
+TEST(Engine, ConcurrentRequestsAnswerAsAlone) {
+  CF_REQUIRE_MODEL();
+  Engine& e = shared_engine();
+  const std::vector<std::string> questions = {"Name a color.", "What is two plus two?", "Say hello in French.",
+                                              "What is the largest ocean?"};
+  std::vector<std::string> alone;
+  for (const auto& q : questions) alone.push_back(e.complete(chat(q, {}, "full", 16)).text);
+  std::vector<std::future<std::string>> futures;
+  for (const auto& q : questions)
+    futures.push_back(std::async(std::launch::async, [&e, q] { return e.complete(chat(q, {}, "full", 16)).text; }));
+  for (size_t i = 0; i < questions.size(); ++i) EXPECT_EQ(futures[i].get(), alone[i]) << questions[i];
+  EXPECT_EQ(e.metrics().running, 0u);
+  EXPECT_EQ(e.metrics().queue_length, 0u);
+}
+
+TEST(Engine, CancellationFreesTheSlot) {
+  CF_REQUIRE_MODEL();
+  Engine& e = shared_engine();
+  const uint64_t cancelled_before = e.metrics().cancelled;
+  int pieces = 0;
+  CompletionResult r = e.complete(chat("Tell me a long story about a dragon.", {}, "full", 64),
+                                  [&](std::string_view) { return ++pieces < 2; });
+  EXPECT_TRUE(r.cancelled);
+  EXPECT_EQ(pieces, 2);
+  EXPECT_LT(r.completion_tokens, 10u);
+  EXPECT_EQ(e.metrics().running, 0u);
+  EXPECT_EQ(e.metrics().cancelled, cancelled_before + 1);
+  EXPECT_FALSE(e.complete(chat("Name a color.", {}, "full", 4)).text.empty());
+}
+
+TEST(Engine, ConversationKeepsHistoryDedupsAndHits) {
+  CF_REQUIRE_MODEL();
+  Engine& e = shared_engine();
+  CompletionRequest t1 = chat("Where is the Eiffel Tower?", {kDocs[0], kDocs[1]}, "full", 12);
+  t1.fusion.prefix_cache = true;
+  t1.fusion.conversation_id = "conv-1";
+  CompletionResult r1 = e.complete(t1);
+  EXPECT_EQ(r1.history_tokens, 0u);
+
+  CompletionRequest t2 = t1;
+  t2.messages.push_back({"assistant", r1.text});
+  t2.messages.push_back({"user", "And how high is Everest?"});
+  t2.documents = {{kDocs[1], ""}, {kDocs[2], ""}};
+  CompletionResult r2 = e.complete(t2);
+  EXPECT_EQ(r2.history_tokens, r1.prompt_tokens + r1.completion_tokens);
+  EXPECT_EQ(r2.deduped_chunks, 1u);  // kDocs[1] is already in the history
+  EXPECT_EQ(r2.chunk_order.size(), 1u);
+  EXPECT_GE(r2.prefix_hit_tokens, (r2.history_tokens - 16) / 16 * 16);
+
+  // Edited history: no continuation, nothing dropped.
+  CompletionRequest t3 = t2;
+  t3.messages[2].content = "Something else.";
+  CompletionResult r3 = e.complete(t3);
+  EXPECT_EQ(r3.history_tokens, 0u);
+  EXPECT_EQ(r3.deduped_chunks, 0u);
+}
+
+void expect_error(Engine& e, const CompletionRequest& r, int status, const std::string& param) {
+  try {
+    e.complete(r);
+    ADD_FAILURE() << "no error, expected " << status << " on " << param;
+  } catch (const RequestError& err) {
+    EXPECT_EQ(err.status, status) << err.what();
+    EXPECT_EQ(err.param, param) << err.what();
+    EXPECT_FALSE(std::string(err.what()).empty());
+  }
+}
+
+TEST(Engine, BadRequestsGetClearErrors) {
+  CF_REQUIRE_MODEL();
+  Engine& e = shared_engine();
+  const uint64_t errors_before = e.metrics().errors;
+  auto base = [] { return chat("Hi", {}, "full", 4); };
+  CompletionRequest r = base();
+  r.fusion.method = "magic";
+  expect_error(e, r, 400, "fusion.method");
+  r = base();
+  r.fusion.ratio = 1.5;
+  expect_error(e, r, 400, "fusion.ratio");
+  r.fusion.ratio = std::nan("");
+  expect_error(e, r, 400, "fusion.ratio");
+  r = base();
+  r.documents = {{"", "0123456789abcdef0123456789abcdef"}};
+  expect_error(e, r, 404, "documents");
+  r = base();
+  r.documents = {{"", ""}};
+  expect_error(e, r, 400, "documents");
+  r = base();
+  r.documents.assign(65, DocumentRef{"a passage", ""});
+  expect_error(e, r, 400, "documents");
+  r = base();
+  std::string huge;
+  for (int i = 0; i < 9000; ++i) huge += "word ";
+  r.documents = {{huge, ""}};
+  expect_error(e, r, 413, "messages");
+  r = base();
+  r.max_tokens = 0;
+  expect_error(e, r, 400, "max_tokens");
+  r.max_tokens = 1 << 30;
+  expect_error(e, r, 400, "max_tokens");
+  r = base();
+  r.messages[0].role = "wizard";
+  expect_error(e, r, 400, "messages");
+  r = base();
+  r.messages.push_back({"assistant", "Hello"});
+  expect_error(e, r, 400, "messages");
+  r = base();
+  r.messages.clear();
+  expect_error(e, r, 400, "messages");
+  r = base();
+  r.temperature = -1;
+  expect_error(e, r, 400, "temperature");
+  r = base();
+  r.chat = false;
+  r.prompt.clear();
+  expect_error(e, r, 400, "prompt");
+  EXPECT_EQ(e.metrics().errors, errors_before + 14);
+  // Still serving.
+  EXPECT_FALSE(e.complete(base()).text.empty());
+}
+
+TEST(Engine, RegisteredChunksServeAsDocumentsAndSurviveRestart) {
+  CF_REQUIRE_MODEL();
+  Engine& e = shared_engine();
+  const std::string text = "The Rhine rises in the Swiss Alps and flows into the North Sea near Rotterdam.";
+  auto infos = e.register_chunks({text});
+  ASSERT_EQ(infos.size(), 1u);
+  const std::string id = infos[0].id;
+  auto info = e.chunk(id);
+  ASSERT_TRUE(info.has_value());
+  EXPECT_EQ(info->text, text);
+  EXPECT_TRUE(info->cached);
+  EXPECT_GT(info->n_tokens, 10u);
+
+  CompletionRequest by_id = chat("Where does the Rhine end?", {}, "reuse", 10);
+  by_id.documents = {{"", id}};
+  CompletionRequest inline_doc = chat("Where does the Rhine end?", {text}, "reuse", 10);
+  CompletionResult a = e.complete(by_id);
+  CompletionResult b = e.complete(inline_doc);
+  EXPECT_EQ(a.text, b.text);
+  EXPECT_EQ(a.chunk_order, std::vector<std::string>{id});
+  EXPECT_EQ(b.chunk_order, std::vector<std::string>{id});
+  EXPECT_EQ(a.chunk_hits, 1u);  // precomputed at registration
+
+  // A second engine on the same directory knows the id (queue of one, batch of one: the
+  // third concurrent request is refused with 503).
+  EngineOptions o = engine_options();
+  o.max_queue = 1;
+  o.max_batch = 1;
+  Engine second(o);
+  ASSERT_TRUE(second.chunk(id).has_value());
+  EXPECT_EQ(second.chunk(id)->text, text);
+
+  auto running = std::async(std::launch::async, [&] { return second.complete(chat("Count to twenty.", {}, "full", 48)); });
+  while (second.metrics().running == 0) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  auto queued = std::async(std::launch::async, [&] { return second.complete(chat("Count to five.", {}, "full", 4)); });
+  while (second.metrics().queue_length == 0) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  try {
+    second.complete(chat("Hi", {}, "full", 4));
+    ADD_FAILURE() << "queue full not refused";
+  } catch (const RequestError& err) {
+    EXPECT_EQ(err.status, 503);
+  }
+  EXPECT_FALSE(running.get().text.empty());
+  EXPECT_FALSE(queued.get().text.empty());
+
+  EXPECT_TRUE(e.remove_chunk(id));
+  EXPECT_FALSE(e.chunk(id).has_value());
+  expect_error(e, by_id, 404, "documents");
+  EXPECT_FALSE(e.remove_chunk(id));
+}
+
+TEST(Engine, MetricsCountRequestsAndTtft) {
+  CF_REQUIRE_MODEL();
+  Engine& e = shared_engine();
+  const EngineMetrics before = e.metrics();
+  e.complete(chat("Name a fruit.", {}, "full", 4));
+  const EngineMetrics m = e.metrics();
+  EXPECT_EQ(m.requests, before.requests + 1);
+  EXPECT_EQ(m.ttft_count, before.ttft_count + 1);
+  ASSERT_EQ(m.ttft_bucket_counts.size(), m.ttft_bucket_bounds_ms.size() + 1);
+  EXPECT_EQ(m.ttft_bucket_counts.back(), m.ttft_count);
+  for (size_t i = 1; i < m.ttft_bucket_counts.size(); ++i) EXPECT_LE(m.ttft_bucket_counts[i - 1], m.ttft_bucket_counts[i]);
+  EXPECT_GT(m.prompt_tokens, before.prompt_tokens);
+  EXPECT_GT(m.store_disk_bytes, 0u);
+  EXPECT_EQ(e.model_name().empty(), false);
+}
+
+}  // namespace
+}  // namespace cf
