@@ -14,4 +14,5 @@ void add_ask_command(CLI::App& app, CommandRunner& run);
 void add_chunks_command(CLI::App& app, CommandRunner& run);
 void add_bench_command(CLI::App& app, CommandRunner& run);
 void add_profile_command(CLI::App& app, CommandRunner& run);
+void add_serve_command(CLI::App& app, CommandRunner& run);
 }  // namespace cf::apps

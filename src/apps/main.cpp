@@ -16,6 +16,7 @@ int main(int argc, char** argv) {
   cf::apps::add_chunks_command(app, run);
   cf::apps::add_bench_command(app, run);
   cf::apps::add_profile_command(app, run);
+  cf::apps::add_serve_command(app, run);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

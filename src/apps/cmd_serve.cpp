@@ -1,0 +1,113 @@
+// `chunkfuse serve`: the OpenAI-compatible RAG server (issue 5). Loads the engine, serves
+// HTTP until SIGINT/SIGTERM, then stops accepting, lets in-flight requests finish and exits 0.
+#include <pthread.h>
+#include <signal.h>
+
+#include <atomic>
+#include <cstdio>
+#include <filesystem>
+#include <stdexcept>
+#include <thread>
+
+#include "apps/app_common.h"
+#include "base/paths.h"
+#include "fusion/selector.h"
+#include "serve/engine.h"
+#include "serve/server.h"
+
+namespace cf::apps {
+namespace {
+
+struct ServeArgs {
+  ModelOptions model;
+  EngineOptions engine;
+  HttpServerOptions http;
+};
+
+int run_serve(ServeArgs a) {
+  a.engine.model_path = a.model.model_path;
+  a.engine.threads = a.model.threads;
+  if (a.engine.default_method != "full") make_selector(a.engine.default_method);  // unknown names fail now
+
+  // Signals go to one watcher thread only: every thread started from here on (engine,
+  // httplib's pool) inherits the blocked mask. SIGPIPE from a vanished client is ignored;
+  // the write's error return is what we act on.
+  signal(SIGPIPE, SIG_IGN);
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+
+  if (!std::filesystem::exists(a.engine.model_path))
+    throw std::runtime_error("model file not found: " + a.engine.model_path +
+                             " (run scripts/setup.sh to fetch the default model, or pass -m)");
+  std::fprintf(stderr, "chunkfuse serve: loading %s\n", a.engine.model_path.c_str());
+  const double t0 = now_ms();
+  Engine engine(a.engine);
+  HttpServer server(engine, a.http);
+  const int port = server.bind();
+  std::fprintf(stderr, "chunkfuse serve: %s ready in %.0f ms; listening on http://%s:%d (%d HTTP threads)\n",
+               engine.model_name().c_str(), now_ms() - t0, a.http.host.c_str(), port, a.http.threads);
+  std::fflush(stderr);
+
+  std::atomic<bool> listener_done{false};
+  std::thread watcher([&] {
+    int sig = 0;
+    sigwait(&stop_signals, &sig);
+    if (!listener_done) std::fprintf(stderr, "chunkfuse serve: signal %d, shutting down\n", sig);
+    server.stop();
+  });
+  const bool ok = server.listen();
+  // listen() also returns when the listener fails; wake the watcher so it can be joined.
+  listener_done = true;
+  pthread_kill(watcher.native_handle(), SIGTERM);
+  watcher.join();
+  std::fprintf(stderr, "chunkfuse serve: stopped\n");
+  return ok ? 0 : 1;
+}
+
+}  // namespace
+
+void add_serve_command(CLI::App& app, CommandRunner& run) {
+  auto a = std::make_shared<ServeArgs>();
+  CLI::App* cmd = app.add_subcommand(
+      "serve", "OpenAI-compatible HTTP server with chunk-cache reuse (POST /v1/chat/completions, /v1/completions, "
+               "/v1/chunks; GET /health, /metrics)");
+  add_model_options(*cmd, a->model);
+  cmd->add_option("--host", a->http.host, "address to listen on")->capture_default_str();
+  cmd->add_option("--port", a->http.port, "TCP port (0: any free port, printed at start)")
+      ->check(CLI::Range(0, 65535))
+      ->capture_default_str();
+  cmd->add_option("--http-threads", a->http.threads,
+                  "HTTP connection threads (each open keep-alive connection holds one)")
+      ->check(CLI::Range(1, 4096))
+      ->capture_default_str();
+  cmd->add_option("--cache-dir", a->engine.cache_dir, "chunk-cache store directory (default: <cache>/serve-store)");
+  cmd->add_option("--mem-budget", a->engine.chunk_memory_bytes, "memory tier of the chunk store, e.g. 512MiB, 1GiB")
+      ->transform(CLI::AsSizeValue(false))
+      ->capture_default_str();
+  cmd->add_option("--prefix-cache-budget", a->engine.prefix_cache_bytes, "K/V bytes of the exact prefix cache")
+      ->transform(CLI::AsSizeValue(false))
+      ->capture_default_str();
+  cmd->add_option("--max-prompt-tokens", a->engine.max_prompt_tokens,
+                  "longest prompt in tokens, else 413 (0: the model's context length)")
+      ->capture_default_str();
+  cmd->add_option("--max-queue", a->engine.max_queue, "waiting requests; more get 503")->capture_default_str();
+  cmd->add_option("--max-batch", a->engine.max_batch, "requests decoding together")
+      ->check(CLI::Range(size_t{1}, size_t{256}))
+      ->capture_default_str();
+  cmd->add_option("--max-documents", a->engine.max_documents, "documents per request")->capture_default_str();
+  cmd->add_option("--max-body", a->http.max_body_bytes, "largest request body, else 413")
+      ->transform(CLI::AsSizeValue(false))
+      ->capture_default_str();
+  std::string methods = "full";
+  for (const auto& n : selector_names()) methods += ", " + n;
+  cmd->add_option("--method", a->engine.default_method,
+                  "fusion method of requests with documents that name none: " + methods)
+      ->capture_default_str();
+  cmd->add_flag("--log-requests", a->http.log_requests, "one line per HTTP request on stderr");
+  cmd->callback([&run, a] { run = [a] { return run_serve(*a); }; });
+}
+
+}  // namespace cf::apps

@@ -1,0 +1,126 @@
+"""Starts the real `chunkfuse serve` on loopback for the end-to-end tests.
+
+Environment: CHUNKFUSE_BIN (the binary; default build/chunkfuse under the repository),
+CHUNKFUSE_MODEL (the GGUF; default the setup script's cache location), CHUNKFUSE_E2E_THREADS
+(compute threads of the server, default 2).
+"""
+import json
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def binary_path():
+    return os.environ.get("CHUNKFUSE_BIN", os.path.join(REPO, "build", "chunkfuse"))
+
+
+def model_path():
+    # Same rule as scripts/lib.sh and src/base/paths.cpp.
+    if os.environ.get("CHUNKFUSE_MODEL"):
+        return os.environ["CHUNKFUSE_MODEL"]
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.environ.get("HOME", "/tmp"), ".cache")
+    return os.path.join(cache, "chunkfuse", "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
+
+
+def threads():
+    return int(os.environ.get("CHUNKFUSE_E2E_THREADS", "2"))
+
+
+class Server:
+    """One server process on a free port with its own temporary store; stop() ends it with
+    SIGTERM and checks that it shut down cleanly."""
+
+    def __init__(self, *extra_args):
+        self.tmp = tempfile.mkdtemp(prefix="chunkfuse-e2e-")
+        self.cache_dir = os.path.join(self.tmp, "store")
+        self.log_path = os.path.join(self.tmp, "server.log")
+        self.log = open(self.log_path, "w+")
+        cmd = [binary_path(), "serve", "-m", model_path(), "-t", str(threads()), "--port", "0",
+               "--cache-dir", self.cache_dir, *extra_args]
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
+        self.url = self._wait_for_url(timeout=60)
+        self._wait_healthy(timeout=30)
+
+    def _wait_for_url(self, timeout):
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError("server exited with %d:\n%s" % (self.proc.returncode, self.log_text()))
+            m = re.search(r"listening on (http://[\d.]+:\d+)", self.log_text())
+            if m:
+                return m.group(1)
+            time.sleep(0.05)
+        raise RuntimeError("server did not start in %ds:\n%s" % (timeout, self.log_text()))
+
+    def _wait_healthy(self, timeout):
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            try:
+                status, body = self.get("/health")
+                if status == 200 and body.get("status") == "ok":
+                    return
+            except OSError:
+                pass
+            time.sleep(0.05)
+        raise RuntimeError("server never became healthy:\n" + self.log_text())
+
+    def log_text(self):
+        self.log.flush()
+        with open(self.log_path) as f:
+            return f.read()
+
+    def request(self, method, path, body=None, raw=None, timeout=120):
+        """(status, parsed JSON or text) for one request; errors are returned, not raised."""
+        data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
+        req = urllib.request.Request(self.url + path, data=data, method=method,
+                                     headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=timeout) as resp:
+                status, text, ctype = resp.status, resp.read().decode(), resp.headers.get("Content-Type", "")
+        except urllib.error.HTTPError as e:
+            status, text, ctype = e.code, e.read().decode(), e.headers.get("Content-Type", "")
+        return status, (json.loads(text) if "json" in ctype else text)
+
+    def get(self, path):
+        return self.request("GET", path)
+
+    def post(self, path, body=None, raw=None):
+        return self.request("POST", path, body=body, raw=raw)
+
+    def metrics(self):
+        """The /metrics samples as {'name{labels}': value}."""
+        status, text = self.get("/metrics")
+        assert status == 200, text
+        out = {}
+        for line in text.splitlines():
+            if line and not line.startswith("#"):
+                name, value = line.rsplit(" ", 1)
+                out[name] = float(value)
+        return out
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+        code = self.proc.returncode
+        with open(self.log_path) as f:
+            log = f.read()
+        shutil.rmtree(self.tmp, ignore_errors=True)
+        return code, log
+
+
+def openai_client(server):
+    import openai  # from .venv-serve (scripts/setup.sh)
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
