@@ -131,6 +131,10 @@ struct Engine::Impl {
     so.memory_budget_bytes = opt.chunk_memory_bytes;
     so.durable = false;  // atomic either way; a crash only costs recomputes
     so.model = StoreModel{model->fingerprint(), model->hparams()};
+    if (!parse_eviction_policy(opt.chunk_eviction, so.eviction))
+      throw std::runtime_error("unknown chunk eviction policy \"" + opt.chunk_eviction + "\" (lru, cachecraft)");
+    so.disk_budget_bytes = opt.chunk_disk_bytes;
+    so.max_entries = opt.max_chunk_entries;
     return so;
   }
 
@@ -458,13 +462,12 @@ CompletionResult Engine::Impl::complete(const CompletionRequest& req,
   };
 
   scheduler->submit(job);
-  // Cache-Craft's queue-time loading: while the request waits, bring its chunk caches from
-  // disk into the memory tier (the store is thread-safe; a memory hit costs nothing).
-  if (fused) {
-    for (const auto& c : rr.chunks) {
-      ChunkKey key = key_of(c);
-      if (store.contains(key)) store.get(key);
-    }
+  // Cache-Craft §3.5: the request's chunk caches load from disk while it waits in the queue
+  // (on the store's worker; a get of a key being loaded waits for that load).
+  if (fused && !rr.chunks.empty()) {
+    std::vector<ChunkKey> keys;
+    for (const auto& c : rr.chunks) keys.push_back(key_of(c));
+    store.prefetch(keys);
   }
   try {
     scheduler->wait(job);
@@ -593,9 +596,11 @@ EngineMetrics Engine::metrics() const {
   }
   m.queue_length = impl_->scheduler->queue_length();
   m.running = impl_->scheduler->running();
+  m.decode_steps = impl_->scheduler->decode_steps();
+  m.decode_rows = impl_->scheduler->decode_rows();
   const ChunkStoreStats s = impl_->store.stats();
   m.store_memory_bytes = s.memory_bytes;
-  for (const auto& e : impl_->store.list()) m.store_disk_bytes += e.file_bytes;
+  m.store_disk_bytes = s.disk_bytes;
   return m;
 }
 

@@ -97,6 +97,9 @@ struct EngineOptions {
   int threads = 0;                     // 0: all cores
   std::string cache_dir;               // chunk store directory; empty: <cache_root>/serve-store
   size_t chunk_memory_bytes = size_t{1} << 30;
+  std::string chunk_eviction = "cachecraft";  // memory-tier policy: lru | cachecraft (f_r, Cache-Craft §3.3)
+  size_t chunk_disk_bytes = 0;                // real deletion beyond this many file bytes; 0: unbounded
+  size_t max_chunk_entries = 0;               // Cache-Craft's N x M entry budget; 0: unbounded
   size_t prefix_cache_bytes = size_t{256} << 20;
   size_t max_prompt_tokens = 0;        // 0: the model's context length
   size_t max_queue = 64;               // waiting requests; more gets 503
@@ -114,6 +117,7 @@ struct EngineMetrics {
   uint64_t ttft_count = 0;
   uint64_t prompt_tokens = 0, completion_tokens = 0, prefilled_tokens = 0, prefix_hit_tokens = 0;
   uint64_t chunk_hits = 0, chunk_misses = 0;
+  uint64_t decode_steps = 0, decode_rows = 0;  // batched decode passes and the sequences in them
   size_t store_memory_bytes = 0, store_disk_bytes = 0, prefix_cache_bytes = 0;
 };
 

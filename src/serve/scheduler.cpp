@@ -128,6 +128,8 @@ void Scheduler::decode_step() {
                                  {}, std::span<const size_t>(&kRow0, 1)};
   }
   std::vector<ForwardOutput> outs;
+  ++decode_steps_;
+  decode_rows_ += seqs.size();
   try {
     outs = fwd_.run_batch(seqs);
   } catch (...) {

@@ -6,6 +6,7 @@
 // Decode steps go through Forward::run_batch, whose rows are batch-invariant, so a greedy
 // answer does not depend on which requests it was batched with.
 #pragma once
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstddef>
@@ -71,6 +72,8 @@ class Scheduler {
 
   size_t queue_length() const;
   size_t running() const;
+  uint64_t decode_steps() const { return decode_steps_.load(); }  // batched passes so far
+  uint64_t decode_rows() const { return decode_rows_.load(); }    // sequences in them, summed
 
  private:
   void loop();
@@ -93,6 +96,7 @@ class Scheduler {
   std::vector<SchedulerJob*> running_;  // scheduler thread only (size mirrored in n_running_)
   size_t n_running_ = 0;                // guarded by mu_
   bool stopping_ = false;
+  std::atomic<uint64_t> decode_steps_{0}, decode_rows_{0};
   std::thread thread_;
 };
 

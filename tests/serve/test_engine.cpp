@@ -203,6 +203,17 @@ TEST(Engine, CraftPutsFrequentChunksFirstAndHits) {
   EXPECT_EQ(third.chunk_order[2], id_of("An unrelated passage about cocoa."));
   EXPECT_GE(third.chunk_hits, 1u);
   EXPECT_GT(third.prefix_hit_tokens, 0u);
+
+  // CRAFT + fusion: the kept prefix of frequent chunks comes exact from the prefix cache,
+  // the rest is fused; without reorder only S does.
+  CompletionRequest fused = req({"An unrelated passage about milk.", a, b});
+  fused.fusion.method = "epic";
+  const CompletionResult with_craft = e.complete(fused);
+  EXPECT_TRUE(frequent.count(with_craft.chunk_order[0]));
+  fused.fusion.reorder = false;
+  const CompletionResult without = e.complete(fused);
+  EXPECT_GT(with_craft.prefix_hit_tokens, without.prefix_hit_tokens);
+  EXPECT_LT(with_craft.prefilled_tokens, third.prompt_tokens);
 }
 
 TEST(Engine, ConcurrentRequestsAnswerAsAlone) {
@@ -212,12 +223,37 @@ TEST(Engine, ConcurrentRequestsAnswerAsAlone) {
                                               "What is the largest ocean?"};
   std::vector<std::string> alone;
   for (const auto& q : questions) alone.push_back(e.complete(chat(q, {}, "full", 16)).text);
+  const EngineMetrics before = e.metrics();
   std::vector<std::future<std::string>> futures;
   for (const auto& q : questions)
     futures.push_back(std::async(std::launch::async, [&e, q] { return e.complete(chat(q, {}, "full", 16)).text; }));
   for (size_t i = 0; i < questions.size(); ++i) EXPECT_EQ(futures[i].get(), alone[i]) << questions[i];
-  EXPECT_EQ(e.metrics().running, 0u);
-  EXPECT_EQ(e.metrics().queue_length, 0u);
+  const EngineMetrics after = e.metrics();
+  EXPECT_EQ(after.running, 0u);
+  EXPECT_EQ(after.queue_length, 0u);
+  // Some decode passes carried several sequences (continuous batching happened).
+  EXPECT_GT(after.decode_rows - before.decode_rows, after.decode_steps - before.decode_steps);
+}
+
+TEST(Engine, CompletionsWithDocumentsInEveryMode) {
+  CF_REQUIRE_MODEL();
+  Engine& e = shared_engine();
+  CompletionRequest r;
+  r.chat = false;
+  r.prompt = "Question: Where is the Eiffel Tower?\nAnswer:";
+  r.documents = {{kDocs[0], ""}, {kDocs[2], ""}};
+  r.max_tokens = 8;
+  r.fusion.prefix_cache = false;
+  const CompletionResult plain = e.complete(r);
+  r.fusion.prefix_cache = true;
+  const CompletionResult cached = e.complete(r);
+  EXPECT_EQ(cached.text, plain.text);  // exact either way
+  EXPECT_EQ(cached.prompt_tokens, plain.prompt_tokens);
+  r.fusion.method = "reuse";
+  const CompletionResult reused = e.complete(r);
+  EXPECT_EQ(reused.prompt_tokens, plain.prompt_tokens);
+  EXPECT_EQ(reused.recomputed_tokens, 0u);
+  EXPECT_EQ(reused.chunk_hits, 2u);
 }
 
 TEST(Engine, CancellationFreesTheSlot) {
