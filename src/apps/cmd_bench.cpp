@@ -1,7 +1,9 @@
 // `chunkfuse bench`: quality and speed of fusion methods on a QA dataset (issue 4). Runs
 // every example through full prefill and each method x ratio, appends one JSON line per
 // run to <out>/results.jsonl (a killed run resumes where it stopped), then writes the
-// report, CSV and plots with tools/bench_report.py.
+// report, CSV and plots with tools/bench_report.py. With --peer it first times llama.cpp's
+// full prefill of the same prompt ids (bench/llamacpp_peer.py), so the report can give every
+// speed as a ratio to llama.cpp too.
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -29,6 +31,9 @@ struct BenchArgs {
   std::string dtype = "f16";
   size_t memory_mb = 512;
   bool no_report = false;
+  size_t chunk_tokens = 0;
+  bool peer = false;
+  std::string peer_python;
 };
 
 std::vector<std::string> split_list(const std::string& s) {
@@ -64,6 +69,9 @@ void record_command(const BenchArgs& a) {
   if (!a.data_dir.empty()) c << " --data-dir " << a.data_dir;
   c << " --methods " << a.methods << " --ratios " << a.ratios;
   if (a.limit) c << " --limit " << a.limit;
+  if (a.chunk_tokens) c << " --chunk-tokens " << a.chunk_tokens;
+  if (a.peer) c << " --peer";
+  if (!a.peer_python.empty()) c << " --peer-python " << a.peer_python;
   c << " --max-tokens " << a.max_tokens << " --seed " << a.seed << " -t " << a.model.threads;
   if (a.memory_store) c << " --memory-store";
   if (!a.store.empty()) c << " --store " << a.store;
@@ -86,9 +94,10 @@ int run_bench(const BenchArgs& a) {
   cfg.memory_only_store = a.memory_store;
   cfg.memory_budget_bytes = a.memory_mb << 20;
   cfg.model_name = std::filesystem::path(a.model.model_path).filename().string();
+  cfg.chunk_tokens = a.chunk_tokens;
 
-  const eval::Dataset dataset = eval::load_dataset(a.data, a.data_dir);
-  auto model = load_model(a.model);
+  auto model = load_model(a.model);  // first: RULER tasks are generated with its tokenizer
+  const eval::Dataset dataset = eval::load_dataset(a.data, a.data_dir, a.seed, &model->tokenizer());
   ThreadPool pool(a.model.threads);
   cfg.threads = static_cast<int>(pool.size());
   Forward fwd(*model, pool);
@@ -103,8 +112,14 @@ int run_bench(const BenchArgs& a) {
               s.examples_run, s.examples);
   if (s.examples_skipped) std::printf(", %zu skipped (too long)", s.examples_skipped);
   std::printf(", %.1f s\nresults %s\n", s.seconds, s.results_path.c_str());
-  if (a.no_report) return 0;
   std::string how_to;
+  if (a.peer) {
+    std::fflush(stdout);
+    const int prc = eval::run_peer(a.out, a.model.model_path, cfg.threads, a.peer_python, how_to);
+    if (prc < 0) throw std::runtime_error("--peer: " + how_to);
+    if (prc != 0) throw std::runtime_error("the llama.cpp peer failed (exit " + std::to_string(prc) + "): " + how_to);
+  }
+  if (a.no_report) return 0;
   const int rc = eval::run_report(a.out, how_to);
   if (rc < 0) {
     std::printf("report not written: %s\n", how_to.c_str());
@@ -121,8 +136,11 @@ void add_bench_command(CLI::App& app, CommandRunner& run) {
   auto a = std::make_shared<BenchArgs>();
   CLI::App* cmd = app.add_subcommand("bench", "quality and speed of fusion methods on a QA dataset (resumable)");
   add_model_options(*cmd, a->model);
-  cmd->add_option("--data", a->data, "dataset: musique_s, hotpotqa, or a file (their formats, or JSON Lines "
-                                     "{question, answers, passages:[{title,text}]})")
+  cmd->add_option("--data", a->data,
+                  "dataset: musique_s, hotpotqa, nq_open_oracle (gold + 9 seeded distractors), kv_retrieval (5 "
+                  "pairs a chunk), rgb_en_fact, ruler:TASK:LENGTH (generated; TASK niah_single, niah_multikey, "
+                  "niah_multivalue, variable_tracking; LENGTH context tokens, e.g. ruler:niah_single:4096), or a "
+                  "file (those formats, gzip or plain, or JSON Lines {question, answers, passages:[{title,text}]})")
       ->required();
   cmd->add_option("--data-dir", a->data_dir, "folder of the named datasets (default: ../shared/datasets beside the "
                                              "repository, or $CHUNKFUSE_DATA_DIR)");
@@ -132,7 +150,12 @@ void add_bench_command(CLI::App& app, CommandRunner& run) {
       ->capture_default_str();
   cmd->add_option("--limit", a->limit, "first N examples only (0: all)")->capture_default_str();
   cmd->add_option("-n,--max-tokens", a->max_tokens, "answer length limit")->check(CLI::Range(1, 256))->capture_default_str();
-  cmd->add_option("--seed", a->seed, "seed for sampling methods (random)")->capture_default_str();
+  cmd->add_option("--seed", a->seed, "seed for sampling: methods (random), NQ distractors, RGB passage order, RULER")
+      ->capture_default_str();
+  cmd->add_option("--chunk-tokens", a->chunk_tokens,
+                  "re-chunk: concatenate each example's passages in retrieval order, tokenize once, cut every N "
+                  "tokens (0: one chunk per passage); rows are labelled <dataset>@<N>tok")
+      ->capture_default_str();
   cmd->add_option("--out", a->out, "output folder (results.jsonl, report.md, summary.csv, plots)")->required();
   cmd->add_option("--store", a->store, "chunk-cache store folder (default: <out>/store)");
   cmd->add_flag("--memory-store", a->memory_store, "keep chunk caches in memory only (no disk tier)");
@@ -140,6 +163,11 @@ void add_bench_command(CLI::App& app, CommandRunner& run) {
   cmd->add_option("--memory-mb", a->memory_mb, "memory tier of the store in MiB (0: every lookup reads the disk)")
       ->capture_default_str();
   cmd->add_flag("--no-report", a->no_report, "do not run tools/bench_report.py at the end");
+  cmd->add_flag("--peer", a->peer,
+                "after the run, time llama.cpp's full prefill of the same prompt ids (<out>/prompts.jsonl) with "
+                "bench/llamacpp_peer.py, same GGUF and threads, into <out>/peer.jsonl; the report then adds "
+                "speedups vs llama.cpp");
+  cmd->add_option("--peer-python", a->peer_python, "Python with llama_cpp for --peer (default: <repo>/.venv/bin/python)");
   cmd->callback([&run, a] { run = [a] { return run_bench(*a); }; });
 }
 

@@ -5,9 +5,15 @@
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <stdexcept>
+#include <utility>
+
+#include <zlib.h>
+
+#include "eval/ruler.h"
 
 namespace cf::eval {
 namespace {
@@ -19,12 +25,19 @@ using nlohmann::json;
   throw std::runtime_error(where + ": " + what);
 }
 
+// The whole file, gunzipped when it is gzip (zlib reads plain files as they are).
 std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw std::runtime_error("cannot open dataset file " + path);
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
+  gzFile f = gzopen(path.c_str(), "rb");
+  if (!f) throw std::runtime_error("cannot open dataset file " + path);
+  std::string out;
+  char buf[1 << 16];
+  int got = 0;
+  while ((got = gzread(f, buf, sizeof buf)) > 0) out.append(buf, static_cast<size_t>(got));
+  int err = Z_OK;
+  const std::string msg = got < 0 ? gzerror(f, &err) : "";
+  gzclose(f);
+  if (got < 0) throw std::runtime_error(path + ": cannot read (" + msg + ")");
+  return out;
 }
 
 const json& field(const json& obj, const char* key, const std::string& where) {
@@ -77,8 +90,7 @@ size_t line_of_byte(const std::string& text, size_t byte) {
 // Calls parse_line(object, "path:line") for every non-blank line.
 template <typename F>
 void for_each_jsonl(const std::string& path, F&& parse_line) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw std::runtime_error("cannot open dataset file " + path);
+  std::istringstream in(read_file(path));  // the largest file is a few MB
   std::string line;
   size_t n = 0;
   while (std::getline(in, line)) {
@@ -184,27 +196,145 @@ Dataset load_user_jsonl(const std::string& path, const std::string& name) {
   return d;
 }
 
-Dataset load_dataset_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw std::runtime_error("cannot open dataset file " + path);
-  unsigned char magic[2] = {0, 0};
-  in.read(reinterpret_cast<char*>(magic), 2);
-  if (magic[0] == 0x1f && magic[1] == 0x8b)
-    throw std::runtime_error(path + ": gzip files are not read directly; decompress it first (gunzip -k)");
-  in.seekg(0);
-  std::string stem = fs::path(path).stem().string();
-  char c = 0;
-  while (in.get(c) && std::isspace(static_cast<unsigned char>(c))) {
+uint64_t SeededRng::next() {
+  uint64_t z = (state_ += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+size_t SeededRng::below(size_t n) {
+  if (n == 0) throw std::invalid_argument("SeededRng::below(0)");
+  return static_cast<size_t>(next() % n);  // the bias is below 2^-40 for our n
+}
+
+Dataset load_nq_oracle(const std::string& path, const std::string& name, uint64_t seed, size_t distractors) {
+  Dataset d{name, path, {}};
+  for_each_jsonl(path, [&](const json& j, const std::string& where) {
+    QaExample ex;
+    ex.id = std::to_string(d.examples.size());
+    ex.question = string_field(j, "question", where);
+    ex.answers = answers_field(j, "answers", where);
+    ex.passages = passages_field(j, "ctxs", where);
+    if (ex.passages.empty()) fail(where, "an example needs at least one passage in \"ctxs\"");
+    d.examples.push_back(std::move(ex));
+  });
+  require_examples(d);
+  // Distractors come from the other examples' first (gold) passages, as read.
+  std::vector<Passage> pool;
+  std::vector<bool> oracle;
+  for (const auto& ex : d.examples) {
+    pool.push_back(ex.passages.front());
+    oracle.push_back(ex.passages.size() == 1);
   }
-  if (c == '[') return load_musique_json(path, stem);
-  // JSON Lines: the first non-blank line tells HotpotQA's schema from the user format.
-  in.seekg(0);
-  std::string line;
-  while (std::getline(in, line) && line.find_first_not_of(" \t\r") == std::string::npos) {
+  for (size_t i = 0; i < d.examples.size(); ++i) {
+    if (!oracle[i] || distractors == 0) continue;
+    QaExample& ex = d.examples[i];
+    const Passage gold = ex.passages.front();
+    SeededRng rng(seed, i);
+    std::vector<Passage> chosen;
+    std::vector<bool> used(pool.size(), false);
+    used[i] = true;
+    // Rejection sampling: the pool is large (2655) and few passages are rejected.
+    for (size_t tries = 0; chosen.size() < distractors && tries < 100 * distractors; ++tries) {
+      const size_t k = rng.below(pool.size());
+      if (used[k]) continue;
+      used[k] = true;
+      const Passage& p = pool[k];
+      bool answer_bearing = p.title == gold.title;
+      for (const auto& a : ex.answers) answer_bearing = answer_bearing || (!a.empty() && p.text.find(a) != std::string::npos);
+      if (!answer_bearing) chosen.push_back(p);
+    }
+    chosen.insert(chosen.begin() + static_cast<long>(rng.below(chosen.size() + 1)), gold);
+    ex.passages = std::move(chosen);
   }
-  json first = json::parse(line, nullptr, /*allow_exceptions=*/false);
-  if (first.is_object() && first.contains("context") && first.contains("answer"))
-    return load_hotpotqa_jsonl(path, stem);
+  return d;
+}
+
+Dataset load_kv_retrieval(const std::string& path, const std::string& name, size_t pairs_per_chunk) {
+  if (pairs_per_chunk == 0) throw std::invalid_argument("load_kv_retrieval: pairs_per_chunk must be positive");
+  Dataset d{name, path, {}};
+  for_each_jsonl(path, [&](const json& j, const std::string& where) {
+    const json& records = field(j, "ordered_kv_records", where);
+    if (!records.is_array() || records.empty()) fail(where, "field \"ordered_kv_records\" must be a non-empty array");
+    QaExample ex;
+    ex.id = std::to_string(d.examples.size());
+    const std::string key = string_field(j, "key", where);
+    ex.answers = {string_field(j, "value", where)};
+    ex.question = "What is the value of the key \"" + key + "\" in the key-value pairs above? Answer with the value only.";
+    Passage p;
+    for (size_t i = 0; i < records.size(); ++i) {
+      const json& kv = records[i];
+      if (!kv.is_array() || kv.size() != 2 || !kv[0].is_string() || !kv[1].is_string())
+        fail(where, "ordered_kv_records[" + std::to_string(i) + "] must be [key, value]");
+      if (!p.text.empty()) p.text += "\n";
+      // Appended piece by piece: GCC 12 warns (-Wrestrict, falsely) on "\"" + std::string.
+      p.text.append("\"").append(kv[0].get_ref<const std::string&>()).append("\": \"");
+      p.text.append(kv[1].get_ref<const std::string&>()).append("\"");
+      if ((i + 1) % pairs_per_chunk == 0 || i + 1 == records.size()) ex.passages.push_back(std::exchange(p, {}));
+    }
+    d.examples.push_back(std::move(ex));
+  });
+  require_examples(d);
+  return d;
+}
+
+Dataset load_rgb(const std::string& path, const std::string& name, uint64_t seed) {
+  Dataset d{name, path, {}};
+  for_each_jsonl(path, [&](const json& j, const std::string& where) {
+    QaExample ex;
+    const size_t index = d.examples.size();
+    ex.id = j.contains("id") ? (j["id"].is_string() ? j["id"].get<std::string>() : j["id"].dump()) : std::to_string(index);
+    ex.question = string_field(j, "query", where);
+    const json& answer = field(j, "answer", where);
+    // A string, or a list whose items are strings or lists of alternative strings.
+    std::function<void(const json&)> collect = [&](const json& a) {
+      if (a.is_string()) {
+        ex.answers.push_back(a.get<std::string>());
+      } else if (a.is_array()) {
+        for (const auto& x : a) collect(x);
+      } else {
+        fail(where, "field \"answer\" must hold strings or lists of strings");
+      }
+    };
+    collect(answer);
+    if (ex.answers.empty()) fail(where, "field \"answer\" is empty");
+    for (const char* key : {"positive", "negative"}) {
+      const json& docs = field(j, key, where);
+      if (!docs.is_array()) fail(where, std::string("field \"") + key + "\" must be an array of strings");
+      for (const auto& doc : docs) {
+        if (!doc.is_string()) fail(where, std::string("field \"") + key + "\" must hold strings only");
+        ex.passages.push_back({"", doc.get<std::string>()});
+      }
+    }
+    if (ex.passages.empty()) fail(where, "an example needs at least one passage");
+    SeededRng rng(seed, index);
+    rng.shuffle(ex.passages);
+    d.examples.push_back(std::move(ex));
+  });
+  require_examples(d);
+  return d;
+}
+
+Dataset load_dataset_file(const std::string& path, uint64_t seed) {
+  const std::string text = read_file(path);  // checks that it opens; gunzips
+  fs::path named(path);
+  if (named.extension() == ".gz") named = named.stem();  // x.jsonl.gz -> x
+  const std::string stem = named.stem().string();
+  const size_t first = text.find_first_not_of(" \t\r\n");
+  if (first != std::string::npos && text[first] == '[') return load_musique_json(path, stem);
+  // JSON Lines: the first non-blank line tells the schemas apart.
+  const size_t line_end = first == std::string::npos ? first : text.find('\n', first);
+  const json head = first == std::string::npos
+                        ? json()
+                        : json::parse(text.substr(first, line_end == std::string::npos ? line_end : line_end - first),
+                                      nullptr, /*allow_exceptions=*/false);
+  if (head.is_object()) {
+    if (head.contains("context") && head.contains("answer")) return load_hotpotqa_jsonl(path, stem);
+    if (head.contains("ordered_kv_records")) return load_kv_retrieval(path, stem);
+    if (head.contains("query") && head.contains("positive")) return load_rgb(path, stem, seed);
+    if (head.contains("ctxs") && head.contains("question")) return load_nq_oracle(path, stem, seed);
+  }
   return load_user_jsonl(path, stem);
 }
 
@@ -228,9 +358,16 @@ std::optional<std::string> default_data_dir() {
   return std::nullopt;
 }
 
-Dataset load_dataset(const std::string& name_or_file, const std::string& data_dir) {
+Dataset load_dataset(const std::string& name_or_file, const std::string& data_dir, uint64_t seed,
+                     const Tokenizer* tokenizer) {
   std::error_code ec;
-  if (fs::is_regular_file(name_or_file, ec)) return load_dataset_file(name_or_file);
+  if (fs::is_regular_file(name_or_file, ec)) return load_dataset_file(name_or_file, seed);
+  if (name_or_file.starts_with("ruler:")) {
+    RulerOptions ro = parse_ruler_name(name_or_file);
+    ro.seed = seed;
+    if (!tokenizer) throw std::runtime_error("dataset '" + name_or_file + "' is generated and needs the model's tokenizer");
+    return generate_ruler(*tokenizer, ro);
+  }
   struct Known {
     const char* name;
     const char* file;
@@ -239,13 +376,20 @@ Dataset load_dataset(const std::string& name_or_file, const std::string& data_di
   static const Known kKnown[] = {{"musique_s", "musique_s.json", "musique_s"},
                                  {"musique", "musique_s.json", "musique_s"},
                                  {"hotpotqa", "hotpotqa_dev200.jsonl", "hotpotqa_dev200"},
-                                 {"hotpotqa_dev200", "hotpotqa_dev200.jsonl", "hotpotqa_dev200"}};
+                                 {"hotpotqa_dev200", "hotpotqa_dev200.jsonl", "hotpotqa_dev200"},
+                                 {"nq", "nq_open_oracle.jsonl.gz", "nq_open_oracle"},
+                                 {"nq_open_oracle", "nq_open_oracle.jsonl.gz", "nq_open_oracle"},
+                                 {"kv_retrieval", "kv_retrieval_75keys.jsonl.gz", "kv_retrieval_75keys"},
+                                 {"kv_retrieval_75keys", "kv_retrieval_75keys.jsonl.gz", "kv_retrieval_75keys"},
+                                 {"rgb", "rgb_en_fact.jsonl", "rgb_en_fact"},
+                                 {"rgb_en_fact", "rgb_en_fact.jsonl", "rgb_en_fact"}};
   const Known* known = nullptr;
   for (const auto& k : kKnown)
     if (name_or_file == k.name) known = &k;
   if (!known)
     throw std::runtime_error("dataset '" + name_or_file +
-                             "' is neither a file nor a known name (musique_s, hotpotqa)");
+                             "' is neither a file nor a known name (musique_s, hotpotqa, nq_open_oracle, kv_retrieval, "
+                             "rgb_en_fact, ruler:TASK:LENGTH)");
   std::string dir = data_dir;
   if (dir.empty()) {
     auto d = default_data_dir();
@@ -257,8 +401,12 @@ Dataset load_dataset(const std::string& name_or_file, const std::string& data_di
   const fs::path file = fs::path(dir) / known->file;
   if (!fs::is_regular_file(file, ec))
     throw std::runtime_error("dataset file " + file.string() + " not found (pass --data-dir DIR)");
-  if (std::string(known->file).ends_with(".json")) return load_musique_json(file.string(), known->canonical);
-  return load_hotpotqa_jsonl(file.string(), known->canonical);
+  const std::string canonical = known->canonical;
+  if (canonical == "musique_s") return load_musique_json(file.string(), canonical);
+  if (canonical == "hotpotqa_dev200") return load_hotpotqa_jsonl(file.string(), canonical);
+  if (canonical == "nq_open_oracle") return load_nq_oracle(file.string(), canonical, seed);
+  if (canonical == "kv_retrieval_75keys") return load_kv_retrieval(file.string(), canonical);
+  return load_rgb(file.string(), canonical, seed);
 }
 
 }  // namespace cf::eval

@@ -94,6 +94,20 @@ std::vector<double> log_softmax(std::span<const float> x) {
   return out;
 }
 
+std::string ascii_lower(std::string_view s) {
+  std::string out(s);
+  for (char& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return out;
+}
+
+// How many gold strings the prediction contains, case-insensitively.
+size_t contained_count(std::string_view prediction, const std::vector<std::string>& gold) {
+  const std::string pred = ascii_lower(prediction);
+  size_t n = 0;
+  for (const auto& g : gold) n += pred.find(ascii_lower(g)) != std::string::npos;
+  return n;
+}
+
 size_t argmax_index(std::span<const float> x) {
   size_t best = 0;
   for (size_t i = 1; i < x.size(); ++i)
@@ -151,6 +165,15 @@ double rouge_l(std::string_view prediction, const std::vector<std::string>& gold
   double best = 0;
   for (const auto& g : gold) best = std::max(best, rouge_l(prediction, g));
   return best;
+}
+
+double string_match_all(std::string_view prediction, const std::vector<std::string>& gold) {
+  if (gold.empty()) return 0.0;
+  return static_cast<double>(contained_count(prediction, gold)) / static_cast<double>(gold.size());
+}
+
+double string_match_part(std::string_view prediction, const std::vector<std::string>& gold) {
+  return contained_count(prediction, gold) > 0 ? 1.0 : 0.0;
 }
 
 double fidelity_f1(std::string_view method_answer, std::string_view full_answer) {

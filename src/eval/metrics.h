@@ -34,6 +34,13 @@ double exact_match(std::string_view prediction, const std::vector<std::string>& 
 double rouge_l(std::string_view prediction, std::string_view reference);
 double rouge_l(std::string_view prediction, const std::vector<std::string>& gold);
 
+// RULER's string match (its evaluate.py): case-insensitive (ASCII) substring containment of
+// the raw strings, no other normalisation. string_match_all: the fraction of the gold
+// strings contained in the prediction (every one is required); string_match_part: 1 if any
+// gold string is contained (alternatives). 0 with no gold strings.
+double string_match_all(std::string_view prediction, const std::vector<std::string>& gold);
+double string_match_part(std::string_view prediction, const std::vector<std::string>& gold);
+
 // Token F1 of a method's answer against full prefill's; 1 when both are empty.
 double fidelity_f1(std::string_view method_answer, std::string_view full_answer);
 // KL(P || Q), P = softmax(reference logits) (full prefill), Q = softmax(method logits),

@@ -15,6 +15,7 @@
 #include <stdexcept>
 
 #include "base/progress.h"
+#include "eval/bench_request.h"
 #include "eval/metrics.h"
 #include "fusion/executor.h"
 #include "kv/chunk_store.h"
@@ -102,6 +103,10 @@ std::string row_key(const std::string& dataset, uint64_t model_fingerprint, cons
          ratio_text(ratio);
 }
 
+std::string dataset_label(const std::string& dataset_name, size_t chunk_tokens) {
+  return chunk_tokens ? dataset_name + "@" + std::to_string(chunk_tokens) + "tok" : dataset_name;
+}
+
 std::vector<json> read_results(const std::string& path) {
   std::vector<json> rows;
   std::error_code ec;
@@ -147,13 +152,14 @@ BenchSummary BenchRunner::run(const Dataset& dataset) {
   fs::create_directories(cfg_.out_dir);
   BenchSummary sum;
   sum.results_path = (fs::path(cfg_.out_dir) / "results.jsonl").string();
+  const std::string label = dataset_label(dataset.name, cfg_.chunk_tokens);
 
   // What is already there.
   std::set<std::string> done;
   for (const json& row : read_results(sum.results_path)) {
     if (!row.contains("dataset") || !row.contains("example") || !row.contains("method") || !row.contains("ratio"))
       continue;
-    if (row.value("dataset", "") == dataset.name && row.value("model_fingerprint", "") == fingerprint_hex(fp) &&
+    if (row.value("dataset", "") == label && row.value("model_fingerprint", "") == fingerprint_hex(fp) &&
         row.value("max_tokens", 0) != cfg_.max_tokens)
       throw std::runtime_error(sum.results_path + " holds rows of this dataset and model made with max_tokens " +
                                std::to_string(row.value("max_tokens", 0)) + "; use a fresh --out or the same settings");
@@ -168,7 +174,7 @@ BenchSummary BenchRunner::run(const Dataset& dataset) {
   size_t total_units = 0;
   for (size_t e = 0; e < n_examples; ++e) {
     for (const auto& r : runs) {
-      if (done.count(row_key(dataset.name, fp, dataset.examples[e].id, r.method, r.ratio)))
+      if (done.count(row_key(label, fp, dataset.examples[e].id, r.method, r.ratio)))
         ++sum.rows_already_present;
       else
         todo[e].push_back(r);
@@ -188,22 +194,43 @@ BenchSummary BenchRunner::run(const Dataset& dataset) {
   std::ofstream out(sum.results_path, std::ios::app | std::ios::binary);
   if (!out) throw std::runtime_error("cannot append to " + sum.results_path);
 
+  // Prompts for the llama.cpp peer, once per (dataset, model, example).
+  const std::string prompts_path = (fs::path(cfg_.out_dir) / "prompts.jsonl").string();
+  std::set<std::string> prompt_done;
+  for (const json& row : read_results(prompts_path))
+    prompt_done.insert(row.value("dataset", "") + "\x1f" + row.value("model_fingerprint", "") + "\x1f" +
+                       row.value("example", ""));
+  std::ofstream prompts_out(prompts_path, std::ios::app | std::ios::binary);
+  if (!prompts_out) throw std::runtime_error("cannot append to " + prompts_path);
+
   ProgressBar progress(total_units, "runs", cfg_.progress);
   size_t units = 0;
   bool warmed_up = false;
   progress.update(0, "");
   for (size_t e = 0; e < n_examples; ++e) {
-    if (todo[e].empty()) continue;
     const QaExample& ex = dataset.examples[e];
-    const RagRequest req = build_rag_request(model, ex.passages, ex.question, cfg_.prompt);
+    const std::string prompt_key = label + "\x1f" + fingerprint_hex(fp) + "\x1f" + ex.id;
+    if (todo[e].empty() && prompt_done.count(prompt_key)) continue;
+    const RagRequest req = build_example_request(model, ex, cfg_.prompt, cfg_.chunk_tokens);
     const std::vector<TokenId> prompt = req.flatten();
     if (static_cast<long>(prompt.size()) + cfg_.max_tokens > model.hparams().context_length) {
+      if (todo[e].empty()) continue;
       std::fprintf(stderr, "\nbench: example %s: %zu prompt tokens + %d to generate exceed the context of %d; skipped\n",
                    ex.id.c_str(), prompt.size(), cfg_.max_tokens, model.hparams().context_length);
       ++sum.examples_skipped;
       units += todo[e].size();
       continue;
     }
+    if (prompt_done.insert(prompt_key).second) {
+      prompts_out << json{{"dataset", label},           {"model", cfg_.model_name},
+                          {"model_fingerprint", fingerprint_hex(fp)}, {"example", ex.id},
+                          {"threads", cfg_.threads},     {"tokens", prompt}}
+                         .dump()
+                  << '\n';
+      prompts_out.flush();
+      if (!prompts_out) throw std::runtime_error("write to " + prompts_path + " failed");
+    }
+    if (todo[e].empty()) continue;
     ++sum.examples_run;
 
     // (1) Chunk caches, untimed: what a deployment computes when a passage is indexed.
@@ -246,7 +273,7 @@ BenchSummary BenchRunner::run(const Dataset& dataset) {
         dec = decode(fwd_, *own, prompt, cfg_.max_tokens);
       }
       const FusionTimings& t = r->timings;
-      json row{{"dataset", dataset.name},
+      json row{{"dataset", label},
                {"model", cfg_.model_name},
                {"model_fingerprint", fingerprint_hex(fp)},
                {"example", ex.id},
@@ -259,6 +286,8 @@ BenchSummary BenchRunner::run(const Dataset& dataset) {
                {"f1", qa_f1(dec.answer, ex.answers)},
                {"em", exact_match(dec.answer, ex.answers)},
                {"rouge_l", rouge_l(dec.answer, ex.answers)},
+               {"string_match", ex.all_answers_required ? string_match_all(dec.answer, ex.answers)
+                                                        : string_match_part(dec.answer, ex.answers)},
                {"fidelity_f1", fidelity_f1(dec.answer, full_dec.answer)},
                {"first_token_agree", first_token_agrees(full_logits, r->logits)},
                {"kl", kl_divergence_from_logits(full_logits, r->logits)},
@@ -270,6 +299,7 @@ BenchSummary BenchRunner::run(const Dataset& dataset) {
                {"method_offline_ms", t.offline_ms},
                {"chunk_offline_ms", chunk_offline_ms},
                {"chunks", req.chunks.size()},
+               {"chunk_tokens", cfg_.chunk_tokens},
                {"chunks_computed", chunks_computed},
                {"recomputed_tokens", r->recomputed.size()},
                {"context_tokens", r->context_tokens},
@@ -312,6 +342,28 @@ int run_report(const std::string& out_dir, std::string& how_to) {
     return -1;
   }
   const int rc = std::system((shell_quote(python) + " " + shell_quote(script) + " " + shell_quote(out_dir)).c_str());
+  return rc == -1 ? -1 : WEXITSTATUS(rc);
+}
+
+int run_peer(const std::string& out_dir, const std::string& model_path, int threads, const std::string& python,
+             std::string& how_to) {
+  const auto root = find_repo_root();
+  const std::string script = root ? (fs::path(*root) / "bench" / "llamacpp_peer.py").string() : "bench/llamacpp_peer.py";
+  const std::string interpreter =
+      !python.empty() ? python : (root ? (fs::path(*root) / ".venv" / "bin" / "python").string() : ".venv/bin/python");
+  const std::string cmd = shell_quote(interpreter) + " " + shell_quote(script) + " " + shell_quote(out_dir) +
+                          " --model " + shell_quote(model_path) + " --threads " + std::to_string(threads);
+  how_to = cmd;
+  std::error_code ec;
+  if (!root || !fs::exists(script, ec)) {
+    how_to = "peer script not found; from the repository root run: " + cmd;
+    return -1;
+  }
+  if (!fs::exists(interpreter, ec)) {
+    how_to = interpreter + " not found (scripts/setup.sh --bench makes .venv with llama-cpp-python); then run: " + cmd;
+    return -1;
+  }
+  const int rc = std::system(cmd.c_str());
   return rc == -1 ? -1 : WEXITSTATUS(rc);
 }
 

@@ -9,6 +9,13 @@
 // max_tokens, stopping at end of generation or a newline). `full` and `reuse` run once per
 // example (recorded at ratio 1 and 0), the other methods once per ratio.
 //
+// Re-chunking (chunk_tokens > 0, see bench_request.h) changes the prompt, so its rows carry
+// the dataset name "<name>@<N>tok" and never mix with passage-as-chunk rows.
+//
+// For the llama.cpp peer (bench/llamacpp_peer.py) every example that fits the context gets
+// one line in <out>/prompts.jsonl: {dataset, model, model_fingerprint, example, threads,
+// tokens:[the full-prefill prompt's ids]}, written once per (dataset, model, example).
+//
 // Resumable: rows already in results.jsonl (same dataset, model, example, method, ratio)
 // are skipped; an example with nothing left to do is not even loaded into the model. A
 // half-written last line (a killed run) is cut off before appending.
@@ -37,6 +44,7 @@ struct BenchConfig {
   KvDtype disk_dtype = KvDtype::f16;
   size_t memory_budget_bytes = size_t{512} << 20;
   RagPromptOptions prompt;
+  size_t chunk_tokens = 0;           // 0: passage-as-chunk; N: fixed-size re-chunking
   std::string model_name;            // recorded in each row (e.g. the GGUF file name)
   int threads = 0;                   // recorded in each row
   bool progress = true;              // progress bar with ETA on stderr
@@ -65,6 +73,8 @@ struct BenchSummary {
 std::vector<nlohmann::json> read_results(const std::string& path);
 std::string row_key(const std::string& dataset, uint64_t model_fingerprint, const std::string& example_id,
                     const std::string& method, double ratio);
+// The dataset name the rows carry: the dataset's own, or "<name>@<N>tok" when re-chunked.
+std::string dataset_label(const std::string& dataset_name, size_t chunk_tokens);
 
 class BenchRunner {
  public:
@@ -79,5 +89,12 @@ class BenchRunner {
 // Runs tools/bench_report.py on `out_dir` with python3. Returns its exit status, or -1 when
 // python3 or the script cannot be found; `how_to` then says how to run it by hand.
 int run_report(const std::string& out_dir, std::string& how_to);
+
+// Runs bench/llamacpp_peer.py on `out_dir` (reads prompts.jsonl, appends peer.jsonl) with
+// `python` (empty: <repo>/.venv/bin/python), the same GGUF and thread count. Returns its
+// exit status, or -1 when the script or the interpreter cannot be found (`how_to` then says
+// how to run it by hand).
+int run_peer(const std::string& out_dir, const std::string& model_path, int threads, const std::string& python,
+             std::string& how_to);
 
 }  // namespace cf::eval

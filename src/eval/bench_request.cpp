@@ -1,0 +1,26 @@
+#include "eval/bench_request.h"
+
+#include <algorithm>
+#include <stdexcept>
+
+namespace cf::eval {
+
+std::vector<std::vector<TokenId>> split_tokens(const std::vector<TokenId>& tokens, size_t n) {
+  if (n == 0) throw std::invalid_argument("split_tokens: the chunk size must be positive");
+  std::vector<std::vector<TokenId>> out;
+  for (size_t at = 0; at < tokens.size(); at += n)
+    out.emplace_back(tokens.begin() + static_cast<long>(at), tokens.begin() + static_cast<long>(std::min(tokens.size(), at + n)));
+  return out;
+}
+
+RagRequest build_example_request(const Model& model, const QaExample& example, const RagPromptOptions& prompt,
+                                 size_t chunk_tokens) {
+  if (chunk_tokens == 0) return build_rag_request(model, example.passages, example.question, prompt);
+  RagRequest r = build_rag_request(model, {}, example.question, prompt);  // S and U only
+  std::string context;
+  for (const auto& p : example.passages) context += passage_text(p, prompt);
+  r.chunks = split_tokens(model.tokenizer().encode(context, /*add_special=*/false, /*parse_special=*/false), chunk_tokens);
+  return r;
+}
+
+}  // namespace cf::eval

@@ -1,0 +1,28 @@
+// The request the benchmark builds for one example (issue 4, item 2: passage-as-chunk or
+// fixed-size re-chunking). Retrieval order is kept either way.
+//
+//   chunk_tokens == 0   one chunk per passage (build_rag_request: each passage tokenized on
+//                       its own, as a deployment caches it)
+//   chunk_tokens == N   the passages' texts (passage_text: title line, text, separator)
+//                       concatenated in retrieval order, tokenized once, and cut every N
+//                       tokens; the last chunk holds the rest. Boundaries are at token
+//                       level, so a chunk may start mid-word or mid-passage, as in the
+//                       papers' fixed-size chunking.
+// The system prefix S and question suffix U are the same in both layouts.
+#pragma once
+#include <cstddef>
+#include <vector>
+
+#include "eval/datasets.h"
+#include "fusion/rag_prompt.h"
+
+namespace cf::eval {
+
+// Consecutive pieces of `n` tokens (the last may be shorter); none when `tokens` is empty.
+// Throws std::invalid_argument when n is 0.
+std::vector<std::vector<TokenId>> split_tokens(const std::vector<TokenId>& tokens, size_t n);
+
+RagRequest build_example_request(const Model& model, const QaExample& example, const RagPromptOptions& prompt,
+                                 size_t chunk_tokens = 0);
+
+}  // namespace cf::eval
