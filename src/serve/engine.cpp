@@ -308,6 +308,13 @@ struct Engine::Impl {
     return l;
   }
 
+  RequestError prompt_too_long(size_t tokens, bool chat) const {
+    return RequestError(413, "invalid_request_error",
+                        "prompt of " + std::to_string(tokens) + " tokens leaves no room to answer under the limit of " +
+                            std::to_string(opt.max_prompt_tokens) + " tokens",
+                        chat ? "messages" : "prompt");
+  }
+
   void record_metrics(const CompletionResult* r, bool error) {
     std::lock_guard<std::mutex> lock(metrics_mu);
     if (error) {
@@ -366,6 +373,12 @@ CompletionResult Engine::Impl::complete(const CompletionRequest& req,
   const bool fused = f.method != "full";
   const bool conversation = req.chat && !f.conversation_id.empty();
 
+  // Too long even before dedup (which only a conversation can do): refuse before CRAFT
+  // counts the request's chunks.
+  size_t laid_out = l.system.size() + l.suffix.size();
+  for (const auto& c : l.chunks) laid_out += c.size();
+  if (!conversation && laid_out + 1 > opt.max_prompt_tokens) throw prompt_too_long(laid_out, req.chat);
+
   // CRAFT: frequency order, conversation dedup, the chunk prefix worth keeping exact.
   CompletionResult result;
   result.history_tokens = l.history_tokens;
@@ -397,11 +410,7 @@ CompletionResult Engine::Impl::complete(const CompletionRequest& req,
   rr.suffix = l.suffix;
   const size_t prompt_tokens = rr.system.size() + rr.context_tokens() + rr.suffix.size();
   result.prompt_tokens = prompt_tokens;
-  if (prompt_tokens + 1 > opt.max_prompt_tokens)
-    throw RequestError(413, "invalid_request_error",
-                       "prompt of " + std::to_string(prompt_tokens) + " tokens leaves no room under the limit of " +
-                           std::to_string(opt.max_prompt_tokens) + " tokens",
-                       req.chat ? "messages" : "prompt");
+  if (prompt_tokens + 1 > opt.max_prompt_tokens) throw prompt_too_long(prompt_tokens, req.chat);
 
   FusionOptions fo;
   fo.method = f.method;
