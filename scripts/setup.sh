@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Installs what chunkfuse needs on Debian 12: system packages, the default model and,
-# with --bench, a Python venv (.venv/) with llama-cpp-python for benchmarks and golden
-# fixtures. Safe to rerun: every step checks first and does nothing when already done.
+# Installs what chunkfuse needs on Debian 12: system packages, the default model, a small
+# venv (.venv-serve/) with the openai client for the server's end-to-end tests and load
+# test and, with --bench, a Python venv (.venv/) with llama-cpp-python for benchmarks and
+# golden fixtures. Safe to rerun: every step checks first and does nothing when already done.
 #
-#   scripts/setup.sh            packages + model
+#   scripts/setup.sh            packages + model + .venv-serve
 #   scripts/setup.sh --bench    also .venv/ (builds llama-cpp-python from source: minutes)
 #   scripts/setup.sh --no-apt   skip the package step (e.g. no root, packages known present)
 #
@@ -18,7 +19,7 @@ for arg in "$@"; do
   case "$arg" in
     --bench) want_bench=1 ;;
     --no-apt) want_apt=0 ;;
-    -h|--help) sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) cf_die "unknown argument: $arg (try --help)" ;;
   esac
 done
@@ -29,7 +30,7 @@ PACKAGES=(
   libgtest-dev libgmock-dev nlohmann-json3-dev libcli11-dev libcpp-httplib-dev
   libspdlog-dev libfmt-dev libxxhash-dev libbenchmark-dev libzstd-dev
   clang-14 libclang-rt-14-dev
-  python3 python3-venv python3-pip
+  python3 python3-venv python3-pip curl
 )
 
 as_root() {
@@ -93,7 +94,23 @@ else
   cf_log "model: installed at $model (sha256 ok)"
 fi
 
-# --- 3. Benchmark / fixture venv (only with --bench) ------------------------------------
+# --- 3. Server test venv: the official openai client (tests/serve_e2e, bench/serve_load.py)
+# Pinned like llama-cpp-python below: the version the tests were written against.
+serve_venv="$CF_REPO_ROOT/.venv-serve"
+OPENAI_VERSION="3.54.0"
+if [[ -x "$serve_venv/bin/python" ]] && "$serve_venv/bin/python" - "$OPENAI_VERSION" <<'EOF' 2>/dev/null; then
+import importlib.metadata as m, sys, openai
+assert m.version("openai") == sys.argv[1]
+EOF
+  cf_log "serve venv: $serve_venv ready (openai $OPENAI_VERSION)"
+else
+  [[ -x "$serve_venv/bin/python" ]] || { cf_log "serve venv: creating $serve_venv"; python3 -m venv "$serve_venv"; }
+  cf_log "serve venv: installing openai==$OPENAI_VERSION"
+  "$serve_venv/bin/python" -m pip install --quiet --disable-pip-version-check "openai==$OPENAI_VERSION"
+  cf_log "serve venv: ready"
+fi
+
+# --- 4. Benchmark / fixture venv (only with --bench) ------------------------------------
 if (( want_bench )); then
   venv="$CF_REPO_ROOT/.venv"
   LLAMA_CPP_PY="llama-cpp-python==0.3.36"

@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
-# Everything CI checks, from a bare Debian 12 machine: setup, Release build + tests,
-# ASan/UBSan build + tests, fuzz smoke (scripts/fuzz.sh, when present), and a generation
-# smoke run of the real model. Prints each phase's time and a one-line summary; exits
-# non-zero if any phase failed. Phases after a failed build that need it are skipped.
+# Everything CI checks, from a bare Debian 12 machine: setup, Release build + tests, the
+# server's end-to-end tests (tests/serve_e2e: the real `chunkfuse serve` on loopback, the
+# openai client and curl), ASan/UBSan build + tests, fuzz smoke (scripts/fuzz.sh, when
+# present), and a generation smoke run of the real model. Prints each phase's time and a
+# one-line summary; exits non-zero if any phase failed. Phases after a failed build that
+# need it are skipped.
 #
 # Environment: CHUNKFUSE_BUILD_DIR (default build), CHUNKFUSE_ASAN_BUILD_DIR (default
 # build-asan), CHUNKFUSE_JOBS (default 2), CHUNKFUSE_FUZZ_SECONDS (default 60),
 # CHUNKFUSE_ASAN_EXCLUDE (ctest -E regex of tests left out under ASan; default: names
 # containing "Slow", "Timing" or "Milliseconds", i.e. slow model runs and wall-clock
 # budgets, which sanitizers slow down 3-10x), CHUNKFUSE_SKIP_ASAN=1 / CHUNKFUSE_SKIP_FUZZ=1
-# for quick local runs.
+# / CHUNKFUSE_SKIP_E2E=1 for quick local runs.
 set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 cd "$CF_REPO_ROOT"
@@ -77,6 +79,11 @@ smoke_generate() {
   [[ -n "${out//[[:space:]]/}" ]] || { cf_log "generate printed nothing"; return 1; }
 }
 
+# The server on loopback against the Release binary, with the venv setup.sh made.
+serve_e2e() {
+  CHUNKFUSE_BIN="$build_dir/chunkfuse" .venv-serve/bin/python -m unittest discover -s tests/serve_e2e -v
+}
+
 run_phase setup scripts/setup.sh || { cf_log "setup failed; cannot continue"; exit 1; }
 
 if run_phase build-release cf_build "$build_dir" Release; then
@@ -85,6 +92,14 @@ if run_phase build-release cf_build "$build_dir" Release; then
 else
   skip_phase ctest-release "build failed"
   release_ok=0
+fi
+
+if [[ "${CHUNKFUSE_SKIP_E2E:-0}" == 1 ]]; then
+  skip_phase e2e "CHUNKFUSE_SKIP_E2E=1"
+elif ((release_ok)); then
+  run_phase e2e serve_e2e
+else
+  skip_phase e2e "release build failed"
 fi
 
 if [[ "${CHUNKFUSE_SKIP_ASAN:-0}" == 1 ]]; then
