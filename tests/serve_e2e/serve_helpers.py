@@ -37,13 +37,13 @@ class Server:
     """One server process on a free port with its own temporary store; stop() ends it with
     SIGTERM and checks that it shut down cleanly."""
 
-    def __init__(self, *extra_args):
+    def __init__(self, *extra_args, binary=None, model=None, n_threads=None):
         self.tmp = tempfile.mkdtemp(prefix="chunkfuse-e2e-")
         self.cache_dir = os.path.join(self.tmp, "store")
         self.log_path = os.path.join(self.tmp, "server.log")
         self.log = open(self.log_path, "w+")
-        cmd = [binary_path(), "serve", "-m", model_path(), "-t", str(threads()), "--port", "0",
-               "--cache-dir", self.cache_dir, *extra_args]
+        cmd = [binary or binary_path(), "serve", "-m", model or model_path(), "-t", str(n_threads or threads()),
+               "--port", "0", "--cache-dir", self.cache_dir, *extra_args]
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
         self.url = self._wait_for_url(timeout=60)
         self._wait_healthy(timeout=30)
