@@ -145,7 +145,7 @@ def main() -> int:
             out.write(json.dumps(row) + "\n")
             out.flush()
             print(f"\rllamacpp_peer: {i}/{len(todo)} {r['dataset']} {r['example']}: {len(r['tokens'])} tokens "
-                  f"{ms:.1f} ms", end="", file=sys.stderr)
+                  f"{ms:.1f} ms", end="" if sys.stderr.isatty() else "\n", file=sys.stderr)
     print(f"\nllamacpp_peer: wrote {len(todo)} rows to {peer_path}", file=sys.stderr)
     return 0
 

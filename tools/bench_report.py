@@ -8,12 +8,19 @@
   DIR/*.png        if matplotlib imports: quality vs TTFT per method (one curve per
                    method, as in the papers' figures) and TTFT phase bars, per dataset
 
+With DIR/peer.jsonl (bench/llamacpp_peer.py: llama.cpp's full-prefill TTFT of the same
+prompt ids, same GGUF and threads) the tables add llama.cpp's median TTFT over the cell's
+examples and speedup vs llama.cpp = that median / the method's median TTFT, over the
+examples that have both.
+
 Standard library only, matplotlib optional. Usage: bench_report.py DIR
 Aggregates: means over examples, except TTFT and phases (median; p90 by linear
 interpolation between order statistics). Selection share = sum(selection) / sum(TTFT).
 Speedup = median TTFT of full prefill / median TTFT of the method, both over the method's
 examples. F1 recovery = (F1 - F1_reuse) / (F1_full - F1_reuse) over the examples that have
 all three, as FusionRAG reports it (undefined when full and reuse score the same).
+Match = RULER's string match (share of the gold strings contained in the answer when all
+are required, as in RULER's multi-value and variable-tracking tasks; else 1 if any is).
 """
 import csv
 import json
@@ -61,8 +68,14 @@ def method_order(rows):
     return order
 
 
-def aggregate(rows):
+def peer_index(peer_rows):
+    """(dataset, model, example, threads) -> llama.cpp TTFT ms (the latest row wins)."""
+    return {(p["dataset"], p["model"], p["example"], int(p.get("threads", 0))): p["peer_ttft_ms"] for p in peer_rows}
+
+
+def aggregate(rows, peer=None):
     """(dataset, model) -> list of per-(method, ratio) aggregate dicts, in display order."""
+    peer = peer or {}
     groups = defaultdict(lambda: defaultdict(list))
     for r in rows:
         groups[(r["dataset"], r.get("model", ""))][(r["method"], float(r["ratio"]))].append(r)
@@ -87,6 +100,7 @@ def aggregate(rows):
             a["f1"] = mean([r["f1"] for r in rs])
             a["em"] = mean([r["em"] for r in rs])
             a["rouge_l"] = mean([r["rouge_l"] for r in rs])
+            a["string_match"] = mean([r["string_match"] for r in rs if "string_match" in r])
             a["fidelity_f1"] = mean([r["fidelity_f1"] for r in rs])
             a["first_token_agree"] = mean([1.0 if r["first_token_agree"] else 0.0 for r in rs])
             a["kl_mean"] = mean([r["kl"] for r in rs])
@@ -98,6 +112,11 @@ def aggregate(rows):
             a["selection_share"] = sum(r["selection_ms"] for r in rs) / sum_ttft if sum_ttft > 0 else float("nan")
             full_ttft = quantile([full_by[r["example"]]["ttft_ms"] for r in rs if r["example"] in full_by], 0.5)
             a["speedup_vs_full"] = full_ttft / med if med > 0 and not math.isnan(full_ttft) else float("nan")
+            with_peer = [(peer[k], r["ttft_ms"]) for r in rs
+                         for k in [(r["dataset"], r.get("model", ""), r["example"], int(r.get("threads", 0)))] if k in peer]
+            a["llama_ttft_median_ms"] = quantile([p for p, _ in with_peer], 0.5)
+            own = quantile([t for _, t in with_peer], 0.5)
+            a["speedup_vs_llama"] = a["llama_ttft_median_ms"] / own if with_peer and own > 0 else float("nan")
             a["recomputed_share"] = mean([r["recomputed_tokens"] / r["context_tokens"] for r in rs if r["context_tokens"]])
             a["context_tokens_mean"] = mean([r["context_tokens"] for r in rs])
             a["decode_tok_s_median"] = quantile([r["decode_tok_s"] for r in rs if r["decode_tok_s"] > 0], 0.5)
@@ -136,7 +155,7 @@ def machine_line():
     return f"{cpu}, {os.cpu_count()} hardware threads, {platform.system()} {platform.release()}"
 
 
-def write_report(out_dir, rows, tables, plots):
+def write_report(out_dir, rows, tables, plots, have_peer=False):
     lines = ["# chunkfuse bench report", ""]
     cmd_file = os.path.join(out_dir, "bench_command.txt")
     if os.path.exists(cmd_file):
@@ -159,20 +178,29 @@ def write_report(out_dir, rows, tables, plots):
               "KL = mean KL(full || method) of the first-token distributions; TTFT median and p90 "
               "(ms); sel. = share of TTFT spent in selection; speedup = full prefill's median TTFT / "
               "the method's; recomp. = recomputed share of the context tokens; recovery = "
-              "(F1 - F1_reuse) / (F1_full - F1_reuse).", ""]
+              "(F1 - F1_reuse) / (F1_full - F1_reuse); match = RULER string match (share of the gold "
+              "strings in the answer where all are required, else 1 if any is)."
+              + (" llama.cpp = median TTFT of llama.cpp's full prefill of the same prompt ids (same GGUF "
+                 "and threads, bench/llamacpp_peer.py); vs llama.cpp = that / the method's median TTFT "
+                 "over the same examples." if have_peer else ""), ""]
     for (dataset, model), table in tables.items():
         n_ex = len({r["example"] for r in rows if r["dataset"] == dataset and r.get("model", "") == model})
         lines += [f"## {dataset} ({model}, {n_ex} examples, "
                   f"{fmt(mean([a['context_tokens_mean'] for a in table]), 0)} context tokens on average)", ""]
-        lines.append("| method | ρ | n | F1 | EM | ROUGE-L | fidelity | 1st tok | KL | TTFT med | TTFT p90 "
-                     "| sel. | speedup | recomp. | recovery |")
-        lines.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+        peer_head = " llama.cpp | vs llama.cpp |" if have_peer else ""
+        lines.append("| method | ρ | n | F1 | EM | ROUGE-L | match | fidelity | 1st tok | KL | TTFT med | TTFT p90 "
+                     "| sel. | speedup |" + peer_head + " recomp. | recovery |")
+        lines.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+                     + ("---:|---:|" if have_peer else "") + "---:|---:|")
         for a in table:
+            peer_cells = (f" {fmt(a['llama_ttft_median_ms'], 1)} | {fmt(a['speedup_vs_llama'], 2)}x |"
+                          if have_peer else "")
             lines.append(
                 f"| {a['method']} | {a['ratio']:g} | {a['n']} | {fmt(a['f1'])} | {fmt(a['em'])} | "
-                f"{fmt(a['rouge_l'])} | {fmt(a['fidelity_f1'])} | {fmt(a['first_token_agree'], 2)} | "
+                f"{fmt(a['rouge_l'])} | {fmt(a['string_match'])} | {fmt(a['fidelity_f1'])} | "
+                f"{fmt(a['first_token_agree'], 2)} | "
                 f"{fmt(a['kl_mean'], 4)} | {fmt(a['ttft_median_ms'], 1)} | {fmt(a['ttft_p90_ms'], 1)} | "
-                f"{fmt(100 * a['selection_share'], 1)}% | {fmt(a['speedup_vs_full'], 2)}x | "
+                f"{fmt(100 * a['selection_share'], 1)}% | {fmt(a['speedup_vs_full'], 2)}x |{peer_cells} "
                 f"{fmt(100 * a['recomputed_share'], 1)}% | {fmt(a['f1_recovery'], 2)} |")
         lines.append("")
         lines.append("TTFT phases (median ms) and offline cost:")
@@ -223,7 +251,10 @@ def write_plots(out_dir, tables):
         base = slug(dataset) + ("_" + slug(os.path.splitext(model)[0]) if len(tables) > 1 else "")
         # Quality (F1 and fidelity) against median TTFT, one curve per method over its ratios.
         fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
-        for ax, metric, label in ((axes[0], "f1", "F1 vs gold"), (axes[1], "fidelity_f1", "fidelity to full prefill")):
+        # Synthetic tasks are scored by string match (RULER), the QA sets by F1.
+        quality = (("string_match", "string match vs gold") if dataset.startswith(("ruler:", "kv_retrieval"))
+                   else ("f1", "F1 vs gold"))
+        for ax, metric, label in ((axes[0],) + quality, (axes[1], "fidelity_f1", "fidelity to full prefill")):
             for method in method_order([{"method": a["method"]} for a in table]):
                 pts = sorted((a["ttft_median_ms"], a[metric], a["ratio"]) for a in table if a["method"] == method)
                 if not pts:
@@ -279,10 +310,11 @@ def main(argv):
     if not rows:
         print(f"bench_report: {path} has no rows", file=sys.stderr)
         return 1
-    tables = aggregate(rows)
+    peer_rows = read_rows(os.path.join(out_dir, "peer.jsonl")) if os.path.exists(os.path.join(out_dir, "peer.jsonl")) else []
+    tables = aggregate(rows, peer_index(peer_rows))
     plots = write_plots(out_dir, tables)
     write_csv(out_dir, tables)
-    write_report(out_dir, rows, tables, plots)
+    write_report(out_dir, rows, tables, plots, have_peer=bool(peer_rows))
     print(f"bench_report: wrote {os.path.join(out_dir, 'report.md')}, summary.csv"
           + (f" and {sum(len(v) for v in plots.values())} plots" if plots else ""), file=sys.stderr)
     return 0
