@@ -12,6 +12,7 @@
 #include <map>
 
 #include "../runtime/model_fixture.h"
+#include "eval/bench_request.h"
 #include "eval/runner.h"
 
 namespace cf::eval {
@@ -128,6 +129,17 @@ TEST(BenchQuick, TwoMusiqueExamples) {
     EXPECT_LT(reuse["ttft_ms"].get<double>(), full["ttft_ms"].get<double>());
   }
 
+  // The peer's input: one line per example holding exactly the full-prefill prompt's ids.
+  const auto prompts = read_results((out / "prompts.jsonl").string());
+  ASSERT_EQ(prompts.size(), 2u);
+  for (const auto& p : prompts) {
+    const auto& full = by[p["example"].get<std::string>() + " full@1"];
+    EXPECT_EQ(p["tokens"].size(), full["prompt_tokens"].get<size_t>());
+    EXPECT_EQ(p["dataset"], "musique_s");
+    EXPECT_EQ(p["model"], "test-model");
+  }
+  EXPECT_EQ(prompts[0]["tokens"], build_example_request(m, data.examples[0], cfg.prompt).flatten());
+
   // Resumed: nothing left to do, nothing appended; a half-written line is cut off first.
   const size_t lines = line_count(first.results_path);
   { std::ofstream(first.results_path, std::ios::app) << R"({"dataset": "musique_s", "exa)"; }
@@ -138,6 +150,7 @@ TEST(BenchQuick, TwoMusiqueExamples) {
   EXPECT_EQ(second.examples_run, 0u);
   EXPECT_EQ(line_count(first.results_path), lines);
   EXPECT_EQ(read_results(first.results_path).size(), 8u);
+  EXPECT_EQ(line_count((out / "prompts.jsonl").string()), 2u);  // not written twice
 
   // A different max_tokens in the same folder is refused rather than mixed in.
   BenchConfig other = cfg;

@@ -117,8 +117,7 @@ TEST(Datasets, ErrorsNameTheLineAndTheProblem) {
               ::testing::AllOf(::testing::HasSubstr("h.jsonl:1"), ::testing::HasSubstr("context[0]")));
   const auto empty = t.write("e.jsonl", "\n\n");
   EXPECT_THAT(error_of([&] { load_user_jsonl(empty, "e"); }), ::testing::HasSubstr("no examples"));
-  const auto gz = t.write("z.jsonl.gz", std::string("\x1f\x8b\x08\x00", 4));
-  EXPECT_THAT(error_of([&] { load_dataset_file(gz); }), ::testing::HasSubstr("decompress"));
+  EXPECT_THAT(error_of([&] { load_dataset_file(t.str() + "/missing.jsonl"); }), ::testing::HasSubstr("cannot open"));
 }
 
 TEST(Datasets, NamesResolveAgainstTheDataDir) {
