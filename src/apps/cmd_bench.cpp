@@ -168,6 +168,15 @@ void add_bench_command(CLI::App& app, CommandRunner& run) {
                 "bench/llamacpp_peer.py, same GGUF and threads, into <out>/peer.jsonl; the report then adds "
                 "speedups vs llama.cpp");
   cmd->add_option("--peer-python", a->peer_python, "Python with llama_cpp for --peer (default: <repo>/.venv/bin/python)");
+  cmd->footer(
+      "Datasets: nq_open_oracle adds 9 other examples' gold passages as distractors (seeded, gold at a seeded "
+      "position); kv_retrieval puts 5 key-value pairs in each chunk; rgb_en_fact uses positive + negative "
+      "passages in a seeded order (CC BY-NC-SA 4.0, evaluation only); ruler:TASK:LENGTH is generated with the "
+      "model's tokenizer at LENGTH context tokens in chunks of at most 512 tokens. The 'match' column is RULER's "
+      "string match (share of the gold strings found in the answer where all are required, else any).\n"
+      "Outputs in --out: results.jsonl (one row per example x method x ratio, resumable), prompts.jsonl (each "
+      "example's prompt ids, for the llama.cpp peer), peer.jsonl (with --peer), bench_command.txt, report.md, "
+      "summary.csv, *.png. Reproduction commands: bench/README.md.");
   cmd->callback([&run, a] { run = [a] { return run_bench(*a); }; });
 }
 
