@@ -34,6 +34,7 @@ struct BenchArgs {
   size_t chunk_tokens = 0;
   bool peer = false;
   std::string peer_python;
+  std::string method_options;
 };
 
 std::vector<std::string> split_list(const std::string& s) {
@@ -70,6 +71,7 @@ void record_command(const BenchArgs& a) {
   c << " --methods " << a.methods << " --ratios " << a.ratios;
   if (a.limit) c << " --limit " << a.limit;
   if (a.chunk_tokens) c << " --chunk-tokens " << a.chunk_tokens;
+  if (!a.method_options.empty()) c << " --method-options '" << a.method_options << "'";
   if (a.peer) c << " --peer";
   if (!a.peer_python.empty()) c << " --peer-python " << a.peer_python;
   c << " --max-tokens " << a.max_tokens << " --seed " << a.seed << " -t " << a.model.threads;
@@ -95,6 +97,15 @@ int run_bench(const BenchArgs& a) {
   cfg.memory_budget_bytes = a.memory_mb << 20;
   cfg.model_name = std::filesystem::path(a.model.model_path).filename().string();
   cfg.chunk_tokens = a.chunk_tokens;
+  if (!a.method_options.empty()) {
+    try {
+      cfg.method_options = nlohmann::json::parse(a.method_options);
+    } catch (const nlohmann::json::exception& e) {
+      throw std::runtime_error(std::string("--method-options: not JSON: ") + e.what());
+    }
+    if (!cfg.method_options.is_object())
+      throw std::runtime_error("--method-options: expected an object {\"method\": {options}}");
+  }
 
   auto model = load_model(a.model);  // first: RULER tasks are generated with its tokenizer
   const eval::Dataset dataset = eval::load_dataset(a.data, a.data_dir, a.seed, &model->tokenizer());
@@ -156,6 +167,10 @@ void add_bench_command(CLI::App& app, CommandRunner& run) {
                   "re-chunk: concatenate each example's passages in retrieval order, tokenize once, cut every N "
                   "tokens (0: one chunk per passage); rows are labelled <dataset>@<N>tok")
       ->capture_default_str();
+  cmd->add_option("--method-options", a->method_options,
+                  "JSON object of per-method options, e.g. '{\"cachecraft\": {\"create_variants\": true}}' "
+                  "(default: cachecraft runs without creating variants online, since a variant made by one run of "
+                  "an example would be an exact match for its runs at other ratios)");
   cmd->add_option("--out", a->out, "output folder (results.jsonl, report.md, summary.csv, plots)")->required();
   cmd->add_option("--store", a->store, "chunk-cache store folder (default: <out>/store)");
   cmd->add_flag("--memory-store", a->memory_store, "keep chunk caches in memory only (no disk tier)");

@@ -69,6 +69,11 @@ Decoded decode(Forward& fwd, FusionResult& r, const std::vector<TokenId>& prompt
 
 }  // namespace
 
+nlohmann::json bench_default_method_options(const std::string& method) {
+  if (method == "cachecraft") return {{"create_variants", false}};
+  return nlohmann::json::object();
+}
+
 std::vector<BenchRun> expand_runs(const std::vector<std::string>& methods, const std::vector<double>& ratios) {
   const auto known = selector_names();
   std::vector<BenchRun> runs;
@@ -268,7 +273,10 @@ BenchSummary BenchRunner::run(const Dataset& dataset) {
       const FusionResult* r = &full;
       Decoded dec = full_dec;
       if (run.method != "full") {
-        own.emplace(executor.prefill(req, {run.method, run.ratio, example_seed}));
+        const nlohmann::json options = cfg_.method_options.contains(run.method)
+                                           ? cfg_.method_options.at(run.method)
+                                           : bench_default_method_options(run.method);
+        own.emplace(executor.prefill(req, {run.method, run.ratio, example_seed, options}));
         r = &*own;
         dec = decode(fwd_, *own, prompt, cfg_.max_tokens);
       }

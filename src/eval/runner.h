@@ -48,7 +48,15 @@ struct BenchConfig {
   std::string model_name;            // recorded in each row (e.g. the GGUF file name)
   int threads = 0;                   // recorded in each row
   bool progress = true;              // progress bar with ETA on stderr
+  // Selector::configure options per method name ({"qcfuse": {...}}). Methods not named get
+  // bench_default_method_options(method).
+  nlohmann::json method_options = nlohmann::json::object();
 };
+
+// The bench's defaults: Cache-Craft without online variant creation, because a variant that
+// one run of an example creates (from that exact prompt's full pass) would be found by the
+// same example's later runs at other ratios: an exact match no real request would have.
+nlohmann::json bench_default_method_options(const std::string& method);
 
 // One (method, ratio) of the plan.
 struct BenchRun {

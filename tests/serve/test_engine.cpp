@@ -249,6 +249,9 @@ TEST(Engine, CompletionsWithDocumentsInEveryMode) {
   const CompletionResult cached = e.complete(r);
   EXPECT_EQ(cached.text, plain.text);  // exact either way
   EXPECT_EQ(cached.prompt_tokens, plain.prompt_tokens);
+  // ctest runs every test in its own process: register the passages here, so their caches
+  // are in the store whatever ran before (an inline passage and a registered one share ids).
+  e.register_chunks({kDocs[0], kDocs[2]});
   r.fusion.method = "reuse";
   const CompletionResult reused = e.complete(r);
   EXPECT_EQ(reused.prompt_tokens, plain.prompt_tokens);
@@ -416,6 +419,7 @@ TEST(Engine, RegisteredChunksServeAsDocumentsAndSurviveRestart) {
 TEST(Engine, MetricsCountRequestsAndTtft) {
   CF_REQUIRE_MODEL();
   Engine& e = shared_engine();
+  e.register_chunks({kDocs[1]});  // something in the disk tier, whatever ran before
   const EngineMetrics before = e.metrics();
   e.complete(chat("Name a fruit.", {}, "full", 4));
   const EngineMetrics m = e.metrics();
