@@ -34,6 +34,9 @@ import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
+import benchlib  # noqa: E402
+
 N_BATCH = 2048
 N_UBATCH = 512
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -48,9 +51,7 @@ def default_model() -> str:
 
 
 def read_jsonl(path: Path) -> list[dict]:
-    rows = []
-    if not path.exists():
-        return rows
+    return benchlib.read_jsonl(path, "llamacpp_peer")
     with open(path, encoding="utf-8") as f:
         for n, line in enumerate(f, 1):
             line = line.strip()
@@ -103,19 +104,10 @@ def main() -> int:
         return 1
 
     import llama_cpp
-    import llama_cpp.llama_cpp as low
     import numpy as np
 
     if not args.extra_bufts:
-        # Llama() takes its model params from llama_model_default_params(): wrap it.
-        default_params = low.llama_model_default_params
-
-        def params_without_extra_bufts():
-            p = default_params()
-            p.use_extra_bufts = False
-            return p
-
-        low.llama_model_default_params = params_without_extra_bufts
+        benchlib.disable_llama_extra_buffers()  # tools/benchlib.py says why
 
     longest = max(len(r["tokens"]) for r in todo)
     n_ctx = max(512, (longest + 8 + 255) // 256 * 256)

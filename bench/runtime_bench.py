@@ -34,6 +34,9 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
+from benchlib import disable_llama_extra_buffers  # noqa: E402
+
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DECODE_CONTEXT = 512  # ids prefilled before the decode timing (the perf contract)
@@ -85,20 +88,7 @@ def llama_worker(args: argparse.Namespace) -> None:
     import numpy as np
 
     if not args.llama_extra_bufts:
-        # Llama() takes its model params from llama_model_default_params(); wrap it to turn
-        # off the "extra buffer types" (AMX and weight repacking). On the development
-        # machine the AMX Q4_1 matmul crashes (SIGSEGV in ggml_backend_amx_mul_mat: the
-        # sandbox does not grant AMX tile state), so llama.cpp runs its AVX-512 kernels.
-        import llama_cpp.llama_cpp as low
-
-        default_params = low.llama_model_default_params
-
-        def params_without_extra_bufts():
-            p = default_params()
-            p.use_extra_bufts = False
-            return p
-
-        low.llama_model_default_params = params_without_extra_bufts
+        disable_llama_extra_buffers()  # tools/benchlib.py says why
 
     ids = json.loads(Path(args.ids).read_text())
     rss_base = vm_rss_bytes()

@@ -31,6 +31,8 @@ import statistics
 import sys
 from collections import OrderedDict, defaultdict
 
+from benchlib import read_jsonl  # same folder
+
 
 def quantile(values, q):
     """Linear interpolation between order statistics (numpy's default)."""
@@ -47,17 +49,7 @@ def mean(values):
 
 
 def read_rows(path):
-    rows = []
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            line = line.strip()
-            if not line:
-                continue
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError as e:
-                print(f"bench_report: {path}:{n}: skipped ({e})", file=sys.stderr)
-    return rows
+    return read_jsonl(path, "bench_report")
 
 
 def method_order(rows):

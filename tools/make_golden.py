@@ -46,21 +46,10 @@ import sys
 import jinja2
 import numpy as np
 import llama_cpp
-import llama_cpp.llama_cpp as llama_lowlevel
 
-# ggml's AMX matmul (an "extra buffer type") crashes in this sandbox, whose kernel does
-# not grant AMX tile state; turn extra buffer types off so the plain CPU kernels run.
-# Q4_1/Q8_0 weights are not repacked, so this changes nothing else.
-_default_model_params = llama_lowlevel.llama_model_default_params
+from benchlib import disable_llama_extra_buffers  # noqa: E402 (tools/ is this script's folder)
 
-
-def _model_params_without_extra_buffers():
-    params = _default_model_params()
-    params.use_extra_bufts = False
-    return params
-
-
-llama_lowlevel.llama_model_default_params = _model_params_without_extra_buffers
+disable_llama_extra_buffers()
 
 DEFAULT_MODEL = os.path.expanduser("~/.cache/chunkfuse/models/SmolLM2-135M-Instruct.Q4_1.gguf")
 DEFAULT_OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "golden",
