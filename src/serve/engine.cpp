@@ -385,14 +385,28 @@ CompletionResult Engine::Impl::complete(const CompletionRequest& req,
   std::vector<size_t> order(l.chunks.size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = i;
   size_t keep_chunks = 0;
+  size_t last_plan_matched = 0;
   if (!l.chunks.empty() && (f.reorder || conversation)) {
     CraftPlan plan = craft.plan(l.chunk_ids, conversation ? f.conversation_id : std::string(), f.reorder);
     order = std::move(plan.order);
     result.deduped_chunks = plan.dropped.size();
     keep_chunks = std::min(plan.keep_chunks, order.size());
+    last_plan_matched = plan.matched_chunks;
   }
+  const size_t matched_chunks = std::min(last_plan_matched, keep_chunks);  // the CP-Tree's prefix before this request
   size_t exact_chunks = 0;  // leading chunks that join S' (exact, through the prefix cache)
   if (f.prefix_cache) exact_chunks = f.reorder ? keep_chunks : (fused ? 0 : order.size());
+  // CRAFT + fusion: a newly promoted chunk prefix would be prefilled in full on this
+  // request's critical path, though fusion serves those chunks cheaply. Only the prefix the
+  // CP-Tree already held joins S' now; the promoted one is computed exactly when the
+  // scheduler is idle, so later requests hit it (deviation from CRAFT, which has no fusion
+  // and computes the promoted prefix anyway).
+  std::vector<TokenId> promote;
+  if (fused && f.reorder && f.prefix_cache && keep_chunks > matched_chunks) {
+    promote = l.system;
+    for (size_t k = 0; k < keep_chunks; ++k) promote.insert(promote.end(), l.chunks[order[k]].begin(), l.chunks[order[k]].end());
+    exact_chunks = matched_chunks;
+  }
 
   RagRequest rr;
   rr.system = l.system;
@@ -471,6 +485,13 @@ CompletionResult Engine::Impl::complete(const CompletionRequest& req,
   };
 
   scheduler->submit(job);
+  if (!promote.empty())
+    scheduler->post_idle([this, tokens = std::move(promote)](Forward& fw) {
+      size_t hit = 0;
+      prefixes.prefix(fw, tokens, hit);
+      std::lock_guard<std::mutex> lock(metrics_mu);
+      prefix_bytes = prefixes.stats().bytes;
+    });
   // Cache-Craft §3.5: the request's chunk caches load from disk while it waits in the queue
   // (on the store's worker; a get of a key being loaded waits for that load).
   if (fused && !rr.chunks.empty()) {
@@ -607,6 +628,7 @@ EngineMetrics Engine::metrics() const {
   m.running = impl_->scheduler->running();
   m.decode_steps = impl_->scheduler->decode_steps();
   m.decode_rows = impl_->scheduler->decode_rows();
+  m.background_tasks = impl_->scheduler->idle_tasks_run();
   const ChunkStoreStats s = impl_->store.stats();
   m.store_memory_bytes = s.memory_bytes;
   m.store_disk_bytes = s.disk_bytes;

@@ -118,6 +118,7 @@ struct EngineMetrics {
   uint64_t prompt_tokens = 0, completion_tokens = 0, prefilled_tokens = 0, prefix_hit_tokens = 0;
   uint64_t chunk_hits = 0, chunk_misses = 0;
   uint64_t decode_steps = 0, decode_rows = 0;  // batched decode passes and the sequences in them
+  uint64_t background_tasks = 0;  // idle-time work done (CRAFT prefixes promoted under fusion)
   size_t store_memory_bytes = 0, store_disk_bytes = 0, prefix_cache_bytes = 0;
 };
 

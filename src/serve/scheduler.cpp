@@ -50,6 +50,16 @@ void Scheduler::call(const std::function<void(Forward&)>& fn) {
   if (task.error) std::rethrow_exception(task.error);
 }
 
+void Scheduler::post_idle(std::function<void(Forward&)> fn) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_) return;
+    if (idle_tasks_.size() >= kMaxIdleTasks) idle_tasks_.pop_front();
+    idle_tasks_.push_back(std::move(fn));
+  }
+  work_cv_.notify_all();
+}
+
 size_t Scheduler::queue_length() const {
   std::lock_guard<std::mutex> lock(mu_);
   return waiting_.size();
@@ -64,15 +74,30 @@ void Scheduler::loop() {
   for (;;) {
     std::deque<Task*> tasks;
     SchedulerJob* next = nullptr;
+    std::function<void(Forward&)> idle;
     {
       std::unique_lock<std::mutex> lock(mu_);
-      work_cv_.wait(lock, [&] { return stopping_ || !tasks_.empty() || !waiting_.empty() || !running_.empty(); });
+      work_cv_.wait(lock, [&] {
+        return stopping_ || !tasks_.empty() || !waiting_.empty() || !running_.empty() || !idle_tasks_.empty();
+      });
       if (stopping_) break;
       tasks.swap(tasks_);
       if (running_.size() < opt_.max_batch && !waiting_.empty()) {
         next = waiting_.front();
         waiting_.pop_front();
       }
+      if (tasks.empty() && !next && running_.empty() && !idle_tasks_.empty()) {
+        idle = std::move(idle_tasks_.front());
+        idle_tasks_.pop_front();
+      }
+    }
+    if (idle) {
+      try {
+        idle(fwd_);
+      } catch (...) {  // background work: a failure costs a later cache miss, nothing more
+      }
+      ++idle_tasks_run_;
+      continue;
     }
     for (Task* t : tasks) {
       try {

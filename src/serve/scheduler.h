@@ -70,6 +70,14 @@ class Scheduler {
   // computing a chunk cache) and waits for it; rethrows what it throws.
   void call(const std::function<void(Forward&)>& fn);
 
+  // Queues fn to run on the scheduler thread only when nothing else is waiting or running
+  // (background work off every request's critical path, e.g. computing an exact prefix
+  // CRAFT promoted). Fire and forget: errors are dropped, at most `kMaxIdleTasks` wait
+  // (older ones are dropped first), and tasks not yet run at shutdown never run.
+  void post_idle(std::function<void(Forward&)> fn);
+  static constexpr size_t kMaxIdleTasks = 16;
+  uint64_t idle_tasks_run() const { return idle_tasks_run_.load(); }
+
   size_t queue_length() const;
   size_t running() const;
   uint64_t decode_steps() const { return decode_steps_.load(); }  // batched passes so far
@@ -93,6 +101,8 @@ class Scheduler {
     bool done = false;
   };
   std::deque<Task*> tasks_;
+  std::deque<std::function<void(Forward&)>> idle_tasks_;
+  std::atomic<uint64_t> idle_tasks_run_{0};
   std::vector<SchedulerJob*> running_;  // scheduler thread only (size mirrored in n_running_)
   size_t n_running_ = 0;                // guarded by mu_
   bool stopping_ = false;

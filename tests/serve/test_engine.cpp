@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <filesystem>
 #include <future>
 #include <set>
@@ -214,6 +215,36 @@ TEST(Engine, CraftPutsFrequentChunksFirstAndHits) {
   const CompletionResult without = e.complete(fused);
   EXPECT_GT(with_craft.prefix_hit_tokens, without.prefix_hit_tokens);
   EXPECT_LT(with_craft.prefilled_tokens, third.prompt_tokens);
+}
+
+// Under fusion, CRAFT's newly promoted prefix is not prefilled on the request's critical
+// path: the scheduler computes it exactly when idle, and the next request hits it.
+TEST(Engine, CraftWithFusionPromotesPrefixesWhenIdle) {
+  CF_REQUIRE_MODEL();
+  Engine& e = shared_engine();
+  const std::string c = "Charlie harbour loads grain ships from the southern farms each autumn.";
+  const std::string d = "Delta airfield trains glider pilots over the western hills in summer.";
+  auto req = [&](std::vector<std::string> docs) {
+    CompletionRequest r = chat("What does Charlie harbour load?", std::move(docs), "epic", 4);
+    r.fusion.ratio = 0.15;
+    r.fusion.reorder = true;
+    r.fusion.prefix_cache = true;
+    return r;
+  };
+  e.complete(req({c, "A passage about pears.", d}));
+  const uint64_t idle_before = e.metrics().background_tasks;
+  // c and d now reach the promotion threshold: the prefix S c d is promoted...
+  const CompletionResult second = e.complete(req({d, "A passage about plums.", c}));
+  // ...but fused now (nothing of it prefilled beyond what fusion recomputes)...
+  EXPECT_LT(second.prefilled_tokens, second.prompt_tokens / 2);
+  for (int i = 0; i < 200 && e.metrics().background_tasks == idle_before; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  ASSERT_GT(e.metrics().background_tasks, idle_before);
+  // ...and served exact from the prefix cache afterwards.
+  const CompletionResult third = e.complete(req({"A passage about figs.", c, d}));
+  ASSERT_EQ(third.chunk_order.size(), 3u);
+  EXPECT_GT(third.prefix_hit_tokens, second.prefix_hit_tokens);
+  EXPECT_LT(third.prefilled_tokens, second.prefilled_tokens);
 }
 
 TEST(Engine, ConcurrentRequestsAnswerAsAlone) {
