@@ -86,7 +86,9 @@ void Scheduler::loop() {
         next = waiting_.front();
         waiting_.pop_front();
       }
-      if (tasks.empty() && !next && running_.empty() && !idle_tasks_.empty()) {
+      // No request waits: background work delays only the running requests' next decode
+      // step, as admitting a new request would.
+      if (tasks.empty() && !next && waiting_.empty() && !idle_tasks_.empty()) {
         idle = std::move(idle_tasks_.front());
         idle_tasks_.pop_front();
       }

@@ -70,8 +70,8 @@ class Scheduler {
   // computing a chunk cache) and waits for it; rethrows what it throws.
   void call(const std::function<void(Forward&)>& fn);
 
-  // Queues fn to run on the scheduler thread only when nothing else is waiting or running
-  // (background work off every request's critical path, e.g. computing an exact prefix
+  // Queues fn to run on the scheduler thread when no request is waiting for its prefill
+  // (background work off every request's TTFT path, e.g. computing an exact prefix
   // CRAFT promoted). Fire and forget: errors are dropped, at most `kMaxIdleTasks` wait
   // (older ones are dropped first), and tasks not yet run at shutdown never run.
   void post_idle(std::function<void(Forward&)> fn);
