@@ -4,7 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
-#include <regex>
+#include <optional>
 #include <set>
 #include <sstream>
 
@@ -292,6 +292,29 @@ TEST(ServerApi, ErrorBodyHasOpenAIFields) {
   EXPECT_TRUE(api::error_body(400, "invalid_request_error", "bad")["error"]["param"].is_null());
 }
 
+// `name value` or `name{key="v"} value` (the exposition format's sample line, one label at
+// most as ours have): {name, value}, or nullopt when the line is not of that shape.
+std::optional<std::pair<std::string, std::string>> parse_prometheus_sample(const std::string& line) {
+  size_t i = 0;
+  while (i < line.size() && ((line[i] >= 'a' && line[i] <= 'z') || line[i] == '_')) ++i;
+  if (i == 0) return std::nullopt;
+  const std::string name = line.substr(0, i);
+  if (i < line.size() && line[i] == '{') {
+    const size_t close = line.find('}', i);
+    if (close == std::string::npos) return std::nullopt;
+    const std::string label = line.substr(i + 1, close - i - 1);
+    const size_t eq = label.find("=\"");
+    if (eq == std::string::npos || eq == 0 || label.size() < eq + 3 || label.back() != '"') return std::nullopt;
+    for (size_t c = 0; c < eq; ++c)
+      if (label[c] < 'a' || label[c] > 'z') return std::nullopt;
+    i = close + 1;
+  }
+  if (i >= line.size() || line[i] != ' ') return std::nullopt;
+  const std::string value = line.substr(i + 1);
+  if (value.empty() || value.find_first_of(" \t") != std::string::npos) return std::nullopt;
+  return std::make_pair(name, value);
+}
+
 TEST(ServerApi, PrometheusTextIsWellFormed) {
   EngineMetrics m;
   m.requests = 10;
@@ -310,7 +333,6 @@ TEST(ServerApi, PrometheusTextIsWellFormed) {
   const std::string text = api::prometheus_text(m, api::HttpCounters{9, 2, 0, 1});
 
   // Every line is a comment or `name{labels} value`; every sample's family has a TYPE.
-  const std::regex sample(R"(([a-z_]+)(\{[a-z]+="[^"]*"\})? (\S+))");
   std::istringstream in(text);
   std::string line;
   std::set<std::string> typed;
@@ -321,15 +343,15 @@ TEST(ServerApi, PrometheusTextIsWellFormed) {
       continue;
     }
     if (line.rfind("# HELP ", 0) == 0) continue;
-    std::smatch mt;
-    ASSERT_TRUE(std::regex_match(line, mt, sample)) << line;
-    std::string family = mt[1];
+    const auto sample = parse_prometheus_sample(line);
+    ASSERT_TRUE(sample.has_value()) << line;
+    std::string family = sample->first;
     for (const char* suffix : {"_bucket", "_sum", "_count"})
       if (!typed.count(family) && family.size() > std::strlen(suffix) &&
           family.compare(family.size() - std::strlen(suffix), std::string::npos, suffix) == 0)
         family.resize(family.size() - std::strlen(suffix));
     EXPECT_TRUE(typed.count(family)) << "no TYPE for " << line;
-    EXPECT_NO_THROW((void)std::stod(mt[3] == "+Inf" ? std::string("0") : std::string(mt[3]))) << line;
+    EXPECT_NO_THROW((void)std::stod(sample->second == "+Inf" ? std::string("0") : sample->second)) << line;
     ++samples;
   }
   EXPECT_GT(samples, 15u);
