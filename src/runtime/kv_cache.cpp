@@ -26,6 +26,7 @@ void KvCache::reserve(size_t n) {
 
 size_t KvCache::append(size_t n) {
   const size_t first = size();
+  if (n == 0) return first;  // &k_[l][first * kv_dim_] would index an empty vector
   if (first + n > capacity_) reserve(std::max(first + n, capacity_ * 2));
   positions_.resize(first + n, 0);
   for (int l = 0; l < n_layers_; ++l) {
