@@ -57,6 +57,7 @@ size_t KvCache::append_from(const KvCache& src, size_t begin, size_t end, int32_
     throw std::invalid_argument("KvCache::append_from: caches of different model shapes");
   if (begin > end || end > src.size()) throw std::out_of_range("KvCache::append_from: bad entry range");
   const size_t n = end - begin;
+  if (n == 0) return size();  // nothing to copy (and no row to take an address of)
   const size_t first = append(n);
   for (int l = 0; l < n_layers_; ++l) {
     std::memcpy(k(l, first), src.k(l, begin), n * kv_dim_ * sizeof(float));
