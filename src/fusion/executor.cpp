@@ -137,8 +137,11 @@ FusionResult FusionExecutor::prefill(const RagRequest& req, const FusionOptions&
     slots.push_back(first_new + i);
   }
   const size_t logit_row = rows.size() - 1;
-  auto out = fwd_.run(r.cache, {rows, pos, slots, std::span<const size_t>(&logit_row, 1)});
+  ForwardHooks hooks;
+  const bool hooked = selector->recompute_hooks(in, sel.slots, hooks);
+  auto out = fwd_.run(r.cache, {rows, pos, slots, std::span<const size_t>(&logit_row, 1)}, hooked ? &hooks : nullptr);
   const auto t_end = Clock::now();
+  if (hooked) selector->after_recompute(sel.details);
 
   r.logits = std::move(out.logits);
   r.recomputed = std::move(sel.slots);

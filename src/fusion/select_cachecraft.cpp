@@ -38,10 +38,13 @@
 //    Online creation is offline work (Selector::offline_ms) and serves later requests only:
 //    the request that creates a variant chose its own variants before.
 //  - Attention statistics: mean over heads and layers (B6.1), inter(prev, cur) direction.
-//  - Focused-chunk early stop (Algorithm 1): NOT done. It drops rows from the recompute
-//    pass after layer L*, which the executor's single Forward::run over P ∪ U cannot do
-//    (it needs a per-row last layer in ForwardInput). Only its decision rule is
-//    implemented and tested (cachecraft::focused_chunk_count).
+//  - Focused-chunk early stop (Algorithm 1), option focus_early_stop (off by default): during
+//    the recompute pass, inter_l(C_i, U) = the question rows' attention to chunk i's entries,
+//    mean over heads and question rows, accumulated over layers; focused = the chunks above
+//    the largest gap (our reading of line 8, digest B2.4); once that set is unchanged for w
+//    layers (w = focus_window, default 3: the paper gives none), the recompute rows of the
+//    other chunks leave the pass (ForwardHooks::retire_after_layer). Never at ρ = 1, and not
+//    with fewer than 2 chunks. If the set never settles, every layer is recomputed.
 //  - Tiers, demotion and preloading (§3.4.2, §3.5) are the chunk store's (kv/chunk_store.h).
 #include "fusion/select_cachecraft.h"
 
@@ -121,9 +124,13 @@ CacheCraftOptions CacheCraftOptions::from_json(const nlohmann::json& j) {
     else if (k == "own_budget") o.own_budget = v.get<bool>();
     else if (k == "max_variants") o.max_variants = v.get<size_t>();
     else if (k == "create_variants") o.create_variants = v.get<bool>();
-    else throw std::invalid_argument("unknown cachecraft option '" + k + "' (alpha, own_budget, max_variants, create_variants)");
+    else if (k == "focus_early_stop") o.focus_early_stop = v.get<bool>();
+    else if (k == "focus_window") o.focus_window = v.get<int>();
+    else throw std::invalid_argument("unknown cachecraft option '" + k +
+                                     "' (alpha, own_budget, max_variants, create_variants, focus_early_stop, focus_window)");
   }
   if (!(o.alpha >= 0)) throw std::invalid_argument("cachecraft alpha must be >= 0");
+  if (o.focus_window < 1) throw std::invalid_argument("cachecraft focus_window must be >= 1");
   return o;
 }
 
@@ -394,7 +401,84 @@ class CacheCraftSelector final : public Selector {
     return sel;
   }
 
+  bool recompute_hooks(const FusionInputs& in, const std::vector<size_t>& recompute_slots, ForwardHooks& hooks) override {
+    focus_ = Focus{};
+    if (!opt_.focus_early_stop || in.ratio >= 1.0 || in.chunks.size() < 2 || recompute_slots.empty()) return false;
+    const size_t n_p = recompute_slots.size(), n_u = in.suffix_tokens().size();
+    focus_.active = true;
+    focus_.cumulative.assign(in.chunks.size(), 0.0);
+    focus_.chunk_of_row.resize(n_p);
+    for (size_t r = 0; r < n_p; ++r) {  // chunks are laid out in slot order
+      size_t c = 0;
+      while (c + 1 < in.chunks.size() && in.chunks[c + 1].begin <= recompute_slots[r]) ++c;
+      focus_.chunk_of_row[r] = c;
+    }
+    for (size_t i = 0; i < n_u; ++i) hooks.rows.push_back(n_p + i);
+    hooks.capture_attention = true;
+    const int n_heads = in.cache.hparams().n_heads;
+    std::vector<std::pair<size_t, size_t>> spans;
+    for (const auto& c : in.chunks) spans.emplace_back(c.begin, c.begin + c.n_tokens);
+    hooks.on_layer = [this, spans, n_heads](const LayerTap& t) {
+      if (focus_.decided) return;
+      const size_t per_row = static_cast<size_t>(n_heads) * t.n_entries;
+      const double norm = 1.0 / static_cast<double>(t.rows.size() * static_cast<size_t>(n_heads));
+      for (size_t c = 0; c < spans.size(); ++c) {
+        double mass = 0;
+        for (size_t r = 0; r < t.rows.size(); ++r)
+          for (int hd = 0; hd < n_heads; ++hd) {
+            const float* p = t.attn_probs + r * per_row + static_cast<size_t>(hd) * t.n_entries;
+            for (size_t e = spans[c].first; e < spans[c].second; ++e) mass += p[e];
+          }
+        focus_.cumulative[c] += mass * norm;
+      }
+      // The focused set at this layer: the chunks above the largest gap.
+      std::vector<size_t> order(spans.size());
+      std::iota(order.begin(), order.end(), size_t{0});
+      std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return focus_.cumulative[a] > focus_.cumulative[b]; });
+      order.resize(cachecraft::focused_chunk_count(focus_.cumulative));
+      std::sort(order.begin(), order.end());
+      focus_.history.push_back(order);
+      const size_t w = static_cast<size_t>(opt_.focus_window);
+      if (focus_.history.size() >= w &&
+          std::all_of(focus_.history.end() - static_cast<std::ptrdiff_t>(w), focus_.history.end(),
+                      [&](const auto& f) { return f == order; })) {
+        focus_.decided = true;
+        focus_.layer = t.layer;
+        focus_.focused = order;
+      }
+    };
+    hooks.retire_after_layer = [this](int layer) {
+      std::vector<size_t> leaving;
+      if (!focus_.decided || focus_.retired || layer != focus_.layer) return leaving;
+      focus_.retired = true;
+      for (size_t r = 0; r < focus_.chunk_of_row.size(); ++r)
+        if (!std::binary_search(focus_.focused.begin(), focus_.focused.end(), focus_.chunk_of_row[r])) leaving.push_back(r);
+      focus_.rows_retired = leaving.size();
+      return leaving;
+    };
+    return true;
+  }
+
+  void after_recompute(nlohmann::json& details) override {
+    if (!focus_.active) return;
+    details["focus"] = {{"decided", focus_.decided},
+                        {"layer", focus_.decided ? nlohmann::json(focus_.layer) : nlohmann::json(nullptr)},
+                        {"focused_chunks", focus_.focused},
+                        {"rows_retired", focus_.rows_retired},
+                        {"window", opt_.focus_window}};
+  }
+
  private:
+  struct Focus {  // state of Alg. 1 during one recompute pass
+    bool active = false, decided = false, retired = false;
+    int layer = -1;
+    std::vector<double> cumulative;           // cinter per chunk
+    std::vector<std::vector<size_t>> history;  // focused set per layer
+    std::vector<size_t> focused, chunk_of_row;
+    size_t rows_retired = 0;
+  };
+  Focus focus_;
+
   void plan(Forward& fwd, ChunkStore& store, const RagRequest& req) {
     planned_ = true;
     const uint64_t fp = fwd.model().fingerprint();

@@ -29,6 +29,12 @@ struct CacheCraftOptions {
   // Store the cache of every chunk after its prefix in this request as a new variant (for
   // later requests; never used by the request that made it). Cost counted as offline.
   bool create_variants = true;
+  // Focused-chunk early stop (Alg. 1, §3.4.1): after the layer L* where the set of focused
+  // chunks (largest gap in the question's cumulative attention) has stayed the same for
+  // `focus_window` layers, rows of unfocused chunks stop being recomputed. Off by default
+  // (it changes answers; the paper gives no w); never at ρ = 1, which must equal full prefill.
+  bool focus_early_stop = false;
+  int focus_window = 3;  // w of Alg. 1 (not given by the paper)
 
   static CacheCraftOptions from_json(const nlohmann::json& j);  // unknown keys: invalid_argument
 };

@@ -75,6 +75,14 @@ class Selector {
     if (!options.is_null() && !options.empty())
       throw std::invalid_argument("method " + std::string(name()) + " takes no options");
   }
+  // Hooks for the recompute pass itself, whose rows are the chosen slots (in the order of
+  // `recompute_slots`) followed by the question suffix U. Return false for none (default).
+  // Cache-Craft uses them to stop recomputing unfocused chunks after a layer (Alg. 1).
+  virtual bool recompute_hooks(const FusionInputs& in, const std::vector<size_t>& recompute_slots, ForwardHooks& hooks) {
+    return false;
+  }
+  // After that pass: what the hooks found, added to the selection's details.
+  virtual void after_recompute(nlohmann::json& details) {}
   // Offline work the selector did during this request's lookups (Cache-Craft builds new
   // variants): the executor counts it as offline, not as lookup or TTFT.
   virtual double offline_ms() const { return 0; }

@@ -69,7 +69,9 @@ std::vector<ForwardOutput> Forward::run_sequences(std::span<const BatchSequence>
     check_input(h, *seqs[s].cache, seqs[s].input);
     offset[s + 1] = offset[s] + seqs[s].input.tokens.size();
   }
-  const size_t n = offset.back();
+  const std::vector<size_t> input_offset = offset;
+  size_t n = offset.back();  // live rows; rows retired by a hook leave (single sequence only)
+  const size_t n_input = n;
   const size_t d = h.d_model, qd = h.q_dim(), kvd = h.kv_dim(), ff = h.d_ff;
   std::vector<ForwardOutput> outs(seqs.size());
   for (auto& o : outs) o.vocab = h.vocab_size;
@@ -100,6 +102,14 @@ std::vector<ForwardOutput> Forward::run_sequences(std::span<const BatchSequence>
       row_cache[offset[s] + i] = &cache;
     }
   }
+  // live_of_input[r]: where input row r sits among the live rows (npos once retired).
+  constexpr size_t kRetired = static_cast<size_t>(-1);
+  std::vector<size_t> live_of_input(n), input_of_live(n);
+  for (size_t i = 0; i < n; ++i) live_of_input[i] = input_of_live[i] = i;
+  std::vector<size_t> tap_rows = hooks ? hooks->rows : std::vector<size_t>{};
+  for (size_t r : tap_rows)
+    if (r >= n) throw std::invalid_argument("forward: hook row " + std::to_string(r) + " out of range");
+
   std::vector<float> x(n * d), xn(n * d), q(n * qd), k(n * kvd), v(n * kvd), attn(n * qd);
   std::vector<float> gate(n * ff), up(n * ff);
 
@@ -115,7 +125,7 @@ std::vector<ForwardOutput> Forward::run_sequences(std::span<const BatchSequence>
     const LayerWeights& w = model_.layers()[l];
     const bool tap_here = any_hook && (hooks->layers.empty() ||
                                        std::find(hooks->layers.begin(), hooks->layers.end(), l) != hooks->layers.end());
-    if (tap_here) gather_rows(x.data(), d, hooks->rows, tap_hidden_in);
+    if (tap_here) gather_rows(x.data(), d, tap_rows, tap_hidden_in);
 
     pool_.parallel_range(n, [&](size_t b, size_t e, size_t) {
       for (size_t i = b; i < e; ++i) rms_norm(&x[i * d], w.attn_norm.data(), &xn[i * d], d, h.rms_eps);
@@ -161,14 +171,14 @@ std::vector<ForwardOutput> Forward::run_sequences(std::span<const BatchSequence>
 
     if (tap_here) {
       const KvCache& cache = *seqs.front().cache;
-      gather_rows(q.data(), qd, hooks->rows, tap_q);
-      gather_rows(k.data(), kvd, hooks->rows, tap_k);
-      gather_rows(v.data(), kvd, hooks->rows, tap_v);
+      gather_rows(q.data(), qd, tap_rows, tap_q);
+      gather_rows(k.data(), kvd, tap_rows, tap_k);
+      gather_rows(v.data(), kvd, tap_rows, tap_v);
       if (hooks->capture_attention) {
         const size_t per_row = static_cast<size_t>(h.n_heads) * n_entries;
-        tap_probs.assign(hooks->rows.size() * per_row, 0.f);
-        pool_.parallel_for(hooks->rows.size(), [&](size_t i, size_t) {
-          const size_t r = hooks->rows[i];
+        tap_probs.assign(tap_rows.size() * per_row, 0.f);
+        pool_.parallel_for(tap_rows.size(), [&](size_t i, size_t) {
+          const size_t r = tap_rows[i];
           attention_probs(shape, &q[r * qd], positions[r], cache.k(l, 0), cache.positions().data(), n_entries,
                           &tap_probs[i * per_row]);
         });
@@ -194,7 +204,7 @@ std::vector<ForwardOutput> Forward::run_sequences(std::span<const BatchSequence>
     add_inplace(x.data(), xn.data(), n * d);
 
     if (tap_here) {
-      gather_rows(x.data(), d, hooks->rows, tap_hidden_out);
+      gather_rows(x.data(), d, tap_rows, tap_hidden_out);
       LayerTap tap;
       tap.layer = l;
       tap.rows = hooks->rows;
@@ -211,12 +221,46 @@ std::vector<ForwardOutput> Forward::run_sequences(std::span<const BatchSequence>
       outs.front().stopped_early = true;
       return outs;
     }
+    if (hooks && hooks->retire_after_layer) {
+      const std::vector<size_t> leaving = hooks->retire_after_layer(l);
+      if (!leaving.empty()) {
+        std::vector<char> drop(n, 0);
+        for (size_t r : leaving) {
+          if (r >= n_input) throw std::invalid_argument("forward: retired row " + std::to_string(r) + " out of range");
+          const auto& keep = seqs.front().input.logit_rows;
+          if (std::find(keep.begin(), keep.end(), r) != keep.end() ||
+              std::find(hooks->rows.begin(), hooks->rows.end(), r) != hooks->rows.end())
+            throw std::invalid_argument("forward: row " + std::to_string(r) + " has logits or a tap and cannot retire");
+          if (live_of_input[r] != kRetired) drop[live_of_input[r]] = 1;
+        }
+        size_t w = 0;
+        for (size_t c = 0; c < n; ++c) {
+          if (drop[c]) {
+            live_of_input[input_of_live[c]] = kRetired;
+            continue;
+          }
+          if (w != c) {
+            std::memcpy(&x[w * d], &x[c * d], d * sizeof(float));
+            tokens[w] = tokens[c];
+            positions[w] = positions[c];
+            slots[w] = slots[c];
+            row_cache[w] = row_cache[c];
+          }
+          input_of_live[w] = input_of_live[c];
+          live_of_input[input_of_live[w]] = w;
+          ++w;
+        }
+        n = w;
+        offset[1] = n;  // one sequence (hooks)
+        for (size_t i = 0; i < tap_rows.size(); ++i) tap_rows[i] = live_of_input[hooks->rows[i]];
+      }
+    }
   }
 
   // Logits of the rows asked for, all sequences in one product.
   std::vector<size_t> logit_rows;
   for (size_t s = 0; s < seqs.size(); ++s)
-    for (size_t r : seqs[s].input.logit_rows) logit_rows.push_back(offset[s] + r);
+    for (size_t r : seqs[s].input.logit_rows) logit_rows.push_back(live_of_input[input_offset[s] + r]);
   if (!logit_rows.empty()) {
     const size_t nl = logit_rows.size();
     std::vector<float> normed(nl * d);

@@ -51,6 +51,11 @@ struct ForwardHooks {
   std::vector<int> layers;             // layers to call back at; empty = all
   int stop_after_layer = -1;           // >= 0: skip the rest of the pass after this layer
   std::function<void(const LayerTap&)> on_layer;
+  // Called after every layer l (after on_layer): the input rows it returns leave the pass.
+  // Their K/V in layers > l stay as the cache holds them and their hidden states are not
+  // computed further (Cache-Craft's focused-chunk early stop). Rows asked for logits or
+  // captured by `rows` cannot leave (std::invalid_argument).
+  std::function<std::vector<size_t>(int layer)> retire_after_layer;
 };
 
 struct ForwardOutput {

@@ -324,5 +324,56 @@ TEST_F(CacheCraft, OwnBudgetFollowsCfoAndRatioCapsIt) {
   EXPECT_THROW(ex.prefill(r, opt), std::invalid_argument);
 }
 
+// Alg. 1 during the recompute pass: the focused set settles at some layer L*, the rows of the
+// other chunks leave the pass after it (their deeper K/V stay the reused ones), and at ρ = 1
+// nothing leaves, so the result still equals full prefill.
+TEST_F(CacheCraft, FocusedChunkEarlyStopRetiresUnfocusedRowsAfterTheSettlingLayer) {
+  const Model& m = test::shared_model();
+  Forward fwd(m, test::shared_pool());
+  ChunkStore store = memory_store(m);
+  FusionExecutor ex(fwd, store);
+  const RagRequest r = request_of(m, {0, 1, 2, 3, 4}, "Where was Marie Curie born?");
+  FusionOptions opt{"cachecraft", 0.5, 0};
+  opt.method_options = {{"create_variants", false}, {"focus_early_stop", true}, {"focus_window", 3}};
+  const FusionResult on = ex.prefill(r, opt);
+  ASSERT_TRUE(on.selection_details.contains("focus")) << on.selection_details.dump();
+  const auto& focus = on.selection_details.at("focus");
+  ASSERT_TRUE(focus.at("decided").get<bool>()) << focus.dump();
+  const int layer = focus.at("layer").get<int>();
+  EXPECT_GE(layer, 2);  // w = 3 layers of agreement at the earliest
+  const auto focused = focus.at("focused_chunks").get<std::vector<size_t>>();
+  EXPECT_GE(focused.size(), 1u);
+  EXPECT_LT(focused.size(), r.chunks.size());
+  // Exactly the recomputed rows of unfocused chunks left.
+  size_t unfocused_rows = 0;
+  size_t begin = r.system.size();
+  for (size_t c = 0; c < r.chunks.size(); ++c) {
+    const size_t end = begin + r.chunks[c].size();
+    if (!std::binary_search(focused.begin(), focused.end(), c))
+      for (size_t s : on.recomputed) unfocused_rows += (s >= begin && s < end);
+    begin = end;
+  }
+  EXPECT_EQ(focus.at("rows_retired").get<size_t>(), unfocused_rows);
+  EXPECT_GT(unfocused_rows, 0u);
+
+  // Off: same selection, no focus report, different K/V above L* in an unfocused row.
+  opt.method_options = {{"create_variants", false}};
+  const FusionResult off = ex.prefill(r, opt);
+  EXPECT_EQ(off.recomputed, on.recomputed);
+  EXPECT_FALSE(off.selection_details.contains("focus"));
+
+  // ρ = 1 with the option on: no early stop, full prefill's logits.
+  opt.ratio = 1.0;
+  opt.method_options = {{"create_variants", false}, {"focus_early_stop", true}};
+  const FusionResult all = ex.prefill(r, opt);
+  const FusionResult full = ex.prefill(r, {"full", 1.0, 0});
+  EXPECT_FALSE(all.selection_details.contains("focus"));
+  float worst = 0;
+  for (size_t i = 0; i < full.logits.size(); ++i) worst = std::max(worst, std::fabs(all.logits[i] - full.logits[i]));
+  EXPECT_LT(worst, 1e-4f);
+  opt.method_options = {{"focus_window", 0}};
+  EXPECT_THROW(ex.prefill(r, opt), std::invalid_argument);
+}
+
 }  // namespace
 }  // namespace cf

@@ -299,6 +299,69 @@ TEST(Forward, BatchedSequencesEqualSeparateRuns) {
   }
 }
 
+// Rows retired after layer L keep the cache's K/V above L untouched, get the same K/V as a
+// full pass up to L, and the remaining rows go on: their logits match a pass without the
+// retired rows (whose cached K/V are the exact ones here).
+TEST(Forward, RetiredRowsLeaveThePassAfterTheirLayer) {
+  CF_REQUIRE_MODEL();
+  const auto& h = shared_model().hparams();
+  Forward fwd(shared_model(), shared_pool());
+  const auto ids = sample_tokens(56);
+  const std::vector<TokenId> prefix(ids.begin(), ids.begin() + 48);
+  KvCache before(h);
+  fwd.run(before, {prefix, iota_positions(48), {}, {}});
+
+  // Rows: P = slots 10, 20, 30 in place, then U = tokens 48..55 at new slots.
+  const std::vector<size_t> p_slots = {10, 20, 30};
+  std::vector<TokenId> toks;
+  std::vector<int32_t> pos;
+  for (size_t s : p_slots) {
+    toks.push_back(ids[s]);
+    pos.push_back(static_cast<int32_t>(s));
+  }
+  for (size_t i = 48; i < 56; ++i) {
+    toks.push_back(ids[i]);
+    pos.push_back(static_cast<int32_t>(i));
+  }
+  auto run_pass = [&](KvCache& cache, const ForwardHooks* hooks) {
+    std::vector<size_t> slots(p_slots);
+    const size_t first = cache.append(8);
+    for (size_t i = 0; i < 8; ++i) slots.push_back(first + i);
+    const size_t last = toks.size() - 1;
+    return fwd.run(cache, {toks, pos, slots, std::span<const size_t>(&last, 1)}, hooks);
+  };
+  constexpr int kCut = 4;
+  KvCache retired = before, full = before;
+  ForwardHooks hooks;
+  hooks.retire_after_layer = [](int layer) { return layer == kCut ? std::vector<size_t>{0, 1, 2} : std::vector<size_t>{}; };
+  const auto out = run_pass(retired, &hooks);
+  run_pass(full, nullptr);
+  for (int l = 0; l < h.n_layers; ++l)
+    for (size_t s : p_slots) {
+      const KvCache& expected = l <= kCut ? full : before;
+      EXPECT_EQ(max_abs_diff(retired.k(l, s), expected.k(l, s), h.kv_dim()), 0.f) << l << " " << s;
+      EXPECT_EQ(max_abs_diff(retired.v(l, s), expected.v(l, s), h.kv_dim()), 0.f) << l << " " << s;
+    }
+  // U alone against the untouched prefix.
+  KvCache u_only = before;
+  const std::vector<TokenId> u(ids.begin() + 48, ids.end());
+  const size_t last_u = u.size() - 1;
+  const auto ref = fwd.run(u_only, {u, iota_positions(8, 48), {}, std::span<const size_t>(&last_u, 1)});
+  EXPECT_LT(max_abs_diff(out.row_logits(0), ref.row_logits(0), out.vocab), 2e-3f);
+
+  // The logit row and captured rows cannot leave.
+  KvCache bad = before;
+  ForwardHooks retire_logit_row;
+  retire_logit_row.retire_after_layer = [&](int) { return std::vector<size_t>{toks.size() - 1}; };
+  EXPECT_THROW(run_pass(bad, &retire_logit_row), std::invalid_argument);
+  KvCache bad2 = before;
+  ForwardHooks retire_tapped;
+  retire_tapped.rows = {0};
+  retire_tapped.on_layer = [](const LayerTap&) {};
+  retire_tapped.retire_after_layer = [](int) { return std::vector<size_t>{0}; };
+  EXPECT_THROW(run_pass(bad2, &retire_tapped), std::invalid_argument);
+}
+
 TEST(Forward, BatchRejectsSharedCachesAndBadInputWithoutTouchingCaches) {
   CF_REQUIRE_MODEL();
   Forward fwd(shared_model(), shared_pool());
