@@ -52,16 +52,6 @@ def default_model() -> str:
 
 def read_jsonl(path: Path) -> list[dict]:
     return benchlib.read_jsonl(path, "llamacpp_peer")
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            line = line.strip()
-            if not line:
-                continue
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError as e:
-                print(f"llamacpp_peer: {path}:{n}: skipped ({e})", file=sys.stderr)
-    return rows
 
 
 def key(row: dict) -> tuple:
