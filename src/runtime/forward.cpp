@@ -69,6 +69,9 @@ std::vector<ForwardOutput> Forward::run_sequences(std::span<const BatchSequence>
     check_input(h, *seqs[s].cache, seqs[s].input);
     offset[s + 1] = offset[s] + seqs[s].input.tokens.size();
   }
+  if (hooks)  // before any cache is touched: bad input changes nothing
+    for (size_t r : hooks->rows)
+      if (r >= offset.back()) throw std::invalid_argument("forward: hook row " + std::to_string(r) + " out of range");
   const std::vector<size_t> input_offset = offset;
   size_t n = offset.back();  // live rows; rows retired by a hook leave (single sequence only)
   const size_t n_input = n;
@@ -106,9 +109,7 @@ std::vector<ForwardOutput> Forward::run_sequences(std::span<const BatchSequence>
   constexpr size_t kRetired = static_cast<size_t>(-1);
   std::vector<size_t> live_of_input(n), input_of_live(n);
   for (size_t i = 0; i < n; ++i) live_of_input[i] = input_of_live[i] = i;
-  std::vector<size_t> tap_rows = hooks ? hooks->rows : std::vector<size_t>{};
-  for (size_t r : tap_rows)
-    if (r >= n) throw std::invalid_argument("forward: hook row " + std::to_string(r) + " out of range");
+  std::vector<size_t> tap_rows = hooks ? hooks->rows : std::vector<size_t>{};  // live indices of hooks->rows
 
   std::vector<float> x(n * d), xn(n * d), q(n * qd), k(n * kvd), v(n * kvd), attn(n * qd);
   std::vector<float> gate(n * ff), up(n * ff);

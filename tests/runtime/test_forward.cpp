@@ -240,6 +240,10 @@ TEST(Forward, RejectsInconsistentInput) {
   const std::vector<size_t> slot = {5};
   const std::vector<TokenId> ok = {1};
   EXPECT_THROW(fwd.run(cache, {ok, one_pos, slot, {}}), std::invalid_argument);
+  ForwardHooks hook_past_the_rows;
+  hook_past_the_rows.rows = {1};
+  hook_past_the_rows.on_layer = [](const LayerTap&) {};
+  EXPECT_THROW(fwd.run(cache, {ok, one_pos, {}, {}}, &hook_past_the_rows), std::invalid_argument);
   EXPECT_EQ(cache.size(), 0u);
 }
 
