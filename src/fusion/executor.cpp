@@ -12,6 +12,15 @@ double ms_between(Clock::time_point a, Clock::time_point b) {
 }
 }  // namespace
 
+void extend_prefix(Forward& fwd, KvCache& kv, std::span<const TokenId> tokens) {
+  const size_t have = kv.size();
+  if (have > tokens.size()) throw std::invalid_argument("extend_prefix: the cache is longer than the prefix");
+  if (have == tokens.size()) return;
+  std::vector<int32_t> pos(tokens.size() - have);
+  for (size_t i = 0; i < pos.size(); ++i) pos[i] = static_cast<int32_t>(have + i);
+  fwd.run(kv, {tokens.subspan(have), pos, {}, {}});
+}
+
 FusionExecutor::FusionExecutor(Forward& fwd, ChunkStore& store, PrefixSource* prefixes)
     : fwd_(fwd), store_(store), external_prefixes_(prefixes) {}
 
@@ -27,9 +36,7 @@ std::shared_ptr<const KvCache> FusionExecutor::prefix_cache(const std::vector<To
   }
   hit_tokens = 0;
   auto kv = std::make_shared<KvCache>(fwd_.model().hparams(), system.size());
-  std::vector<int32_t> pos(system.size());
-  for (size_t i = 0; i < pos.size(); ++i) pos[i] = static_cast<int32_t>(i);
-  fwd_.run(*kv, {system, pos, {}, {}});
+  extend_prefix(fwd_, *kv, system);
   std::lock_guard<std::mutex> lock(prefix_mu_);
   prefixes_.emplace(system, kv);
   return kv;

@@ -26,6 +26,11 @@ class PrefixSource {
   virtual std::shared_ptr<const KvCache> prefix(Forward& fwd, std::span<const TokenId> tokens, size_t& hit_tokens) = 0;
 };
 
+// Completes `kv`, which holds the exact K/V of tokens[0, kv.size()) at positions 0.., with
+// the rest of `tokens` by a plain prefill at positions kv.size().. (how a PrefixSource fills
+// what it lacks).
+void extend_prefix(Forward& fwd, KvCache& kv, std::span<const TokenId> tokens);
+
 struct FusionOptions {
   std::string method = "full";  // "full" (plain prefill, the reference) or a selector name
   double ratio = 0.15;

@@ -66,11 +66,7 @@ class UncachedPrefix : public PrefixSource {
   std::shared_ptr<const KvCache> prefix(Forward& fwd, std::span<const TokenId> tokens, size_t& hit_tokens) override {
     hit_tokens = 0;
     auto kv = std::make_shared<KvCache>(fwd.model().hparams(), tokens.size());
-    if (!tokens.empty()) {
-      std::vector<int32_t> pos(tokens.size());
-      for (size_t i = 0; i < pos.size(); ++i) pos[i] = static_cast<int32_t>(i);
-      fwd.run(*kv, {tokens, pos, {}, {}});
-    }
+    extend_prefix(fwd, *kv, tokens);
     return kv;
   }
 };
@@ -385,15 +381,14 @@ CompletionResult Engine::Impl::complete(const CompletionRequest& req,
   std::vector<size_t> order(l.chunks.size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = i;
   size_t keep_chunks = 0;
-  size_t last_plan_matched = 0;
+  size_t matched_chunks = 0;  // the CP-Tree's prefix before this request (<= keep_chunks)
   if (!l.chunks.empty() && (f.reorder || conversation)) {
     CraftPlan plan = craft.plan(l.chunk_ids, conversation ? f.conversation_id : std::string(), f.reorder);
     order = std::move(plan.order);
     result.deduped_chunks = plan.dropped.size();
     keep_chunks = std::min(plan.keep_chunks, order.size());
-    last_plan_matched = plan.matched_chunks;
+    matched_chunks = std::min(plan.matched_chunks, keep_chunks);
   }
-  const size_t matched_chunks = std::min(last_plan_matched, keep_chunks);  // the CP-Tree's prefix before this request
   size_t exact_chunks = 0;  // leading chunks that join S' (exact, through the prefix cache)
   if (f.prefix_cache) exact_chunks = f.reorder ? keep_chunks : (fused ? 0 : order.size());
   // CRAFT + fusion: a newly promoted chunk prefix would be prefilled in full on this

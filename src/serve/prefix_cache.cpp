@@ -190,12 +190,7 @@ std::shared_ptr<const KvCache> PrefixCache::prefix(Forward& fwd, std::span<const
   auto kv = std::make_shared<KvCache>(impl_->h, tokens.size());
   hit_tokens = lookup(tokens, *kv);
   if (hit_tokens < tokens.size()) {
-    std::vector<int32_t> positions(tokens.size() - hit_tokens);
-    for (size_t i = 0; i < positions.size(); ++i) positions[i] = static_cast<int32_t>(hit_tokens + i);
-    ForwardInput in;
-    in.tokens = tokens.subspan(hit_tokens);
-    in.positions = positions;
-    fwd.run(*kv, in);
+    extend_prefix(fwd, *kv, tokens);
     insert(tokens, *kv);
   }
   return kv;
