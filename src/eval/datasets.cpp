@@ -128,6 +128,17 @@ std::vector<fs::path> search_starts() {
   return starts;
 }
 
+// The shape musique_s, user JSONL and NQ share: question, answers and a passage list under
+// `passages_key`.
+QaExample qa_example(const json& j, const std::string& where, const char* passages_key, std::string id) {
+  QaExample ex;
+  ex.id = std::move(id);
+  ex.question = string_field(j, "question", where);
+  ex.answers = answers_field(j, "answers", where);
+  ex.passages = passages_field(j, passages_key, where);
+  return ex;
+}
+
 }  // namespace
 
 Dataset load_musique_json(const std::string& path, const std::string& name) {
@@ -142,13 +153,8 @@ Dataset load_musique_json(const std::string& path, const std::string& name) {
   Dataset d{name, path, {}};
   for (size_t i = 0; i < all.size(); ++i) {
     const std::string where = path + ", example " + std::to_string(i);
-    QaExample ex;
-    ex.id = all[i].is_object() && all[i].contains("id") && all[i]["id"].is_string() ? all[i]["id"].get<std::string>()
-                                                                                    : std::to_string(i);
-    ex.question = string_field(all[i], "question", where);
-    ex.answers = answers_field(all[i], "answers", where);
-    ex.passages = passages_field(all[i], "ctxs", where);
-    d.examples.push_back(std::move(ex));
+    const bool has_id = all[i].is_object() && all[i].contains("id") && all[i]["id"].is_string();
+    d.examples.push_back(qa_example(all[i], where, "ctxs", has_id ? all[i]["id"].get<std::string>() : std::to_string(i)));
   }
   require_examples(d);
   return d;
@@ -183,14 +189,10 @@ Dataset load_hotpotqa_jsonl(const std::string& path, const std::string& name) {
 Dataset load_user_jsonl(const std::string& path, const std::string& name) {
   Dataset d{name, path, {}};
   for_each_jsonl(path, [&](const json& j, const std::string& where) {
-    QaExample ex;
-    ex.id = j.contains("id") ? (j["id"].is_string() ? j["id"].get<std::string>() : j["id"].dump())
-                             : std::to_string(d.examples.size());
-    ex.question = string_field(j, "question", where);
-    ex.answers = answers_field(j, "answers", where);
-    ex.passages = passages_field(j, "passages", where);
-    if (ex.passages.empty()) fail(where, "an example needs at least one passage");
-    d.examples.push_back(std::move(ex));
+    std::string id = j.contains("id") ? (j["id"].is_string() ? j["id"].get<std::string>() : j["id"].dump())
+                                      : std::to_string(d.examples.size());
+    d.examples.push_back(qa_example(j, where, "passages", std::move(id)));
+    if (d.examples.back().passages.empty()) fail(where, "an example needs at least one passage");
   });
   require_examples(d);
   return d;
@@ -211,13 +213,8 @@ size_t SeededRng::below(size_t n) {
 Dataset load_nq_oracle(const std::string& path, const std::string& name, uint64_t seed, size_t distractors) {
   Dataset d{name, path, {}};
   for_each_jsonl(path, [&](const json& j, const std::string& where) {
-    QaExample ex;
-    ex.id = std::to_string(d.examples.size());
-    ex.question = string_field(j, "question", where);
-    ex.answers = answers_field(j, "answers", where);
-    ex.passages = passages_field(j, "ctxs", where);
-    if (ex.passages.empty()) fail(where, "an example needs at least one passage in \"ctxs\"");
-    d.examples.push_back(std::move(ex));
+    d.examples.push_back(qa_example(j, where, "ctxs", std::to_string(d.examples.size())));
+    if (d.examples.back().passages.empty()) fail(where, "an example needs at least one passage in \"ctxs\"");
   });
   require_examples(d);
   // Distractors come from the other examples' first (gold) passages, as read.
