@@ -44,8 +44,10 @@ void ProgressBar::update(size_t done, const std::string& note) {
   if (tty_) {
     if (!last && now - last_draw_ms_ < 200) return;
   } else {
+    // A line per tenth of the work, and at least one a minute: a long benchmark's log
+    // shows it is alive without growing by a line per item.
     const size_t tenth = total_ ? done * 10 / total_ : 10;
-    if (!last && tenth == last_tenth_) return;
+    if (!last && tenth == last_tenth_ && now - last_draw_ms_ < 60000) return;
     last_tenth_ = tenth;
   }
   last_draw_ms_ = now;

@@ -1,6 +1,7 @@
 // Progress of long offline work on standard error (precompute, enrichment, benchmarks):
 // redrawn in place on a terminal (at most 5 times a second), one line per tenth of the
-// work otherwise, so logs stay short. Plus the small formatters the reports share.
+// work (and at least one a minute) otherwise, so logs stay short. Plus the small
+// formatters the reports share.
 #pragma once
 #include <cstddef>
 #include <string>

@@ -9,6 +9,11 @@
 // max_tokens, stopping at end of generation or a newline). `full` and `reuse` run once per
 // example (recorded at ratio 1 and 0), the other methods once per ratio.
 //
+// FusionRAG needs its offline stage: before an example's first FusionRAG run its chunks are
+// enriched (enrich_corpus, n = 10 BM25 neighbours) against a knowledge base made of every
+// chunk of every example of the dataset; the enrichment time (similarity search + eq. 10
+// passes) is that example's FusionRAG offline cost, recorded on its first FusionRAG row.
+//
 // Re-chunking (chunk_tokens > 0, see bench_request.h) changes the prompt, so its rows carry
 // the dataset name "<name>@<N>tok" and never mix with passage-as-chunk rows.
 //
