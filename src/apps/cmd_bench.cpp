@@ -23,6 +23,7 @@ struct BenchArgs {
   std::string methods = "full,reuse,epic,cacheblend";
   std::string ratios = "0,0.05,0.15,0.3,1";
   size_t limit = 0;
+  std::string shard;  // "K/N"
   int max_tokens = 32;
   uint64_t seed = 0;
   std::string out;
@@ -63,6 +64,22 @@ std::vector<double> parse_ratios(const std::string& s) {
   return out;
 }
 
+// "K/N" -> (K, N) with 0 <= K < N.
+bool parse_shard(const std::string& s, size_t& index, size_t& count) {
+  const size_t slash = s.find('/');
+  if (slash == std::string::npos) return false;
+  try {
+    size_t used_k = 0, used_n = 0;
+    const unsigned long k = std::stoul(s.substr(0, slash), &used_k), n = std::stoul(s.substr(slash + 1), &used_n);
+    if (used_k != slash || used_n != s.size() - slash - 1 || s[0] == '-' || s[slash + 1] == '-' || k >= n) return false;
+    index = k;
+    count = n;
+    return true;
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+
 // Appends the invocation to <out>/bench_command.txt, for the report ("the command and machine").
 void record_command(const BenchArgs& a) {
   std::ostringstream c;
@@ -70,6 +87,7 @@ void record_command(const BenchArgs& a) {
   if (!a.data_dir.empty()) c << " --data-dir " << a.data_dir;
   c << " --methods " << a.methods << " --ratios " << a.ratios;
   if (a.limit) c << " --limit " << a.limit;
+  if (!a.shard.empty()) c << " --shard " << a.shard;
   if (a.chunk_tokens) c << " --chunk-tokens " << a.chunk_tokens;
   if (!a.method_options.empty()) c << " --method-options '" << a.method_options << "'";
   if (a.peer) c << " --peer";
@@ -89,6 +107,8 @@ int run_bench(const BenchArgs& a) {
   eval::expand_runs(cfg.methods, cfg.ratios);  // reject bad methods before loading anything
   if (!parse_dtype(a.dtype, cfg.disk_dtype)) throw std::runtime_error("unknown --dtype " + a.dtype);
   cfg.limit = a.limit;
+  if (!a.shard.empty() && !parse_shard(a.shard, cfg.shard_index, cfg.shard_count))
+    throw std::runtime_error("--shard: '" + a.shard + "' is not K/N with 0 <= K < N (e.g. 0/4)");
   cfg.max_tokens = a.max_tokens;
   cfg.seed = a.seed;
   cfg.out_dir = a.out;
@@ -160,6 +180,9 @@ void add_bench_command(CLI::App& app, CommandRunner& run) {
   cmd->add_option("--ratios", a->ratios, "comma-separated recompute ratios (full and reuse run once)")
       ->capture_default_str();
   cmd->add_option("--limit", a->limit, "first N examples only (0: all)")->capture_default_str();
+  cmd->add_option("--shard", a->shard,
+                  "K/N: only examples whose index is K modulo N (of the first --limit), to split a long run "
+                  "across processes or machines; concatenate their results.jsonl files to merge");
   cmd->add_option("-n,--max-tokens", a->max_tokens, "answer length limit")->check(CLI::Range(1, 256))->capture_default_str();
   cmd->add_option("--seed", a->seed, "seed for sampling: methods (random), NQ distractors, RGB passage order, RULER")
       ->capture_default_str();

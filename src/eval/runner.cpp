@@ -175,10 +175,14 @@ BenchSummary BenchRunner::run(const Dataset& dataset) {
   }
 
   const size_t n_examples = cfg_.limit ? std::min(cfg_.limit, dataset.examples.size()) : dataset.examples.size();
-  sum.examples = n_examples;
+  if (cfg_.shard_count == 0 || cfg_.shard_index >= cfg_.shard_count)
+    throw std::invalid_argument("bench: shard " + std::to_string(cfg_.shard_index) + "/" +
+                                std::to_string(cfg_.shard_count) + " does not exist");
   std::vector<std::vector<BenchRun>> todo(n_examples);
   size_t total_units = 0;
   for (size_t e = 0; e < n_examples; ++e) {
+    if (e % cfg_.shard_count != cfg_.shard_index) continue;  // another shard's example
+    ++sum.examples;
     for (const auto& r : runs) {
       if (done.count(row_key(label, fp, dataset.examples[e].id, r.method, r.ratio)))
         ++sum.rows_already_present;
@@ -229,6 +233,7 @@ BenchSummary BenchRunner::run(const Dataset& dataset) {
   bool warmed_up = false;
   progress.update(0, "");
   for (size_t e = 0; e < n_examples; ++e) {
+    if (e % cfg_.shard_count != cfg_.shard_index) continue;
     const QaExample& ex = dataset.examples[e];
     const std::string prompt_key = label + "\x1f" + fingerprint_hex(fp) + "\x1f" + ex.id;
     if (todo[e].empty() && prompt_done.count(prompt_key)) continue;

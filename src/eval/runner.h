@@ -41,6 +41,7 @@ struct BenchConfig {
   std::vector<std::string> methods;  // "full" and/or selector names
   std::vector<double> ratios;        // for the methods other than full and reuse
   size_t limit = 0;                  // first N examples; 0: all
+  size_t shard_index = 0, shard_count = 1;  // of those, only the indices = shard_index mod shard_count
   int max_tokens = 32;
   uint64_t seed = 0;
   std::string out_dir;
@@ -74,7 +75,7 @@ std::vector<BenchRun> expand_runs(const std::vector<std::string>& methods, const
 
 struct BenchSummary {
   std::string results_path;
-  size_t examples = 0;          // examples in the plan (after --limit)
+  size_t examples = 0;          // examples in the plan (after --limit and --shard)
   size_t examples_run = 0;      // examples that had rows left to do
   size_t examples_skipped = 0;  // too long for the model's context
   size_t rows_written = 0, rows_already_present = 0;

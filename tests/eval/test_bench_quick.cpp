@@ -201,14 +201,34 @@ TEST(BenchQuick, FusionRagEnrichesAgainstTheWholeDataset) {
   EXPECT_GT(rows[0]["chunks_computed"].get<size_t>(), 2u);
   EXPECT_TRUE(fs::exists(out / "store" / "fusionrag_index.json"));
 
+  // Shard 1/2 of the first three examples: example 1 alone (0 and 2 are shard 0's).
+  {
+    BenchConfig shard = cfg;
+    shard.limit = 3;
+    shard.shard_index = 1;
+    shard.shard_count = 2;
+    shard.ratios = {0.15};
+    const BenchSummary s = BenchRunner(fwd, shard).run(data);
+    EXPECT_EQ(s.examples, 1u);
+    EXPECT_EQ(s.rows_written, 1u);
+    const auto all = read_results((out / "results.jsonl").string());
+    ASSERT_EQ(all.size(), 2u);
+    EXPECT_EQ(all[1]["example"], data.examples[1].id);
+    EXPECT_EQ(read_results((out / "prompts.jsonl").string()).size(), 2u);  // examples 0 and 1, not 2
+    shard.shard_index = 2;
+    EXPECT_THROW(BenchRunner(fwd, shard).run(data), std::invalid_argument);
+  }
+
   // Another ratio later: the enriched caches are found, not recomputed.
   cfg.ratios = {0.15, 0.3};
   BenchRunner(fwd, cfg).run(data);
   rows = read_results((out / "results.jsonl").string());
-  ASSERT_EQ(rows.size(), 2u);
-  EXPECT_EQ(rows[1]["enriched_chunks"], 2);
-  EXPECT_EQ(rows[1]["chunks_computed"], 0u);
-  EXPECT_LT(rows[1]["method_offline_ms"].get<double>(), rows[0]["method_offline_ms"].get<double>());
+  ASSERT_EQ(rows.size(), 3u);
+  EXPECT_EQ(rows[2]["example"], data.examples[0].id);
+  EXPECT_EQ(rows[2]["ratio"], 0.3);
+  EXPECT_EQ(rows[2]["enriched_chunks"], 2);
+  EXPECT_EQ(rows[2]["chunks_computed"], 0u);
+  EXPECT_LT(rows[2]["method_offline_ms"].get<double>(), rows[0]["method_offline_ms"].get<double>());
   fs::remove_all(out);
 }
 
