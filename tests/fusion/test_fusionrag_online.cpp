@@ -1,0 +1,113 @@
+// FusionRAG's online side of eq. 10: the enriched variant the selector serves is the one
+// enrichment computed, at the request's position. When a chunk's neighbours are exactly the
+// chunks before it in the request (as PIC caches), serving its enriched cache at ratio 0 must
+// reproduce computing the chunk, and then U, directly after S + those PIC caches.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "../kv/kv_test_util.h"
+#include "../runtime/model_fixture.h"
+#include "fusion/executor.h"
+#include "fusion/fusionrag_enrich.h"
+
+namespace cf {
+namespace {
+
+using test::max_kv_diff;
+
+// Entries [begin, end) of `kv` moved by `delta` positions, as a cache of their own.
+KvCache rows(const KvCache& kv, size_t begin, size_t end, int32_t delta = 0) {
+  KvCache out(kv.hparams());
+  out.append_from(kv, begin, end, delta);
+  return out;
+}
+
+std::vector<Passage> corpus() {
+  return {
+      {"Marie Curie", "Marie Curie was a physicist and chemist who pioneered research on radioactivity. She won "
+                      "Nobel Prizes in physics and chemistry."},
+      {"Warsaw", "Warsaw is the capital of Poland. Marie Curie was born in Warsaw in 1867."},
+      {"Nobel Prize", "The Nobel Prize in chemistry was awarded to Marie Curie in 1911 for radium."},
+      {"Basalt", "Basalt is a volcanic rock that forms from lava cooling quickly."},
+  };
+}
+
+class FusionRagOnline : public ::testing::Test {
+ protected:
+  void SetUp() override { CF_REQUIRE_MODEL(); }
+};
+
+TEST_F(FusionRagOnline, EnrichedChunkAfterItsNeighboursEqualsComputingItThere) {
+  const Model& m = test::shared_model();
+  const ModelHparams& h = m.hparams();
+  Forward fwd(m, test::shared_pool());
+  ChunkStoreOptions so;
+  so.durable = false;
+  so.model = StoreModel{m.fingerprint(), h};
+  ChunkStore store(so);
+  const auto passages = corpus();
+  const auto chunks = corpus_chunks(m, passages);
+  EnrichOptions eo;
+  eo.neighbours = 2;
+  eo.system = default_system_tokens(m);
+  eo.limit = 1;  // only Curie's passage: the others are served as PIC caches
+  ASSERT_EQ(enrich_corpus(fwd, store, chunks, eo).enriched, 1u);
+  const ChunkKey pic_key(m.fingerprint(), chunks[0].tokens);
+  const auto link = fusionrag_link(*store.get(pic_key));
+  ASSERT_TRUE(link);
+  ASSERT_EQ(link->neighbours.size(), 2u);
+  std::vector<size_t> nb;  // corpus indices of the neighbours, most similar first
+  for (const auto& id : link->neighbours)
+    for (size_t i = 0; i < chunks.size(); ++i)
+      if (ChunkKey(m.fingerprint(), chunks[i].tokens).id() == id) nb.push_back(i);
+  ASSERT_EQ(nb.size(), 2u);
+
+  // The request puts the neighbours first, in eq. 10's order, then the chunk: it sits where
+  // enrichment computed it, after exactly the context enrichment gave it.
+  FusionExecutor ex(fwd, store);
+  const std::string question = "Where was Marie Curie born?";
+  const RagRequest req = build_rag_request(m, {passages[nb[0]], passages[nb[1]], passages[0]}, question);
+  ASSERT_EQ(req.system, eo.system);
+  const FusionResult got = ex.prefill(req, {"fusionrag", 0.0, 0});
+  ASSERT_EQ(got.selection_details["chunks"][2], "enriched");
+  ASSERT_EQ(got.selection_details["chunks"][0], "pic: not enriched");
+
+  // Directly: S, the neighbours' PIC caches at consecutive positions, then the chunk and U.
+  KvCache direct(h);
+  fwd.run(direct, {req.system, test::iota_positions(req.system.size()), {}, {}});
+  for (size_t i : nb) {
+    const auto c = store.get(ChunkKey(m.fingerprint(), chunks[i].tokens));
+    ASSERT_TRUE(c);
+    direct.append_from(c->kv, 0, c->kv.size(), static_cast<int32_t>(direct.size()) - c->kv.position(0));
+  }
+  const size_t x = direct.size();
+  const size_t n = chunks[0].tokens.size();
+  fwd.run(direct, {chunks[0].tokens, test::iota_positions(n, static_cast<int32_t>(x)), {}, {}});
+  const std::vector<size_t> last = {req.suffix.size() - 1};
+  const auto out = fwd.run(direct, {req.suffix, test::iota_positions(req.suffix.size(), static_cast<int32_t>(x + n)), {}, last});
+
+  ASSERT_EQ(got.cache.size(), direct.size());
+  EXPECT_EQ(got.cache.positions(), direct.positions());
+  const KvCache want = rows(direct, x, x + n);
+  EXPECT_LE(max_kv_diff(rows(got.cache, x, x + n), want), 1e-6f) << "the chunk's K/V";
+  ASSERT_EQ(got.logits.size(), out.logits.size());
+  float dl = 0;
+  for (size_t i = 0; i < out.logits.size(); ++i) dl = std::max(dl, std::abs(got.logits[i] - out.logits[i]));
+  EXPECT_LE(dl, 1e-4f) << "first-token logits";
+
+  // Served first in another request: its keys re-rotated to |S|. Moved back to where
+  // enrichment computed them they differ by f16 rounding only; one position off, by far more.
+  const RagRequest moved = build_rag_request(m, {passages[0], passages[3]}, question);
+  const FusionResult got2 = ex.prefill(moved, {"fusionrag", 0.0, 0});
+  ASSERT_EQ(got2.selection_details["chunks"][0], "enriched");
+  const size_t s = moved.system.size();
+  EXPECT_EQ(got2.cache.position(s), static_cast<int32_t>(s));
+  const int32_t back = static_cast<int32_t>(x) - static_cast<int32_t>(s);
+  const float rounding = max_kv_diff(rows(got2.cache, s, s + n, back), want);
+  const float off_by_one = max_kv_diff(rows(got2.cache, s, s + n, back + 1), want);
+  EXPECT_LT(rounding, 0.01f * off_by_one) << rounding << " vs " << off_by_one;
+}
+
+}  // namespace
+}  // namespace cf
