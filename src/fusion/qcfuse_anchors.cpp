@@ -18,6 +18,7 @@
 #include "base/thread_pool.h"
 #include "fusion/qcfuse.h"
 #include "runtime/attention.h"
+#include "runtime/vector_math.h"
 
 namespace cf::qcfuse {
 namespace {
@@ -146,7 +147,7 @@ ProbeResult anchor_probe(Forward& fwd, const KvCache& stitched, size_t context_b
   // own (from the tap), with their positions.
   const size_t kvd = static_cast<size_t>(h.kv_dim());
   const size_t n_keys = context_end + nu;
-  std::vector<float> keys(n_keys * kvd);
+  std::vector<uint16_t> keys(n_keys * kvd);  // f16 bits, as attention_probs reads a cache
   std::vector<int32_t> key_pos(n_keys);
   std::copy(stitched.positions().begin(), stitched.positions().begin() + static_cast<long>(context_end), key_pos.begin());
   std::copy(pos.begin(), pos.end(), key_pos.begin() + static_cast<long>(context_end));
@@ -164,8 +165,8 @@ ProbeResult anchor_probe(Forward& fwd, const KvCache& stitched, size_t context_b
   hooks.on_layer = [&](const LayerTap& t) {
     const auto ts = Clock::now();
     const size_t li = static_cast<size_t>(std::find(layers.begin(), layers.end(), t.layer) - layers.begin());
-    std::memcpy(keys.data(), stitched.k(t.layer, 0), context_end * kvd * sizeof(float));
-    std::memcpy(keys.data() + context_end * kvd, t.k, nu * kvd * sizeof(float));
+    std::memcpy(keys.data(), stitched.k_f16(t.layer, 0), context_end * kvd * KvCache::kValueBytes);
+    f32_to_f16(t.k, keys.data() + context_end * kvd, nu * kvd);  // the tap's K is f16-exact: no rounding
     for (auto& p : partial) std::fill(p.begin(), p.end(), 0.0);
     pool.parallel_for(nu, [&](size_t r, size_t thread) {
       float* pr = probs[thread].data();

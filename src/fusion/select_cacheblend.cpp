@@ -7,8 +7,6 @@
 //  - the fresh K/V of layers 0..check stay in the cache for all tokens (CacheBlend keeps
 //    them too); the selected rows are then recomputed from the embedding again, which
 //    repeats check+1 layers for rho N rows (counted in the recompute time).
-#include <cstring>
-
 #include "fusion/selector.h"
 #include "fusion/top_k.h"
 
@@ -27,9 +25,8 @@ class CacheBlendSelector final : public Selector {
     if (k == 0 || n == 0) return sel;
     const int layer = std::min(check_layer_, in.cache.n_layers() - 1);
     const int kvd = in.cache.kv_dim();
-    std::vector<float> old_k(n * kvd);
-    for (size_t i = 0; i < n; ++i)
-      std::memcpy(&old_k[i * kvd], in.cache.k(layer, in.context_begin + i), kvd * sizeof(float));
+    std::vector<float> old_k(n * kvd), fresh_k(n * kvd);
+    in.cache.read_k(layer, in.context_begin, n, old_k.data());
 
     // Fresh pass over all context rows up to the check layer, written into their slots.
     std::vector<TokenId> toks(in.tokens.begin() + in.context_begin, in.tokens.begin() + in.context_end);
@@ -43,9 +40,10 @@ class CacheBlendSelector final : public Selector {
     stop.stop_after_layer = layer;
     fwd.run(in.cache, {toks, pos, slots, {}}, &stop);
 
+    in.cache.read_k(layer, in.context_begin, n, fresh_k.data());
     std::vector<double> dev(n);
     for (size_t i = 0; i < n; ++i) {
-      const float* fresh = in.cache.k(layer, in.context_begin + i);
+      const float* fresh = &fresh_k[i * kvd];
       double d = 0;
       for (int j = 0; j < kvd; ++j) {
         const double x = fresh[j] - old_k[i * kvd + j];

@@ -254,7 +254,7 @@ VariantBuildReport build_cachecraft_variants(Forward& fwd, ChunkStore& store, co
       const size_t ci = chunk_of[r];
       std::vector<float>& pb = probs[thread];
       pb.resize(static_cast<size_t>(h.n_heads) * t.n_entries);
-      attention_probs(shape, t.q + ri * q_dim, static_cast<int32_t>(slot), full.k(t.layer, 0), full.positions().data(),
+      attention_probs(shape, t.q + ri * q_dim, static_cast<int32_t>(slot), full.k_f16(t.layer, 0), full.positions().data(),
                       t.n_entries, pb.data());
       for (int hh = 0; hh < h.n_heads; ++hh) {
         const float* p = pb.data() + static_cast<size_t>(hh) * t.n_entries;

@@ -210,12 +210,16 @@ uint16_t fp32_to_bf16(float f) {
 }
 
 void round_to_dtype(KvCache& kv, KvDtype d) {
-  if (d == KvDtype::f32 || kv.size() == 0) return;
-  const size_t n = kv.size() * kv.kv_dim();
+  // The cache holds f16, which f32 and f16 files keep exactly; only bf16 rounds (and the
+  // bf16 value is stored back as f16, as reading a bf16 file stores it).
+  if (d != KvDtype::bf16 || kv.size() == 0) return;
+  std::vector<float> row(kv.size() * kv.kv_dim());
   for (int l = 0; l < kv.n_layers(); ++l)
-    for (float* row : {kv.k(l, 0), kv.v(l, 0)})
-      for (size_t i = 0; i < n; ++i)
-        row[i] = d == KvDtype::f16 ? fp16_to_fp32(fp32_to_fp16(row[i])) : bf16_to_fp32(fp32_to_bf16(row[i]));
+    for (bool is_k : {true, false}) {
+      is_k ? kv.read_k(l, 0, kv.size(), row.data()) : kv.read_v(l, 0, kv.size(), row.data());
+      for (float& x : row) x = bf16_to_fp32(fp32_to_bf16(x));
+      is_k ? kv.write_k(l, 0, kv.size(), row.data()) : kv.write_v(l, 0, kv.size(), row.data());
+    }
 }
 
 const char* defect_name(CacheFileDefect d) {
@@ -284,18 +288,21 @@ std::vector<uint8_t> encode_cache_file(const ChunkCache& c, KvDtype dtype) {
   std::memcpy(p + meta_off, meta_text.data(), meta_text.size());
   uint8_t* out = p + payload_off;
   const size_t count = n * kv_dim;
+  std::vector<float> row(dtype == KvDtype::f16 ? 0 : count);
+  // The format is little-endian, like the host: f16 rows are copied as they are in memory.
   for (int l = 0; l < kv.n_layers(); ++l)
-    for (const float* src : {kv.k(l, 0), kv.v(l, 0)}) {
+    for (bool is_k : {true, false}) {
+      if (dtype == KvDtype::f16) {
+        std::memcpy(out, is_k ? kv.k_f16(l, 0) : kv.v_f16(l, 0), count * 2);
+        out += count * 2;
+        continue;
+      }
+      is_k ? kv.read_k(l, 0, n, row.data()) : kv.read_v(l, 0, n, row.data());
       for (size_t i = 0; i < count; ++i, out += es) {
-        switch (dtype) {
-          case KvDtype::f32: {
-            uint32_t u;
-            std::memcpy(&u, &src[i], 4);
-            store_le<uint32_t>(out, u);
-            break;
-          }
-          case KvDtype::f16: store_le<uint16_t>(out, fp32_to_fp16(src[i])); break;
-          case KvDtype::bf16: store_le<uint16_t>(out, fp32_to_bf16(src[i])); break;
+        if (dtype == KvDtype::f32) {
+          std::memcpy(out, &row[i], 4);
+        } else {
+          store_le<uint16_t>(out, fp32_to_bf16(row[i]));
         }
       }
     }
@@ -387,16 +394,20 @@ ChunkCache read_cache_file(const std::string& path, const CacheFileExpect& expec
     kv.set_position(i, static_cast<int32_t>(load_le<uint32_t>(p + kCacheFileHeaderSize + 4 * (r.n_tokens + i))));
   const uint8_t* in = p + r.payload_off;
   const size_t count = r.n_tokens * static_cast<size_t>(kv.kv_dim()), es = dtype_size(r.dtype);
+  std::vector<float> row(r.dtype == KvDtype::f16 ? 0 : count);
+  // The format is little-endian, like the host: f16 is the cache's own storage, a copy;
+  // f32 and bf16 are converted and rounded to f16 (exact for files the engine wrote, whose
+  // values came from an f16 cache; bf16 ones lose only outside f16's normal range).
   for (int l = 0; l < r.n_layers; ++l)
-    for (float* dst : {kv.k(l, 0), kv.v(l, 0)}) {
-      switch (r.dtype) {
-        case KvDtype::f32: std::memcpy(dst, in, count * 4); break;  // the format is little-endian, like the host
-        case KvDtype::f16:
-          for (size_t i = 0; i < count; ++i) dst[i] = fp16_to_fp32(load_le<uint16_t>(in + 2 * i));
-          break;
-        case KvDtype::bf16:
-          for (size_t i = 0; i < count; ++i) dst[i] = bf16_to_fp32(load_le<uint16_t>(in + 2 * i));
-          break;
+    for (bool is_k : {true, false}) {
+      if (r.dtype == KvDtype::f16) {
+        std::memcpy(is_k ? kv.k_f16(l, 0) : kv.v_f16(l, 0), in, count * 2);
+      } else {
+        if (r.dtype == KvDtype::f32)
+          std::memcpy(row.data(), in, count * 4);
+        else
+          for (size_t i = 0; i < count; ++i) row[i] = bf16_to_fp32(load_le<uint16_t>(in + 2 * i));
+        is_k ? kv.write_k(l, 0, r.n_tokens, row.data()) : kv.write_v(l, 0, r.n_tokens, row.data());
       }
       in += count * es;
     }

@@ -10,7 +10,7 @@
 namespace cf {
 
 void attention(const AttentionShape& s, const float* q, const int32_t* row_pos, size_t n_rows,
-               const float* K, const float* V, const int32_t* entry_pos, size_t n_entries,
+               const uint16_t* K, const uint16_t* V, const int32_t* entry_pos, size_t n_entries,
                float* out, ThreadPool& pool) {
   if (s.head_dim > 256 || s.head_dim % 16 != 0 || s.n_heads % s.n_kv_heads != 0)
     throw std::invalid_argument("attention: unsupported head shape");
@@ -29,7 +29,7 @@ void attention(const AttentionShape& s, const float* q, const int32_t* row_pos, 
   });
 }
 
-void attention_probs(const AttentionShape& s, const float* q_row, int32_t row_pos, const float* K,
+void attention_probs(const AttentionShape& s, const float* q_row, int32_t row_pos, const uint16_t* K,
                      const int32_t* entry_pos, size_t n_entries, float* probs) {
   rk::active().attention_probs_row(s, q_row, row_pos, K, entry_pos, n_entries, probs);
 }

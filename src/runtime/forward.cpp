@@ -153,11 +153,12 @@ std::vector<ForwardOutput> Forward::run_sequences(std::span<const BatchSequence>
         }
         rope_rotate(qi, h.n_heads, h.head_dim, positions[i], h.rope_base, h.rope_style);
         rope_rotate(ki, h.n_kv_heads, h.head_dim, positions[i], h.rope_base, h.rope_style);
+        // Rounded here too (not only in the cache) so that hooks see the K/V attention uses.
         round_to_f16(ki, kvd);
         round_to_f16(vi, kvd);
         // Write-back before attention: every row of this pass sees the fresh K/V of the others.
-        std::memcpy(row_cache[i]->k(l, slots[i]), ki, kvd * sizeof(float));
-        std::memcpy(row_cache[i]->v(l, slots[i]), vi, kvd * sizeof(float));
+        row_cache[i]->write_k(l, slots[i], 1, ki);
+        row_cache[i]->write_v(l, slots[i], 1, vi);
       }
     });
 
@@ -165,7 +166,7 @@ std::vector<ForwardOutput> Forward::run_sequences(std::span<const BatchSequence>
       const size_t ns = offset[s + 1] - offset[s];
       if (ns == 0) continue;
       const KvCache& cache = *seqs[s].cache;
-      attention(shape, &q[offset[s] * qd], &positions[offset[s]], ns, cache.k(l, 0), cache.v(l, 0),
+      attention(shape, &q[offset[s] * qd], &positions[offset[s]], ns, cache.k_f16(l, 0), cache.v_f16(l, 0),
                 cache.positions().data(), cache.size(), &attn[offset[s] * qd], pool_);
     }
     const size_t n_entries = seqs.front().cache->size();
@@ -180,7 +181,7 @@ std::vector<ForwardOutput> Forward::run_sequences(std::span<const BatchSequence>
         tap_probs.assign(tap_rows.size() * per_row, 0.f);
         pool_.parallel_for(tap_rows.size(), [&](size_t i, size_t) {
           const size_t r = tap_rows[i];
-          attention_probs(shape, &q[r * qd], positions[r], cache.k(l, 0), cache.positions().data(), n_entries,
+          attention_probs(shape, &q[r * qd], positions[r], cache.k_f16(l, 0), cache.positions().data(), n_entries,
                           &tap_probs[i * per_row]);
         });
       }

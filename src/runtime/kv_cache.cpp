@@ -30,8 +30,8 @@ size_t KvCache::append(size_t n) {
   if (first + n > capacity_) reserve(std::max(first + n, capacity_ * 2));
   positions_.resize(first + n, 0);
   for (int l = 0; l < n_layers_; ++l) {
-    std::memset(&k_[l][first * kv_dim_], 0, n * kv_dim_ * sizeof(float));
-    std::memset(&v_[l][first * kv_dim_], 0, n * kv_dim_ * sizeof(float));
+    std::memset(&k_[l][first * kv_dim_], 0, n * kv_dim_ * kValueBytes);  // +0.0 in f16
+    std::memset(&v_[l][first * kv_dim_], 0, n * kv_dim_ * kValueBytes);
   }
   return first;
 }
@@ -40,14 +40,21 @@ void KvCache::truncate(size_t n) {
   if (n < size()) positions_.resize(n);
 }
 
+void KvCache::read_k(int layer, size_t slot, size_t n, float* out) const { f16_to_f32(k_f16(layer, slot), out, n * kv_dim_); }
+void KvCache::read_v(int layer, size_t slot, size_t n, float* out) const { f16_to_f32(v_f16(layer, slot), out, n * kv_dim_); }
+void KvCache::write_k(int layer, size_t slot, size_t n, const float* in) { f32_to_f16(in, k_f16(layer, slot), n * kv_dim_); }
+void KvCache::write_v(int layer, size_t slot, size_t n, const float* in) { f32_to_f16(in, v_f16(layer, slot), n * kv_dim_); }
+
 void KvCache::shift(size_t begin, size_t end, int32_t delta) {
   if (begin > end || end > size()) throw std::out_of_range("KvCache::shift: bad entry range");
   if (delta == 0) return;
+  std::vector<float> row(kv_dim_);
   for (size_t s = begin; s < end; ++s) {
     positions_[s] += delta;
     for (int l = 0; l < n_layers_; ++l) {
-      rope_rotate(k(l, s), h_.n_kv_heads, h_.head_dim, delta, h_.rope_base, h_.rope_style);
-      round_to_f16(k(l, s), kv_dim_);
+      read_k(l, s, 1, row.data());
+      rope_rotate(row.data(), h_.n_kv_heads, h_.head_dim, delta, h_.rope_base, h_.rope_style);
+      write_k(l, s, 1, row.data());
     }
   }
 }
@@ -60,14 +67,14 @@ size_t KvCache::append_from(const KvCache& src, size_t begin, size_t end, int32_
   if (n == 0) return size();  // nothing to copy (and no row to take an address of)
   const size_t first = append(n);
   for (int l = 0; l < n_layers_; ++l) {
-    std::memcpy(k(l, first), src.k(l, begin), n * kv_dim_ * sizeof(float));
-    std::memcpy(v(l, first), src.v(l, begin), n * kv_dim_ * sizeof(float));
+    std::memcpy(k_f16(l, first), src.k_f16(l, begin), n * kv_dim_ * kValueBytes);
+    std::memcpy(v_f16(l, first), src.v_f16(l, begin), n * kv_dim_ * kValueBytes);
   }
   for (size_t i = 0; i < n; ++i) positions_[first + i] = src.positions_[begin + i];
   shift(first, first + n, delta);
   return first;
 }
 
-size_t KvCache::bytes() const { return 2 * static_cast<size_t>(n_layers_) * capacity_ * kv_dim_ * sizeof(float); }
+size_t KvCache::bytes() const { return 2 * static_cast<size_t>(n_layers_) * capacity_ * kv_dim_ * kValueBytes; }
 
 }  // namespace cf

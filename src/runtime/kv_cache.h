@@ -2,13 +2,17 @@
 // entry, plus the position of every entry. Entries need not be in position order; the
 // attention mask is by position (an entry is visible to a row iff entry.pos <= row.pos).
 //
-// K and V hold f16-exact values (rounded on write, kept as float for the kernels), the
-// precision of llama.cpp's default cache, so that both engines attend over the same
-// numbers. Keys are stored AFTER RoPE (as llama.cpp does), so attention reads them directly.
+// K and V are stored as IEEE f16 (uint16_t bit patterns), the precision of llama.cpp's
+// default cache, so that both engines attend over the same numbers. Writers hand over
+// floats, rounded to the nearest f16 (ties to even); the attention kernels convert rows
+// back to float as they load them, which is exact, so storing f16 changes no result
+// against keeping the f16-exact values as float, while halving the memory and the bytes
+// decode reads per token. Rows of one layer are contiguous ([slot][kv_dim]).
+// Keys are stored AFTER RoPE (as llama.cpp does), so attention reads them directly.
 // Moving entries to other positions rotates the stored keys by the position delta
-// (RoPE(p + d) = RoPE(d) * RoPE(p)); values do not depend on position. The composition is
-// exact in real arithmetic; in float it differs from direct computation by rounding only
-// (tests/runtime/test_forward.cpp measures it).
+// (RoPE(p + d) = RoPE(d) * RoPE(p)) in float and rounds them back to f16; values do not
+// depend on position. The composition is exact in real arithmetic; in float it differs
+// from direct computation by rounding only (tests/runtime/test_forward.cpp measures it).
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -27,10 +31,19 @@ class KvCache {
   int kv_dim() const { return kv_dim_; }
   const ModelHparams& hparams() const { return h_; }
 
-  float* k(int layer, size_t slot) { return &k_[layer][slot * kv_dim_]; }
-  float* v(int layer, size_t slot) { return &v_[layer][slot * kv_dim_]; }
-  const float* k(int layer, size_t slot) const { return &k_[layer][slot * kv_dim_]; }
-  const float* v(int layer, size_t slot) const { return &v_[layer][slot * kv_dim_]; }
+  static constexpr size_t kValueBytes = sizeof(uint16_t);  // one f16 per K/V value
+
+  // Raw f16 rows: entry `slot` of `layer`, the following entries right after it.
+  uint16_t* k_f16(int layer, size_t slot) { return &k_[layer][slot * kv_dim_]; }
+  uint16_t* v_f16(int layer, size_t slot) { return &v_[layer][slot * kv_dim_]; }
+  const uint16_t* k_f16(int layer, size_t slot) const { return &k_[layer][slot * kv_dim_]; }
+  const uint16_t* v_f16(int layer, size_t slot) const { return &v_[layer][slot * kv_dim_]; }
+  // Entries [slot, slot + n) of one layer as floats (exact).
+  void read_k(int layer, size_t slot, size_t n, float* out) const;
+  void read_v(int layer, size_t slot, size_t n, float* out) const;
+  // Stores entries [slot, slot + n) of one layer, rounding each value to the nearest f16.
+  void write_k(int layer, size_t slot, size_t n, const float* in);
+  void write_v(int layer, size_t slot, size_t n, const float* in);
   int32_t position(size_t slot) const { return positions_[slot]; }
   const std::vector<int32_t>& positions() const { return positions_; }
   void set_position(size_t slot, int32_t pos) { positions_[slot] = pos; }
@@ -54,7 +67,7 @@ class KvCache {
   int n_layers_;
   int kv_dim_;
   size_t capacity_ = 0;
-  std::vector<std::vector<float>> k_, v_;
+  std::vector<std::vector<uint16_t>> k_, v_;  // per layer, f16 bits
   std::vector<int32_t> positions_;
 };
 

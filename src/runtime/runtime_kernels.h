@@ -1,4 +1,4 @@
-// The runtime's hot loops (attention tiles, norms, activations, f16 rounding), compiled
+// The runtime's hot loops (attention tiles, norms, activations, f16 conversions), compiled
 // once per instruction set from runtime_kernels_impl.inc and chosen at run time by the
 // same ISA switch as the matmul kernels (CHUNKFUSE_ISA caps both).
 #pragma once
@@ -19,8 +19,8 @@ struct TileArgs {
   const int32_t* row_pos;
   size_t row_begin, row_end;
   int kv_head;
-  const float* K;
-  const float* V;
+  const uint16_t* K;  // f16 bits, as KvCache stores them
+  const uint16_t* V;
   const int32_t* entry_pos;
   size_t n_entries;
   float* out;
@@ -32,12 +32,14 @@ struct TileArgs {
 
 struct RuntimeKernels {
   void (*attend_tile)(const TileArgs&, std::vector<float>& scratch);
-  void (*attention_probs_row)(const AttentionShape&, const float* q_row, int32_t row_pos, const float* K,
+  void (*attention_probs_row)(const AttentionShape&, const float* q_row, int32_t row_pos, const uint16_t* K,
                               const int32_t* entry_pos, size_t n_entries, float* probs);
   void (*rms_norm)(const float* x, const float* w, float* y, size_t n, float eps);
   void (*silu_mul)(float* gate, const float* up, size_t n);
   void (*add_inplace)(float* y, const float* x, size_t n);
   void (*round_to_f16)(float* x, size_t n);
+  void (*f16_to_f32)(const uint16_t* x, float* y, size_t n);
+  void (*f32_to_f16)(const float* x, uint16_t* y, size_t n);
   float (*exp)(float x);
 };
 

@@ -23,6 +23,10 @@ void add_inplace(float* y, const float* x, size_t n) { rk::active().add_inplace(
 
 void round_to_f16(float* x, size_t n) { rk::active().round_to_f16(x, n); }
 
+void f16_to_f32(const uint16_t* x, float* y, size_t n) { rk::active().f16_to_f32(x, y, n); }
+
+void f32_to_f16(const float* x, uint16_t* y, size_t n) { rk::active().f32_to_f16(x, y, n); }
+
 float exp_approx(float x) { return rk::active().exp(x); }
 
 }  // namespace cf

@@ -16,7 +16,7 @@ namespace {
 // and shared: a lookup copies from it outside the lock, so evicting its node while a
 // copy is under way only drops the tree's reference, never the bytes being read.
 struct BlockKv {
-  std::vector<float> k, v;
+  std::vector<uint16_t> k, v;  // f16 bits, as KvCache holds them
 };
 
 }  // namespace
@@ -41,7 +41,7 @@ struct PrefixCache::Impl {
 
   Impl(const ModelHparams& hp, PrefixCacheOptions o) : h(hp), opt(o) {
     if (opt.block_tokens == 0) throw std::invalid_argument("PrefixCache: block_tokens must be positive");
-    block_bytes = 2 * static_cast<size_t>(h.n_layers) * opt.block_tokens * h.kv_dim() * sizeof(float);
+    block_bytes = 2 * static_cast<size_t>(h.n_layers) * opt.block_tokens * h.kv_dim() * KvCache::kValueBytes;
   }
 
   std::span<const TokenId> block(std::span<const TokenId> tokens, size_t b) const {
@@ -74,8 +74,8 @@ struct PrefixCache::Impl {
     kv->k.resize(per_layer * h.n_layers);
     kv->v.resize(per_layer * h.n_layers);
     for (int l = 0; l < h.n_layers; ++l) {
-      std::memcpy(&kv->k[l * per_layer], cache.k(l, first_slot), per_layer * sizeof(float));
-      std::memcpy(&kv->v[l * per_layer], cache.v(l, first_slot), per_layer * sizeof(float));
+      std::memcpy(&kv->k[l * per_layer], cache.k_f16(l, first_slot), per_layer * KvCache::kValueBytes);
+      std::memcpy(&kv->v[l * per_layer], cache.v_f16(l, first_slot), per_layer * KvCache::kValueBytes);
     }
     return kv;
   }
@@ -131,8 +131,8 @@ size_t PrefixCache::lookup(std::span<const TokenId> tokens, KvCache& out) {
   out.append(n);
   for (size_t b = 0; b < blocks.size(); ++b)
     for (int l = 0; l < m.h.n_layers; ++l) {
-      std::memcpy(out.k(l, b * bt), &blocks[b]->k[l * per_layer], per_layer * sizeof(float));
-      std::memcpy(out.v(l, b * bt), &blocks[b]->v[l * per_layer], per_layer * sizeof(float));
+      std::memcpy(out.k_f16(l, b * bt), &blocks[b]->k[l * per_layer], per_layer * KvCache::kValueBytes);
+      std::memcpy(out.v_f16(l, b * bt), &blocks[b]->v[l * per_layer], per_layer * KvCache::kValueBytes);
     }
   for (size_t i = 0; i < n; ++i) out.set_position(i, static_cast<int32_t>(i));
   return n;

@@ -15,6 +15,7 @@
 namespace cf {
 namespace {
 
+using test::max_abs_kv;
 using test::max_kv_diff;
 
 // ---------------------------------------------------------------------------------- BM25
@@ -175,10 +176,7 @@ TEST_F(FusionRag, EnrichedCacheEqualsTheChunkComputedAfterSAndItsNeighbours) {
   // Not bit-exact: a neighbour's keys moved from position 0 are f16-rounded at other angles
   // than keys computed at their place, and 30 layers amplify that (measured: about 1% of
   // the largest K/V value in the deepest layers, against ~100% for the PIC cache below).
-  float largest = 0;
-  for (int l = 0; l < want.n_layers(); ++l)
-    for (size_t i = 0; i < want.size() * want.kv_dim(); ++i)
-      largest = std::max({largest, std::abs(want.k(l, 0)[i]), std::abs(want.v(l, 0)[i])});
+  const float largest = max_abs_kv(want);
   ASSERT_GT(largest, 1.0f);
   EXPECT_LE(diff, 0.05f * largest) << "moved neighbour keys differ from direct ones by rounding only";
 

@@ -136,7 +136,7 @@ TEST_F(Qcfuse, ProbeLeavesTheStitchedCacheUntouchedAndScoresEveryPosition) {
   EXPECT_EQ(r.anchor_entries, anchors.size());
   ASSERT_EQ(stitched.size(), before.size());
   for (int l = 0; l < m.hparams().n_layers; ++l)
-    EXPECT_EQ(std::memcmp(stitched.k(l, 0), before.k(l, 0), ce * stitched.kv_dim() * sizeof(float)), 0);
+    EXPECT_EQ(std::memcmp(stitched.k_f16(l, 0), before.k_f16(l, 0), ce * stitched.kv_dim() * KvCache::kValueBytes), 0);
   for (const auto& s : r.scores) {
     ASSERT_EQ(s.size(), ce - cb);
     // Summed over heads and U tokens: each (token, head) spreads at most 1 over the context.

@@ -13,6 +13,7 @@
 
 #include "kv/chunk_cache.h"
 #include "kv/chunk_key.h"
+#include "runtime/kv_rows.h"
 
 namespace cf::test {
 
@@ -48,11 +49,15 @@ inline ChunkCache synthetic_cache(const ChunkKey& key, const ModelHparams& h, in
   std::mt19937 rng(seq);
   std::normal_distribution<float> dist(0.f, 2.f);
   for (size_t i = 0; i < n; ++i) kv.set_position(i, first_pos + static_cast<int32_t>(i));
-  for (int l = 0; l < h.n_layers; ++l)
-    for (size_t i = 0; i < n * kv.kv_dim(); ++i) {
-      kv.k(l, 0)[i] = dist(rng);
-      kv.v(l, 0)[i] = dist(rng);
+  std::vector<float> k(n * kv.kv_dim()), v(n * kv.kv_dim());
+  for (int l = 0; l < h.n_layers; ++l) {
+    for (size_t i = 0; i < k.size(); ++i) {
+      k[i] = dist(rng);
+      v[i] = dist(rng);
     }
+    kv.write_k(l, 0, n, k.data());  // rounded to f16, as the cache stores them
+    kv.write_v(l, 0, n, v.data());
+  }
   ChunkCache c(key, std::move(kv));
   c.offline_ms = 12.5;
   c.created_unix_ms = 1700000000123;
@@ -90,10 +95,20 @@ inline float max_kv_diff(const KvCache& a, const KvCache& b) {
   if (a.size() != b.size() || a.n_layers() != b.n_layers() || a.kv_dim() != b.kv_dim()) return INFINITY;
   float m = 0;
   for (int l = 0; l < a.n_layers(); ++l)
-    for (size_t i = 0; i < a.size() * a.kv_dim(); ++i) {
-      m = std::max(m, std::abs(a.k(l, 0)[i] - b.k(l, 0)[i]));
-      m = std::max(m, std::abs(a.v(l, 0)[i] - b.v(l, 0)[i]));
+    for (bool is_k : {true, false}) {
+      const auto x = is_k ? k_rows(a, l, 0, a.size()) : v_rows(a, l, 0, a.size());
+      const auto y = is_k ? k_rows(b, l, 0, b.size()) : v_rows(b, l, 0, b.size());
+      for (size_t i = 0; i < x.size(); ++i) m = std::max(m, std::abs(x[i] - y[i]));
     }
+  return m;
+}
+
+// Max |value| over all K/V values.
+inline float max_abs_kv(const KvCache& a) {
+  float m = 0;
+  for (int l = 0; l < a.n_layers(); ++l)
+    for (const auto& rows : {k_rows(a, l, 0, a.size()), v_rows(a, l, 0, a.size())})
+      for (float x : rows) m = std::max(m, std::abs(x));
   return m;
 }
 

@@ -12,6 +12,7 @@
 namespace cf {
 namespace {
 
+using test::max_abs_kv;
 using test::max_kv_diff;
 
 struct Loaded {
@@ -48,13 +49,6 @@ KvCache direct(const std::vector<TokenId>& prefix, const std::vector<TokenId>& t
   return out;
 }
 
-float max_abs(const KvCache& a) {
-  float m = 0;
-  for (int l = 0; l < a.n_layers(); ++l)
-    for (size_t i = 0; i < a.size() * a.kv_dim(); ++i) m = std::max({m, std::abs(a.k(l, 0)[i]), std::abs(a.v(l, 0)[i])});
-  return m;
-}
-
 TEST(ChunkCacheModel, PicCacheStoredAndReloaded) {
   CF_REQUIRE_MODEL();
   Loaded& l = loaded();
@@ -66,7 +60,7 @@ TEST(ChunkCacheModel, PicCacheStoredAndReloaded) {
   for (size_t i = 0; i < c.n_tokens(); ++i) EXPECT_EQ(c.kv.position(i), static_cast<int32_t>(i));
   EXPECT_GT(c.offline_ms, 0);
   EXPECT_LE(max_kv_diff(c.kv, direct({}, tokens)), 1e-5f);
-  ASSERT_GT(max_abs(c.kv), 0.1f);  // real activations, not zeros
+  ASSERT_GT(max_abs_kv(c.kv), 0.1f);  // real activations, not zeros
 
   for (KvDtype dtype : {KvDtype::f32, KvDtype::f16}) {
     test::TempDir dir;
@@ -85,7 +79,7 @@ TEST(ChunkCacheModel, PicCacheStoredAndReloaded) {
     if (dtype == KvDtype::f32)
       EXPECT_EQ(diff, 0.f);
     else
-      EXPECT_LE(diff, max_abs(c.kv) / 1024) << "f16 keeps 11 significant bits";
+      EXPECT_LE(diff, max_abs_kv(c.kv) / 1024) << "f16 keeps 11 significant bits";
     KvCache rounded = c.kv;  // what the file should hold: the forward pass's K/V in dtype
     round_to_dtype(rounded, dtype);
     EXPECT_EQ(max_kv_diff(r->kv, rounded), 0.f) << dtype_name(dtype);

@@ -66,6 +66,7 @@ struct Case {
   AttentionShape s{9, 3, 64};
   size_t n_entries = 0;
   std::vector<float> K, V;       // [entries][kv_dim], f16-exact
+  std::vector<uint16_t> K16, V16;  // the same as f16 bits, as the kernel reads them
   std::vector<int32_t> entry_pos;
 };
 
@@ -79,6 +80,8 @@ Case make_case(size_t n_entries, std::mt19937& rng, AttentionShape shape = {9, 3
   c.V.resize(n_entries * kvd);
   for (auto& v : c.K) v = f16(2.0f * nd(rng));
   for (auto& v : c.V) v = f16(nd(rng));
+  for (float v : c.K) c.K16.push_back(fp32_to_fp16(v));
+  for (float v : c.V) c.V16.push_back(fp32_to_fp16(v));
   for (size_t e = 0; e < n_entries; ++e) c.entry_pos.push_back(static_cast<int32_t>(e));
   return c;
 }
@@ -157,8 +160,8 @@ TEST(AttentionOrder, BatchMatchesLlamaCppBitForBitOnEveryIsa) {
   for (Isa isa : isas()) {
     IsaGuard g(isa);
     std::vector<float> got(rows * qd);
-    attention(c.s, q.data(), row_pos.data(), rows, c.K.data(), c.V.data(), c.entry_pos.data(), c.n_entries, got.data(),
-              pool);
+    attention(c.s, q.data(), row_pos.data(), rows, c.K16.data(), c.V16.data(), c.entry_pos.data(), c.n_entries,
+              got.data(), pool);
     expect_bits(got, want, std::string("batch ") + isa_name(isa));
   }
 }
@@ -181,7 +184,7 @@ TEST(AttentionOrder, SingleRowMatchesLlamaCppDecodeOrder) {
     for (Isa isa : isas()) {
       IsaGuard g(isa);
       std::vector<float> got(qd);
-      attention(c.s, q.data(), &pos, 1, c.K.data(), c.V.data(), c.entry_pos.data(), c.n_entries, got.data(), pool);
+      attention(c.s, q.data(), &pos, 1, c.K16.data(), c.V16.data(), c.entry_pos.data(), c.n_entries, got.data(), pool);
       expect_bits(got, want, std::string("single ") + isa_name(isa) + " heads " + std::to_string(shape.n_heads) +
                                  " hd " + std::to_string(shape.head_dim));
     }

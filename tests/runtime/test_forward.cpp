@@ -6,6 +6,7 @@
 #include <numeric>
 #include <random>
 
+#include "kv_rows.h"
 #include "model_fixture.h"
 #include "runtime/forward.h"
 #include "runtime/sampler.h"
@@ -14,6 +15,8 @@ namespace cf {
 namespace {
 
 using test::iota_positions;
+using test::k_rows;
+using test::v_rows;
 using test::shared_model;
 using test::shared_pool;
 
@@ -36,6 +39,11 @@ float max_abs_diff(const float* a, const float* b, size_t n) {
   float m = 0;
   for (size_t i = 0; i < n; ++i) m = std::max(m, std::fabs(a[i] - b[i]));
   return m;
+}
+
+float max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  return max_abs_diff(a.data(), b.data(), std::min(a.size(), b.size()));
 }
 
 // Logits of every row, computed in one pass from an empty cache.
@@ -138,11 +146,11 @@ TEST(Forward, MovedKeysEqualKeysComputedAtTheOffset) {
   float worst_k = 0, worst_v = 0, worst_k0 = 0, scale = 0;
   for (int l = 0; l < h.n_layers; ++l)
     for (size_t s = 0; s < ids.size(); ++s) {
-      const float dk = max_abs_diff(moved.k(l, s), at_delta.k(l, s), h.kv_dim());
+      const float dk = max_abs_diff(k_rows(moved, l, s), k_rows(at_delta, l, s));
       worst_k = std::max(worst_k, dk);
       if (l == 0) worst_k0 = std::max(worst_k0, dk);
-      worst_v = std::max(worst_v, max_abs_diff(moved.v(l, s), at_delta.v(l, s), h.kv_dim()));
-      for (int d = 0; d < h.kv_dim(); ++d) scale = std::max(scale, std::fabs(at_delta.k(l, s)[d]));
+      worst_v = std::max(worst_v, max_abs_diff(v_rows(moved, l, s), v_rows(at_delta, l, s)));
+      for (float x : k_rows(at_delta, l, s)) scale = std::max(scale, std::fabs(x));
       ASSERT_EQ(moved.position(s), at_delta.position(s));
     }
   std::printf("moved vs direct: max |dK| layer 0 %.5f, all layers %.5f, max |dV| %.5f, max |K| %.2f\n", worst_k0,
@@ -159,7 +167,7 @@ TEST(Forward, MovedKeysEqualKeysComputedAtTheOffset) {
   moved.shift(0, moved.size(), -delta);
   float back = 0;
   for (int l = 0; l < h.n_layers; ++l)
-    for (size_t s = 0; s < ids.size(); ++s) back = std::max(back, max_abs_diff(moved.k(l, s), at_zero.k(l, s), h.kv_dim()));
+    for (size_t s = 0; s < ids.size(); ++s) back = std::max(back, max_abs_diff(k_rows(moved, l, s), k_rows(at_zero, l, s)));
   EXPECT_LT(back, 2e-3f * scale);
 }
 
@@ -184,7 +192,7 @@ TEST(Forward, RecomputingRowsInPlaceWithSameContextChangesNothing) {
   EXPECT_EQ(cache.size(), ids.size());
   EXPECT_LT(max_abs_diff(out.row_logits(0), base.row_logits(63), base.vocab), 2e-3f);
   for (int l = 0; l < h.n_layers; ++l)
-    for (size_t s : slots) EXPECT_LT(max_abs_diff(cache.k(l, s), before.k(l, s), h.kv_dim()), 1e-2f);
+    for (size_t s : slots) EXPECT_LT(max_abs_diff(k_rows(cache, l, s), k_rows(before, l, s)), 1e-2f);
 }
 
 TEST(Forward, HooksSeeNormalisedAttentionAndCanStopEarly) {
@@ -283,7 +291,7 @@ TEST(Forward, BatchedSequencesEqualSeparateRuns) {
     EXPECT_EQ(max_abs_diff(outs[s].logits.data(), alone_logits[s].data(), outs[s].logits.size()), 0.f) << s;
     ASSERT_EQ(batched[s].size(), alone[s].size());
     for (int l = 0; l < h.n_layers; l += 7)
-      EXPECT_EQ(max_abs_diff(batched[s].k(l, 0), alone[s].k(l, 0), alone[s].size() * h.kv_dim()), 0.f);
+      EXPECT_EQ(max_abs_diff(k_rows(batched[s], l, 0, alone[s].size()), k_rows(alone[s], l, 0, alone[s].size())), 0.f);
   }
 
   // One decode step each, batched vs alone.
@@ -343,8 +351,8 @@ TEST(Forward, RetiredRowsLeaveThePassAfterTheirLayer) {
   for (int l = 0; l < h.n_layers; ++l)
     for (size_t s : p_slots) {
       const KvCache& expected = l <= kCut ? full : before;
-      EXPECT_EQ(max_abs_diff(retired.k(l, s), expected.k(l, s), h.kv_dim()), 0.f) << l << " " << s;
-      EXPECT_EQ(max_abs_diff(retired.v(l, s), expected.v(l, s), h.kv_dim()), 0.f) << l << " " << s;
+      EXPECT_EQ(max_abs_diff(k_rows(retired, l, s), k_rows(expected, l, s)), 0.f) << l << " " << s;
+      EXPECT_EQ(max_abs_diff(v_rows(retired, l, s), v_rows(expected, l, s)), 0.f) << l << " " << s;
     }
   // U alone against the untouched prefix.
   KvCache u_only = before;

@@ -9,6 +9,7 @@
 #include <random>
 #include <thread>
 
+#include "../runtime/kv_rows.h"
 #include "../runtime/model_fixture.h"
 #include "runtime/forward.h"
 #include "serve/prefix_cache.h"
@@ -46,11 +47,14 @@ float max_diff(const KvCache& a, const KvCache& b, size_t n) {
   float worst = 0;
   for (size_t s = 0; s < n; ++s) {
     EXPECT_EQ(a.position(s), b.position(s)) << "slot " << s;
-    for (int l = 0; l < a.n_layers(); ++l)
+    for (int l = 0; l < a.n_layers(); ++l) {
+      const auto ak = test::k_rows(a, l, s), bk = test::k_rows(b, l, s);
+      const auto av = test::v_rows(a, l, s), bv = test::v_rows(b, l, s);
       for (int d = 0; d < a.kv_dim(); ++d) {
-        worst = std::max(worst, std::fabs(a.k(l, s)[d] - b.k(l, s)[d]));
-        worst = std::max(worst, std::fabs(a.v(l, s)[d] - b.v(l, s)[d]));
+        worst = std::max(worst, std::fabs(ak[d] - bk[d]));
+        worst = std::max(worst, std::fabs(av[d] - bv[d]));
       }
+    }
   }
   return worst;
 }
@@ -73,20 +77,24 @@ KvCache synthetic_cache(const ModelHparams& h, const std::vector<TokenId>& token
   KvCache c(h);
   c.append(tokens.size());
   uint64_t hash = 1469598103934665603ull;
+  std::vector<float> k(h.kv_dim()), v(h.kv_dim());
   for (size_t s = 0; s < tokens.size(); ++s) {
     hash = (hash ^ static_cast<uint64_t>(tokens[s])) * 1099511628211ull;
     c.set_position(s, static_cast<int32_t>(s));
-    for (int l = 0; l < h.n_layers; ++l)
+    for (int l = 0; l < h.n_layers; ++l) {
       for (int d = 0; d < h.kv_dim(); ++d) {
-        c.k(l, s)[d] = static_cast<float>((hash >> (d % 40)) % 4096) + static_cast<float>(l);
-        c.v(l, s)[d] = -c.k(l, s)[d];
+        k[d] = static_cast<float>((hash >> (d % 40)) % 4096) + static_cast<float>(l);
+        v[d] = -k[d];
       }
+      c.write_k(l, s, 1, k.data());
+      c.write_v(l, s, 1, v.data());
+    }
   }
   return c;
 }
 
 size_t block_bytes(const ModelHparams& h, size_t block_tokens) {
-  return 2 * static_cast<size_t>(h.n_layers) * block_tokens * h.kv_dim() * sizeof(float);
+  return 2 * static_cast<size_t>(h.n_layers) * block_tokens * h.kv_dim() * KvCache::kValueBytes;
 }
 
 TEST(PrefixCache, LookupGivesTheKvOfAFreshPrefillOfTheSharedPrefix) {
@@ -228,8 +236,9 @@ TEST(PrefixCache, ConcurrentLookupsAndInsertsStayConsistent) {
         if (n > 0) ++hits;
         for (size_t s = 0; s < n; ++s)
           for (int l = 0; l < h.n_layers; ++l)
-            if (!std::equal(got.k(l, s), got.k(l, s) + h.kv_dim(), refs[i].k(l, s)) ||
-                !std::equal(got.v(l, s), got.v(l, s) + h.kv_dim(), refs[i].v(l, s)) || got.position(s) != static_cast<int32_t>(s))
+            if (!std::equal(got.k_f16(l, s), got.k_f16(l, s) + h.kv_dim(), refs[i].k_f16(l, s)) ||
+                !std::equal(got.v_f16(l, s), got.v_f16(l, s) + h.kv_dim(), refs[i].v_f16(l, s)) ||
+                got.position(s) != static_cast<int32_t>(s))
               ++mismatches;
         if (rng() % 2) pc.insert(seqs[i], refs[i]);
       }
