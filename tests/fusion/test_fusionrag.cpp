@@ -8,6 +8,7 @@
 
 #include "../kv/kv_test_util.h"
 #include "../runtime/model_fixture.h"
+#include "fusionrag_test_corpus.h"
 #include "fusion/bm25.h"
 #include "fusion/executor.h"
 #include "fusion/fusionrag_enrich.h"
@@ -89,16 +90,6 @@ TEST(FusionRagLink, JsonRoundTripAndMalformedLinks) {
 
 // ------------------------------------------------------------------------- real model
 
-std::vector<Passage> corpus() {
-  return {
-      {"Marie Curie", "Marie Curie was a physicist and chemist who pioneered research on radioactivity. She won "
-                      "Nobel Prizes in physics and chemistry."},
-      {"Warsaw", "Warsaw is the capital of Poland. Marie Curie was born in Warsaw in 1867."},
-      {"Nobel Prize", "The Nobel Prize in chemistry was awarded to Marie Curie in 1911 for radium."},
-      {"Basalt", "Basalt is a volcanic rock that forms from lava cooling quickly."},
-  };
-}
-
 ChunkStoreOptions store_options(const Model& m, const std::string& dir = "") {
   ChunkStoreOptions o;
   o.dir = dir;
@@ -116,7 +107,7 @@ TEST_F(FusionRag, EnrichedCacheEqualsTheChunkComputedAfterSAndItsNeighbours) {
   const Model& m = test::shared_model();
   Forward fwd(m, test::shared_pool());
   ChunkStore store(store_options(m));
-  const auto chunks = corpus_chunks(m, corpus());
+  const auto chunks = corpus_chunks(m, test::fusionrag_corpus());
   EnrichOptions eo;
   eo.neighbours = 2;
   eo.system = default_system_tokens(m);
@@ -202,7 +193,7 @@ TEST_F(FusionRag, LinkSurvivesTheDiskStoreAndRerunsSkipWork) {
   const Model& m = test::shared_model();
   Forward fwd(m, test::shared_pool());
   test::TempDir dir;
-  const auto chunks = corpus_chunks(m, corpus());
+  const auto chunks = corpus_chunks(m, test::fusionrag_corpus());
   EnrichOptions eo;
   eo.neighbours = 1;
   eo.system = default_system_tokens(m);
@@ -267,7 +258,7 @@ TEST_F(FusionRag, SelectorServesEnrichedCachesAndKeepsTheInvariants) {
   const Model& m = test::shared_model();
   Forward fwd(m, test::shared_pool());
   ChunkStore store(store_options(m));
-  const auto passages = corpus();
+  const auto passages = test::fusionrag_corpus();
   EnrichOptions eo;
   eo.neighbours = 2;
   eo.system = default_system_tokens(m);

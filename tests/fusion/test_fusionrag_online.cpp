@@ -8,6 +8,7 @@
 
 #include "../kv/kv_test_util.h"
 #include "../runtime/model_fixture.h"
+#include "fusionrag_test_corpus.h"
 #include "fusion/executor.h"
 #include "fusion/fusionrag_enrich.h"
 
@@ -23,16 +24,6 @@ KvCache rows(const KvCache& kv, size_t begin, size_t end, int32_t delta = 0) {
   return out;
 }
 
-std::vector<Passage> corpus() {
-  return {
-      {"Marie Curie", "Marie Curie was a physicist and chemist who pioneered research on radioactivity. She won "
-                      "Nobel Prizes in physics and chemistry."},
-      {"Warsaw", "Warsaw is the capital of Poland. Marie Curie was born in Warsaw in 1867."},
-      {"Nobel Prize", "The Nobel Prize in chemistry was awarded to Marie Curie in 1911 for radium."},
-      {"Basalt", "Basalt is a volcanic rock that forms from lava cooling quickly."},
-  };
-}
-
 class FusionRagOnline : public ::testing::Test {
  protected:
   void SetUp() override { CF_REQUIRE_MODEL(); }
@@ -46,7 +37,7 @@ TEST_F(FusionRagOnline, EnrichedChunkAfterItsNeighboursEqualsComputingItThere) {
   so.durable = false;
   so.model = StoreModel{m.fingerprint(), h};
   ChunkStore store(so);
-  const auto passages = corpus();
+  const auto passages = test::fusionrag_corpus();
   const auto chunks = corpus_chunks(m, passages);
   EnrichOptions eo;
   eo.neighbours = 2;
