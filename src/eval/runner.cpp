@@ -68,6 +68,10 @@ Decoded decode(Forward& fwd, FusionResult& r, const std::vector<TokenId>& prompt
   return {g.text, g.tokens.size(), g.decode_tokens_per_s(), g.stop_reason};
 }
 
+bool has_method(const std::vector<BenchRun>& runs, std::string_view method) {
+  return std::any_of(runs.begin(), runs.end(), [&](const BenchRun& r) { return r.method == method; });
+}
+
 }  // namespace
 
 nlohmann::json bench_default_method_options(const std::string& method) {
@@ -216,9 +220,8 @@ BenchSummary BenchRunner::run(const Dataset& dataset) {
   // FusionRAG's knowledge base (§3.1): every chunk of every example of the dataset, also
   // beyond --limit, so a chunk's neighbours come from the whole corpus as in the paper's
   // offline stage, not only from the passages retrieved with it.
-  const bool wants_fusionrag = std::any_of(todo.begin(), todo.end(), [](const std::vector<BenchRun>& t) {
-    return std::any_of(t.begin(), t.end(), [](const BenchRun& r) { return r.method == "fusionrag"; });
-  });
+  const bool wants_fusionrag =
+      std::any_of(todo.begin(), todo.end(), [](const std::vector<BenchRun>& t) { return has_method(t, "fusionrag"); });
   std::vector<CorpusChunk> fusionrag_kb;
   if (wants_fusionrag) {
     for (const QaExample& ex : dataset.examples)
@@ -275,7 +278,7 @@ BenchSummary BenchRunner::run(const Dataset& dataset) {
     // chunk caches; its cost goes to the example's first FusionRAG row. PIC caches of
     // neighbours from other examples count as chunk caches (a deployment has them all).
     double fusionrag_offline_ms = 0;
-    if (std::any_of(todo[e].begin(), todo[e].end(), [](const BenchRun& r) { return r.method == "fusionrag"; })) {
+    if (has_method(todo[e], "fusionrag")) {
       std::vector<CorpusChunk> corpus;
       std::set<std::string> own_ids;
       for (const auto& c : req.chunks) {
