@@ -1,0 +1,101 @@
+"""Unit tests of tools/bench_report.py's statistics (hand-checked cases). Run by ctest
+(test name bench_report_py) or directly: python3 -m unittest discover -s tests/tools."""
+import math
+import os
+import sys
+import unittest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools"))
+import bench_report  # noqa: E402
+
+
+def row(method, ratio, example, fidelity, kl=0.0, dataset="d"):
+    return {"dataset": dataset, "model": "m.gguf", "method": method, "ratio": ratio, "example": example,
+            "fidelity_f1": fidelity, "kl": kl}
+
+
+class QuantileTest(unittest.TestCase):
+    def test_linear_interpolation(self):
+        # numpy.quantile([1, 2, 3, 4], q): 0.5 -> 2.5, 0.9 -> 3.7, 0 -> 1, 1 -> 4.
+        self.assertAlmostEqual(bench_report.quantile([4, 1, 3, 2], 0.5), 2.5)
+        self.assertAlmostEqual(bench_report.quantile([1, 2, 3, 4], 0.9), 3.7)
+        self.assertEqual(bench_report.quantile([1, 2, 3, 4], 0.0), 1)
+        self.assertEqual(bench_report.quantile([1, 2, 3, 4], 1.0), 4)
+
+    def test_empty_is_nan(self):
+        self.assertTrue(math.isnan(bench_report.quantile([], 0.5)))
+
+
+class BootstrapTest(unittest.TestCase):
+    def test_constant_series_has_a_point_interval(self):
+        (lo, hi), = bench_report.bootstrap_mean_ci([[0.25] * 7])
+        self.assertAlmostEqual(lo, 0.25)
+        self.assertAlmostEqual(hi, 0.25)
+
+    def test_interval_brackets_the_mean_and_stays_in_the_data_range(self):
+        data = [-0.5, 0.0, 0.0, -0.5, 0.2, -0.1]
+        (lo, hi), = bench_report.bootstrap_mean_ci([data])
+        m = sum(data) / len(data)
+        self.assertLessEqual(lo, m)
+        self.assertGreaterEqual(hi, m)
+        self.assertGreaterEqual(lo, min(data))
+        self.assertLessEqual(hi, max(data))
+        self.assertLess(lo, hi)
+
+    def test_fixed_seed_gives_the_same_interval(self):
+        data = [0.1, -0.3, 0.5, 0.0, 0.2]
+        self.assertEqual(bench_report.bootstrap_mean_ci([data]), bench_report.bootstrap_mean_ci([data]))
+
+    def test_series_are_resampled_together(self):
+        # The same indices for both series: a series and its negation get mirrored intervals.
+        data = [0.1, -0.3, 0.5, 0.0, 0.2]
+        (lo1, hi1), (lo2, hi2) = bench_report.bootstrap_mean_ci([data, [-x for x in data]])
+        self.assertAlmostEqual(lo1, -hi2)
+        self.assertAlmostEqual(hi1, -lo2)
+
+
+class PairedDifferencesTest(unittest.TestCase):
+    def test_best_method_is_the_reference_and_differences_are_paired(self):
+        rows = [row("full", 1.0, e, 1.0) for e in "abcd"]
+        rows += [row("reuse", 0.0, e, 0.3) for e in "abcd"]
+        # A: fidelity 1, 1, 0.5, 0.5 (mean 0.75); B: 0.5, 1, 0.5, 0 (mean 0.5).
+        rows += [row("A", 0.15, e, f, kl=0.1) for e, f in zip("abcd", [1, 1, 0.5, 0.5])]
+        rows += [row("B", 0.15, e, f, kl=0.3) for e, f in zip("abcd", [0.5, 1, 0.5, 0])]
+        # Ratios 0 and 1 are the reuse / full invariants, not a comparison.
+        rows += [row("A", 1.0, "a", 1.0), row("B", 1.0, "a", 0.9), row("A", 0.0, "a", 0.3), row("B", 0.0, "a", 0.2)]
+        out = bench_report.paired_differences(rows)
+        diffs = out[("d", "m.gguf")]
+        self.assertEqual(len(diffs), 1)
+        d = diffs[0]
+        self.assertEqual((d["ratio"], d["best"], d["method"], d["n"]), (0.15, "A", "B", 4))
+        self.assertAlmostEqual(d["d_fidelity"], -0.25)  # per example -0.5, 0, 0, -0.5
+        self.assertEqual((d["better"], d["worse"]), (0, 2))
+        self.assertGreaterEqual(d["d_fidelity_lo"], -0.5)
+        self.assertLessEqual(d["d_fidelity_hi"], 0.0)
+        # KL differs by exactly +0.2 on every example: a point interval, which excludes 0.
+        self.assertAlmostEqual(d["d_kl"], 0.2)
+        self.assertAlmostEqual(d["d_kl_lo"], 0.2)
+        self.assertAlmostEqual(d["d_kl_hi"], 0.2)
+        self.assertTrue(bench_report.fmt_interval(d["d_kl"], d["d_kl_lo"], d["d_kl_hi"]).endswith("*"))
+
+    def test_only_examples_both_methods_ran_are_compared(self):
+        # A partial (resumed) run: B has not reached example c yet.
+        rows = [row("A", 0.3, "a", 0.8), row("A", 0.3, "b", 0.6), row("A", 0.3, "c", 0.0),
+                row("B", 0.3, "a", 0.7), row("B", 0.3, "b", 0.4)]
+        d, = bench_report.paired_differences(rows)[("d", "m.gguf")]
+        # Means: A 0.467, B 0.55 -> B is the reference; over a and b, A - B = +0.1 and +0.2.
+        self.assertEqual((d["best"], d["method"], d["n"]), ("B", "A", 2))
+        self.assertAlmostEqual(d["d_fidelity"], 0.15)
+        self.assertEqual((d["better"], d["worse"]), (2, 0))
+
+    def test_a_single_method_gives_no_comparison(self):
+        rows = [row("A", 0.15, "a", 0.5), row("full", 1.0, "a", 1.0)]
+        self.assertEqual(bench_report.paired_differences(rows)[("d", "m.gguf")], [])
+
+    def test_interval_format(self):
+        self.assertEqual(bench_report.fmt_interval(-0.038, -0.121, 0.037), "-0.038 [-0.121, +0.037]")
+        self.assertEqual(bench_report.fmt_interval(0.2, 0.1, 0.3, 2), "+0.20 [+0.10, +0.30]*")
+
+
+if __name__ == "__main__":
+    unittest.main()
