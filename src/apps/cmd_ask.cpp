@@ -97,7 +97,8 @@ int run_ask(const AskArgs& a) {
                      {"generated_tokens", g.tokens.size()},
                      {"decode_tokens_per_s", g.decode_tokens_per_s()},
                      {"selection", fr.selection_details}};
-    std::printf("%s\n", j.dump(2).c_str());
+    // The answer may end inside a UTF-8 character (cut by the token limit): U+FFFD, not a throw.
+    std::printf("%s\n", j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
     return 0;
   }
   std::printf("%s\n", g.text.c_str());

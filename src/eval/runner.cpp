@@ -117,6 +117,8 @@ std::string dataset_label(const std::string& dataset_name, size_t chunk_tokens) 
   return chunk_tokens ? dataset_name + "@" + std::to_string(chunk_tokens) + "tok" : dataset_name;
 }
 
+std::string results_line(const json& row) { return row.dump(-1, ' ', false, json::error_handler_t::replace); }
+
 std::vector<json> read_results(const std::string& path) {
   std::vector<json> rows;
   std::error_code ec;
@@ -369,7 +371,7 @@ BenchSummary BenchRunner::run(const Dataset& dataset) {
         row["enriched_chunks"] = r->selection_details.value("enriched_chunks", 0);
         fusionrag_offline_ms = 0;  // counted once per example
       }
-      out << row.dump() << '\n';
+      out << results_line(row) << '\n';
       out.flush();
       if (!out) throw std::runtime_error("write to " + sum.results_path + " failed");
       ++sum.rows_written;

@@ -85,6 +85,10 @@ struct BenchSummary {
 // Rows already in a results file, keyed as the runner keys them. Cuts a half-written last
 // line off the file. Missing file: empty.
 std::vector<nlohmann::json> read_results(const std::string& path);
+// One results.jsonl line (no newline). A generated answer can end inside a UTF-8 character
+// (the token limit cut it, or the model emitted a lone byte token); such bytes are written as
+// U+FFFD instead of failing the run. The metrics were computed on the raw bytes before.
+std::string results_line(const nlohmann::json& row);
 std::string row_key(const std::string& dataset, uint64_t model_fingerprint, const std::string& example_id,
                     const std::string& method, double ratio);
 // The dataset name the rows carry: the dataset's own, or "<name>@<N>tok" when re-chunked.

@@ -28,6 +28,21 @@ size_t line_count(const std::string& path) {
   return n;
 }
 
+// A HotpotQA run died on an answer that ended inside a UTF-8 character (cut at the token
+// limit): the row must be written, with U+FFFD for the stray bytes, and read back.
+TEST(BenchResults, AnswerCutInsideACharacterIsWrittenNotThrown) {
+  const nlohmann::json row = {{"example", "x"}, {"answer", std::string("caf\xC3") + "\xA9 \xD8"}};
+  std::string line;
+  ASSERT_NO_THROW(line = results_line(row));
+  EXPECT_EQ(line.find('\n'), std::string::npos);
+  const fs::path path = fs::temp_directory_path() / ("cf_results_utf8_" + std::to_string(::getpid()) + ".jsonl");
+  { std::ofstream(path) << line << '\n'; }
+  const auto rows = read_results(path.string());
+  fs::remove(path);
+  ASSERT_EQ(rows.size(), 1u);
+  EXPECT_EQ(rows[0]["answer"].get<std::string>(), "caf\xC3\xA9 \xEF\xBF\xBD");  // é kept, 0xD8 -> U+FFFD
+}
+
 TEST(BenchPlan, FullAndReuseOnceOthersPerRatio) {
   const auto runs = expand_runs({"full", "reuse", "epic", "full"}, {0.15, 1.0, 0.15});
   ASSERT_EQ(runs.size(), 4u);
