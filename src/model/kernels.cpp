@@ -91,8 +91,6 @@ void force_isa(Isa isa) {
 
 namespace {
 
-enum class Layout { Q4_1x16, Q8_0x16, Generic };
-
 struct AlignedFree {
   void operator()(uint8_t* p) const { std::free(p); }
 };
@@ -147,6 +145,20 @@ uint8_t* act_scratch(size_t bytes) {
   return buf.get();
 }
 
+// The tile kernel of a repacked weight type (kernels_impl.h lists which type has which).
+kern::TileKernelFn tile_kernel(const kern::IsaKernels& k, GgmlType t) {
+  switch (t) {
+    case GgmlType::Q4_1: return k.q4_1;
+    case GgmlType::Q4_0: return k.q4_0;
+    case GgmlType::Q4_K: return k.nib32;
+    case GgmlType::Q8_0: case GgmlType::Q5_0: return k.q8_0;
+    case GgmlType::Q6_K: return k.byte32;
+    case GgmlType::Q5_K: case GgmlType::Q5_1: return k.byte32_min;
+    default: break;
+  }
+  throw std::logic_error("tile_kernel: " + std::string(ggml_type_name(t)) + " is not repacked");
+}
+
 // Below this many multiply-adds a job runs on the calling thread only: waking the pool
 // costs more than the work (measured: ~3-4 us per dispatch; 576x576 at n = 1 takes ~5 us).
 constexpr size_t kMinParallelMacs = 512 * 1024;
@@ -155,8 +167,8 @@ constexpr size_t kRowChunk = 64;  // activation rows per task for large n
 }  // namespace
 
 struct WeightMatrix::Impl {
-  Layout layout = Layout::Generic;
-  AlignedBytes packed;       // repacked tiles (Q4_1x16 / Q8_0x16)
+  kern::TileLayout layout = kern::TileLayout::None;  // None: the generic per-element path
+  AlignedBytes packed;       // repacked tiles (kernels_impl.h)
   size_t tile_bytes = 0;     // bytes per 16-row tile
   size_t n_tiles = 0;
   size_t nb = 0;             // 32-blocks per row
@@ -172,44 +184,18 @@ WeightMatrix::WeightMatrix(GgmlType type, const uint8_t* data, size_t rows, size
   if (cols == 0 || rows == 0) throw std::invalid_argument("WeightMatrix: empty matrix");
   Impl& m = *impl_;
   m.row_bytes = ggml_row_bytes(type, cols);  // throws when cols is not whole blocks
-  const size_t total = m.row_bytes * rows;
-
-  if (type == GgmlType::Q4_1 || type == GgmlType::Q8_0) {
-    const bool q4 = type == GgmlType::Q4_1;
-    m.layout = q4 ? Layout::Q4_1x16 : Layout::Q8_0x16;
+  const uint32_t tid = static_cast<uint32_t>(type);
+  m.layout = kern::tile_layout_for(tid);
+  if (m.layout != kern::TileLayout::None) {
     m.nb = cols / kern::kQK;
     m.n_tiles = (rows + kern::kTileRows - 1) / kern::kTileRows;
-    const size_t tb = q4 ? kern::kQ4_1TileBlock : kern::kQ8_0TileBlock;
-    m.tile_bytes = tb * m.nb;
+    m.tile_bytes = kern::tile_block_bytes(m.layout) * m.nb;
     m.packed = aligned_bytes(m.tile_bytes * m.n_tiles);
-    std::memset(m.packed.get(), 0, m.tile_bytes * m.n_tiles);  // padding rows: all zero
-    if (!q4) {  // zero weights are stored as 128 in the offset encoding
-      for (size_t t = 0; t < m.n_tiles; ++t)
-        for (size_t b = 0; b < m.nb; ++b) std::memset(m.packed.get() + t * m.tile_bytes + b * tb, 128, 512);
-    }
-    for (size_t o = 0; o < rows; ++o) {
-      const uint8_t* src_row = data + o * m.row_bytes;
-      const size_t t = o / kern::kTileRows, lane = o % kern::kTileRows;
-      for (size_t b = 0; b < m.nb; ++b) {
-        uint8_t* dst = m.packed.get() + t * m.tile_bytes + b * tb;
-        if (q4) {
-          const uint8_t* blk = src_row + b * 20;
-          for (int g = 0; g < 4; ++g) std::memcpy(dst + 64 * g + 4 * lane, blk + 4 + 4 * g, 4);
-          std::memcpy(dst + 256 + 2 * lane, blk, 2);
-          std::memcpy(dst + 288 + 2 * lane, blk + 2, 2);
-        } else {
-          const uint8_t* blk = src_row + b * 34;
-          for (int g = 0; g < 8; ++g)
-            for (int j = 0; j < 4; ++j) dst[64 * g + 4 * lane + j] = static_cast<uint8_t>(blk[2 + 4 * g + j] ^ 0x80);
-          std::memcpy(dst + 512 + 2 * lane, blk, 2);
-        }
-      }
-    }
-    release_pages(data, total);
+    kern::repack_matrix(tid, data, rows, cols, m.packed.get());
+    release_pages(data, m.row_bytes * rows);
   } else {
-    m.layout = Layout::Generic;
     m.raw = data;
-    kern::generic_act_row_bytes(static_cast<uint32_t>(type), cols);  // throws when no kernel
+    kern::generic_act_row_bytes(tid, cols);  // throws when no kernel
   }
 }
 
@@ -220,29 +206,10 @@ WeightMatrix& WeightMatrix::operator=(WeightMatrix&&) noexcept = default;
 void WeightMatrix::dequantize_weight_row(size_t o, float* dst) const {
   if (o >= rows_) throw std::out_of_range("WeightMatrix::dequantize_weight_row: row out of range");
   const Impl& m = *impl_;
-  if (m.layout == Layout::Generic) {
+  if (m.layout == kern::TileLayout::None)
     dequantize_row(type_, m.raw + o * m.row_bytes, dst, cols_);
-    return;
-  }
-  const size_t t = o / kern::kTileRows, lane = o % kern::kTileRows;
-  // Rebuild the file's block and dequantize it with the reference formula.
-  for (size_t b = 0; b < m.nb; ++b) {
-    if (m.layout == Layout::Q4_1x16) {
-      const uint8_t* src = m.packed.get() + t * m.tile_bytes + b * kern::kQ4_1TileBlock;
-      uint8_t blk[20];
-      std::memcpy(blk, src + 256 + 2 * lane, 2);
-      std::memcpy(blk + 2, src + 288 + 2 * lane, 2);
-      for (int g = 0; g < 4; ++g) std::memcpy(blk + 4 + 4 * g, src + 64 * g + 4 * lane, 4);
-      dequantize_row(GgmlType::Q4_1, blk, dst + b * kern::kQK, kern::kQK);
-    } else {
-      const uint8_t* src = m.packed.get() + t * m.tile_bytes + b * kern::kQ8_0TileBlock;
-      uint8_t blk[34];
-      std::memcpy(blk, src + 512 + 2 * lane, 2);
-      for (int g = 0; g < 8; ++g)
-        for (int j = 0; j < 4; ++j) blk[2 + 4 * g + j] = static_cast<uint8_t>(src[64 * g + 4 * lane + j] ^ 0x80);
-      dequantize_row(GgmlType::Q8_0, blk, dst + b * kern::kQK, kern::kQK);
-    }
-  }
+  else
+    kern::dequantize_packed_row(static_cast<uint32_t>(type_), m.packed.get(), cols_, o, dst);
 }
 
 void WeightMatrix::multiply(const float* x, size_t n, size_t x_stride, float* y, size_t y_stride,
@@ -259,7 +226,7 @@ void WeightMatrix::multiply_rows(const float* x, size_t n, size_t x_stride, floa
   const bool parallel = threads > 1 && n * cols_ * (o_end - o_begin) >= kMinParallelMacs;
   const uint32_t tid = static_cast<uint32_t>(type_);
 
-  if (m.layout == Layout::Generic) {
+  if (m.layout == kern::TileLayout::None) {
     const size_t rec = kern::generic_act_row_bytes(tid, cols_);
     uint8_t* acts = act_scratch(rec * n);
     auto quantize = [&](size_t b, size_t e, size_t) {
@@ -281,12 +248,11 @@ void WeightMatrix::multiply_rows(const float* x, size_t n, size_t x_stride, floa
   }
 
   const kern::IsaKernels& k = kernels_for(active_isa());
-  const bool q4 = m.layout == Layout::Q4_1x16;
-  const kern::TileKernelFn tile_fn = q4 ? k.q4_1 : k.q8_0;
+  const kern::TileKernelFn tile_fn = tile_kernel(k, type_);
   const size_t stride = kern::act_row_stride(m.nb);
   uint8_t* acts = act_scratch(stride * n);
   auto quantize = [&](size_t b, size_t e, size_t) {
-    for (size_t r = b; r < e; ++r) k.quantize_q8(x + r * x_stride, cols_, acts + r * stride, q4);
+    for (size_t r = b; r < e; ++r) k.quantize_q8(x + r * x_stride, cols_, acts + r * stride);
   };
   if (parallel && n >= 16)
     pool.parallel_range(n, quantize, 1);

@@ -31,12 +31,13 @@ inline int hsum8(__m256i v) {
   return _mm_cvtsi128_si32(s);
 }
 
-void quantize_q8_avx2(const float* x, size_t cols, uint8_t* out, bool q8_1) {
+void quantize_q8_avx2(const float* x, size_t cols, uint8_t* out) {
   const size_t nb = cols / kQK;
   int8_t* qs = reinterpret_cast<int8_t*>(out);
   float* dv = reinterpret_cast<float*>(out + nb * kQK);
-  float* sv = dv + nb;
-  int32_t* cv = reinterpret_cast<int32_t*>(out + nb * kQK + nb * 4);
+  float* s16 = dv + nb;
+  float* sx = dv + 2 * nb;
+  int32_t* cv = reinterpret_cast<int32_t*>(dv + 3 * nb);
   const __m256 sign = _mm256_set1_ps(-0.0f);
   for (size_t b = 0; b < nb; ++b) {
     __m256 v[4];
@@ -55,13 +56,11 @@ void quantize_q8_avx2(const float* x, size_t cols, uint8_t* out, bool q8_1) {
     p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(qs + b * kQK), p);
     dv[b] = fp16_round_f16c(d);
-    if (q8_1) {
-      sv[b] = fp16_round_f16c(d * static_cast<float>(sum));
-    } else {
-      for (int g = 0; g < 8; ++g) {
-        const int8_t* qg = qs + b * kQK + 4 * g;
-        cv[8 * b + g] = -128 * (qg[0] + qg[1] + qg[2] + qg[3]);
-      }
+    s16[b] = fp16_round_f16c(d * static_cast<float>(sum));
+    sx[b] = dv[b] * static_cast<float>(sum);
+    for (int g = 0; g < 8; ++g) {
+      const int8_t* qg = qs + b * kQK + 4 * g;
+      cv[8 * b + g] = -128 * (qg[0] + qg[1] + qg[2] + qg[3]);
     }
   }
 }
@@ -73,64 +72,98 @@ inline __m256 hsum8_lanes(const __m256 l[8]) {
                        _mm256_add_ps(_mm256_add_ps(l[1], l[5]), _mm256_add_ps(l[3], l[7])));
 }
 
-// 8 rows (half h of the tile) x R activation rows; 8 per-group accumulators per row.
-template <int R>
-void q4_1_half(const uint8_t* tile, size_t nb, const ActView& a, size_t r0, int h, float* out /*[R][8]*/) {
+inline __m256 load8_scales(const uint8_t* p, bool f32) {
+  return f32 ? _mm256_loadu_ps(reinterpret_cast<const float*>(p))
+             : _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+
+// Nibble tiles: 8 rows (half h of the tile) x R activation rows; 8 per-group accumulators
+// per row.
+template <NibKind K, int R>
+void nib_half(const uint8_t* tile, size_t nb, const ActView& a, size_t r0, int h, float* out /*[R][8]*/) {
+  constexpr bool kF32 = K == NibKind::Nib32;
+  constexpr size_t kTb = kF32 ? kNib32TileBlock : kNib16TileBlock;
+  constexpr size_t kScaleBytes = kF32 ? 4 : 2;
+  constexpr size_t kMinAt = kF32 ? 320 : 288;
   __m256 acc[R][8];
   for (int r = 0; r < R; ++r)
     for (int g = 0; g < 8; ++g) acc[r][g] = _mm256_setzero_ps();
   const __m256i low4 = _mm256_set1_epi8(0x0F);
   const __m256i ones = _mm256_set1_epi16(1);
   for (size_t b = 0; b < nb; ++b) {
-    const uint8_t* wb = tile + b * kQ4_1TileBlock;
-    const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wb + 256 + 16 * h)));
+    const uint8_t* wb = tile + b * kTb;
+    const __m256 dw = load8_scales(wb + 256 + 8 * kScaleBytes * h, kF32);
     for (int r = 0; r < R; ++r) {
       const int8_t* q = a.qs(r0 + r) + b * kQK;
+      const int32_t* c = a.corr(r0 + r) + 8 * b;
       const __m256 dd = _mm256_mul_ps(dw, _mm256_set1_ps(a.d(r0 + r)[b]));
       for (int g = 0; g < 4; ++g) {
         const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + 64 * g + 32 * h));
         const __m256i lo = _mm256_and_si256(v, low4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
-        const __m256i slo = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, bcast32(q + 4 * g)), ones);
-        const __m256i shi = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, bcast32(q + 16 + 4 * g)), ones);
+        __m256i slo = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, bcast32(q + 4 * g)), ones);
+        __m256i shi = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, bcast32(q + 16 + 4 * g)), ones);
+        if constexpr (K == NibKind::Q4_0) {  // - 8 sum(q) = corr / 16
+          slo = _mm256_add_epi32(slo, _mm256_set1_epi32(c[g] >> 4));
+          shi = _mm256_add_epi32(shi, _mm256_set1_epi32(c[g + 4] >> 4));
+        }
         acc[r][g] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(slo), acc[r][g]);
         acc[r][g + 4] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(shi), acc[r][g + 4]);
       }
     }
   }
   for (int r = 0; r < R; ++r) {
-    const float* xs = a.s(r0 + r);
-    __m256 summ = _mm256_setzero_ps();
-    for (size_t b = 0; b < nb; ++b) {
-      const __m256 mw = _mm256_cvtph_ps(
-          _mm_loadu_si128(reinterpret_cast<const __m128i*>(tile + b * kQ4_1TileBlock + 288 + 16 * h)));
-      summ = _mm256_fmadd_ps(mw, _mm256_set1_ps(xs[b]), summ);
+    __m256 res = hsum8_lanes(acc[r]);
+    if constexpr (K != NibKind::Q4_0) {
+      const float* xs = K == NibKind::Q4_1 ? a.s16(r0 + r) : a.sx(r0 + r);
+      __m256 summ = _mm256_setzero_ps();
+      for (size_t b = 0; b < nb; ++b)
+        summ = _mm256_fmadd_ps(load8_scales(tile + b * kTb + kMinAt + 8 * kScaleBytes * h, kF32),
+                               _mm256_set1_ps(xs[b]), summ);
+      res = _mm256_add_ps(res, summ);
     }
-    _mm256_storeu_ps(out + 8 * r, _mm256_add_ps(hsum8_lanes(acc[r]), summ));
+    _mm256_storeu_ps(out + 8 * r, res);
   }
 }
 
-template <int R>
-void q8_0_half(const uint8_t* tile, size_t nb, const ActView& a, size_t r0, int h, float* out) {
+// Byte tiles: F32 = kByte32 (float d_lo for groups 0..3, d_hi for 4..7), else kByte16;
+// Min adds m * sx per block. Without VNNI: |w| x sign(x, w) so int16 pair sums cannot
+// saturate.
+template <bool F32, bool Min, int R>
+void byte_half(const uint8_t* tile, size_t nb, const ActView& a, size_t r0, int h, float* out) {
+  constexpr size_t kTb = F32 ? byte32_tile_block(Min) : kByte16TileBlock;
   __m256 acc[R][8];
   for (int r = 0; r < R; ++r)
     for (int g = 0; g < 8; ++g) acc[r][g] = _mm256_setzero_ps();
   const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80));
   const __m256i ones = _mm256_set1_epi16(1);
   for (size_t b = 0; b < nb; ++b) {
-    const uint8_t* wb = tile + b * kQ8_0TileBlock;
-    const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wb + 512 + 16 * h)));
+    const uint8_t* wb = tile + b * kTb;
+    const __m256 dw_lo = F32 ? load8_scales(wb + 512 + 32 * h, true) : load8_scales(wb + 512 + 16 * h, false);
+    const __m256 dw_hi = F32 ? load8_scales(wb + 576 + 32 * h, true) : dw_lo;
     for (int r = 0; r < R; ++r) {
       const int8_t* q = a.qs(r0 + r) + b * kQK;
-      const __m256 dd = _mm256_mul_ps(dw, _mm256_set1_ps(a.d(r0 + r)[b]));
+      const __m256 xdb = _mm256_set1_ps(a.d(r0 + r)[b]);
+      const __m256 dd_lo = _mm256_mul_ps(dw_lo, xdb);
+      const __m256 dd_hi = F32 ? _mm256_mul_ps(dw_hi, xdb) : dd_lo;
       for (int g = 0; g < 8; ++g) {
         const __m256i ws = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + 64 * g + 32 * h)), flip);
-        const __m256i sx = _mm256_sign_epi8(bcast32(q + 4 * g), ws);
-        const __m256i s = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(ws), sx), ones);
-        acc[r][g] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(s), acc[r][g]);
+        const __m256i xs = _mm256_sign_epi8(bcast32(q + 4 * g), ws);
+        const __m256i s = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(ws), xs), ones);
+        acc[r][g] = _mm256_fmadd_ps(g < 4 ? dd_lo : dd_hi, _mm256_cvtepi32_ps(s), acc[r][g]);
       }
     }
   }
-  for (int r = 0; r < R; ++r) _mm256_storeu_ps(out + 8 * r, hsum8_lanes(acc[r]));
+  for (int r = 0; r < R; ++r) {
+    __m256 res = hsum8_lanes(acc[r]);
+    if constexpr (Min) {
+      const float* xs = a.sx(r0 + r);
+      __m256 summ = _mm256_setzero_ps();
+      for (size_t b = 0; b < nb; ++b)
+        summ = _mm256_fmadd_ps(load8_scales(tile + b * kTb + 640 + 32 * h, true), _mm256_set1_ps(xs[b]), summ);
+      res = _mm256_add_ps(res, summ);
+    }
+    _mm256_storeu_ps(out + 8 * r, res);
+  }
 }
 
 using HalfFn = void (*)(const uint8_t*, size_t, const ActView&, size_t, int, float*);
@@ -154,19 +187,17 @@ void run_tile(const uint8_t* tile, size_t nb, const ActView& a, size_t r0, size_
   }
 }
 
-void q4_1_tile_avx2(const uint8_t* tile, size_t nb, const ActView& a, size_t r0, size_t nr, float* y,
-                    size_t y_stride, unsigned o_lo, unsigned o_hi) {
-  run_tile<q4_1_half<1>, q4_1_half<2>>(tile, nb, a, r0, nr, y, y_stride, o_lo, o_hi);
-}
-void q8_0_tile_avx2(const uint8_t* tile, size_t nb, const ActView& a, size_t r0, size_t nr, float* y,
-                    size_t y_stride, unsigned o_lo, unsigned o_hi) {
-  run_tile<q8_0_half<1>, q8_0_half<2>>(tile, nb, a, r0, nr, y, y_stride, o_lo, o_hi);
-}
+template <NibKind K>
+constexpr TileKernelFn kNibTile = run_tile<nib_half<K, 1>, nib_half<K, 2>>;
+template <bool F32, bool Min>
+constexpr TileKernelFn kByteTile = run_tile<byte_half<F32, Min, 1>, byte_half<F32, Min, 2>>;
 
 }  // namespace
 
 const IsaKernels& avx2_kernels() {
-  static const IsaKernels k{quantize_q8_avx2, q4_1_tile_avx2, q8_0_tile_avx2};
+  static const IsaKernels k{quantize_q8_avx2,         kNibTile<NibKind::Q4_1>, kNibTile<NibKind::Q4_0>,
+                            kNibTile<NibKind::Nib32>, kByteTile<false, false>, kByteTile<true, false>,
+                            kByteTile<true, true>};
   return k;
 }
 

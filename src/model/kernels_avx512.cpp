@@ -17,12 +17,13 @@ inline float fp16_round_f16c(float f) {
   return _cvtsh_ss(_cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
 }
 
-void quantize_q8_avx512(const float* x, size_t cols, uint8_t* out, bool q8_1) {
+void quantize_q8_avx512(const float* x, size_t cols, uint8_t* out) {
   const size_t nb = cols / kQK;
   int8_t* qs = reinterpret_cast<int8_t*>(out);
   float* dv = reinterpret_cast<float*>(out + nb * kQK);
-  float* sv = dv + nb;
-  int32_t* cv = reinterpret_cast<int32_t*>(out + nb * kQK + nb * 4);
+  float* s16 = dv + nb;
+  float* sx = dv + 2 * nb;
+  int32_t* cv = reinterpret_cast<int32_t*>(dv + 3 * nb);
   const __m512 abs_mask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
   for (size_t b = 0; b < nb; ++b) {
     const __m512 v0 = _mm512_loadu_ps(x + b * kQK), v1 = _mm512_loadu_ps(x + b * kQK + 16);
@@ -38,14 +39,12 @@ void quantize_q8_avx512(const float* x, size_t cols, uint8_t* out, bool q8_1) {
     // Sum of the saturated bytes (saturation never triggers: |x*id| <= 127).
     const int sum = _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
     dv[b] = fp16_round_f16c(d);
-    if (q8_1) {
-      sv[b] = fp16_round_f16c(d * static_cast<float>(sum));
-    } else {
-      // Per 4-element group: vpdpbusd of the bytes with 0x80 gives 128 * their sum.
-      const __m256i groups = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(static_cast<char>(0x80)),
-                                                 _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + b * kQK)));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(cv + 8 * b), _mm256_sub_epi32(_mm256_setzero_si256(), groups));
-    }
+    s16[b] = fp16_round_f16c(d * static_cast<float>(sum));
+    sx[b] = dv[b] * static_cast<float>(sum);
+    // Per 4-element group: vpdpbusd of the bytes with 0x80 gives 128 * their sum.
+    const __m256i groups = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(static_cast<char>(0x80)),
+                                               _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + b * kQK)));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(cv + 8 * b), _mm256_sub_epi32(_mm256_setzero_si256(), groups));
   }
 }
 
@@ -57,54 +56,69 @@ inline __m512 hsum8_lanes(const __m512 l[8]) {
                        _mm512_add_ps(_mm512_add_ps(l[1], l[5]), _mm512_add_ps(l[3], l[7])));
 }
 
-// R activation rows (R <= 2: 8 accumulators per row must stay in registers).
-template <int R>
-inline void q4_1_rows(const uint8_t* tile, size_t nb, const ActView& a, size_t r0, float* y, size_t y_stride,
-                      __mmask16 store_mask) {
+inline __m512 load16_scales(const uint8_t* p, bool f32) {
+  return f32 ? _mm512_loadu_ps(p) : _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+
+// Nibble tiles, R activation rows (R <= 2: 8 accumulators per row must stay in registers).
+template <NibKind K, int R>
+inline void nib_rows(const uint8_t* tile, size_t nb, const ActView& a, size_t r0, float* y, size_t y_stride,
+                     __mmask16 store_mask) {
+  constexpr bool kF32 = K == NibKind::Nib32;
+  constexpr size_t kTb = kF32 ? kNib32TileBlock : kNib16TileBlock;
+  constexpr size_t kMinAt = kF32 ? 320 : 288;
   __m512 acc[R][8];
   const int8_t* xq[R];
   const float* xd[R];
+  const int32_t* xc[R];
   for (int r = 0; r < R; ++r) {
     for (int g = 0; g < 8; ++g) acc[r][g] = _mm512_setzero_ps();
     xq[r] = a.qs(r0 + r);
     xd[r] = a.d(r0 + r);
+    xc[r] = a.corr(r0 + r);
   }
   const __m512i low4 = _mm512_set1_epi8(0x0F);
   for (size_t b = 0; b < nb; ++b) {
-    const uint8_t* wb = tile + b * kQ4_1TileBlock;
+    const uint8_t* wb = tile + b * kTb;
     __m512i w[8];
     for (int g = 0; g < 4; ++g) {
       const __m512i v = _mm512_loadu_si512(wb + 64 * g);
       w[g] = _mm512_and_si512(v, low4);
       w[g + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
     }
-    const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + 256)));
+    const __m512 dw = load16_scales(wb + 256, kF32);
     for (int r = 0; r < R; ++r) {
       const int8_t* q = xq[r] + b * kQK;
       const __m512 dd = _mm512_mul_ps(dw, _mm512_set1_ps(xd[r][b]));
       // w[g] holds elements 4g..4g+3 of each row (high nibbles are 16 + ...): one lane of
-      // llama.cpp's accumulator.
+      // llama.cpp's accumulator. Q4_0 starts each group at -8 sum(q) (= corr / 16).
       for (int g = 0; g < 8; ++g) {
-        const __m512i s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[g], bcast32(q + 4 * g));
+        const __m512i start =
+            K == NibKind::Q4_0 ? _mm512_set1_epi32(xc[r][8 * b + g] >> 4) : _mm512_setzero_si512();
+        const __m512i s = _mm512_dpbusd_epi32(start, w[g], bcast32(q + 4 * g));
         acc[r][g] = _mm512_fmadd_ps(dd, _mm512_cvtepi32_ps(s), acc[r][g]);
       }
     }
   }
   for (int r = 0; r < R; ++r) {
-    const float* xs = a.s(r0 + r);
-    __m512 summ = _mm512_setzero_ps();
-    for (size_t b = 0; b < nb; ++b) {
-      const __m512 mw = _mm512_cvtph_ps(
-          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(tile + b * kQ4_1TileBlock + 288)));
-      summ = _mm512_fmadd_ps(mw, _mm512_set1_ps(xs[b]), summ);
+    __m512 out = hsum8_lanes(acc[r]);
+    if constexpr (K != NibKind::Q4_0) {
+      const float* xs = K == NibKind::Q4_1 ? a.s16(r0 + r) : a.sx(r0 + r);
+      __m512 summ = _mm512_setzero_ps();
+      for (size_t b = 0; b < nb; ++b)
+        summ = _mm512_fmadd_ps(load16_scales(tile + b * kTb + kMinAt, kF32), _mm512_set1_ps(xs[b]), summ);
+      out = _mm512_add_ps(out, summ);
     }
-    _mm512_mask_storeu_ps(y + r * y_stride, store_mask, _mm512_add_ps(hsum8_lanes(acc[r]), summ));
+    _mm512_mask_storeu_ps(y + r * y_stride, store_mask, out);
   }
 }
 
-template <int R>
-inline void q8_0_rows(const uint8_t* tile, size_t nb, const ActView& a, size_t r0, float* y, size_t y_stride,
+// Byte tiles: F32 = kByte32 (float d_lo for groups 0..3, d_hi for 4..7), else kByte16;
+// Min adds m * sx per block.
+template <bool F32, bool Min, int R>
+inline void byte_rows(const uint8_t* tile, size_t nb, const ActView& a, size_t r0, float* y, size_t y_stride,
                       __mmask16 store_mask) {
+  constexpr size_t kTb = F32 ? byte32_tile_block(Min) : kByte16TileBlock;
   __m512 acc[R][8];
   const int8_t* xq[R];
   const float* xd[R];
@@ -116,21 +130,34 @@ inline void q8_0_rows(const uint8_t* tile, size_t nb, const ActView& a, size_t r
     xc[r] = a.corr(r0 + r);
   }
   for (size_t b = 0; b < nb; ++b) {
-    const uint8_t* wb = tile + b * kQ8_0TileBlock;
+    const uint8_t* wb = tile + b * kTb;
     __m512i w[8];
     for (int g = 0; g < 8; ++g) w[g] = _mm512_loadu_si512(wb + 64 * g);
-    const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + 512)));
+    const __m512 dw_lo = load16_scales(wb + 512, F32);
+    const __m512 dw_hi = F32 ? _mm512_loadu_ps(wb + 576) : dw_lo;
     for (int r = 0; r < R; ++r) {
       const int8_t* q = xq[r] + b * kQK;
-      const __m512 dd = _mm512_mul_ps(dw, _mm512_set1_ps(xd[r][b]));
+      const __m512 xdb = _mm512_set1_ps(xd[r][b]);
+      const __m512 dd_lo = _mm512_mul_ps(dw_lo, xdb);
+      const __m512 dd_hi = F32 ? _mm512_mul_ps(dw_hi, xdb) : dd_lo;
       for (int g = 0; g < 8; ++g) {
         // Start from -128 * sum(q of the group): sum (w+128) q - 128 sum q = sum w q exactly.
         const __m512i s = _mm512_dpbusd_epi32(_mm512_set1_epi32(xc[r][8 * b + g]), w[g], bcast32(q + 4 * g));
-        acc[r][g] = _mm512_fmadd_ps(dd, _mm512_cvtepi32_ps(s), acc[r][g]);
+        acc[r][g] = _mm512_fmadd_ps(g < 4 ? dd_lo : dd_hi, _mm512_cvtepi32_ps(s), acc[r][g]);
       }
     }
   }
-  for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(y + r * y_stride, store_mask, hsum8_lanes(acc[r]));
+  for (int r = 0; r < R; ++r) {
+    __m512 out = hsum8_lanes(acc[r]);
+    if constexpr (Min) {
+      const float* xs = a.sx(r0 + r);
+      __m512 summ = _mm512_setzero_ps();
+      for (size_t b = 0; b < nb; ++b)
+        summ = _mm512_fmadd_ps(_mm512_loadu_ps(tile + b * kTb + 640), _mm512_set1_ps(xs[b]), summ);
+      out = _mm512_add_ps(out, summ);
+    }
+    _mm512_mask_storeu_ps(y + r * y_stride, store_mask, out);
+  }
 }
 
 using RowsFn = void (*)(const uint8_t*, size_t, const ActView&, size_t, float*, size_t, __mmask16);
@@ -145,19 +172,17 @@ void run_rows(const uint8_t* tile, size_t nb, const ActView& a, size_t r0, size_
   if (r < nr) F1(tile, nb, a, r0 + r, y + r * y_stride, y_stride, mask);
 }
 
-void q4_1_tile_avx512(const uint8_t* tile, size_t nb, const ActView& a, size_t r0, size_t nr, float* y,
-                      size_t y_stride, unsigned o_lo, unsigned o_hi) {
-  run_rows<q4_1_rows<1>, q4_1_rows<2>>(tile, nb, a, r0, nr, y, y_stride, o_lo, o_hi);
-}
-void q8_0_tile_avx512(const uint8_t* tile, size_t nb, const ActView& a, size_t r0, size_t nr, float* y,
-                      size_t y_stride, unsigned o_lo, unsigned o_hi) {
-  run_rows<q8_0_rows<1>, q8_0_rows<2>>(tile, nb, a, r0, nr, y, y_stride, o_lo, o_hi);
-}
+template <NibKind K>
+constexpr TileKernelFn kNibTile = run_rows<nib_rows<K, 1>, nib_rows<K, 2>>;
+template <bool F32, bool Min>
+constexpr TileKernelFn kByteTile = run_rows<byte_rows<F32, Min, 1>, byte_rows<F32, Min, 2>>;
 
 }  // namespace
 
 const IsaKernels& avx512_kernels() {
-  static const IsaKernels k{quantize_q8_avx512, q4_1_tile_avx512, q8_0_tile_avx512};
+  static const IsaKernels k{quantize_q8_avx512,         kNibTile<NibKind::Q4_1>,   kNibTile<NibKind::Q4_0>,
+                            kNibTile<NibKind::Nib32>,   kByteTile<false, false>,   kByteTile<true, false>,
+                            kByteTile<true, true>};
   return k;
 }
 

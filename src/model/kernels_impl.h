@@ -10,10 +10,14 @@
 //  - per output element, 8 float lanes: lane g (g < 8) holds the exact integer dot of the
 //    block's elements 4g..4g+3 (what one int32 lane of vpdpbusd yields), and per block, in
 //    block order, lane[g] = fma(dw*dx, float(isum_g), lane[g]) with dw*dx rounded to float;
-//  - Q4_1 also sums its min term separately: summ = fma(mw, sx, summ) per block;
+//  - Q4_1 also sums its min term separately: summ = fma(mw, s16, summ) per block;
 //  - the result is hsum8(lane) (+ summ for Q4_1), hsum8 = llama.cpp's hsum_float_8:
 //    ((l0+l4) + (l2+l6)) + ((l1+l5) + (l3+l7)).
 //    (Its tinyBLAS Q8_0 GEMM for batched logits has the same per-element sequence.)
+// Q4_1, Q4_0, Q8_0 and Q5_0 follow that order bit for bit. The K-quants and Q5_1 use the
+// same lanes with float scales (dw = d_lo for groups 0..3, d_hi for 4..7) and a min term
+// summ = fma(m, sx, summ) on the exact block sum; llama.cpp quantizes activations per 256
+// for the K-quants (Q8_K), so there the two engines differ by rounding only.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -25,21 +29,36 @@ constexpr size_t kQK = 32;          // elements per Q4_1 / Q8_0 / Q8_1 block
 constexpr size_t kQK_K = 256;       // elements per K-quant super-block
 constexpr size_t kTileRows = 16;    // output rows interleaved in one repacked tile
 
-// Repacked Q4_1, per tile of 16 output rows and per 32-element block (320 bytes, same
-// size as the file's 16 blocks):
-//   bytes [64g + 4o + j], g < 4, o < 16, j < 4: byte 4g+j of row o's qs (its low nibble
-//     is element 4g+j, its high nibble element 16+4g+j);
-//   then 16 fp16 d (row order), then 16 fp16 m.
-constexpr size_t kQ4_1TileBlock = 320;
-// Repacked Q8_0, per tile and block (544 bytes): bytes [64g + 4o + j], g < 8: element
-// 4g+j of row o stored as uint8 (w + 128), the unsigned operand of vpdpbusd; then 16 fp16 d.
-constexpr size_t kQ8_0TileBlock = 544;
+// Every block-quantized weight type is repacked at load into one of four tile layouts of
+// 16 output rows x one 32-element block, so that one kernel family serves them all (the
+// file's own block layouts differ per type; after repacking only these shapes remain):
+//
+// Nibble tiles (4-bit weights), bytes [64g + 4o + j], g < 4, o < 16, j < 4: byte 4g+j of
+//   row o's 16 packed bytes (low nibble = element 4g+j, high nibble = element 16+4g+j).
+//   - kNib16 (Q4_1, Q4_0; 320 bytes, the file's size): then 16 fp16 d, 16 fp16 m.
+//     Q4_1: w = d q + m. Q4_0: w = d (q - 8), m unused (the kernel subtracts 8 sum(x)).
+//   - kNib32 (Q4_K; 384 bytes): then 16 float d, 16 float m: w = d q + m, where d = d_super
+//     * sc and m = -dmin * min are exact in float (fp16 x 6-bit integer).
+// Byte tiles (weights stored as uint8 u = q + 128, the unsigned operand of vpdpbusd),
+//   bytes [64g + 4o + j], g < 8: element 4g+j of row o.
+//   - kByte16 (Q8_0, Q5_0; 544 bytes): then 16 fp16 d: w = d (u - 128).
+//   - kByte32 (Q6_K, Q5_K, Q5_1; 640 bytes, or 704 with a min): 16 float d_lo (elements
+//     0..15), 16 float d_hi (16..31), [16 float m]: w = d_half (u - 128) + m. Q6_K has a
+//     scale per 16 elements; the per-group float lanes below make that free.
+constexpr size_t kNib16TileBlock = 320;
+constexpr size_t kNib32TileBlock = 384;
+constexpr size_t kByte16TileBlock = 544;
+inline constexpr size_t byte32_tile_block(bool has_min) { return has_min ? 704 : 640; }
+// Kept for the Q4_1/Q8_0 tests and comments that name the file types.
+constexpr size_t kQ4_1TileBlock = kNib16TileBlock;
+constexpr size_t kQ8_0TileBlock = kByte16TileBlock;
 
-// Activations quantized to 8 bits per 32-block, one record per row:
-//   int8 qs[cols], float d[nb] (the fp16 value as float), then the aux field:
-//   for Q8_1 the float s[nb] = fp16(d*sum q); for Q8_0 the int32 corr[8 nb]:
-//   -128 * (sum of the 4 q of group g of block b) at [8b + g] (the VNNI offset correction
-//   of each 4-element lane).
+// Activations quantized to 8 bits per 32-block (llama.cpp's x86 quantize_row_q8_0/1 rule),
+// one record per row: int8 qs[32 nb], float d[nb] (the fp16 value as float), float s16[nb]
+// = fp16(d_unrounded * sum q) (llama.cpp's Q8_1 s, used by Q4_1 for bit-exactness), float
+// sx[nb] = d * sum q in float (the exact block sum for the min terms of the K-quants and
+// Q5_1), int32 corr[8 nb] = -128 * (sum of the 4 q of group g of block b) at [8b + g] (the
+// offset correction of the u = q + 128 byte encoding; Q4_0 uses corr / 16 = -8 sum).
 struct ActView {
   const uint8_t* base = nullptr;
   size_t stride = 0;  // bytes per row
@@ -47,31 +66,49 @@ struct ActView {
 
   const int8_t* qs(size_t r) const { return reinterpret_cast<const int8_t*>(base + r * stride); }
   const float* d(size_t r) const { return reinterpret_cast<const float*>(base + r * stride + nb * kQK); }
-  const float* s(size_t r) const { return d(r) + nb; }
-  const int32_t* corr(size_t r) const {
-    return reinterpret_cast<const int32_t*>(base + r * stride + nb * kQK + nb * 4);
-  }
+  const float* s16(size_t r) const { return d(r) + nb; }
+  const float* sx(size_t r) const { return d(r) + 2 * nb; }
+  const int32_t* corr(size_t r) const { return reinterpret_cast<const int32_t*>(d(r) + 3 * nb); }
 };
-inline size_t act_row_stride(size_t nb) { return (nb * kQK + nb * 4 + nb * 32 + 63) / 64 * 64; }
+inline size_t act_row_stride(size_t nb) { return (nb * (kQK + 12 + 32) + 63) / 64 * 64; }
 
-// Quantizes one row of `cols` floats into an ActView record at `out`.
-// q8_1 selects the aux field (s for Q8_1, the int correction for Q8_0).
-using QuantizeRowFn = void (*)(const float* x, size_t cols, uint8_t* out, bool q8_1);
+// Quantizes one row of `cols` floats into an ActView record at `out` (every field).
+using QuantizeRowFn = void (*)(const float* x, size_t cols, uint8_t* out);
 
 // Computes output lanes [o_lo, o_hi) of one 16-row tile for activation rows
 // [r0, r0 + nr): y[(r - r0) * y_stride + o] for o in the tile (y points at lane 0).
 using TileKernelFn = void (*)(const uint8_t* tile, size_t nb, const ActView& a, size_t r0, size_t nr,
                               float* y, size_t y_stride, unsigned o_lo, unsigned o_hi);
 
+// One kernel per (tile layout, weight interpretation).
 struct IsaKernels {
   QuantizeRowFn quantize_q8;
-  TileKernelFn q4_1;
-  TileKernelFn q8_0;
+  TileKernelFn q4_1;       // kNib16, + m s16
+  TileKernelFn q4_0;       // kNib16, - 8 sum(x)
+  TileKernelFn nib32;      // kNib32, + m sx (Q4_K)
+  TileKernelFn q8_0;       // kByte16 (Q8_0, Q5_0)
+  TileKernelFn byte32;     // kByte32 without min (Q6_K)
+  TileKernelFn byte32_min; // kByte32 with min (Q5_K, Q5_1)
 };
 
 const IsaKernels& portable_kernels();
 const IsaKernels& avx2_kernels();
 const IsaKernels& avx512_kernels();
+
+// Repacking (kernels_repack.cpp): which tile layout each block-quantized weight type
+// takes, the repack of a whole matrix, and row o back as floats (bit-identical to
+// dequantize_row of the file's row: the same float operations on the same values).
+enum class TileLayout { None, Nib16, Nib32, Byte16, Byte32, Byte32Min };
+TileLayout tile_layout_for(uint32_t weight_type);  // None: not repacked (F32/F16/BF16)
+size_t tile_block_bytes(TileLayout);
+// packed: ceil(rows/16) tiles of nb * tile_block_bytes bytes, written in full (padding
+// rows are zero).
+void repack_matrix(uint32_t weight_type, const uint8_t* data, size_t rows, size_t cols, uint8_t* packed);
+void dequantize_packed_row(uint32_t weight_type, const uint8_t* packed, size_t cols, size_t o, float* dst);
+
+// Which weight interpretation a tile kernel applies (the template parameter of every ISA's
+// kernel family; the layouts are described above).
+enum class NibKind { Q4_1, Q4_0, Nib32 };
 
 // llama.cpp's hsum_float_8 over the 8 per-group lanes of one output element.
 inline float hsum8_llama(const float l[8]) {
@@ -84,6 +121,11 @@ uint16_t fp32_to_bf16(float f);
 
 inline int32_t load_i32(const void* p) {
   int32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+inline float load_f32(const void* p) {
+  float v;
   std::memcpy(&v, p, 4);
   return v;
 }

@@ -244,12 +244,13 @@ namespace kern {
 namespace {
 
 // Q8_0 / Q8_1 of one row into an ActView record, as llama.cpp's x86 quantize_row_q8_0/1.
-void quantize_q8_portable(const float* x, size_t cols, uint8_t* out, bool q8_1) {
+void quantize_q8_portable(const float* x, size_t cols, uint8_t* out) {
   const size_t nb = cols / kQK;
   int8_t* qs = reinterpret_cast<int8_t*>(out);
   float* dv = reinterpret_cast<float*>(out + nb * kQK);
-  float* sv = dv + nb;
-  int32_t* cv = reinterpret_cast<int32_t*>(out + nb * kQK + nb * 4);
+  float* s16 = dv + nb;
+  float* sx = dv + 2 * nb;
+  int32_t* cv = reinterpret_cast<int32_t*>(dv + 3 * nb);
   for (size_t b = 0; b < nb; ++b) {
     const float* xb = x + b * kQK;
     float amax = 0.0f;
@@ -265,30 +266,40 @@ void quantize_q8_portable(const float* x, size_t cols, uint8_t* out, bool q8_1) 
       group_sum[j / 4] += static_cast<int>(q);
     }
     dv[b] = fp16_round(d);
-    if (q8_1)
-      sv[b] = fp16_round(d * static_cast<float>(sum));
-    else
-      for (int g = 0; g < 8; ++g) cv[8 * b + g] = -128 * group_sum[g];
+    s16[b] = fp16_round(d * static_cast<float>(sum));
+    sx[b] = dv[b] * static_cast<float>(sum);
+    for (int g = 0; g < 8; ++g) cv[8 * b + g] = -128 * group_sum[g];
   }
 }
 
-void q4_1_tile_portable(const uint8_t* tile, size_t nb, const ActView& a, size_t r0, size_t nr, float* y,
-                        size_t y_stride, unsigned o_lo, unsigned o_hi) {
+// The scale and min of row o in one tile block, per layout (kernels_impl.h).
+inline float nib_d(NibKind k, const uint8_t* wb, unsigned o) {
+  return k == NibKind::Nib32 ? load_f32(wb + 256 + 4 * o) : fp16_to_fp32(load_u16(wb + 256 + 2 * o));
+}
+inline float nib_m(NibKind k, const uint8_t* wb, unsigned o) {
+  return k == NibKind::Nib32 ? load_f32(wb + 320 + 4 * o) : fp16_to_fp32(load_u16(wb + 288 + 2 * o));
+}
+
+template <NibKind K>
+void nib_tile_portable(const uint8_t* tile, size_t nb, const ActView& a, size_t r0, size_t nr, float* y,
+                       size_t y_stride, unsigned o_lo, unsigned o_hi) {
+  const size_t tb = K == NibKind::Nib32 ? kNib32TileBlock : kNib16TileBlock;
   for (size_t r = 0; r < nr; ++r) {
     const int8_t* xq = a.qs(r0 + r);
     const float* xd = a.d(r0 + r);
-    const float* xs = a.s(r0 + r);
+    const float* xs = K == NibKind::Q4_1 ? a.s16(r0 + r) : a.sx(r0 + r);
+    const int32_t* xc = a.corr(r0 + r);
     float lane[kTileRows][8] = {};
     float summ[kTileRows] = {};
     for (size_t b = 0; b < nb; ++b) {
-      const uint8_t* wb = tile + b * kQ4_1TileBlock;
+      const uint8_t* wb = tile + b * tb;
       const int8_t* q = xq + b * kQK;
       for (unsigned o = 0; o < kTileRows; ++o) {
-        const float dw = fp16_to_fp32(load_u16(wb + 256 + 2 * o));
-        const float mw = fp16_to_fp32(load_u16(wb + 288 + 2 * o));
-        const float dd = dw * xd[b];
+        const float dd = nib_d(K, wb, o) * xd[b];
         for (int g = 0; g < 4; ++g) {
-          int lo = 0, hi = 0;  // groups g (low nibbles) and g + 4 (high nibbles)
+          // Groups g (low nibbles) and g + 4 (high nibbles); Q4_0 starts at -8 sum(q).
+          int lo = K == NibKind::Q4_0 ? xc[8 * b + g] / 16 : 0;
+          int hi = K == NibKind::Q4_0 ? xc[8 * b + g + 4] / 16 : 0;
           for (int j = 0; j < 4; ++j) {
             const uint8_t v = wb[64 * g + 4 * o + j];
             lo += (v & 0xF) * q[4 * g + j];
@@ -297,39 +308,54 @@ void q4_1_tile_portable(const uint8_t* tile, size_t nb, const ActView& a, size_t
           lane[o][g] = std::fma(dd, static_cast<float>(lo), lane[o][g]);
           lane[o][g + 4] = std::fma(dd, static_cast<float>(hi), lane[o][g + 4]);
         }
-        summ[o] = std::fma(mw, xs[b], summ[o]);
+        if (K != NibKind::Q4_0) summ[o] = std::fma(nib_m(K, wb, o), xs[b], summ[o]);
       }
     }
-    for (unsigned o = o_lo; o < o_hi; ++o) y[r * y_stride + o] = hsum8_llama(lane[o]) + summ[o];
+    for (unsigned o = o_lo; o < o_hi; ++o)
+      y[r * y_stride + o] = K == NibKind::Q4_0 ? hsum8_llama(lane[o]) : hsum8_llama(lane[o]) + summ[o];
   }
 }
 
-void q8_0_tile_portable(const uint8_t* tile, size_t nb, const ActView& a, size_t r0, size_t nr, float* y,
+// Byte tiles: F32 = kByte32 (float d_lo/d_hi), else kByte16 (one fp16 d); Min adds m sx.
+template <bool F32, bool Min>
+void byte_tile_portable(const uint8_t* tile, size_t nb, const ActView& a, size_t r0, size_t nr, float* y,
                         size_t y_stride, unsigned o_lo, unsigned o_hi) {
+  const size_t tb = F32 ? byte32_tile_block(Min) : kByte16TileBlock;
   for (size_t r = 0; r < nr; ++r) {
     const int8_t* xq = a.qs(r0 + r);
     const float* xd = a.d(r0 + r);
+    const float* xs = a.sx(r0 + r);
     float lane[kTileRows][8] = {};
+    float summ[kTileRows] = {};
     for (size_t b = 0; b < nb; ++b) {
-      const uint8_t* wb = tile + b * kQ8_0TileBlock;
+      const uint8_t* wb = tile + b * tb;
       const int8_t* q = xq + b * kQK;
       for (unsigned o = 0; o < kTileRows; ++o) {
-        const float dd = fp16_to_fp32(load_u16(wb + 512 + 2 * o)) * xd[b];
+        const float dd_lo = (F32 ? load_f32(wb + 512 + 4 * o) : fp16_to_fp32(load_u16(wb + 512 + 2 * o))) * xd[b];
+        const float dd_hi = F32 ? load_f32(wb + 576 + 4 * o) * xd[b] : dd_lo;
         for (int g = 0; g < 8; ++g) {
           int sumi = 0;
           for (int j = 0; j < 4; ++j) sumi += (static_cast<int>(wb[64 * g + 4 * o + j]) - 128) * q[4 * g + j];
-          lane[o][g] = std::fma(dd, static_cast<float>(sumi), lane[o][g]);
+          lane[o][g] = std::fma(g < 4 ? dd_lo : dd_hi, static_cast<float>(sumi), lane[o][g]);
         }
+        if (Min) summ[o] = std::fma(load_f32(wb + 640 + 4 * o), xs[b], summ[o]);
       }
     }
-    for (unsigned o = o_lo; o < o_hi; ++o) y[r * y_stride + o] = hsum8_llama(lane[o]);
+    for (unsigned o = o_lo; o < o_hi; ++o)
+      y[r * y_stride + o] = Min ? hsum8_llama(lane[o]) + summ[o] : hsum8_llama(lane[o]);
   }
 }
 
 }  // namespace
 
 const IsaKernels& portable_kernels() {
-  static const IsaKernels k{quantize_q8_portable, q4_1_tile_portable, q8_0_tile_portable};
+  static const IsaKernels k{quantize_q8_portable,
+                            nib_tile_portable<NibKind::Q4_1>,
+                            nib_tile_portable<NibKind::Q4_0>,
+                            nib_tile_portable<NibKind::Nib32>,
+                            byte_tile_portable<false, false>,
+                            byte_tile_portable<true, false>,
+                            byte_tile_portable<true, true>};
   return k;
 }
 
@@ -409,7 +435,7 @@ float dot_q4_1(const uint8_t* w, const ActView& a, size_t nb) {
       lane[g] = std::fma(dd, static_cast<float>(lo), lane[g]);
       lane[g + 4] = std::fma(dd, static_cast<float>(hi), lane[g + 4]);
     }
-    summ = std::fma(h2f(w + 2), a.s(0)[b], summ);
+    summ = std::fma(h2f(w + 2), a.s16(0)[b], summ);
   }
   return hsum8_llama(lane) + summ;
 }
@@ -443,7 +469,7 @@ float dot_q5_1(const uint8_t* w, const ActView& a, size_t nb) {
       const int h0 = ((qh >> j) << 4) & 0x10, h1 = (qh >> (j + 12)) & 0x10;
       sumi += ((qs[j] & 0xF) | h0) * q[j] + ((qs[j] >> 4) | h1) * q[j + 16];
     }
-    acc += static_cast<float>(sumi) * (h2f(w) * a.d(0)[b]) + h2f(w + 2) * a.s(0)[b];
+    acc += static_cast<float>(sumi) * (h2f(w) * a.d(0)[b]) + h2f(w + 2) * a.s16(0)[b];
   }
   return acc;
 }
@@ -573,10 +599,9 @@ size_t generic_act_row_bytes(uint32_t weight_type, size_t cols) {
 
 void generic_quantize_row(uint32_t weight_type, const float* x, size_t cols, uint8_t* out) {
   switch (static_cast<GgmlType>(weight_type)) {
-    case GgmlType::Q4_0: case GgmlType::Q5_0: case GgmlType::Q8_0:
-      quantize_q8_portable(x, cols, out, false);
+    case GgmlType::Q4_0: case GgmlType::Q5_0: case GgmlType::Q8_0: case GgmlType::Q4_1: case GgmlType::Q5_1:
+      quantize_q8_portable(x, cols, out);
       return;
-    case GgmlType::Q4_1: case GgmlType::Q5_1: quantize_q8_portable(x, cols, out, true); return;
     case GgmlType::Q4_K: case GgmlType::Q5_K: case GgmlType::Q6_K: quantize_q8_k(x, cols, out); return;
     case GgmlType::F16:
       for (size_t i = 0; i < cols; ++i) {

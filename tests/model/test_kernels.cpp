@@ -254,38 +254,36 @@ TEST(Quantize, Q8MatchesLlamaCppRuleOnEveryIsa) {
   for (size_t i = 0; i < 32; ++i) x[i] = 0.0f;                     // an all-zero block
   for (size_t i = 32; i < 64; ++i) x[i] = (static_cast<float>(i) - 48.0f) * 0.5f;  // ties
   std::vector<uint8_t> want(kern::act_row_stride(nb)), got(want.size());
-  for (bool q8_1 : {false, true}) {
-    // Reference by the rule: id = 127/amax, q = round-half-even(x*id), d = fp16(amax/127).
-    int8_t* wq = reinterpret_cast<int8_t*>(want.data());
-    for (size_t b = 0; b < nb; ++b) {
-      float amax = 0;
-      for (size_t j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(x[b * 32 + j]));
-      const float id = amax != 0 ? 127.0f / amax : 0.0f;
-      int sum = 0, group_sum[8] = {};
-      for (size_t j = 0; j < 32; ++j) {
-        wq[b * 32 + j] = static_cast<int8_t>(std::nearbyint(x[b * 32 + j] * id));
-        sum += wq[b * 32 + j];
-        group_sum[j / 4] += wq[b * 32 + j];
-      }
-      const float d = amax / 127.0f;
-      float* dv = reinterpret_cast<float*>(want.data() + nb * 32);
-      dv[b] = fp16_to_fp32(fp32_to_fp16(d));
-      if (q8_1)
-        dv[nb + b] = fp16_to_fp32(fp32_to_fp16(d * static_cast<float>(sum)));
-      else
-        for (int g = 0; g < 8; ++g) reinterpret_cast<int32_t*>(dv + nb)[8 * b + g] = -128 * group_sum[g];
+  // Reference by the rule: id = 127/amax, q = round-half-even(x*id), d = fp16(amax/127);
+  // s16 = fp16(d_unrounded * sum q) (llama.cpp's Q8_1 s), sx = d * sum q, corr = -128 * group sums.
+  int8_t* wq = reinterpret_cast<int8_t*>(want.data());
+  float* dv = reinterpret_cast<float*>(want.data() + nb * 32);
+  for (size_t b = 0; b < nb; ++b) {
+    float amax = 0;
+    for (size_t j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(x[b * 32 + j]));
+    const float id = amax != 0 ? 127.0f / amax : 0.0f;
+    int sum = 0, group_sum[8] = {};
+    for (size_t j = 0; j < 32; ++j) {
+      wq[b * 32 + j] = static_cast<int8_t>(std::nearbyint(x[b * 32 + j] * id));
+      sum += wq[b * 32 + j];
+      group_sum[j / 4] += wq[b * 32 + j];
     }
-    EXPECT_EQ(wq[32 + 1], -std::lround(127.0f * 15.0f / 16.0f));
-    for (Isa isa : {Isa::Portable, Isa::Avx2, Isa::Avx512}) {
-      if (isa > detect_isa()) continue;
-      const auto& k = isa == Isa::Avx512 ? kern::avx512_kernels()
-                      : isa == Isa::Avx2 ? kern::avx2_kernels()
-                                         : kern::portable_kernels();
-      std::fill(got.begin(), got.end(), 0);
-      k.quantize_q8(x.data(), cols, got.data(), q8_1);
-      const size_t record = nb * 36 + nb * (q8_1 ? 4 : 32);  // qs, d, then s or the 8 corrections
-      EXPECT_EQ(0, std::memcmp(want.data(), got.data(), record)) << isa_name(isa) << " q8_1=" << q8_1;
-    }
+    const float d = amax / 127.0f;
+    dv[b] = fp16_to_fp32(fp32_to_fp16(d));
+    dv[nb + b] = fp16_to_fp32(fp32_to_fp16(d * static_cast<float>(sum)));
+    dv[2 * nb + b] = dv[b] * static_cast<float>(sum);
+    for (int g = 0; g < 8; ++g) reinterpret_cast<int32_t*>(dv + 3 * nb)[8 * b + g] = -128 * group_sum[g];
+  }
+  EXPECT_EQ(wq[32 + 1], -std::lround(127.0f * 15.0f / 16.0f));
+  for (Isa isa : {Isa::Portable, Isa::Avx2, Isa::Avx512}) {
+    if (isa > detect_isa()) continue;
+    const auto& k = isa == Isa::Avx512 ? kern::avx512_kernels()
+                    : isa == Isa::Avx2 ? kern::avx2_kernels()
+                                       : kern::portable_kernels();
+    std::fill(got.begin(), got.end(), 0);
+    k.quantize_q8(x.data(), cols, got.data());
+    const size_t record = nb * (32 + 12 + 32);  // qs, d, s16, sx, the 8 corrections
+    EXPECT_EQ(0, std::memcmp(want.data(), got.data(), record)) << isa_name(isa);
   }
 }
 
@@ -306,12 +304,17 @@ std::vector<float> random_acts(size_t n, size_t cols, std::mt19937& rng) {
   return x;
 }
 
-// The activations as the kernel sees them: quantized then dequantized (double).
-std::vector<double> requantized_acts(GgmlType t, const float* x, size_t cols) {
-  std::vector<uint8_t> rec(kern::generic_act_row_bytes(static_cast<uint32_t>(t), cols));
-  kern::generic_quantize_row(static_cast<uint32_t>(t), x, cols, rec.data());
+bool repacked(GgmlType t) { return kern::tile_layout_for(static_cast<uint32_t>(t)) != kern::TileLayout::None; }
+
+// The activations as the kernel sees them: quantized then dequantized (double). Repacked
+// types (WeightMatrix) quantize them per 32 elements (Q8_0's rule) whatever the weight
+// type; the generic vec-dot path uses the type's own vec-dot type (Q8_K for K-quants).
+std::vector<double> requantized_acts(GgmlType t, const float* x, size_t cols, bool generic_path = false) {
+  const GgmlType act_as = !generic_path && repacked(t) ? GgmlType::Q8_0 : t;
+  std::vector<uint8_t> rec(kern::generic_act_row_bytes(static_cast<uint32_t>(act_as), cols));
+  kern::generic_quantize_row(static_cast<uint32_t>(act_as), x, cols, rec.data());
   std::vector<double> out(cols);
-  switch (t) {
+  switch (act_as) {
     case GgmlType::Q4_0: case GgmlType::Q4_1: case GgmlType::Q5_0: case GgmlType::Q5_1:
     case GgmlType::Q8_0: {
       const kern::ActView a{rec.data(), 0, cols / 32};
@@ -339,7 +342,8 @@ std::vector<double> requantized_acts(GgmlType t, const float* x, size_t cols) {
 // Checks one product against double references: tight against the quantized
 // activations, loose against the original ones.
 void check_product(GgmlType t, const std::vector<uint8_t>& wdata, size_t rows, size_t cols,
-                   const std::vector<float>& x, size_t n, const std::vector<float>& y, const char* label) {
+                   const std::vector<float>& x, size_t n, const std::vector<float>& y, const char* label,
+                   bool generic_path = false) {
   std::vector<float> wrow(cols);
   const size_t rb = ggml_row_bytes(t, cols);
   for (size_t o = 0; o < rows; ++o) {
@@ -349,7 +353,7 @@ void check_product(GgmlType t, const std::vector<uint8_t>& wdata, size_t rows, s
     wnorm = std::sqrt(wnorm);
     for (size_t r = 0; r < n; ++r) {
       const float* xr = x.data() + r * cols;
-      const auto xq = requantized_acts(t, xr, cols);
+      const auto xq = requantized_acts(t, xr, cols, generic_path);
       double exact_q = 0, exact = 0, mag = 0, xnorm = 0;
       for (size_t k = 0; k < cols; ++k) {
         exact_q += wrow[k] * xq[k];
@@ -360,9 +364,10 @@ void check_product(GgmlType t, const std::vector<uint8_t>& wdata, size_t rows, s
       xnorm = std::sqrt(xnorm);
       const double got = y[r * rows + o];
       // Float rounding only, except that Q8_1's s = fp16(d * sum q) carries a relative
-      // 2^-11 rounding, and K-quants subtract two float terms that may nearly cancel.
-      const bool has_min = t == GgmlType::Q4_1 || t == GgmlType::Q5_1;
-      const bool k_quant = t == GgmlType::Q4_K || t == GgmlType::Q5_K || t == GgmlType::Q6_K;
+      // 2^-11 rounding (Q4_1 repacked, Q4_1/Q5_1 generic), and K-quants and Q5_1 subtract
+      // two float terms that may nearly cancel.
+      const bool has_min = t == GgmlType::Q4_1 || (t == GgmlType::Q5_1 && generic_path);
+      const bool k_quant = t == GgmlType::Q4_K || t == GgmlType::Q5_K || t == GgmlType::Q6_K || t == GgmlType::Q5_1;
       const double rel = has_min ? 1e-3 : k_quant ? 1e-4 : 1e-5;
       ASSERT_NEAR(got, exact_q, rel * mag + 1e-6) << label << " o=" << o << " r=" << r;
       ASSERT_NEAR(got, exact, 0.03 * wnorm * xnorm + 1e-6) << label << " o=" << o << " r=" << r;
@@ -410,6 +415,27 @@ TEST(Multiply, EveryTypeMatchesDoubleReference) {
   }
 }
 
+// The generic vec-dot path (the reference kernels, one row at a time, each type with its
+// own vec-dot activation type as llama.cpp) against the same double reference.
+TEST(Multiply, GenericDotMatchesDoubleReference) {
+  std::mt19937 rng(16);
+  for (GgmlType t : {GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0, GgmlType::Q4_K,
+                     GgmlType::Q5_K, GgmlType::Q6_K}) {
+    const size_t rows = 9, cols = 512, n = 3;
+    const auto w = random_blocks(t, rows * cols / ggml_type_info(t).block_elems, rng, false);
+    const auto x = random_acts(n, cols, rng);
+    const auto tid = static_cast<uint32_t>(t);
+    std::vector<float> y(n * rows);
+    std::vector<uint8_t> rec(kern::generic_act_row_bytes(tid, cols));
+    for (size_t r = 0; r < n; ++r) {
+      kern::generic_quantize_row(tid, &x[r * cols], cols, rec.data());
+      for (size_t o = 0; o < rows; ++o)
+        y[r * rows + o] = kern::generic_dot(tid, w.data() + o * ggml_row_bytes(t, cols), rec.data(), cols);
+    }
+    check_product(t, w, rows, cols, x, n, y, (std::string(ggml_type_name(t)) + " generic").c_str(), true);
+  }
+}
+
 TEST(Multiply, ExtremeScalesStayAccurate) {
   std::mt19937 rng(12);
   ThreadPool pool(1);
@@ -432,9 +458,11 @@ TEST(Multiply, ExtremeScalesStayAccurate) {
 TEST(Multiply, RepackedBitIdenticalAcrossIsasThreadsAndRanges) {
   std::mt19937 rng(13);
   ThreadPool pool1(1), pool2(2), pool3(3);
-  for (GgmlType t : {GgmlType::Q4_1, GgmlType::Q8_0}) {
-    for (const auto& [rows, cols] : {std::pair<size_t, size_t>{200, 576}, {1536, 576}, {192, 1536}}) {
-      const auto w = random_blocks(t, rows * cols / 32, rng, false);
+  for (GgmlType t : {GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q4_K,
+                     GgmlType::Q5_K, GgmlType::Q6_K}) {
+    for (const auto& [rows, cols] : {std::pair<size_t, size_t>{200, 768}, {1536, 512}, {192, 1536}}) {
+      if (rows == 1536 && t != GgmlType::Q4_1 && t != GgmlType::Q8_0) continue;  // keep ASan time sane
+      const auto w = random_blocks(t, rows * cols / ggml_type_info(t).block_elems, rng, false);
       WeightMatrix m(t, w.data(), rows, cols);
       for (size_t n : {1, 3, 17, 100}) {
         const size_t x_stride = cols + 5, y_stride = rows + 3;
@@ -485,22 +513,33 @@ float llama_order_dot(GgmlType t, const uint8_t* w_row, const float* x, size_t c
   std::vector<uint8_t> rec(kern::generic_act_row_bytes(static_cast<uint32_t>(t), cols));
   kern::generic_quantize_row(static_cast<uint32_t>(t), x, cols, rec.data());
   const kern::ActView a{rec.data(), 0, cols / 32};
+  const size_t block_bytes = ggml_type_info(t).block_bytes;
   float lane[8] = {}, summ = 0.0f;
   for (size_t b = 0; b < cols / 32; ++b) {
-    const uint8_t* blk = w_row + b * (q4 ? 20 : 34);
+    const uint8_t* blk = w_row + b * block_bytes;
     uint16_t dh, mh;
     std::memcpy(&dh, blk, 2);
     std::memcpy(&mh, blk + 2, 2);
+    uint32_t qh;
+    std::memcpy(&qh, blk + 2, 4);
     int wq[32];
-    for (int j = 0; j < 32; ++j)
-      wq[j] = q4 ? (j < 16 ? blk[4 + j] & 0xF : blk[4 + j - 16] >> 4) : static_cast<int8_t>(blk[2 + j]);
+    for (int j = 0; j < 32; ++j) {
+      switch (t) {
+        case GgmlType::Q4_1: wq[j] = j < 16 ? blk[4 + j] & 0xF : blk[4 + j - 16] >> 4; break;
+        case GgmlType::Q4_0: wq[j] = (j < 16 ? blk[2 + j] & 0xF : blk[2 + j - 16] >> 4) - 8; break;
+        case GgmlType::Q5_0:
+          wq[j] = ((j < 16 ? blk[6 + j] & 0xF : blk[6 + j - 16] >> 4) | (((qh >> j) & 1) << 4)) - 16;
+          break;
+        default: wq[j] = static_cast<int8_t>(blk[2 + j]); break;  // Q8_0
+      }
+    }
     const float dd = fp16_to_fp32(dh) * a.d(0)[b];
     for (int g = 0; g < 8; ++g) {
       int isum = 0;
       for (int j = 4 * g; j < 4 * g + 4; ++j) isum += wq[j] * a.qs(0)[32 * b + j];
       lane[g] = std::fma(dd, static_cast<float>(isum), lane[g]);
     }
-    if (q4) summ = std::fma(fp16_to_fp32(mh), a.s(0)[b], summ);
+    if (q4) summ = std::fma(fp16_to_fp32(mh), a.s16(0)[b], summ);
   }
   const float h4[4] = {lane[0] + lane[4], lane[1] + lane[5], lane[2] + lane[6], lane[3] + lane[7]};
   const float total = (h4[0] + h4[2]) + (h4[1] + h4[3]);
@@ -510,7 +549,7 @@ float llama_order_dot(GgmlType t, const uint8_t* w_row, const float* x, size_t c
 TEST(Multiply, RepackedFollowsLlamaCppOrderExactly) {
   std::mt19937 rng(15);
   ThreadPool pool(2);
-  for (GgmlType t : {GgmlType::Q4_1, GgmlType::Q8_0}) {
+  for (GgmlType t : {GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q5_0}) {
     const size_t rows = 37, cols = 576;
     const auto w = random_blocks(t, rows * cols / 32, rng, false);
     WeightMatrix m(t, w.data(), rows, cols);
@@ -528,6 +567,7 @@ TEST(Multiply, RepackedFollowsLlamaCppOrderExactly) {
           ASSERT_EQ(std::bit_cast<uint32_t>(y[i]), std::bit_cast<uint32_t>(want[i]))
               << ggml_type_name(t) << " " << isa_name(isa) << " n=" << n << " at " << i;
       }
+      if (t != GgmlType::Q4_1 && t != GgmlType::Q8_0) continue;
       // The plain (non-repacked) dot of the same weight type agrees as well.
       std::vector<uint8_t> rec(kern::generic_act_row_bytes(static_cast<uint32_t>(t), cols));
       kern::generic_quantize_row(static_cast<uint32_t>(t), x.data(), cols, rec.data());
@@ -543,8 +583,8 @@ TEST(Multiply, GenericPathIsThreadCountInvariant) {
   std::mt19937 rng(14);
   ThreadPool pool1(1), pool3(3);
   const size_t rows = 70, cols = 512, n = 9;
-  const auto w = random_blocks(GgmlType::Q4_K, rows * cols / 256, rng, false);
-  WeightMatrix m(GgmlType::Q4_K, w.data(), rows, cols);
+  const auto w = random_blocks(GgmlType::F16, rows * cols, rng, false);
+  WeightMatrix m(GgmlType::F16, w.data(), rows, cols);
   const auto x = random_acts(n, cols, rng);
   std::vector<float> y1(n * rows), y3(n * rows);
   m.multiply(x.data(), n, cols, y1.data(), rows, pool1);

@@ -1,0 +1,247 @@
+// Repacking every block-quantized weight type into the tile layouts of kernels_impl.h.
+// Each file block is first decoded into one neutral form per 32 elements (stored integer
+// values and their scales), read off the reference dequantizers in kernels_ref.cpp, then
+// written into the tile of its 16 output rows. The values are kept exactly: 4-bit types
+// stay 4-bit, 5/6/8-bit types become bytes, and the K-quants' scales become the float
+// products d * sc (exact: an fp16 times a 6- or 8-bit integer).
+#include <cstring>
+#include <stdexcept>
+#include <string>
+
+#include "model/ggml_type.h"
+#include "model/kernels.h"
+#include "model/kernels_impl.h"
+
+namespace cf::kern {
+namespace {
+
+// One 32-element block of one row in neutral form: u[j] is the stored value (0..15 for
+// nibble layouts; q + 128 for byte layouts), and the scales as the layout stores them.
+struct Block32 {
+  uint8_t u[32];
+  uint16_t d16 = 0, m16 = 0;       // Nib16 / Byte16: the file's fp16 bits
+  float d_lo = 0, d_hi = 0, m = 0;  // Nib32 / Byte32: d (per half for Q6_K) and min
+};
+
+inline float h2f(const uint8_t* p) { return fp16_to_fp32(load_u16(p)); }
+
+// 6-bit scale and min j (of 8) from the 12 packed bytes of Q4_K / Q5_K.
+inline void k_scale_min(int j, const uint8_t* q, uint8_t& sc, uint8_t& m) {
+  if (j < 4) {
+    sc = q[j] & 63;
+    m = q[j + 4] & 63;
+  } else {
+    sc = static_cast<uint8_t>((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4));
+    m = static_cast<uint8_t>((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
+  }
+}
+
+// 5-bit value j of a Q5_0/Q5_1 block: low nibble from qs, fifth bit from qh.
+inline int q5_value(const uint8_t* qs, uint32_t qh, int j) {
+  return j < 16 ? ((qs[j] & 0xF) | (((qh >> j) & 1) << 4)) : ((qs[j - 16] >> 4) | (((qh >> j) & 1) << 4));
+}
+
+// Block b (32 elements) of a row of `type` starting at `row`.
+void decode_block(GgmlType type, const uint8_t* row, size_t b, Block32& out) {
+  switch (type) {
+    case GgmlType::Q4_0: case GgmlType::Q4_1: {
+      const bool q41 = type == GgmlType::Q4_1;
+      const uint8_t* blk = row + b * (q41 ? 20 : 18);
+      const uint8_t* qs = blk + (q41 ? 4 : 2);
+      for (int j = 0; j < 16; ++j) {
+        out.u[j] = qs[j] & 0xF;
+        out.u[j + 16] = qs[j] >> 4;
+      }
+      out.d16 = load_u16(blk);
+      out.m16 = q41 ? load_u16(blk + 2) : 0;
+      return;
+    }
+    case GgmlType::Q8_0: {
+      const uint8_t* blk = row + b * 34;
+      for (int j = 0; j < 32; ++j) out.u[j] = static_cast<uint8_t>(blk[2 + j] ^ 0x80);
+      out.d16 = load_u16(blk);
+      return;
+    }
+    case GgmlType::Q5_0: {  // w = d (q - 16): u = q - 16 + 128
+      const uint8_t* blk = row + b * 22;
+      uint32_t qh;
+      std::memcpy(&qh, blk + 2, 4);
+      for (int j = 0; j < 32; ++j) out.u[j] = static_cast<uint8_t>(q5_value(blk + 6, qh, j) + 112);
+      out.d16 = load_u16(blk);
+      return;
+    }
+    case GgmlType::Q5_1: {  // w = d q + m
+      const uint8_t* blk = row + b * 24;
+      uint32_t qh;
+      std::memcpy(&qh, blk + 4, 4);
+      for (int j = 0; j < 32; ++j) out.u[j] = static_cast<uint8_t>(q5_value(blk + 8, qh, j) + 128);
+      out.d_lo = out.d_hi = h2f(blk);
+      out.m = h2f(blk + 2);
+      return;
+    }
+    case GgmlType::Q4_K: {  // sub-block j of 8: w = (d sc_j) q - dmin m_j
+      const uint8_t* blk = row + (b / 8) * 144;
+      const int j = static_cast<int>(b % 8);
+      const uint8_t* qs = blk + 16 + 32 * (j / 2);
+      for (int l = 0; l < 32; ++l) out.u[l] = (j & 1) ? qs[l] >> 4 : qs[l] & 0xF;
+      uint8_t sc, mn;
+      k_scale_min(j, blk + 4, sc, mn);
+      out.d_lo = out.d_hi = h2f(blk) * sc;
+      out.m = -(h2f(blk + 2) * mn);
+      return;
+    }
+    case GgmlType::Q5_K: {
+      const uint8_t* blk = row + (b / 8) * 176;
+      const int j = static_cast<int>(b % 8), c = j / 2;
+      const uint8_t* qh = blk + 16;
+      const uint8_t* ql = blk + 48 + 32 * c;
+      const uint8_t bit = static_cast<uint8_t>((j & 1 ? 2 : 1) << (2 * c));
+      for (int l = 0; l < 32; ++l)
+        out.u[l] = static_cast<uint8_t>(((j & 1) ? ql[l] >> 4 : ql[l] & 0xF) + (qh[l] & bit ? 16 : 0) + 128);
+      uint8_t sc, mn;
+      k_scale_min(j, blk + 4, sc, mn);
+      out.d_lo = out.d_hi = h2f(blk) * sc;
+      out.m = -(h2f(blk + 2) * mn);
+      return;
+    }
+    case GgmlType::Q6_K: {  // 16-element sub-blocks with int8 scales: w = (d sc) (q - 32)
+      const uint8_t* blk = row + (b / 8) * 210;
+      const int j = static_cast<int>(b % 8), half = j / 4, quarter = j % 4;
+      const uint8_t* ql = blk + 64 * half + (quarter & 1 ? 32 : 0);
+      const uint8_t* qh = blk + 128 + 32 * half;
+      const int8_t* sc = reinterpret_cast<const int8_t*>(blk + 192) + 8 * half;
+      const int shift = 2 * quarter;
+      for (int l = 0; l < 32; ++l) {
+        const int low = quarter < 2 ? ql[l] & 0xF : ql[l] >> 4;
+        out.u[l] = static_cast<uint8_t>((low | (((qh[l] >> shift) & 3) << 4)) + 96);
+      }
+      const float d = h2f(blk + 208);
+      out.d_lo = d * sc[2 * quarter];
+      out.d_hi = d * sc[2 * quarter + 1];
+      return;
+    }
+    default: throw std::invalid_argument("repack: no tile layout for " + std::string(ggml_type_name(type)));
+  }
+}
+
+inline void store_f32(uint8_t* p, float v) { std::memcpy(p, &v, 4); }
+
+// Writes `blk` as lane o of the tile block at dst.
+void pack_block(TileLayout layout, const Block32& blk, unsigned o, uint8_t* dst) {
+  switch (layout) {
+    case TileLayout::Nib16: case TileLayout::Nib32:
+      for (int g = 0; g < 4; ++g)
+        for (int j = 0; j < 4; ++j)
+          dst[64 * g + 4 * o + j] = static_cast<uint8_t>(blk.u[4 * g + j] | (blk.u[16 + 4 * g + j] << 4));
+      if (layout == TileLayout::Nib16) {
+        std::memcpy(dst + 256 + 2 * o, &blk.d16, 2);
+        std::memcpy(dst + 288 + 2 * o, &blk.m16, 2);
+      } else {
+        store_f32(dst + 256 + 4 * o, blk.d_lo);
+        store_f32(dst + 320 + 4 * o, blk.m);
+      }
+      return;
+    case TileLayout::Byte16: case TileLayout::Byte32: case TileLayout::Byte32Min:
+      for (int g = 0; g < 8; ++g) std::memcpy(dst + 64 * g + 4 * o, blk.u + 4 * g, 4);
+      if (layout == TileLayout::Byte16) {
+        std::memcpy(dst + 512 + 2 * o, &blk.d16, 2);
+      } else {
+        store_f32(dst + 512 + 4 * o, blk.d_lo);
+        store_f32(dst + 576 + 4 * o, blk.d_hi);
+        if (layout == TileLayout::Byte32Min) store_f32(dst + 640 + 4 * o, blk.m);
+      }
+      return;
+    case TileLayout::None: break;
+  }
+  throw std::logic_error("pack_block: no layout");
+}
+
+}  // namespace
+
+TileLayout tile_layout_for(uint32_t weight_type) {
+  switch (static_cast<GgmlType>(weight_type)) {
+    case GgmlType::Q4_0: case GgmlType::Q4_1: return TileLayout::Nib16;
+    case GgmlType::Q4_K: return TileLayout::Nib32;
+    case GgmlType::Q8_0: case GgmlType::Q5_0: return TileLayout::Byte16;
+    case GgmlType::Q6_K: return TileLayout::Byte32;
+    case GgmlType::Q5_K: case GgmlType::Q5_1: return TileLayout::Byte32Min;
+    default: return TileLayout::None;
+  }
+}
+
+size_t tile_block_bytes(TileLayout layout) {
+  switch (layout) {
+    case TileLayout::Nib16: return kNib16TileBlock;
+    case TileLayout::Nib32: return kNib32TileBlock;
+    case TileLayout::Byte16: return kByte16TileBlock;
+    case TileLayout::Byte32: return byte32_tile_block(false);
+    case TileLayout::Byte32Min: return byte32_tile_block(true);
+    case TileLayout::None: break;
+  }
+  return 0;
+}
+
+void repack_matrix(uint32_t weight_type, const uint8_t* data, size_t rows, size_t cols, uint8_t* packed) {
+  const auto type = static_cast<GgmlType>(weight_type);
+  const TileLayout layout = tile_layout_for(weight_type);
+  const size_t tb = tile_block_bytes(layout), nb = cols / kQK;
+  const size_t n_tiles = (rows + kTileRows - 1) / kTileRows;
+  const size_t row_bytes = ggml_row_bytes(type, cols);
+  std::memset(packed, 0, n_tiles * nb * tb);  // padding rows: zero scales, so zero output
+  Block32 blk;
+  for (size_t o = 0; o < rows; ++o) {
+    const size_t t = o / kTileRows;
+    const auto lane = static_cast<unsigned>(o % kTileRows);
+    for (size_t b = 0; b < nb; ++b) {
+      decode_block(type, data + o * row_bytes, b, blk);
+      pack_block(layout, blk, lane, packed + (t * nb + b) * tb);
+    }
+  }
+}
+
+void dequantize_packed_row(uint32_t weight_type, const uint8_t* packed, size_t cols, size_t o, float* dst) {
+  const auto type = static_cast<GgmlType>(weight_type);
+  const TileLayout layout = tile_layout_for(weight_type);
+  const size_t tb = tile_block_bytes(layout), nb = cols / kQK;
+  const unsigned lane = static_cast<unsigned>(o % kTileRows);
+  const uint8_t* tile = packed + (o / kTileRows) * nb * tb;
+  for (size_t b = 0; b < nb; ++b) {
+    const uint8_t* src = tile + b * tb;
+    float* y = dst + b * kQK;
+    // The same float operations as kernels_ref.cpp's dequantizers, on the same values.
+    if (layout == TileLayout::Nib16 || layout == TileLayout::Nib32) {
+      for (int g = 0; g < 4; ++g)
+        for (int j = 0; j < 4; ++j) {
+          const uint8_t v = src[64 * g + 4 * lane + j];
+          const int e = 4 * g + j;
+          if (type == GgmlType::Q4_0) {
+            const float d = h2f(src + 256 + 2 * lane);
+            y[e] = static_cast<float>((v & 0xF) - 8) * d;
+            y[e + 16] = static_cast<float>((v >> 4) - 8) * d;
+          } else if (type == GgmlType::Q4_1) {
+            const float d = h2f(src + 256 + 2 * lane), m = h2f(src + 288 + 2 * lane);
+            y[e] = static_cast<float>(v & 0xF) * d + m;
+            y[e + 16] = static_cast<float>(v >> 4) * d + m;
+          } else {  // Q4_K: d1 * q - m1 with m = -m1
+            const float d = load_f32(src + 256 + 4 * lane), m = load_f32(src + 320 + 4 * lane);
+            y[e] = d * static_cast<float>(v & 0xF) - (-m);
+            y[e + 16] = d * static_cast<float>(v >> 4) - (-m);
+          }
+        }
+    } else {
+      for (int e = 0; e < 32; ++e) {
+        const int q = static_cast<int>(src[64 * (e / 4) + 4 * lane + e % 4]) - 128;
+        if (layout == TileLayout::Byte16) {
+          y[e] = static_cast<float>(q) * h2f(src + 512 + 2 * lane);
+        } else {
+          const float d = load_f32(src + (e < 16 ? 512 : 576) + 4 * lane);
+          if (type == GgmlType::Q6_K) y[e] = d * static_cast<float>(q);
+          else if (type == GgmlType::Q5_K) y[e] = d * static_cast<float>(q) - (-load_f32(src + 640 + 4 * lane));
+          else y[e] = static_cast<float>(q) * d + load_f32(src + 640 + 4 * lane);  // Q5_1
+        }
+      }
+    }
+  }
+}
+
+}  // namespace cf::kern
