@@ -153,7 +153,10 @@ kern::TileKernelFn tile_kernel(const kern::IsaKernels& k, GgmlType t) {
     case GgmlType::Q4_K: return k.nib32;
     case GgmlType::Q8_0: case GgmlType::Q5_0: return k.q8_0;
     case GgmlType::Q6_K: return k.byte32;
-    case GgmlType::Q5_K: case GgmlType::Q5_1: return k.byte32_min;
+    case GgmlType::Q5_K: return k.byte32_min;
+    case GgmlType::Q5_1: return k.q5_1;
+    case GgmlType::F16: return k.f16;
+    case GgmlType::BF16: return k.bf16;
     default: break;
   }
   throw std::logic_error("tile_kernel: " + std::string(ggml_type_name(t)) + " is not repacked");
@@ -185,7 +188,7 @@ WeightMatrix::WeightMatrix(GgmlType type, const uint8_t* data, size_t rows, size
   Impl& m = *impl_;
   m.row_bytes = ggml_row_bytes(type, cols);  // throws when cols is not whole blocks
   const uint32_t tid = static_cast<uint32_t>(type);
-  m.layout = kern::tile_layout_for(tid);
+  m.layout = kern::tile_layout_for(tid, cols);
   if (m.layout != kern::TileLayout::None) {
     m.nb = cols / kern::kQK;
     m.n_tiles = (rows + kern::kTileRows - 1) / kern::kTileRows;
@@ -249,10 +252,16 @@ void WeightMatrix::multiply_rows(const float* x, size_t n, size_t x_stride, floa
 
   const kern::IsaKernels& k = kernels_for(active_isa());
   const kern::TileKernelFn tile_fn = tile_kernel(k, type_);
-  const size_t stride = kern::act_row_stride(m.nb);
+  const bool half = m.layout == kern::TileLayout::Half;
+  const size_t stride = half ? kern::float_act_row_stride(m.nb) : kern::act_row_stride(m.nb);
   uint8_t* acts = act_scratch(stride * n);
   auto quantize = [&](size_t b, size_t e, size_t) {
-    for (size_t r = b; r < e; ++r) k.quantize_q8(x + r * x_stride, cols_, acts + r * stride);
+    for (size_t r = b; r < e; ++r) {
+      if (half)
+        kern::round_act_row(tid, x + r * x_stride, cols_, reinterpret_cast<float*>(acts + r * stride));
+      else
+        k.quantize_q8(x + r * x_stride, cols_, acts + r * stride);
+    }
   };
   if (parallel && n >= 16)
     pool.parallel_range(n, quantize, 1);

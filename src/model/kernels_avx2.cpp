@@ -126,11 +126,11 @@ void nib_half(const uint8_t* tile, size_t nb, const ActView& a, size_t r0, int h
 }
 
 // Byte tiles: F32 = kByte32 (float d_lo for groups 0..3, d_hi for 4..7), else kByte16;
-// Min adds m * sx per block. Without VNNI: |w| x sign(x, w) so int16 pair sums cannot
+// Min adds m * sx (or m * s16) per block. Without VNNI: |w| x sign(x, w) so int16 pair sums cannot
 // saturate.
-template <bool F32, bool Min, int R>
+template <bool F32, MinSum Min, int R>
 void byte_half(const uint8_t* tile, size_t nb, const ActView& a, size_t r0, int h, float* out) {
-  constexpr size_t kTb = F32 ? byte32_tile_block(Min) : kByte16TileBlock;
+  constexpr size_t kTb = F32 ? byte32_tile_block(Min != MinSum::None) : kByte16TileBlock;
   __m256 acc[R][8];
   for (int r = 0; r < R; ++r)
     for (int g = 0; g < 8; ++g) acc[r][g] = _mm256_setzero_ps();
@@ -155,8 +155,8 @@ void byte_half(const uint8_t* tile, size_t nb, const ActView& a, size_t r0, int 
   }
   for (int r = 0; r < R; ++r) {
     __m256 res = hsum8_lanes(acc[r]);
-    if constexpr (Min) {
-      const float* xs = a.sx(r0 + r);
+    if constexpr (Min != MinSum::None) {
+      const float* xs = Min == MinSum::Fp16 ? a.s16(r0 + r) : a.sx(r0 + r);
       __m256 summ = _mm256_setzero_ps();
       for (size_t b = 0; b < nb; ++b)
         summ = _mm256_fmadd_ps(load8_scales(tile + b * kTb + 640 + 32 * h, true), _mm256_set1_ps(xs[b]), summ);
@@ -164,6 +164,31 @@ void byte_half(const uint8_t* tile, size_t nb, const ActView& a, size_t r0, int 
     }
     _mm256_storeu_ps(out + 8 * r, res);
   }
+}
+
+// Float tiles: 8 rows (half h) x R activation rows, even and odd k in separate chains.
+template <bool BF16>
+inline __m256 load8_words(const uint8_t* p) {
+  const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return BF16 ? _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(v), 16)) : _mm256_cvtph_ps(v);
+}
+
+template <bool BF16, int R>
+void float_half(const uint8_t* tile, size_t nb, const ActView& a, size_t r0, int h, float* out) {
+  __m256 chain[R][2];
+  for (int r = 0; r < R; ++r) chain[r][0] = chain[r][1] = _mm256_setzero_ps();
+  for (size_t b = 0; b < nb; ++b) {
+    const uint8_t* wb = tile + b * kHalfTileBlock + 16 * h;
+    for (size_t k = 0; k < kQK; k += 2) {
+      const __m256 w0 = load8_words<BF16>(wb + 32 * k), w1 = load8_words<BF16>(wb + 32 * (k + 1));
+      for (int r = 0; r < R; ++r) {
+        const float* x = a.xf(r0 + r) + b * kQK + k;
+        chain[r][0] = _mm256_fmadd_ps(w0, _mm256_set1_ps(x[0]), chain[r][0]);
+        chain[r][1] = _mm256_fmadd_ps(w1, _mm256_set1_ps(x[1]), chain[r][1]);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r) _mm256_storeu_ps(out + 8 * r, _mm256_add_ps(chain[r][0], chain[r][1]));
 }
 
 using HalfFn = void (*)(const uint8_t*, size_t, const ActView&, size_t, int, float*);
@@ -187,17 +212,19 @@ void run_tile(const uint8_t* tile, size_t nb, const ActView& a, size_t r0, size_
   }
 }
 
+template <bool BF16>
+constexpr TileKernelFn kFloatTile = run_tile<float_half<BF16, 1>, float_half<BF16, 2>>;
 template <NibKind K>
 constexpr TileKernelFn kNibTile = run_tile<nib_half<K, 1>, nib_half<K, 2>>;
-template <bool F32, bool Min>
+template <bool F32, MinSum Min>
 constexpr TileKernelFn kByteTile = run_tile<byte_half<F32, Min, 1>, byte_half<F32, Min, 2>>;
 
 }  // namespace
 
 const IsaKernels& avx2_kernels() {
   static const IsaKernels k{quantize_q8_avx2,         kNibTile<NibKind::Q4_1>, kNibTile<NibKind::Q4_0>,
-                            kNibTile<NibKind::Nib32>, kByteTile<false, false>, kByteTile<true, false>,
-                            kByteTile<true, true>};
+                            kNibTile<NibKind::Nib32>, kByteTile<false, MinSum::None>, kByteTile<true, MinSum::None>,
+                            kByteTile<true, MinSum::Exact>, kByteTile<true, MinSum::Fp16>,    kFloatTile<false>,       kFloatTile<true>};
   return k;
 }
 

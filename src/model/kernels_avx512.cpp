@@ -114,11 +114,11 @@ inline void nib_rows(const uint8_t* tile, size_t nb, const ActView& a, size_t r0
 }
 
 // Byte tiles: F32 = kByte32 (float d_lo for groups 0..3, d_hi for 4..7), else kByte16;
-// Min adds m * sx per block.
-template <bool F32, bool Min, int R>
+// Min adds m * sx (or m * s16) per block.
+template <bool F32, MinSum Min, int R>
 inline void byte_rows(const uint8_t* tile, size_t nb, const ActView& a, size_t r0, float* y, size_t y_stride,
                       __mmask16 store_mask) {
-  constexpr size_t kTb = F32 ? byte32_tile_block(Min) : kByte16TileBlock;
+  constexpr size_t kTb = F32 ? byte32_tile_block(Min != MinSum::None) : kByte16TileBlock;
   __m512 acc[R][8];
   const int8_t* xq[R];
   const float* xd[R];
@@ -149,8 +149,8 @@ inline void byte_rows(const uint8_t* tile, size_t nb, const ActView& a, size_t r
   }
   for (int r = 0; r < R; ++r) {
     __m512 out = hsum8_lanes(acc[r]);
-    if constexpr (Min) {
-      const float* xs = a.sx(r0 + r);
+    if constexpr (Min != MinSum::None) {
+      const float* xs = Min == MinSum::Fp16 ? a.s16(r0 + r) : a.sx(r0 + r);
       __m512 summ = _mm512_setzero_ps();
       for (size_t b = 0; b < nb; ++b)
         summ = _mm512_fmadd_ps(_mm512_loadu_ps(tile + b * kTb + 640), _mm512_set1_ps(xs[b]), summ);
@@ -158,6 +158,37 @@ inline void byte_rows(const uint8_t* tile, size_t nb, const ActView& a, size_t r
     }
     _mm512_mask_storeu_ps(y + r * y_stride, store_mask, out);
   }
+}
+
+// Float tiles, R activation rows: one zmm of 16 rows' weights per k, converted once and
+// used by every row; even and odd k in separate chains (kernels_impl.h).
+template <bool BF16>
+inline __m512 load16_words(const uint8_t* p) {
+  const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return BF16 ? _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(v), 16)) : _mm512_cvtph_ps(v);
+}
+
+template <bool BF16, int R>
+inline void half_rows(const uint8_t* tile, size_t nb, const ActView& a, size_t r0, float* y, size_t y_stride,
+                      __mmask16 store_mask) {
+  __m512 chain[R][2];
+  const float* x[R];
+  for (int r = 0; r < R; ++r) {
+    chain[r][0] = chain[r][1] = _mm512_setzero_ps();
+    x[r] = a.xf(r0 + r);
+  }
+  for (size_t b = 0; b < nb; ++b) {
+    const uint8_t* wb = tile + b * kHalfTileBlock;
+    for (size_t k = 0; k < kQK; k += 2) {
+      const __m512 w0 = load16_words<BF16>(wb + 32 * k), w1 = load16_words<BF16>(wb + 32 * (k + 1));
+      for (int r = 0; r < R; ++r) {
+        chain[r][0] = _mm512_fmadd_ps(w0, _mm512_set1_ps(x[r][b * kQK + k]), chain[r][0]);
+        chain[r][1] = _mm512_fmadd_ps(w1, _mm512_set1_ps(x[r][b * kQK + k + 1]), chain[r][1]);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    _mm512_mask_storeu_ps(y + r * y_stride, store_mask, _mm512_add_ps(chain[r][0], chain[r][1]));
 }
 
 using RowsFn = void (*)(const uint8_t*, size_t, const ActView&, size_t, float*, size_t, __mmask16);
@@ -172,17 +203,26 @@ void run_rows(const uint8_t* tile, size_t nb, const ActView& a, size_t r0, size_
   if (r < nr) F1(tile, nb, a, r0 + r, y + r * y_stride, y_stride, mask);
 }
 
+template <bool BF16>
+void half_tile(const uint8_t* tile, size_t nb, const ActView& a, size_t r0, size_t nr, float* y, size_t y_stride,
+               unsigned o_lo, unsigned o_hi) {
+  const auto mask = static_cast<__mmask16>(((1u << o_hi) - 1) & ~((1u << o_lo) - 1));
+  size_t r = 0;
+  for (; r + 4 <= nr; r += 4) half_rows<BF16, 4>(tile, nb, a, r0 + r, y + r * y_stride, y_stride, mask);
+  for (; r < nr; ++r) half_rows<BF16, 1>(tile, nb, a, r0 + r, y + r * y_stride, y_stride, mask);
+}
+
 template <NibKind K>
 constexpr TileKernelFn kNibTile = run_rows<nib_rows<K, 1>, nib_rows<K, 2>>;
-template <bool F32, bool Min>
+template <bool F32, MinSum Min>
 constexpr TileKernelFn kByteTile = run_rows<byte_rows<F32, Min, 1>, byte_rows<F32, Min, 2>>;
 
 }  // namespace
 
 const IsaKernels& avx512_kernels() {
   static const IsaKernels k{quantize_q8_avx512,         kNibTile<NibKind::Q4_1>,   kNibTile<NibKind::Q4_0>,
-                            kNibTile<NibKind::Nib32>,   kByteTile<false, false>,   kByteTile<true, false>,
-                            kByteTile<true, true>};
+                            kNibTile<NibKind::Nib32>,   kByteTile<false, MinSum::None>,   kByteTile<true, MinSum::None>,
+                            kByteTile<true, MinSum::Exact>, kByteTile<true, MinSum::Fp16>,      half_tile<false>,          half_tile<true>};
   return k;
 }
 

@@ -14,7 +14,7 @@
 //  - the result is hsum8(lane) (+ summ for Q4_1), hsum8 = llama.cpp's hsum_float_8:
 //    ((l0+l4) + (l2+l6)) + ((l1+l5) + (l3+l7)).
 //    (Its tinyBLAS Q8_0 GEMM for batched logits has the same per-element sequence.)
-// Q4_1, Q4_0, Q8_0 and Q5_0 follow that order bit for bit. The K-quants and Q5_1 use the
+// Q4_1, Q4_0, Q8_0, Q5_0 and Q5_1 follow that order bit for bit. The K-quants use the
 // same lanes with float scales (dw = d_lo for groups 0..3, d_hi for 4..7) and a min term
 // summ = fma(m, sx, summ) on the exact block sum; llama.cpp quantizes activations per 256
 // for the K-quants (Q8_K), so there the two engines differ by rounding only.
@@ -45,6 +45,11 @@ constexpr size_t kTileRows = 16;    // output rows interleaved in one repacked t
 //   - kByte32 (Q6_K, Q5_K, Q5_1; 640 bytes, or 704 with a min): 16 float d_lo (elements
 //     0..15), 16 float d_hi (16..31), [16 float m]: w = d_half (u - 128) + m. Q6_K has a
 //     scale per 16 elements; the per-group float lanes below make that free.
+// Float tiles (F16, BF16 weights; 1024 bytes per 32 k): the 16-bit words of the 16 rows at
+//   k = 0..31 as [k][o]. Their activations are floats rounded through the weight's type
+//   (llama.cpp's vec-dot type for F16/BF16), one float row each; per output element two
+//   fma chains in k order, over even k and odd k, then their sum (the same on every ISA).
+constexpr size_t kHalfTileBlock = 1024;
 constexpr size_t kNib16TileBlock = 320;
 constexpr size_t kNib32TileBlock = 384;
 constexpr size_t kByte16TileBlock = 544;
@@ -69,8 +74,10 @@ struct ActView {
   const float* s16(size_t r) const { return d(r) + nb; }
   const float* sx(size_t r) const { return d(r) + 2 * nb; }
   const int32_t* corr(size_t r) const { return reinterpret_cast<const int32_t*>(d(r) + 3 * nb); }
+  const float* xf(size_t r) const { return reinterpret_cast<const float*>(base + r * stride); }  // float tiles
 };
 inline size_t act_row_stride(size_t nb) { return (nb * (kQK + 12 + 32) + 63) / 64 * 64; }
+inline size_t float_act_row_stride(size_t nb) { return nb * kQK * 4; }  // a multiple of 64
 
 // Quantizes one row of `cols` floats into an ActView record at `out` (every field).
 using QuantizeRowFn = void (*)(const float* x, size_t cols, uint8_t* out);
@@ -88,7 +95,10 @@ struct IsaKernels {
   TileKernelFn nib32;      // kNib32, + m sx (Q4_K)
   TileKernelFn q8_0;       // kByte16 (Q8_0, Q5_0)
   TileKernelFn byte32;     // kByte32 without min (Q6_K)
-  TileKernelFn byte32_min; // kByte32 with min (Q5_K, Q5_1)
+  TileKernelFn byte32_min; // kByte32 with min, m * sx (Q5_K)
+  TileKernelFn q5_1;       // kByte32 with min, m * s16 (Q5_1, llama.cpp's Q8_1 order)
+  TileKernelFn f16;        // float tiles of fp16 words
+  TileKernelFn bf16;       // float tiles of bf16 words
 };
 
 const IsaKernels& portable_kernels();
@@ -98,17 +108,22 @@ const IsaKernels& avx512_kernels();
 // Repacking (kernels_repack.cpp): which tile layout each block-quantized weight type
 // takes, the repack of a whole matrix, and row o back as floats (bit-identical to
 // dequantize_row of the file's row: the same float operations on the same values).
-enum class TileLayout { None, Nib16, Nib32, Byte16, Byte32, Byte32Min };
-TileLayout tile_layout_for(uint32_t weight_type);  // None: not repacked (F32/F16/BF16)
+enum class TileLayout { None, Nib16, Nib32, Byte16, Byte32, Byte32Min, Half };
+// None: not repacked (F32; F16/BF16 rows that are not whole 32-blocks).
+TileLayout tile_layout_for(uint32_t weight_type, size_t cols);
 size_t tile_block_bytes(TileLayout);
 // packed: ceil(rows/16) tiles of nb * tile_block_bytes bytes, written in full (padding
 // rows are zero).
 void repack_matrix(uint32_t weight_type, const uint8_t* data, size_t rows, size_t cols, uint8_t* packed);
 void dequantize_packed_row(uint32_t weight_type, const uint8_t* packed, size_t cols, size_t o, float* dst);
+// One activation row for a float tile: x rounded through F16 or BF16 (as floats).
+void round_act_row(uint32_t weight_type, const float* x, size_t cols, float* out);
 
 // Which weight interpretation a tile kernel applies (the template parameter of every ISA's
 // kernel family; the layouts are described above).
 enum class NibKind { Q4_1, Q4_0, Nib32 };
+// The min term of a byte tile: none, m * sx (exact block sum), or m * s16 (Q8_1's s).
+enum class MinSum { None, Exact, Fp16 };
 
 // llama.cpp's hsum_float_8 over the 8 per-group lanes of one output element.
 inline float hsum8_llama(const float l[8]) {

@@ -316,15 +316,15 @@ void nib_tile_portable(const uint8_t* tile, size_t nb, const ActView& a, size_t 
   }
 }
 
-// Byte tiles: F32 = kByte32 (float d_lo/d_hi), else kByte16 (one fp16 d); Min adds m sx.
-template <bool F32, bool Min>
+// Byte tiles: F32 = kByte32 (float d_lo/d_hi), else kByte16 (one fp16 d); Min adds m sx or m s16.
+template <bool F32, MinSum Min>
 void byte_tile_portable(const uint8_t* tile, size_t nb, const ActView& a, size_t r0, size_t nr, float* y,
                         size_t y_stride, unsigned o_lo, unsigned o_hi) {
-  const size_t tb = F32 ? byte32_tile_block(Min) : kByte16TileBlock;
+  const size_t tb = F32 ? byte32_tile_block(Min != MinSum::None) : kByte16TileBlock;
   for (size_t r = 0; r < nr; ++r) {
     const int8_t* xq = a.qs(r0 + r);
     const float* xd = a.d(r0 + r);
-    const float* xs = a.sx(r0 + r);
+    const float* xs = Min == MinSum::Fp16 ? a.s16(r0 + r) : a.sx(r0 + r);
     float lane[kTileRows][8] = {};
     float summ[kTileRows] = {};
     for (size_t b = 0; b < nb; ++b) {
@@ -338,11 +338,31 @@ void byte_tile_portable(const uint8_t* tile, size_t nb, const ActView& a, size_t
           for (int j = 0; j < 4; ++j) sumi += (static_cast<int>(wb[64 * g + 4 * o + j]) - 128) * q[4 * g + j];
           lane[o][g] = std::fma(g < 4 ? dd_lo : dd_hi, static_cast<float>(sumi), lane[o][g]);
         }
-        if (Min) summ[o] = std::fma(load_f32(wb + 640 + 4 * o), xs[b], summ[o]);
+        if (Min != MinSum::None) summ[o] = std::fma(load_f32(wb + 640 + 4 * o), xs[b], summ[o]);
       }
     }
     for (unsigned o = o_lo; o < o_hi; ++o)
-      y[r * y_stride + o] = Min ? hsum8_llama(lane[o]) + summ[o] : hsum8_llama(lane[o]);
+      y[r * y_stride + o] = Min != MinSum::None ? hsum8_llama(lane[o]) + summ[o] : hsum8_llama(lane[o]);
+  }
+}
+
+// Float tiles: two fma chains per output (even and odd k), then their sum.
+template <bool BF16>
+void half_tile_portable(const uint8_t* tile, size_t nb, const ActView& a, size_t r0, size_t nr, float* y,
+                        size_t y_stride, unsigned o_lo, unsigned o_hi) {
+  for (size_t r = 0; r < nr; ++r) {
+    const float* x = a.xf(r0 + r);
+    float chain[2][kTileRows] = {};
+    for (size_t b = 0; b < nb; ++b) {
+      const uint8_t* wb = tile + b * kHalfTileBlock;
+      for (size_t k = 0; k < kQK; ++k)
+        for (unsigned o = 0; o < kTileRows; ++o) {
+          const uint16_t v = load_u16(wb + 32 * k + 2 * o);
+          const float w = BF16 ? bf16_to_fp32(v) : fp16_to_fp32(v);
+          chain[k & 1][o] = std::fma(w, x[b * kQK + k], chain[k & 1][o]);
+        }
+    }
+    for (unsigned o = o_lo; o < o_hi; ++o) y[r * y_stride + o] = chain[0][o] + chain[1][o];
   }
 }
 
@@ -353,9 +373,12 @@ const IsaKernels& portable_kernels() {
                             nib_tile_portable<NibKind::Q4_1>,
                             nib_tile_portable<NibKind::Q4_0>,
                             nib_tile_portable<NibKind::Nib32>,
-                            byte_tile_portable<false, false>,
-                            byte_tile_portable<true, false>,
-                            byte_tile_portable<true, true>};
+                            byte_tile_portable<false, MinSum::None>,
+                            byte_tile_portable<true, MinSum::None>,
+                            byte_tile_portable<true, MinSum::Exact>,
+                            byte_tile_portable<true, MinSum::Fp16>,
+                            half_tile_portable<false>,
+                            half_tile_portable<true>};
   return k;
 }
 

@@ -151,15 +151,16 @@ void pack_block(TileLayout layout, const Block32& blk, unsigned o, uint8_t* dst)
         if (layout == TileLayout::Byte32Min) store_f32(dst + 640 + 4 * o, blk.m);
       }
       return;
-    case TileLayout::None: break;
+    case TileLayout::Half: case TileLayout::None: break;
   }
-  throw std::logic_error("pack_block: no layout");
+  throw std::logic_error("pack_block: not a block-quantized layout");
 }
 
 }  // namespace
 
-TileLayout tile_layout_for(uint32_t weight_type) {
+TileLayout tile_layout_for(uint32_t weight_type, size_t cols) {
   switch (static_cast<GgmlType>(weight_type)) {
+    case GgmlType::F16: case GgmlType::BF16: return cols % kQK == 0 ? TileLayout::Half : TileLayout::None;
     case GgmlType::Q4_0: case GgmlType::Q4_1: return TileLayout::Nib16;
     case GgmlType::Q4_K: return TileLayout::Nib32;
     case GgmlType::Q8_0: case GgmlType::Q5_0: return TileLayout::Byte16;
@@ -176,6 +177,7 @@ size_t tile_block_bytes(TileLayout layout) {
     case TileLayout::Byte16: return kByte16TileBlock;
     case TileLayout::Byte32: return byte32_tile_block(false);
     case TileLayout::Byte32Min: return byte32_tile_block(true);
+    case TileLayout::Half: return kHalfTileBlock;
     case TileLayout::None: break;
   }
   return 0;
@@ -183,11 +185,20 @@ size_t tile_block_bytes(TileLayout layout) {
 
 void repack_matrix(uint32_t weight_type, const uint8_t* data, size_t rows, size_t cols, uint8_t* packed) {
   const auto type = static_cast<GgmlType>(weight_type);
-  const TileLayout layout = tile_layout_for(weight_type);
+  const TileLayout layout = tile_layout_for(weight_type, cols);
   const size_t tb = tile_block_bytes(layout), nb = cols / kQK;
   const size_t n_tiles = (rows + kTileRows - 1) / kTileRows;
   const size_t row_bytes = ggml_row_bytes(type, cols);
   std::memset(packed, 0, n_tiles * nb * tb);  // padding rows: zero scales, so zero output
+  if (layout == TileLayout::Half) {  // word k of block b of row o at [k][o]
+    for (size_t o = 0; o < rows; ++o) {
+      const uint8_t* src = data + o * row_bytes;
+      uint8_t* tile = packed + (o / kTileRows) * nb * tb + 2 * (o % kTileRows);
+      for (size_t b = 0; b < nb; ++b)
+        for (size_t k = 0; k < kQK; ++k) std::memcpy(tile + b * tb + 32 * k, src + 2 * (b * kQK + k), 2);
+    }
+    return;
+  }
   Block32 blk;
   for (size_t o = 0; o < rows; ++o) {
     const size_t t = o / kTileRows;
@@ -201,13 +212,20 @@ void repack_matrix(uint32_t weight_type, const uint8_t* data, size_t rows, size_
 
 void dequantize_packed_row(uint32_t weight_type, const uint8_t* packed, size_t cols, size_t o, float* dst) {
   const auto type = static_cast<GgmlType>(weight_type);
-  const TileLayout layout = tile_layout_for(weight_type);
+  const TileLayout layout = tile_layout_for(weight_type, cols);
   const size_t tb = tile_block_bytes(layout), nb = cols / kQK;
   const unsigned lane = static_cast<unsigned>(o % kTileRows);
   const uint8_t* tile = packed + (o / kTileRows) * nb * tb;
   for (size_t b = 0; b < nb; ++b) {
     const uint8_t* src = tile + b * tb;
     float* y = dst + b * kQK;
+    if (layout == TileLayout::Half) {
+      for (size_t k = 0; k < kQK; ++k) {
+        const uint16_t v = load_u16(src + 32 * k + 2 * lane);
+        y[k] = type == GgmlType::F16 ? fp16_to_fp32(v) : bf16_to_fp32(v);
+      }
+      continue;
+    }
     // The same float operations as kernels_ref.cpp's dequantizers, on the same values.
     if (layout == TileLayout::Nib16 || layout == TileLayout::Nib32) {
       for (int g = 0; g < 4; ++g)
@@ -242,6 +260,13 @@ void dequantize_packed_row(uint32_t weight_type, const uint8_t* packed, size_t c
       }
     }
   }
+}
+
+void round_act_row(uint32_t weight_type, const float* x, size_t cols, float* out) {
+  if (static_cast<GgmlType>(weight_type) == GgmlType::F16)
+    for (size_t i = 0; i < cols; ++i) out[i] = fp16_round(x[i]);
+  else
+    for (size_t i = 0; i < cols; ++i) out[i] = bf16_to_fp32(fp32_to_bf16(x[i]));
 }
 
 }  // namespace cf::kern

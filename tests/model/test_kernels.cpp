@@ -304,13 +304,17 @@ std::vector<float> random_acts(size_t n, size_t cols, std::mt19937& rng) {
   return x;
 }
 
-bool repacked(GgmlType t) { return kern::tile_layout_for(static_cast<uint32_t>(t)) != kern::TileLayout::None; }
+// Whether WeightMatrix multiplies type t with 8-bit activations (its block-quantized tiles).
+bool int8_tiles(GgmlType t, size_t cols) {
+  const auto layout = kern::tile_layout_for(static_cast<uint32_t>(t), cols);
+  return layout != kern::TileLayout::None && layout != kern::TileLayout::Half;
+}
 
 // The activations as the kernel sees them: quantized then dequantized (double). Repacked
 // types (WeightMatrix) quantize them per 32 elements (Q8_0's rule) whatever the weight
 // type; the generic vec-dot path uses the type's own vec-dot type (Q8_K for K-quants).
 std::vector<double> requantized_acts(GgmlType t, const float* x, size_t cols, bool generic_path = false) {
-  const GgmlType act_as = !generic_path && repacked(t) ? GgmlType::Q8_0 : t;
+  const GgmlType act_as = !generic_path && int8_tiles(t, cols) ? GgmlType::Q8_0 : t;
   std::vector<uint8_t> rec(kern::generic_act_row_bytes(static_cast<uint32_t>(act_as), cols));
   kern::generic_quantize_row(static_cast<uint32_t>(act_as), x, cols, rec.data());
   std::vector<double> out(cols);
@@ -364,10 +368,10 @@ void check_product(GgmlType t, const std::vector<uint8_t>& wdata, size_t rows, s
       xnorm = std::sqrt(xnorm);
       const double got = y[r * rows + o];
       // Float rounding only, except that Q8_1's s = fp16(d * sum q) carries a relative
-      // 2^-11 rounding (Q4_1 repacked, Q4_1/Q5_1 generic), and K-quants and Q5_1 subtract
-      // two float terms that may nearly cancel.
-      const bool has_min = t == GgmlType::Q4_1 || (t == GgmlType::Q5_1 && generic_path);
-      const bool k_quant = t == GgmlType::Q4_K || t == GgmlType::Q5_K || t == GgmlType::Q6_K || t == GgmlType::Q5_1;
+      // 2^-11 rounding (Q4_1, Q5_1), and K-quants subtract two float terms that may nearly
+      // cancel.
+      const bool has_min = t == GgmlType::Q4_1 || t == GgmlType::Q5_1;
+      const bool k_quant = t == GgmlType::Q4_K || t == GgmlType::Q5_K || t == GgmlType::Q6_K;
       const double rel = has_min ? 1e-3 : k_quant ? 1e-4 : 1e-5;
       ASSERT_NEAR(got, exact_q, rel * mag + 1e-6) << label << " o=" << o << " r=" << r;
       ASSERT_NEAR(got, exact, 0.03 * wnorm * xnorm + 1e-6) << label << " o=" << o << " r=" << r;
@@ -396,6 +400,7 @@ TEST(Multiply, EveryTypeMatchesDoubleReference) {
       {GgmlType::Q8_0, 33, 64},   {GgmlType::Q4_0, 40, 576},  {GgmlType::Q5_0, 40, 576},
       {GgmlType::Q5_1, 40, 576},  {GgmlType::Q4_K, 40, 512},  {GgmlType::Q5_K, 40, 768},
       {GgmlType::Q6_K, 40, 512},  {GgmlType::F16, 20, 96},    {GgmlType::BF16, 20, 96},
+      {GgmlType::F16, 20, 100},   {GgmlType::BF16, 20, 100},  // not whole 32-blocks: generic path
       {GgmlType::F32, 20, 96},
   };
   for (const Case& c : cases) {
@@ -459,9 +464,10 @@ TEST(Multiply, RepackedBitIdenticalAcrossIsasThreadsAndRanges) {
   std::mt19937 rng(13);
   ThreadPool pool1(1), pool2(2), pool3(3);
   for (GgmlType t : {GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q4_K,
-                     GgmlType::Q5_K, GgmlType::Q6_K}) {
+                     GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::F16, GgmlType::BF16}) {
     for (const auto& [rows, cols] : {std::pair<size_t, size_t>{200, 768}, {1536, 512}, {192, 1536}}) {
-      if (rows == 1536 && t != GgmlType::Q4_1 && t != GgmlType::Q8_0) continue;  // keep ASan time sane
+      // The newer types on one shape only: the kernel family is shared (keeps ASan time sane).
+      if (rows != 200 && t != GgmlType::Q4_1 && t != GgmlType::Q8_0) continue;
       const auto w = random_blocks(t, rows * cols / ggml_type_info(t).block_elems, rng, false);
       WeightMatrix m(t, w.data(), rows, cols);
       for (size_t n : {1, 3, 17, 100}) {
@@ -509,7 +515,7 @@ TEST(Multiply, RepackedBitIdenticalAcrossIsasThreadsAndRanges) {
 // per block; Q4_1 adds summ = fma(m, s, summ) per block; then hsum_float_8's tree, then
 // + summ. Every ISA must reproduce it bit for bit.
 float llama_order_dot(GgmlType t, const uint8_t* w_row, const float* x, size_t cols) {
-  const bool q4 = t == GgmlType::Q4_1;
+  const bool q4 = t == GgmlType::Q4_1 || t == GgmlType::Q5_1;  // the types with a min
   std::vector<uint8_t> rec(kern::generic_act_row_bytes(static_cast<uint32_t>(t), cols));
   kern::generic_quantize_row(static_cast<uint32_t>(t), x, cols, rec.data());
   const kern::ActView a{rec.data(), 0, cols / 32};
@@ -521,7 +527,7 @@ float llama_order_dot(GgmlType t, const uint8_t* w_row, const float* x, size_t c
     std::memcpy(&dh, blk, 2);
     std::memcpy(&mh, blk + 2, 2);
     uint32_t qh;
-    std::memcpy(&qh, blk + 2, 4);
+    std::memcpy(&qh, blk + (t == GgmlType::Q5_1 ? 4 : 2), 4);
     int wq[32];
     for (int j = 0; j < 32; ++j) {
       switch (t) {
@@ -530,6 +536,7 @@ float llama_order_dot(GgmlType t, const uint8_t* w_row, const float* x, size_t c
         case GgmlType::Q5_0:
           wq[j] = ((j < 16 ? blk[6 + j] & 0xF : blk[6 + j - 16] >> 4) | (((qh >> j) & 1) << 4)) - 16;
           break;
+        case GgmlType::Q5_1: wq[j] = (j < 16 ? blk[8 + j] & 0xF : blk[8 + j - 16] >> 4) | (((qh >> j) & 1) << 4); break;
         default: wq[j] = static_cast<int8_t>(blk[2 + j]); break;  // Q8_0
       }
     }
@@ -549,7 +556,7 @@ float llama_order_dot(GgmlType t, const uint8_t* w_row, const float* x, size_t c
 TEST(Multiply, RepackedFollowsLlamaCppOrderExactly) {
   std::mt19937 rng(15);
   ThreadPool pool(2);
-  for (GgmlType t : {GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q5_0}) {
+  for (GgmlType t : {GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::Q5_1}) {
     const size_t rows = 37, cols = 576;
     const auto w = random_blocks(t, rows * cols / 32, rng, false);
     WeightMatrix m(t, w.data(), rows, cols);
@@ -582,7 +589,7 @@ TEST(Multiply, RepackedFollowsLlamaCppOrderExactly) {
 TEST(Multiply, GenericPathIsThreadCountInvariant) {
   std::mt19937 rng(14);
   ThreadPool pool1(1), pool3(3);
-  const size_t rows = 70, cols = 512, n = 9;
+  const size_t rows = 70, cols = 500, n = 9;  // F16 rows of 500: not tiled
   const auto w = random_blocks(GgmlType::F16, rows * cols, rng, false);
   WeightMatrix m(GgmlType::F16, w.data(), rows, cols);
   const auto x = random_acts(n, cols, rng);
