@@ -150,11 +150,11 @@ kern::TileKernelFn tile_kernel(const kern::IsaKernels& k, GgmlType t) {
   switch (t) {
     case GgmlType::Q4_1: return k.q4_1;
     case GgmlType::Q4_0: return k.q4_0;
-    case GgmlType::Q4_K: return k.nib32;
     case GgmlType::Q8_0: case GgmlType::Q5_0: return k.q8_0;
-    case GgmlType::Q6_K: return k.byte32;
-    case GgmlType::Q5_K: return k.byte32_min;
     case GgmlType::Q5_1: return k.q5_1;
+    case GgmlType::Q4_K: return k.k4;
+    case GgmlType::Q5_K: return k.k5;
+    case GgmlType::Q6_K: return k.k6;
     case GgmlType::F16: return k.f16;
     case GgmlType::BF16: return k.bf16;
     default: break;
@@ -192,7 +192,7 @@ WeightMatrix::WeightMatrix(GgmlType type, const uint8_t* data, size_t rows, size
   if (m.layout != kern::TileLayout::None) {
     m.nb = cols / kern::kQK;
     m.n_tiles = (rows + kern::kTileRows - 1) / kern::kTileRows;
-    m.tile_bytes = kern::tile_block_bytes(m.layout) * m.nb;
+    m.tile_bytes = kern::tile_block_bytes(tid, m.layout) * m.nb;
     m.packed = aligned_bytes(m.tile_bytes * m.n_tiles);
     kern::repack_matrix(tid, data, rows, cols, m.packed.get());
     release_pages(data, m.row_bytes * rows);
@@ -252,13 +252,19 @@ void WeightMatrix::multiply_rows(const float* x, size_t n, size_t x_stride, floa
 
   const kern::IsaKernels& k = kernels_for(active_isa());
   const kern::TileKernelFn tile_fn = tile_kernel(k, type_);
-  const bool half = m.layout == kern::TileLayout::Half;
-  const size_t stride = half ? kern::float_act_row_stride(m.nb) : kern::act_row_stride(m.nb);
+  // The activation record each layout reads: floats for F16/BF16, Q8_K for the K-quants,
+  // per-32 Q8 for the rest.
+  const bool half = m.layout == kern::TileLayout::Half, kq = m.layout == kern::TileLayout::KSuper;
+  const size_t stride = half ? kern::float_act_row_stride(m.nb)
+                        : kq ? kern::q8k_act_row_stride(m.nb)
+                             : kern::act_row_stride(m.nb);
   uint8_t* acts = act_scratch(stride * n);
   auto quantize = [&](size_t b, size_t e, size_t) {
     for (size_t r = b; r < e; ++r) {
       if (half)
         kern::round_act_row(tid, x + r * x_stride, cols_, reinterpret_cast<float*>(acts + r * stride));
+      else if (kq)
+        kern::quantize_q8_k_record(x + r * x_stride, cols_, acts + r * stride);
       else
         k.quantize_q8(x + r * x_stride, cols_, acts + r * stride);
     }

@@ -36,8 +36,7 @@ void quantize_q8_avx2(const float* x, size_t cols, uint8_t* out) {
   int8_t* qs = reinterpret_cast<int8_t*>(out);
   float* dv = reinterpret_cast<float*>(out + nb * kQK);
   float* s16 = dv + nb;
-  float* sx = dv + 2 * nb;
-  int32_t* cv = reinterpret_cast<int32_t*>(dv + 3 * nb);
+  int32_t* cv = reinterpret_cast<int32_t*>(dv + 2 * nb);
   const __m256 sign = _mm256_set1_ps(-0.0f);
   for (size_t b = 0; b < nb; ++b) {
     __m256 v[4];
@@ -57,7 +56,6 @@ void quantize_q8_avx2(const float* x, size_t cols, uint8_t* out) {
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(qs + b * kQK), p);
     dv[b] = fp16_round_f16c(d);
     s16[b] = fp16_round_f16c(d * static_cast<float>(sum));
-    sx[b] = dv[b] * static_cast<float>(sum);
     for (int g = 0; g < 8; ++g) {
       const int8_t* qg = qs + b * kQK + 4 * g;
       cv[8 * b + g] = -128 * (qg[0] + qg[1] + qg[2] + qg[3]);
@@ -72,27 +70,22 @@ inline __m256 hsum8_lanes(const __m256 l[8]) {
                        _mm256_add_ps(_mm256_add_ps(l[1], l[5]), _mm256_add_ps(l[3], l[7])));
 }
 
-inline __m256 load8_scales(const uint8_t* p, bool f32) {
-  return f32 ? _mm256_loadu_ps(reinterpret_cast<const float*>(p))
-             : _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+inline __m256 load8_fp16(const uint8_t* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 }
 
 // Nibble tiles: 8 rows (half h of the tile) x R activation rows; 8 per-group accumulators
 // per row.
 template <NibKind K, int R>
 void nib_half(const uint8_t* tile, size_t nb, const ActView& a, size_t r0, int h, float* out /*[R][8]*/) {
-  constexpr bool kF32 = K == NibKind::Nib32;
-  constexpr size_t kTb = kF32 ? kNib32TileBlock : kNib16TileBlock;
-  constexpr size_t kScaleBytes = kF32 ? 4 : 2;
-  constexpr size_t kMinAt = kF32 ? 320 : 288;
   __m256 acc[R][8];
   for (int r = 0; r < R; ++r)
     for (int g = 0; g < 8; ++g) acc[r][g] = _mm256_setzero_ps();
   const __m256i low4 = _mm256_set1_epi8(0x0F);
   const __m256i ones = _mm256_set1_epi16(1);
   for (size_t b = 0; b < nb; ++b) {
-    const uint8_t* wb = tile + b * kTb;
-    const __m256 dw = load8_scales(wb + 256 + 8 * kScaleBytes * h, kF32);
+    const uint8_t* wb = tile + b * kNib16TileBlock;
+    const __m256 dw = load8_fp16(wb + 256 + 16 * h);
     for (int r = 0; r < R; ++r) {
       const int8_t* q = a.qs(r0 + r) + b * kQK;
       const int32_t* c = a.corr(r0 + r) + 8 * b;
@@ -113,24 +106,22 @@ void nib_half(const uint8_t* tile, size_t nb, const ActView& a, size_t r0, int h
   }
   for (int r = 0; r < R; ++r) {
     __m256 res = hsum8_lanes(acc[r]);
-    if constexpr (K != NibKind::Q4_0) {
-      const float* xs = K == NibKind::Q4_1 ? a.s16(r0 + r) : a.sx(r0 + r);
+    if constexpr (K == NibKind::Q4_1) {
+      const float* xs = a.s16(r0 + r);
       __m256 summ = _mm256_setzero_ps();
       for (size_t b = 0; b < nb; ++b)
-        summ = _mm256_fmadd_ps(load8_scales(tile + b * kTb + kMinAt + 8 * kScaleBytes * h, kF32),
-                               _mm256_set1_ps(xs[b]), summ);
+        summ = _mm256_fmadd_ps(load8_fp16(tile + b * kNib16TileBlock + 288 + 16 * h), _mm256_set1_ps(xs[b]), summ);
       res = _mm256_add_ps(res, summ);
     }
     _mm256_storeu_ps(out + 8 * r, res);
   }
 }
 
-// Byte tiles: F32 = kByte32 (float d_lo for groups 0..3, d_hi for 4..7), else kByte16;
-// Min adds m * sx (or m * s16) per block. Without VNNI: |w| x sign(x, w) so int16 pair sums cannot
-// saturate.
-template <bool F32, MinSum Min, int R>
+// Byte tiles: kByte16 (fp16 d; Q8_0, Q5_0), or with Q51 kByte32Min (float d, + m * s16).
+// Without VNNI: |w| x sign(x, w) so int16 pair sums cannot saturate.
+template <bool Q51, int R>
 void byte_half(const uint8_t* tile, size_t nb, const ActView& a, size_t r0, int h, float* out) {
-  constexpr size_t kTb = F32 ? byte32_tile_block(Min != MinSum::None) : kByte16TileBlock;
+  constexpr size_t kTb = Q51 ? kByte32MinTileBlock : kByte16TileBlock;
   __m256 acc[R][8];
   for (int r = 0; r < R; ++r)
     for (int g = 0; g < 8; ++g) acc[r][g] = _mm256_setzero_ps();
@@ -138,28 +129,27 @@ void byte_half(const uint8_t* tile, size_t nb, const ActView& a, size_t r0, int 
   const __m256i ones = _mm256_set1_epi16(1);
   for (size_t b = 0; b < nb; ++b) {
     const uint8_t* wb = tile + b * kTb;
-    const __m256 dw_lo = F32 ? load8_scales(wb + 512 + 32 * h, true) : load8_scales(wb + 512 + 16 * h, false);
-    const __m256 dw_hi = F32 ? load8_scales(wb + 576 + 32 * h, true) : dw_lo;
+    const __m256 dw = Q51 ? _mm256_loadu_ps(reinterpret_cast<const float*>(wb + 512 + 32 * h))
+                          : load8_fp16(wb + 512 + 16 * h);
     for (int r = 0; r < R; ++r) {
       const int8_t* q = a.qs(r0 + r) + b * kQK;
-      const __m256 xdb = _mm256_set1_ps(a.d(r0 + r)[b]);
-      const __m256 dd_lo = _mm256_mul_ps(dw_lo, xdb);
-      const __m256 dd_hi = F32 ? _mm256_mul_ps(dw_hi, xdb) : dd_lo;
+      const __m256 dd = _mm256_mul_ps(dw, _mm256_set1_ps(a.d(r0 + r)[b]));
       for (int g = 0; g < 8; ++g) {
         const __m256i ws = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + 64 * g + 32 * h)), flip);
         const __m256i xs = _mm256_sign_epi8(bcast32(q + 4 * g), ws);
         const __m256i s = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(ws), xs), ones);
-        acc[r][g] = _mm256_fmadd_ps(g < 4 ? dd_lo : dd_hi, _mm256_cvtepi32_ps(s), acc[r][g]);
+        acc[r][g] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(s), acc[r][g]);
       }
     }
   }
   for (int r = 0; r < R; ++r) {
     __m256 res = hsum8_lanes(acc[r]);
-    if constexpr (Min != MinSum::None) {
-      const float* xs = Min == MinSum::Fp16 ? a.s16(r0 + r) : a.sx(r0 + r);
+    if constexpr (Q51) {
+      const float* xs = a.s16(r0 + r);
       __m256 summ = _mm256_setzero_ps();
       for (size_t b = 0; b < nb; ++b)
-        summ = _mm256_fmadd_ps(load8_scales(tile + b * kTb + 640 + 32 * h, true), _mm256_set1_ps(xs[b]), summ);
+        summ = _mm256_fmadd_ps(_mm256_loadu_ps(reinterpret_cast<const float*>(tile + b * kTb + 640 + 32 * h)),
+                               _mm256_set1_ps(xs[b]), summ);
       res = _mm256_add_ps(res, summ);
     }
     _mm256_storeu_ps(out + 8 * r, res);
@@ -191,6 +181,93 @@ void float_half(const uint8_t* tile, size_t nb, const ActView& a, size_t r0, int
   for (int r = 0; r < R; ++r) _mm256_storeu_ps(out + 8 * r, _mm256_add_ps(chain[r][0], chain[r][1]));
 }
 
+// K super-tiles (kernels_impl.h): 8 rows (half h) x R activation rows. Weights are
+// unsigned (<= 63), so maddubs needs no sign trick and cannot saturate.
+inline __m256i scales8(const uint8_t* p, bool is_signed) {
+  const __m128i v = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+  return is_signed ? _mm256_cvtepi8_epi32(v) : _mm256_cvtepu8_epi32(v);
+}
+
+template <KQuant Q, int R>
+void k_half(const uint8_t* tile, size_t nb, const ActView& a, size_t r0, int h, float* out) {
+  constexpr KTileGeom G = ktile_geom(Q);
+  __m256 lane[R][8], accm[R][4], summs[R];
+  for (int r = 0; r < R; ++r) {
+    for (int g = 0; g < 8; ++g) lane[r][g] = _mm256_setzero_ps();
+    for (int i = 0; i < 4; ++i) accm[r][i] = _mm256_setzero_ps();
+    summs[r] = _mm256_setzero_ps();
+  }
+  const __m256i low4 = _mm256_set1_epi8(0x0F);
+  const __m256i ones = _mm256_set1_epi16(1);
+  for (size_t sb = 0; sb < nb / 8; ++sb) {
+    const uint8_t* t = tile + sb * G.bytes;
+    __m256i S[R][8];
+    for (int r = 0; r < R; ++r) {
+      const int32_t* bs16 = a.kbs16(r0 + r) + 16 * sb;
+      for (int g = 0; g < 8; ++g) {
+        S[r][g] = _mm256_setzero_si256();
+        if constexpr (Q == KQuant::Q6) {  // the -32 offset, lane g taking block g's share
+          const __m256i lo = _mm256_mullo_epi32(scales8(t + G.sc + 16 * g + 8 * h, true), _mm256_set1_epi32(bs16[2 * g]));
+          const __m256i hi = _mm256_mullo_epi32(scales8(t + G.sc_hi + 16 * g + 8 * h, true), _mm256_set1_epi32(bs16[2 * g + 1]));
+          S[r][g] = _mm256_mullo_epi32(_mm256_add_epi32(lo, hi), _mm256_set1_epi32(-32));
+        }
+      }
+    }
+    for (size_t c = 0; c < 8; ++c) {
+      const size_t b = sb * 8 + c;
+      __m256i w[8];
+      if constexpr (Q == KQuant::Q4) {
+        for (int g = 0; g < 4; ++g) {
+          const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(t + 256 * c + 64 * g + 32 * h));
+          w[g] = _mm256_and_si256(v, low4);
+          w[g + 4] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+        }
+      } else {
+        for (int g = 0; g < 8; ++g)
+          w[g] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(t + 512 * c + 64 * g + 32 * h));
+      }
+      const __m256i sc_lo = scales8(t + G.sc + 16 * c + 8 * h, Q == KQuant::Q6);
+      const __m256i sc_hi = Q == KQuant::Q6 ? scales8(t + G.sc_hi + 16 * c + 8 * h, true) : sc_lo;
+      for (int r = 0; r < R; ++r) {
+        const int8_t* q = a.qs(r0 + r) + b * kQK;
+        for (int g = 0; g < 8; ++g) {
+          const __m256i s = _mm256_madd_epi16(_mm256_maddubs_epi16(w[g], bcast32(q + 4 * g)), ones);
+          S[r][g] = _mm256_add_epi32(S[r][g], _mm256_mullo_epi32(s, g < 4 ? sc_lo : sc_hi));
+        }
+      }
+    }
+    const __m256 dw = _mm256_loadu_ps(reinterpret_cast<const float*>(t + G.d + 32 * h));
+    for (int r = 0; r < R; ++r) {
+      const float xd = a.kd(r0 + r)[sb];
+      const __m256 dd = _mm256_mul_ps(_mm256_set1_ps(xd), dw);
+      for (int g = 0; g < 8; ++g) lane[r][g] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(S[r][g]), lane[r][g]);
+      if constexpr (Q != KQuant::Q6) {
+        const __m256 dmin =
+            _mm256_mul_ps(_mm256_set1_ps(-xd), _mm256_loadu_ps(reinterpret_cast<const float*>(t + G.dmin + 32 * h)));
+        const int32_t* bs16 = a.kbs16(r0 + r) + 16 * sb;
+        __m256i mb[8];
+        for (int j = 0; j < 8; ++j)
+          mb[j] = _mm256_mullo_epi32(scales8(t + G.m + 16 * j + 8 * h, false), _mm256_set1_epi32(bs16[2 * j] + bs16[2 * j + 1]));
+        if constexpr (Q == KQuant::Q4) {
+          for (int i = 0; i < 4; ++i)
+            accm[r][i] = _mm256_fmadd_ps(dmin, _mm256_cvtepi32_ps(_mm256_add_epi32(mb[2 * i], mb[2 * i + 1])), accm[r][i]);
+        } else {
+          __m256i tot = mb[0];
+          for (int j = 1; j < 8; ++j) tot = _mm256_add_epi32(tot, mb[j]);
+          summs[r] = _mm256_fmadd_ps(dmin, _mm256_cvtepi32_ps(tot), summs[r]);
+        }
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    __m256 res = hsum8_lanes(lane[r]);
+    if constexpr (Q == KQuant::Q4)
+      res = _mm256_add_ps(res, _mm256_add_ps(_mm256_add_ps(accm[r][0], accm[r][2]), _mm256_add_ps(accm[r][1], accm[r][3])));
+    if constexpr (Q == KQuant::Q5) res = _mm256_add_ps(res, summs[r]);
+    _mm256_storeu_ps(out + 8 * r, res);
+  }
+}
+
 using HalfFn = void (*)(const uint8_t*, size_t, const ActView&, size_t, int, float*);
 
 template <HalfFn F1, HalfFn F2>
@@ -216,15 +293,25 @@ template <bool BF16>
 constexpr TileKernelFn kFloatTile = run_tile<float_half<BF16, 1>, float_half<BF16, 2>>;
 template <NibKind K>
 constexpr TileKernelFn kNibTile = run_tile<nib_half<K, 1>, nib_half<K, 2>>;
-template <bool F32, MinSum Min>
-constexpr TileKernelFn kByteTile = run_tile<byte_half<F32, Min, 1>, byte_half<F32, Min, 2>>;
+template <bool Q51>
+constexpr TileKernelFn kByteTile = run_tile<byte_half<Q51, 1>, byte_half<Q51, 2>>;
 
 }  // namespace
 
+TileKernelFn kquant_tile_avx2(KQuant q) {
+  switch (q) {
+    case KQuant::Q4: return run_tile<k_half<KQuant::Q4, 1>, k_half<KQuant::Q4, 2>>;
+    case KQuant::Q5: return run_tile<k_half<KQuant::Q5, 1>, k_half<KQuant::Q5, 2>>;
+    case KQuant::Q6: break;
+  }
+  return run_tile<k_half<KQuant::Q6, 1>, k_half<KQuant::Q6, 2>>;
+}
+
 const IsaKernels& avx2_kernels() {
-  static const IsaKernels k{quantize_q8_avx2,         kNibTile<NibKind::Q4_1>, kNibTile<NibKind::Q4_0>,
-                            kNibTile<NibKind::Nib32>, kByteTile<false, MinSum::None>, kByteTile<true, MinSum::None>,
-                            kByteTile<true, MinSum::Exact>, kByteTile<true, MinSum::Fp16>,    kFloatTile<false>,       kFloatTile<true>};
+  static const IsaKernels k{quantize_q8_avx2,  kNibTile<NibKind::Q4_1>, kNibTile<NibKind::Q4_0>,
+                            kByteTile<false>,  kByteTile<true>,         kFloatTile<false>,
+                            kFloatTile<true>,  kquant_tile_avx2(KQuant::Q4),
+                            kquant_tile_avx2(KQuant::Q5), kquant_tile_avx2(KQuant::Q6)};
   return k;
 }
 

@@ -22,8 +22,7 @@ void quantize_q8_avx512(const float* x, size_t cols, uint8_t* out) {
   int8_t* qs = reinterpret_cast<int8_t*>(out);
   float* dv = reinterpret_cast<float*>(out + nb * kQK);
   float* s16 = dv + nb;
-  float* sx = dv + 2 * nb;
-  int32_t* cv = reinterpret_cast<int32_t*>(dv + 3 * nb);
+  int32_t* cv = reinterpret_cast<int32_t*>(dv + 2 * nb);
   const __m512 abs_mask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
   for (size_t b = 0; b < nb; ++b) {
     const __m512 v0 = _mm512_loadu_ps(x + b * kQK), v1 = _mm512_loadu_ps(x + b * kQK + 16);
@@ -40,7 +39,6 @@ void quantize_q8_avx512(const float* x, size_t cols, uint8_t* out) {
     const int sum = _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
     dv[b] = fp16_round_f16c(d);
     s16[b] = fp16_round_f16c(d * static_cast<float>(sum));
-    sx[b] = dv[b] * static_cast<float>(sum);
     // Per 4-element group: vpdpbusd of the bytes with 0x80 gives 128 * their sum.
     const __m256i groups = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(static_cast<char>(0x80)),
                                                _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + b * kQK)));
@@ -56,17 +54,14 @@ inline __m512 hsum8_lanes(const __m512 l[8]) {
                        _mm512_add_ps(_mm512_add_ps(l[1], l[5]), _mm512_add_ps(l[3], l[7])));
 }
 
-inline __m512 load16_scales(const uint8_t* p, bool f32) {
-  return f32 ? _mm512_loadu_ps(p) : _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+inline __m512 load16_fp16(const uint8_t* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
 }
 
 // Nibble tiles, R activation rows (R <= 2: 8 accumulators per row must stay in registers).
 template <NibKind K, int R>
 inline void nib_rows(const uint8_t* tile, size_t nb, const ActView& a, size_t r0, float* y, size_t y_stride,
                      __mmask16 store_mask) {
-  constexpr bool kF32 = K == NibKind::Nib32;
-  constexpr size_t kTb = kF32 ? kNib32TileBlock : kNib16TileBlock;
-  constexpr size_t kMinAt = kF32 ? 320 : 288;
   __m512 acc[R][8];
   const int8_t* xq[R];
   const float* xd[R];
@@ -79,14 +74,14 @@ inline void nib_rows(const uint8_t* tile, size_t nb, const ActView& a, size_t r0
   }
   const __m512i low4 = _mm512_set1_epi8(0x0F);
   for (size_t b = 0; b < nb; ++b) {
-    const uint8_t* wb = tile + b * kTb;
+    const uint8_t* wb = tile + b * kNib16TileBlock;
     __m512i w[8];
     for (int g = 0; g < 4; ++g) {
       const __m512i v = _mm512_loadu_si512(wb + 64 * g);
       w[g] = _mm512_and_si512(v, low4);
       w[g + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
     }
-    const __m512 dw = load16_scales(wb + 256, kF32);
+    const __m512 dw = load16_fp16(wb + 256);
     for (int r = 0; r < R; ++r) {
       const int8_t* q = xq[r] + b * kQK;
       const __m512 dd = _mm512_mul_ps(dw, _mm512_set1_ps(xd[r][b]));
@@ -102,23 +97,22 @@ inline void nib_rows(const uint8_t* tile, size_t nb, const ActView& a, size_t r0
   }
   for (int r = 0; r < R; ++r) {
     __m512 out = hsum8_lanes(acc[r]);
-    if constexpr (K != NibKind::Q4_0) {
-      const float* xs = K == NibKind::Q4_1 ? a.s16(r0 + r) : a.sx(r0 + r);
+    if constexpr (K == NibKind::Q4_1) {
+      const float* xs = a.s16(r0 + r);
       __m512 summ = _mm512_setzero_ps();
       for (size_t b = 0; b < nb; ++b)
-        summ = _mm512_fmadd_ps(load16_scales(tile + b * kTb + kMinAt, kF32), _mm512_set1_ps(xs[b]), summ);
+        summ = _mm512_fmadd_ps(load16_fp16(tile + b * kNib16TileBlock + 288), _mm512_set1_ps(xs[b]), summ);
       out = _mm512_add_ps(out, summ);
     }
     _mm512_mask_storeu_ps(y + r * y_stride, store_mask, out);
   }
 }
 
-// Byte tiles: F32 = kByte32 (float d_lo for groups 0..3, d_hi for 4..7), else kByte16;
-// Min adds m * sx (or m * s16) per block.
-template <bool F32, MinSum Min, int R>
+// Byte tiles: kByte16 (fp16 d; Q8_0, Q5_0), or with Q51 kByte32Min (float d, + m * s16).
+template <bool Q51, int R>
 inline void byte_rows(const uint8_t* tile, size_t nb, const ActView& a, size_t r0, float* y, size_t y_stride,
                       __mmask16 store_mask) {
-  constexpr size_t kTb = F32 ? byte32_tile_block(Min != MinSum::None) : kByte16TileBlock;
+  constexpr size_t kTb = Q51 ? kByte32MinTileBlock : kByte16TileBlock;
   __m512 acc[R][8];
   const int8_t* xq[R];
   const float* xd[R];
@@ -133,24 +127,21 @@ inline void byte_rows(const uint8_t* tile, size_t nb, const ActView& a, size_t r
     const uint8_t* wb = tile + b * kTb;
     __m512i w[8];
     for (int g = 0; g < 8; ++g) w[g] = _mm512_loadu_si512(wb + 64 * g);
-    const __m512 dw_lo = load16_scales(wb + 512, F32);
-    const __m512 dw_hi = F32 ? _mm512_loadu_ps(wb + 576) : dw_lo;
+    const __m512 dw = Q51 ? _mm512_loadu_ps(wb + 512) : load16_fp16(wb + 512);
     for (int r = 0; r < R; ++r) {
       const int8_t* q = xq[r] + b * kQK;
-      const __m512 xdb = _mm512_set1_ps(xd[r][b]);
-      const __m512 dd_lo = _mm512_mul_ps(dw_lo, xdb);
-      const __m512 dd_hi = F32 ? _mm512_mul_ps(dw_hi, xdb) : dd_lo;
+      const __m512 dd = _mm512_mul_ps(dw, _mm512_set1_ps(xd[r][b]));
       for (int g = 0; g < 8; ++g) {
         // Start from -128 * sum(q of the group): sum (w+128) q - 128 sum q = sum w q exactly.
         const __m512i s = _mm512_dpbusd_epi32(_mm512_set1_epi32(xc[r][8 * b + g]), w[g], bcast32(q + 4 * g));
-        acc[r][g] = _mm512_fmadd_ps(g < 4 ? dd_lo : dd_hi, _mm512_cvtepi32_ps(s), acc[r][g]);
+        acc[r][g] = _mm512_fmadd_ps(dd, _mm512_cvtepi32_ps(s), acc[r][g]);
       }
     }
   }
   for (int r = 0; r < R; ++r) {
     __m512 out = hsum8_lanes(acc[r]);
-    if constexpr (Min != MinSum::None) {
-      const float* xs = Min == MinSum::Fp16 ? a.s16(r0 + r) : a.sx(r0 + r);
+    if constexpr (Q51) {
+      const float* xs = a.s16(r0 + r);
       __m512 summ = _mm512_setzero_ps();
       for (size_t b = 0; b < nb; ++b)
         summ = _mm512_fmadd_ps(_mm512_loadu_ps(tile + b * kTb + 640), _mm512_set1_ps(xs[b]), summ);
@@ -203,6 +194,92 @@ void run_rows(const uint8_t* tile, size_t nb, const ActView& a, size_t r0, size_
   if (r < nr) F1(tile, nb, a, r0 + r, y + r * y_stride, y_stride, mask);
 }
 
+// K super-tiles (kernels_impl.h), R activation rows: per super-block, exact integer group
+// sums times the sub-block scales (vpmulld) accumulate in S; one fma per lane per
+// super-block, as llama.cpp's Q8_K dot.
+inline __m512i scales16(const uint8_t* p, bool is_signed) {
+  const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return is_signed ? _mm512_cvtepi8_epi32(v) : _mm512_cvtepu8_epi32(v);
+}
+
+template <KQuant Q, int R>
+inline void k_rows(const uint8_t* tile, size_t nb, const ActView& a, size_t r0, float* y, size_t y_stride,
+                   __mmask16 store_mask) {
+  constexpr KTileGeom G = ktile_geom(Q);
+  __m512 lane[R][8], accm[R][4], summs[R];
+  for (int r = 0; r < R; ++r) {
+    for (int g = 0; g < 8; ++g) lane[r][g] = _mm512_setzero_ps();
+    for (int i = 0; i < 4; ++i) accm[r][i] = _mm512_setzero_ps();
+    summs[r] = _mm512_setzero_ps();
+  }
+  const __m512i low4 = _mm512_set1_epi8(0x0F);
+  for (size_t sb = 0; sb < nb / 8; ++sb) {
+    const uint8_t* t = tile + sb * G.bytes;
+    __m512i S[R][8];
+    for (int r = 0; r < R; ++r) {
+      const int32_t* bs16 = a.kbs16(r0 + r) + 16 * sb;
+      for (int g = 0; g < 8; ++g) {
+        S[r][g] = _mm512_setzero_si512();
+        if constexpr (Q == KQuant::Q6) {  // the -32 offset, lane g taking block g's share
+          const __m512i lo = _mm512_mullo_epi32(scales16(t + G.sc + 16 * g, true), _mm512_set1_epi32(bs16[2 * g]));
+          const __m512i hi = _mm512_mullo_epi32(scales16(t + G.sc_hi + 16 * g, true), _mm512_set1_epi32(bs16[2 * g + 1]));
+          S[r][g] = _mm512_mullo_epi32(_mm512_add_epi32(lo, hi), _mm512_set1_epi32(-32));
+        }
+      }
+    }
+    for (size_t c = 0; c < 8; ++c) {
+      const size_t b = sb * 8 + c;
+      __m512i w[8];
+      if constexpr (Q == KQuant::Q4) {
+        for (int g = 0; g < 4; ++g) {
+          const __m512i v = _mm512_loadu_si512(t + 256 * c + 64 * g);
+          w[g] = _mm512_and_si512(v, low4);
+          w[g + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+        }
+      } else {
+        for (int g = 0; g < 8; ++g) w[g] = _mm512_loadu_si512(t + 512 * c + 64 * g);
+      }
+      const __m512i sc_lo = scales16(t + G.sc + 16 * c, Q == KQuant::Q6);
+      const __m512i sc_hi = Q == KQuant::Q6 ? scales16(t + G.sc_hi + 16 * c, true) : sc_lo;
+      for (int r = 0; r < R; ++r) {
+        const int8_t* q = a.qs(r0 + r) + b * kQK;
+        for (int g = 0; g < 8; ++g) {
+          const __m512i s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[g], bcast32(q + 4 * g));
+          S[r][g] = _mm512_add_epi32(S[r][g], _mm512_mullo_epi32(s, g < 4 ? sc_lo : sc_hi));
+        }
+      }
+    }
+    const __m512 dw = _mm512_loadu_ps(t + G.d);
+    for (int r = 0; r < R; ++r) {
+      const float xd = a.kd(r0 + r)[sb];
+      const __m512 dd = _mm512_mul_ps(_mm512_set1_ps(xd), dw);
+      for (int g = 0; g < 8; ++g) lane[r][g] = _mm512_fmadd_ps(dd, _mm512_cvtepi32_ps(S[r][g]), lane[r][g]);
+      if constexpr (Q != KQuant::Q6) {
+        const __m512 dmin = _mm512_mul_ps(_mm512_set1_ps(-xd), _mm512_loadu_ps(t + G.dmin));
+        const int32_t* bs16 = a.kbs16(r0 + r) + 16 * sb;
+        __m512i mb[8];
+        for (int j = 0; j < 8; ++j)
+          mb[j] = _mm512_mullo_epi32(scales16(t + G.m + 16 * j, false), _mm512_set1_epi32(bs16[2 * j] + bs16[2 * j + 1]));
+        if constexpr (Q == KQuant::Q4) {
+          for (int i = 0; i < 4; ++i)
+            accm[r][i] = _mm512_fmadd_ps(dmin, _mm512_cvtepi32_ps(_mm512_add_epi32(mb[2 * i], mb[2 * i + 1])), accm[r][i]);
+        } else {
+          __m512i tot = mb[0];
+          for (int j = 1; j < 8; ++j) tot = _mm512_add_epi32(tot, mb[j]);
+          summs[r] = _mm512_fmadd_ps(dmin, _mm512_cvtepi32_ps(tot), summs[r]);
+        }
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    __m512 out = hsum8_lanes(lane[r]);
+    if constexpr (Q == KQuant::Q4)
+      out = _mm512_add_ps(out, _mm512_add_ps(_mm512_add_ps(accm[r][0], accm[r][2]), _mm512_add_ps(accm[r][1], accm[r][3])));
+    if constexpr (Q == KQuant::Q5) out = _mm512_add_ps(out, summs[r]);
+    _mm512_mask_storeu_ps(y + r * y_stride, store_mask, out);
+  }
+}
+
 template <bool BF16>
 void half_tile(const uint8_t* tile, size_t nb, const ActView& a, size_t r0, size_t nr, float* y, size_t y_stride,
                unsigned o_lo, unsigned o_hi) {
@@ -214,15 +291,25 @@ void half_tile(const uint8_t* tile, size_t nb, const ActView& a, size_t r0, size
 
 template <NibKind K>
 constexpr TileKernelFn kNibTile = run_rows<nib_rows<K, 1>, nib_rows<K, 2>>;
-template <bool F32, MinSum Min>
-constexpr TileKernelFn kByteTile = run_rows<byte_rows<F32, Min, 1>, byte_rows<F32, Min, 2>>;
+template <bool Q51>
+constexpr TileKernelFn kByteTile = run_rows<byte_rows<Q51, 1>, byte_rows<Q51, 2>>;
 
 }  // namespace
 
+TileKernelFn kquant_tile_avx512(KQuant q) {
+  switch (q) {
+    case KQuant::Q4: return run_rows<k_rows<KQuant::Q4, 1>, k_rows<KQuant::Q4, 2>>;
+    case KQuant::Q5: return run_rows<k_rows<KQuant::Q5, 1>, k_rows<KQuant::Q5, 2>>;
+    case KQuant::Q6: break;
+  }
+  return run_rows<k_rows<KQuant::Q6, 1>, k_rows<KQuant::Q6, 2>>;
+}
+
 const IsaKernels& avx512_kernels() {
-  static const IsaKernels k{quantize_q8_avx512,         kNibTile<NibKind::Q4_1>,   kNibTile<NibKind::Q4_0>,
-                            kNibTile<NibKind::Nib32>,   kByteTile<false, MinSum::None>,   kByteTile<true, MinSum::None>,
-                            kByteTile<true, MinSum::Exact>, kByteTile<true, MinSum::Fp16>,      half_tile<false>,          half_tile<true>};
+  static const IsaKernels k{quantize_q8_avx512,         kNibTile<NibKind::Q4_1>, kNibTile<NibKind::Q4_0>,
+                            kByteTile<false>,           kByteTile<true>,         half_tile<false>,
+                            half_tile<true>,            kquant_tile_avx512(KQuant::Q4),
+                            kquant_tile_avx512(KQuant::Q5), kquant_tile_avx512(KQuant::Q6)};
   return k;
 }
 

@@ -249,8 +249,7 @@ void quantize_q8_portable(const float* x, size_t cols, uint8_t* out) {
   int8_t* qs = reinterpret_cast<int8_t*>(out);
   float* dv = reinterpret_cast<float*>(out + nb * kQK);
   float* s16 = dv + nb;
-  float* sx = dv + 2 * nb;
-  int32_t* cv = reinterpret_cast<int32_t*>(dv + 3 * nb);
+  int32_t* cv = reinterpret_cast<int32_t*>(dv + 2 * nb);
   for (size_t b = 0; b < nb; ++b) {
     const float* xb = x + b * kQK;
     float amax = 0.0f;
@@ -267,35 +266,25 @@ void quantize_q8_portable(const float* x, size_t cols, uint8_t* out) {
     }
     dv[b] = fp16_round(d);
     s16[b] = fp16_round(d * static_cast<float>(sum));
-    sx[b] = dv[b] * static_cast<float>(sum);
     for (int g = 0; g < 8; ++g) cv[8 * b + g] = -128 * group_sum[g];
   }
-}
-
-// The scale and min of row o in one tile block, per layout (kernels_impl.h).
-inline float nib_d(NibKind k, const uint8_t* wb, unsigned o) {
-  return k == NibKind::Nib32 ? load_f32(wb + 256 + 4 * o) : fp16_to_fp32(load_u16(wb + 256 + 2 * o));
-}
-inline float nib_m(NibKind k, const uint8_t* wb, unsigned o) {
-  return k == NibKind::Nib32 ? load_f32(wb + 320 + 4 * o) : fp16_to_fp32(load_u16(wb + 288 + 2 * o));
 }
 
 template <NibKind K>
 void nib_tile_portable(const uint8_t* tile, size_t nb, const ActView& a, size_t r0, size_t nr, float* y,
                        size_t y_stride, unsigned o_lo, unsigned o_hi) {
-  const size_t tb = K == NibKind::Nib32 ? kNib32TileBlock : kNib16TileBlock;
   for (size_t r = 0; r < nr; ++r) {
     const int8_t* xq = a.qs(r0 + r);
     const float* xd = a.d(r0 + r);
-    const float* xs = K == NibKind::Q4_1 ? a.s16(r0 + r) : a.sx(r0 + r);
+    const float* xs = a.s16(r0 + r);
     const int32_t* xc = a.corr(r0 + r);
     float lane[kTileRows][8] = {};
     float summ[kTileRows] = {};
     for (size_t b = 0; b < nb; ++b) {
-      const uint8_t* wb = tile + b * tb;
+      const uint8_t* wb = tile + b * kNib16TileBlock;
       const int8_t* q = xq + b * kQK;
       for (unsigned o = 0; o < kTileRows; ++o) {
-        const float dd = nib_d(K, wb, o) * xd[b];
+        const float dd = fp16_to_fp32(load_u16(wb + 256 + 2 * o)) * xd[b];
         for (int g = 0; g < 4; ++g) {
           // Groups g (low nibbles) and g + 4 (high nibbles); Q4_0 starts at -8 sum(q).
           int lo = K == NibKind::Q4_0 ? xc[8 * b + g] / 16 : 0;
@@ -308,7 +297,7 @@ void nib_tile_portable(const uint8_t* tile, size_t nb, const ActView& a, size_t 
           lane[o][g] = std::fma(dd, static_cast<float>(lo), lane[o][g]);
           lane[o][g + 4] = std::fma(dd, static_cast<float>(hi), lane[o][g + 4]);
         }
-        if (K != NibKind::Q4_0) summ[o] = std::fma(nib_m(K, wb, o), xs[b], summ[o]);
+        if (K == NibKind::Q4_1) summ[o] = std::fma(fp16_to_fp32(load_u16(wb + 288 + 2 * o)), xs[b], summ[o]);
       }
     }
     for (unsigned o = o_lo; o < o_hi; ++o)
@@ -316,33 +305,31 @@ void nib_tile_portable(const uint8_t* tile, size_t nb, const ActView& a, size_t 
   }
 }
 
-// Byte tiles: F32 = kByte32 (float d_lo/d_hi), else kByte16 (one fp16 d); Min adds m sx or m s16.
-template <bool F32, MinSum Min>
+// Byte tiles: kByte16 (one fp16 d; Q8_0, Q5_0), or with Q51 kByte32Min (float d, + m s16).
+template <bool Q51>
 void byte_tile_portable(const uint8_t* tile, size_t nb, const ActView& a, size_t r0, size_t nr, float* y,
                         size_t y_stride, unsigned o_lo, unsigned o_hi) {
-  const size_t tb = F32 ? byte32_tile_block(Min != MinSum::None) : kByte16TileBlock;
+  const size_t tb = Q51 ? kByte32MinTileBlock : kByte16TileBlock;
   for (size_t r = 0; r < nr; ++r) {
     const int8_t* xq = a.qs(r0 + r);
     const float* xd = a.d(r0 + r);
-    const float* xs = Min == MinSum::Fp16 ? a.s16(r0 + r) : a.sx(r0 + r);
+    const float* xs = a.s16(r0 + r);
     float lane[kTileRows][8] = {};
     float summ[kTileRows] = {};
     for (size_t b = 0; b < nb; ++b) {
       const uint8_t* wb = tile + b * tb;
       const int8_t* q = xq + b * kQK;
       for (unsigned o = 0; o < kTileRows; ++o) {
-        const float dd_lo = (F32 ? load_f32(wb + 512 + 4 * o) : fp16_to_fp32(load_u16(wb + 512 + 2 * o))) * xd[b];
-        const float dd_hi = F32 ? load_f32(wb + 576 + 4 * o) * xd[b] : dd_lo;
+        const float dd = (Q51 ? load_f32(wb + 512 + 4 * o) : fp16_to_fp32(load_u16(wb + 512 + 2 * o))) * xd[b];
         for (int g = 0; g < 8; ++g) {
           int sumi = 0;
           for (int j = 0; j < 4; ++j) sumi += (static_cast<int>(wb[64 * g + 4 * o + j]) - 128) * q[4 * g + j];
-          lane[o][g] = std::fma(g < 4 ? dd_lo : dd_hi, static_cast<float>(sumi), lane[o][g]);
+          lane[o][g] = std::fma(dd, static_cast<float>(sumi), lane[o][g]);
         }
-        if (Min != MinSum::None) summ[o] = std::fma(load_f32(wb + 640 + 4 * o), xs[b], summ[o]);
+        if (Q51) summ[o] = std::fma(load_f32(wb + 640 + 4 * o), xs[b], summ[o]);
       }
     }
-    for (unsigned o = o_lo; o < o_hi; ++o)
-      y[r * y_stride + o] = Min != MinSum::None ? hsum8_llama(lane[o]) + summ[o] : hsum8_llama(lane[o]);
+    for (unsigned o = o_lo; o < o_hi; ++o) y[r * y_stride + o] = Q51 ? hsum8_llama(lane[o]) + summ[o] : hsum8_llama(lane[o]);
   }
 }
 
@@ -372,13 +359,13 @@ const IsaKernels& portable_kernels() {
   static const IsaKernels k{quantize_q8_portable,
                             nib_tile_portable<NibKind::Q4_1>,
                             nib_tile_portable<NibKind::Q4_0>,
-                            nib_tile_portable<NibKind::Nib32>,
-                            byte_tile_portable<false, MinSum::None>,
-                            byte_tile_portable<true, MinSum::None>,
-                            byte_tile_portable<true, MinSum::Exact>,
-                            byte_tile_portable<true, MinSum::Fp16>,
+                            byte_tile_portable<false>,
+                            byte_tile_portable<true>,
                             half_tile_portable<false>,
-                            half_tile_portable<true>};
+                            half_tile_portable<true>,
+                            kquant_tile_portable(KQuant::Q4),
+                            kquant_tile_portable(KQuant::Q5),
+                            kquant_tile_portable(KQuant::Q6)};
   return k;
 }
 

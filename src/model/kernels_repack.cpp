@@ -19,8 +19,8 @@ namespace {
 // nibble layouts; q + 128 for byte layouts), and the scales as the layout stores them.
 struct Block32 {
   uint8_t u[32];
-  uint16_t d16 = 0, m16 = 0;       // Nib16 / Byte16: the file's fp16 bits
-  float d_lo = 0, d_hi = 0, m = 0;  // Nib32 / Byte32: d (per half for Q6_K) and min
+  uint16_t d16 = 0, m16 = 0;  // Nib16 / Byte16: the file's fp16 bits
+  float d = 0, m = 0;          // Byte32Min (Q5_1): d and min as floats
 };
 
 inline float h2f(const uint8_t* p) { return fp16_to_fp32(load_u16(p)); }
@@ -75,49 +75,8 @@ void decode_block(GgmlType type, const uint8_t* row, size_t b, Block32& out) {
       uint32_t qh;
       std::memcpy(&qh, blk + 4, 4);
       for (int j = 0; j < 32; ++j) out.u[j] = static_cast<uint8_t>(q5_value(blk + 8, qh, j) + 128);
-      out.d_lo = out.d_hi = h2f(blk);
+      out.d = h2f(blk);
       out.m = h2f(blk + 2);
-      return;
-    }
-    case GgmlType::Q4_K: {  // sub-block j of 8: w = (d sc_j) q - dmin m_j
-      const uint8_t* blk = row + (b / 8) * 144;
-      const int j = static_cast<int>(b % 8);
-      const uint8_t* qs = blk + 16 + 32 * (j / 2);
-      for (int l = 0; l < 32; ++l) out.u[l] = (j & 1) ? qs[l] >> 4 : qs[l] & 0xF;
-      uint8_t sc, mn;
-      k_scale_min(j, blk + 4, sc, mn);
-      out.d_lo = out.d_hi = h2f(blk) * sc;
-      out.m = -(h2f(blk + 2) * mn);
-      return;
-    }
-    case GgmlType::Q5_K: {
-      const uint8_t* blk = row + (b / 8) * 176;
-      const int j = static_cast<int>(b % 8), c = j / 2;
-      const uint8_t* qh = blk + 16;
-      const uint8_t* ql = blk + 48 + 32 * c;
-      const uint8_t bit = static_cast<uint8_t>((j & 1 ? 2 : 1) << (2 * c));
-      for (int l = 0; l < 32; ++l)
-        out.u[l] = static_cast<uint8_t>(((j & 1) ? ql[l] >> 4 : ql[l] & 0xF) + (qh[l] & bit ? 16 : 0) + 128);
-      uint8_t sc, mn;
-      k_scale_min(j, blk + 4, sc, mn);
-      out.d_lo = out.d_hi = h2f(blk) * sc;
-      out.m = -(h2f(blk + 2) * mn);
-      return;
-    }
-    case GgmlType::Q6_K: {  // 16-element sub-blocks with int8 scales: w = (d sc) (q - 32)
-      const uint8_t* blk = row + (b / 8) * 210;
-      const int j = static_cast<int>(b % 8), half = j / 4, quarter = j % 4;
-      const uint8_t* ql = blk + 64 * half + (quarter & 1 ? 32 : 0);
-      const uint8_t* qh = blk + 128 + 32 * half;
-      const int8_t* sc = reinterpret_cast<const int8_t*>(blk + 192) + 8 * half;
-      const int shift = 2 * quarter;
-      for (int l = 0; l < 32; ++l) {
-        const int low = quarter < 2 ? ql[l] & 0xF : ql[l] >> 4;
-        out.u[l] = static_cast<uint8_t>((low | (((qh[l] >> shift) & 3) << 4)) + 96);
-      }
-      const float d = h2f(blk + 208);
-      out.d_lo = d * sc[2 * quarter];
-      out.d_hi = d * sc[2 * quarter + 1];
       return;
     }
     default: throw std::invalid_argument("repack: no tile layout for " + std::string(ggml_type_name(type)));
@@ -129,31 +88,103 @@ inline void store_f32(uint8_t* p, float v) { std::memcpy(p, &v, 4); }
 // Writes `blk` as lane o of the tile block at dst.
 void pack_block(TileLayout layout, const Block32& blk, unsigned o, uint8_t* dst) {
   switch (layout) {
-    case TileLayout::Nib16: case TileLayout::Nib32:
+    case TileLayout::Nib16:
       for (int g = 0; g < 4; ++g)
         for (int j = 0; j < 4; ++j)
           dst[64 * g + 4 * o + j] = static_cast<uint8_t>(blk.u[4 * g + j] | (blk.u[16 + 4 * g + j] << 4));
-      if (layout == TileLayout::Nib16) {
-        std::memcpy(dst + 256 + 2 * o, &blk.d16, 2);
-        std::memcpy(dst + 288 + 2 * o, &blk.m16, 2);
-      } else {
-        store_f32(dst + 256 + 4 * o, blk.d_lo);
-        store_f32(dst + 320 + 4 * o, blk.m);
-      }
+      std::memcpy(dst + 256 + 2 * o, &blk.d16, 2);
+      std::memcpy(dst + 288 + 2 * o, &blk.m16, 2);
       return;
-    case TileLayout::Byte16: case TileLayout::Byte32: case TileLayout::Byte32Min:
+    case TileLayout::Byte16: case TileLayout::Byte32Min:
       for (int g = 0; g < 8; ++g) std::memcpy(dst + 64 * g + 4 * o, blk.u + 4 * g, 4);
       if (layout == TileLayout::Byte16) {
         std::memcpy(dst + 512 + 2 * o, &blk.d16, 2);
-      } else {
-        store_f32(dst + 512 + 4 * o, blk.d_lo);
-        store_f32(dst + 576 + 4 * o, blk.d_hi);
-        if (layout == TileLayout::Byte32Min) store_f32(dst + 640 + 4 * o, blk.m);
+      } else {  // d_lo = d_hi = d
+        store_f32(dst + 512 + 4 * o, blk.d);
+        store_f32(dst + 576 + 4 * o, blk.d);
+        store_f32(dst + 640 + 4 * o, blk.m);
       }
       return;
-    case TileLayout::Half: case TileLayout::None: break;
+    default: break;
   }
   throw std::logic_error("pack_block: not a block-quantized layout");
+}
+
+// One super-block (256 elements) of one row of a K-quant in integer form: the unsigned
+// stored values, the sub-block scales (Q6_K: one per 16 elements, signed) and mins, and
+// the fp16 super-block scales as floats.
+struct KBlock {
+  uint8_t u[256];
+  int sc[16];
+  uint8_t m[8];
+  float d = 0, dmin = 0;
+};
+
+void decode_kblock(GgmlType type, const uint8_t* row, size_t sb, KBlock& out) {
+  switch (type) {
+    case GgmlType::Q4_K: case GgmlType::Q5_K: {
+      const bool q5 = type == GgmlType::Q5_K;
+      const uint8_t* blk = row + sb * (q5 ? 176 : 144);
+      const uint8_t* qh = blk + 16;
+      for (int j = 0; j < 8; ++j) {  // sub-block j: nibbles of bytes [32 (j/2), +32), low for even j
+        const uint8_t* ql = blk + (q5 ? 48 : 16) + 32 * (j / 2);
+        const uint8_t bit = static_cast<uint8_t>(1u << j);  // Q5_K: fifth bit of sub-block j
+        for (int l = 0; l < 32; ++l) {
+          const int low = (j & 1) ? ql[l] >> 4 : ql[l] & 0xF;
+          out.u[32 * j + l] = static_cast<uint8_t>(low + (q5 && (qh[l] & bit) ? 16 : 0));
+        }
+        uint8_t sc, mn;
+        k_scale_min(j, blk + 4, sc, mn);
+        out.sc[j] = sc;
+        out.m[j] = mn;
+      }
+      out.d = h2f(blk);
+      out.dmin = h2f(blk + 2);
+      return;
+    }
+    case GgmlType::Q6_K: {
+      const uint8_t* blk = row + sb * 210;
+      for (int e = 0; e < 256; ++e) {
+        const int half = e / 128, quarter = e % 128 / 32, l = e % 32;
+        const uint8_t* ql = blk + 64 * half + (quarter & 1 ? 32 : 0);
+        const uint8_t qh = blk[128 + 32 * half + l];
+        const int low = quarter < 2 ? ql[l] & 0xF : ql[l] >> 4;
+        out.u[e] = static_cast<uint8_t>(low | (((qh >> (2 * quarter)) & 3) << 4));
+      }
+      for (int i = 0; i < 16; ++i) out.sc[i] = static_cast<int8_t>(blk[192 + i]);
+      out.d = h2f(blk + 208);
+      return;
+    }
+    default: throw std::invalid_argument("repack: not a K-quant: " + std::string(ggml_type_name(type)));
+  }
+}
+
+KQuant kquant_of(GgmlType t) {
+  return t == GgmlType::Q4_K ? KQuant::Q4 : t == GgmlType::Q5_K ? KQuant::Q5 : KQuant::Q6;
+}
+
+// Writes `kb` as row o of the super-tile at dst (layout in kernels_impl.h).
+void pack_kblock(KQuant q, const KBlock& kb, unsigned o, uint8_t* dst) {
+  const KTileGeom g = ktile_geom(q);
+  for (int c = 0; c < 8; ++c) {
+    const uint8_t* u = kb.u + 32 * c;
+    if (q == KQuant::Q4) {
+      for (int gr = 0; gr < 4; ++gr)
+        for (int j = 0; j < 4; ++j)
+          dst[256 * c + 64 * gr + 4 * o + j] = static_cast<uint8_t>(u[4 * gr + j] | (u[16 + 4 * gr + j] << 4));
+    } else {
+      for (int gr = 0; gr < 8; ++gr) std::memcpy(dst + 512 * c + 64 * gr + 4 * o, u + 4 * gr, 4);
+    }
+    if (q == KQuant::Q6) {
+      dst[g.sc + 16 * c + o] = static_cast<uint8_t>(kb.sc[2 * c]);
+      dst[g.sc_hi + 16 * c + o] = static_cast<uint8_t>(kb.sc[2 * c + 1]);
+    } else {
+      dst[g.sc + 16 * c + o] = static_cast<uint8_t>(kb.sc[c]);
+      dst[g.m + 16 * c + o] = kb.m[c];
+    }
+  }
+  store_f32(dst + g.d + 4 * o, kb.d);
+  if (q != KQuant::Q6) store_f32(dst + g.dmin + 4 * o, kb.dmin);
 }
 
 }  // namespace
@@ -162,21 +193,19 @@ TileLayout tile_layout_for(uint32_t weight_type, size_t cols) {
   switch (static_cast<GgmlType>(weight_type)) {
     case GgmlType::F16: case GgmlType::BF16: return cols % kQK == 0 ? TileLayout::Half : TileLayout::None;
     case GgmlType::Q4_0: case GgmlType::Q4_1: return TileLayout::Nib16;
-    case GgmlType::Q4_K: return TileLayout::Nib32;
     case GgmlType::Q8_0: case GgmlType::Q5_0: return TileLayout::Byte16;
-    case GgmlType::Q6_K: return TileLayout::Byte32;
-    case GgmlType::Q5_K: case GgmlType::Q5_1: return TileLayout::Byte32Min;
+    case GgmlType::Q5_1: return TileLayout::Byte32Min;
+    case GgmlType::Q4_K: case GgmlType::Q5_K: case GgmlType::Q6_K: return TileLayout::KSuper;
     default: return TileLayout::None;
   }
 }
 
-size_t tile_block_bytes(TileLayout layout) {
+size_t tile_block_bytes(uint32_t weight_type, TileLayout layout) {
   switch (layout) {
+    case TileLayout::KSuper: return ktile_geom(kquant_of(static_cast<GgmlType>(weight_type))).bytes / 8;
     case TileLayout::Nib16: return kNib16TileBlock;
-    case TileLayout::Nib32: return kNib32TileBlock;
     case TileLayout::Byte16: return kByte16TileBlock;
-    case TileLayout::Byte32: return byte32_tile_block(false);
-    case TileLayout::Byte32Min: return byte32_tile_block(true);
+    case TileLayout::Byte32Min: return kByte32MinTileBlock;
     case TileLayout::Half: return kHalfTileBlock;
     case TileLayout::None: break;
   }
@@ -186,10 +215,21 @@ size_t tile_block_bytes(TileLayout layout) {
 void repack_matrix(uint32_t weight_type, const uint8_t* data, size_t rows, size_t cols, uint8_t* packed) {
   const auto type = static_cast<GgmlType>(weight_type);
   const TileLayout layout = tile_layout_for(weight_type, cols);
-  const size_t tb = tile_block_bytes(layout), nb = cols / kQK;
+  const size_t tb = tile_block_bytes(weight_type, layout), nb = cols / kQK;
   const size_t n_tiles = (rows + kTileRows - 1) / kTileRows;
   const size_t row_bytes = ggml_row_bytes(type, cols);
   std::memset(packed, 0, n_tiles * nb * tb);  // padding rows: zero scales, so zero output
+  if (layout == TileLayout::KSuper) {
+    const KQuant q = kquant_of(type);
+    const size_t sb_bytes = ktile_geom(q).bytes, nsb = nb / 8;
+    KBlock kb;
+    for (size_t o = 0; o < rows; ++o)
+      for (size_t sb = 0; sb < nsb; ++sb) {
+        decode_kblock(type, data + o * row_bytes, sb, kb);
+        pack_kblock(q, kb, static_cast<unsigned>(o % kTileRows), packed + (o / kTileRows) * nb * tb + sb * sb_bytes);
+      }
+    return;
+  }
   if (layout == TileLayout::Half) {  // word k of block b of row o at [k][o]
     for (size_t o = 0; o < rows; ++o) {
       const uint8_t* src = data + o * row_bytes;
@@ -213,9 +253,35 @@ void repack_matrix(uint32_t weight_type, const uint8_t* data, size_t rows, size_
 void dequantize_packed_row(uint32_t weight_type, const uint8_t* packed, size_t cols, size_t o, float* dst) {
   const auto type = static_cast<GgmlType>(weight_type);
   const TileLayout layout = tile_layout_for(weight_type, cols);
-  const size_t tb = tile_block_bytes(layout), nb = cols / kQK;
+  const size_t tb = tile_block_bytes(weight_type, layout), nb = cols / kQK;
   const unsigned lane = static_cast<unsigned>(o % kTileRows);
   const uint8_t* tile = packed + (o / kTileRows) * nb * tb;
+  if (layout == TileLayout::KSuper) {  // the same float operations as kernels_ref.cpp
+    const KQuant q = kquant_of(type);
+    const KTileGeom g = ktile_geom(q);
+    for (size_t sb = 0; sb < nb / 8; ++sb) {
+      const uint8_t* t = tile + sb * g.bytes;
+      const float d = load_f32(t + g.d + 4 * lane);
+      for (int e = 0; e < 256; ++e) {
+        const int c = e / 32, l = e % 32;
+        float* out = dst + sb * kQK_K + e;
+        if (q == KQuant::Q4) {
+          const uint8_t v = t[256 * c + 64 * (l % 16 / 4) + 4 * lane + l % 4];
+          const int w = l < 16 ? v & 0xF : v >> 4;
+          *out = d * t[g.sc + 16 * c + lane] * static_cast<float>(w) - load_f32(t + g.dmin + 4 * lane) * t[g.m + 16 * c + lane];
+        } else {
+          const int w = t[512 * c + 64 * (l / 4) + 4 * lane + l % 4];
+          if (q == KQuant::Q5) {
+            *out = d * t[g.sc + 16 * c + lane] * static_cast<float>(w) - load_f32(t + g.dmin + 4 * lane) * t[g.m + 16 * c + lane];
+          } else {
+            const auto sc = static_cast<int8_t>(t[(l < 16 ? g.sc : g.sc_hi) + 16 * c + lane]);
+            *out = d * sc * static_cast<float>(w - 32);
+          }
+        }
+      }
+    }
+    return;
+  }
   for (size_t b = 0; b < nb; ++b) {
     const uint8_t* src = tile + b * tb;
     float* y = dst + b * kQK;
@@ -227,36 +293,27 @@ void dequantize_packed_row(uint32_t weight_type, const uint8_t* packed, size_t c
       continue;
     }
     // The same float operations as kernels_ref.cpp's dequantizers, on the same values.
-    if (layout == TileLayout::Nib16 || layout == TileLayout::Nib32) {
+    if (layout == TileLayout::Nib16) {
+      const float d = h2f(src + 256 + 2 * lane), m = h2f(src + 288 + 2 * lane);
       for (int g = 0; g < 4; ++g)
         for (int j = 0; j < 4; ++j) {
           const uint8_t v = src[64 * g + 4 * lane + j];
           const int e = 4 * g + j;
           if (type == GgmlType::Q4_0) {
-            const float d = h2f(src + 256 + 2 * lane);
             y[e] = static_cast<float>((v & 0xF) - 8) * d;
             y[e + 16] = static_cast<float>((v >> 4) - 8) * d;
-          } else if (type == GgmlType::Q4_1) {
-            const float d = h2f(src + 256 + 2 * lane), m = h2f(src + 288 + 2 * lane);
+          } else {  // Q4_1
             y[e] = static_cast<float>(v & 0xF) * d + m;
             y[e + 16] = static_cast<float>(v >> 4) * d + m;
-          } else {  // Q4_K: d1 * q - m1 with m = -m1
-            const float d = load_f32(src + 256 + 4 * lane), m = load_f32(src + 320 + 4 * lane);
-            y[e] = d * static_cast<float>(v & 0xF) - (-m);
-            y[e + 16] = d * static_cast<float>(v >> 4) - (-m);
           }
         }
     } else {
       for (int e = 0; e < 32; ++e) {
         const int q = static_cast<int>(src[64 * (e / 4) + 4 * lane + e % 4]) - 128;
-        if (layout == TileLayout::Byte16) {
+        if (layout == TileLayout::Byte16)
           y[e] = static_cast<float>(q) * h2f(src + 512 + 2 * lane);
-        } else {
-          const float d = load_f32(src + (e < 16 ? 512 : 576) + 4 * lane);
-          if (type == GgmlType::Q6_K) y[e] = d * static_cast<float>(q);
-          else if (type == GgmlType::Q5_K) y[e] = d * static_cast<float>(q) - (-load_f32(src + 640 + 4 * lane));
-          else y[e] = static_cast<float>(q) * d + load_f32(src + 640 + 4 * lane);  // Q5_1
-        }
+        else  // Q5_1
+          y[e] = static_cast<float>(q) * load_f32(src + 512 + 4 * lane) + load_f32(src + 640 + 4 * lane);
       }
     }
   }

@@ -255,7 +255,7 @@ TEST(Quantize, Q8MatchesLlamaCppRuleOnEveryIsa) {
   for (size_t i = 32; i < 64; ++i) x[i] = (static_cast<float>(i) - 48.0f) * 0.5f;  // ties
   std::vector<uint8_t> want(kern::act_row_stride(nb)), got(want.size());
   // Reference by the rule: id = 127/amax, q = round-half-even(x*id), d = fp16(amax/127);
-  // s16 = fp16(d_unrounded * sum q) (llama.cpp's Q8_1 s), sx = d * sum q, corr = -128 * group sums.
+  // s16 = fp16(d_unrounded * sum q) (llama.cpp's Q8_1 s), corr = -128 * group sums.
   int8_t* wq = reinterpret_cast<int8_t*>(want.data());
   float* dv = reinterpret_cast<float*>(want.data() + nb * 32);
   for (size_t b = 0; b < nb; ++b) {
@@ -271,8 +271,7 @@ TEST(Quantize, Q8MatchesLlamaCppRuleOnEveryIsa) {
     const float d = amax / 127.0f;
     dv[b] = fp16_to_fp32(fp32_to_fp16(d));
     dv[nb + b] = fp16_to_fp32(fp32_to_fp16(d * static_cast<float>(sum)));
-    dv[2 * nb + b] = dv[b] * static_cast<float>(sum);
-    for (int g = 0; g < 8; ++g) reinterpret_cast<int32_t*>(dv + 3 * nb)[8 * b + g] = -128 * group_sum[g];
+    for (int g = 0; g < 8; ++g) reinterpret_cast<int32_t*>(dv + 2 * nb)[8 * b + g] = -128 * group_sum[g];
   }
   EXPECT_EQ(wq[32 + 1], -std::lround(127.0f * 15.0f / 16.0f));
   for (Isa isa : {Isa::Portable, Isa::Avx2, Isa::Avx512}) {
@@ -282,7 +281,7 @@ TEST(Quantize, Q8MatchesLlamaCppRuleOnEveryIsa) {
                                        : kern::portable_kernels();
     std::fill(got.begin(), got.end(), 0);
     k.quantize_q8(x.data(), cols, got.data());
-    const size_t record = nb * (32 + 12 + 32);  // qs, d, s16, sx, the 8 corrections
+    const size_t record = nb * (32 + 8 + 32);  // qs, d, s16, the 8 corrections
     EXPECT_EQ(0, std::memcmp(want.data(), got.data(), record)) << isa_name(isa);
   }
 }
@@ -304,10 +303,11 @@ std::vector<float> random_acts(size_t n, size_t cols, std::mt19937& rng) {
   return x;
 }
 
-// Whether WeightMatrix multiplies type t with 8-bit activations (its block-quantized tiles).
+// Whether WeightMatrix multiplies type t with per-32 8-bit activations (its block tiles;
+// K super-tiles use Q8_K like the generic path, F16/BF16 tiles rounded floats).
 bool int8_tiles(GgmlType t, size_t cols) {
   const auto layout = kern::tile_layout_for(static_cast<uint32_t>(t), cols);
-  return layout != kern::TileLayout::None && layout != kern::TileLayout::Half;
+  return layout == kern::TileLayout::Nib16 || layout == kern::TileLayout::Byte16 || layout == kern::TileLayout::Byte32Min;
 }
 
 // The activations as the kernel sees them: quantized then dequantized (double). Repacked
@@ -582,6 +582,93 @@ TEST(Multiply, RepackedFollowsLlamaCppOrderExactly) {
         ASSERT_EQ(std::bit_cast<uint32_t>(kern::generic_dot(static_cast<uint32_t>(t), w.data() + o * rb, rec.data(), cols)),
                   std::bit_cast<uint32_t>(want[o]))
             << ggml_type_name(t) << " generic dot, row " << o;
+    }
+  }
+}
+
+// llama.cpp's x86 vec-dot of Q4_K/Q5_K/Q6_K with Q8_K (ggml_vec_dot_q{4,5,6}_K_q8_K, AVX2
+// branch), transcribed from the file's blocks: per super-block and lane g, the exact sum
+// over sub-blocks of scale * (dot of elements 4g..4g+3 of the 32-block; Q6_K's -32 offset
+// as 32 * block g's scaled bsums in lane g, as llama-cpp-python 0.3.36's ggml does it),
+// then lane[g] = fma(dx * d, S_g, lane[g]); Q4_K: 4 min lanes fma(-dx * dmin, m bs pairs),
+// reduced (0+2)+(1+3); Q5_K: one fma(-dx * dmin, sum m bs). Every ISA must match it.
+int k_scale(const uint8_t* q, int j, bool min) {
+  if (j < 4) return q[j + (min ? 4 : 0)] & 63;
+  return min ? (q[j + 4] >> 4) | ((q[j] >> 6) << 4) : (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+}
+
+float llama_kquant_dot(GgmlType t, const uint8_t* w_row, const float* x, size_t cols) {
+  std::vector<uint8_t> rec(kern::generic_act_row_bytes(static_cast<uint32_t>(t), cols));
+  kern::generic_quantize_row(static_cast<uint32_t>(t), x, cols, rec.data());
+  const size_t nsb = cols / 256;
+  const auto* xq = reinterpret_cast<const int8_t*>(rec.data());
+  const auto* xd = reinterpret_cast<const float*>(rec.data() + cols);
+  const auto* bsums = reinterpret_cast<const int16_t*>(rec.data() + cols + nsb * 4);
+  const size_t block_bytes = ggml_type_info(t).block_bytes;
+  float lane[8] = {}, accm[4] = {}, summs = 0.0f;
+  for (size_t sb = 0; sb < nsb; ++sb) {
+    const uint8_t* blk = w_row + sb * block_bytes;
+    int q[256], sc[16];
+    for (int e = 0; e < 256; ++e) {
+      const int j = e / 32, l = e % 32;
+      if (t == GgmlType::Q6_K) {
+        const int half = e / 128, quarter = e % 128 / 32;
+        const uint8_t lo = blk[64 * half + (quarter & 1) * 32 + l];
+        q[e] = (quarter < 2 ? lo & 0xF : lo >> 4) | (((blk[128 + 32 * half + l] >> (2 * quarter)) & 3) << 4);
+      } else {
+        const uint8_t lo = blk[(t == GgmlType::Q5_K ? 48 : 16) + 32 * (j / 2) + l];
+        q[e] = ((j & 1) ? lo >> 4 : lo & 0xF) + (t == GgmlType::Q5_K && ((blk[16 + l] >> j) & 1) ? 16 : 0);
+      }
+    }
+    for (int i = 0; i < 16; ++i)
+      sc[i] = t == GgmlType::Q6_K ? static_cast<int8_t>(blk[192 + i]) : k_scale(blk + 4, i / 2, false);
+    int S[8] = {};
+    for (int e = 0; e < 256; ++e) S[e % 32 / 4] += sc[e / 16] * q[e] * xq[sb * 256 + e];
+    if (t == GgmlType::Q6_K)  // q - 32: the offset subtracted per lane g from block g's sums
+      for (int g = 0; g < 8; ++g)
+        S[g] -= 32 * (sc[2 * g] * bsums[sb * 16 + 2 * g] + sc[2 * g + 1] * bsums[sb * 16 + 2 * g + 1]);
+    uint16_t dh, dminh;
+    std::memcpy(&dh, blk + (t == GgmlType::Q6_K ? 208 : 0), 2);
+    std::memcpy(&dminh, blk + 2, 2);
+    const float d = xd[sb] * fp16_to_fp32(dh);
+    for (int g = 0; g < 8; ++g) lane[g] = std::fma(d, static_cast<float>(S[g]), lane[g]);
+    if (t == GgmlType::Q6_K) continue;
+    const float dmin = -xd[sb] * fp16_to_fp32(dminh);
+    int mb[8];
+    for (int j = 0; j < 8; ++j) mb[j] = k_scale(blk + 4, j, true) * (bsums[sb * 16 + 2 * j] + bsums[sb * 16 + 2 * j + 1]);
+    if (t == GgmlType::Q4_K) {
+      for (int i = 0; i < 4; ++i) accm[i] = std::fma(dmin, static_cast<float>(mb[2 * i] + mb[2 * i + 1]), accm[i]);
+    } else {
+      summs = std::fma(dmin, static_cast<float>(mb[0] + mb[1] + mb[2] + mb[3] + mb[4] + mb[5] + mb[6] + mb[7]), summs);
+    }
+  }
+  const float h4[4] = {lane[0] + lane[4], lane[1] + lane[5], lane[2] + lane[6], lane[3] + lane[7]};
+  const float total = (h4[0] + h4[2]) + (h4[1] + h4[3]);
+  if (t == GgmlType::Q4_K) return total + ((accm[0] + accm[2]) + (accm[1] + accm[3]));
+  return t == GgmlType::Q5_K ? total + summs : total;
+}
+
+TEST(Multiply, KQuantsFollowLlamaCppOrderExactly) {
+  std::mt19937 rng(17);
+  ThreadPool pool(2);
+  for (GgmlType t : {GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K}) {
+    const size_t rows = 37, cols = 768;
+    const auto w = random_blocks(t, rows * cols / 256, rng, false);
+    WeightMatrix m(t, w.data(), rows, cols);
+    const size_t rb = ggml_row_bytes(t, cols);
+    for (size_t n : {1, 2, 5}) {
+      const auto x = random_acts(n, cols, rng);
+      std::vector<float> want(n * rows);
+      for (size_t r = 0; r < n; ++r)
+        for (size_t o = 0; o < rows; ++o) want[r * rows + o] = llama_kquant_dot(t, w.data() + o * rb, &x[r * cols], cols);
+      for (Isa isa : available_isas()) {
+        IsaGuard g(isa);
+        std::vector<float> y(n * rows);
+        m.multiply(x.data(), n, cols, y.data(), rows, pool);
+        for (size_t i = 0; i < y.size(); ++i)
+          ASSERT_EQ(std::bit_cast<uint32_t>(y[i]), std::bit_cast<uint32_t>(want[i]))
+              << ggml_type_name(t) << " " << isa_name(isa) << " n=" << n << " at " << i << ": " << y[i] << " vs " << want[i];
+      }
     }
   }
 }

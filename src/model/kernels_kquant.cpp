@@ -1,0 +1,124 @@
+// K-quant super-tiles: the Q8_K activation record and the portable kernel, which defines
+// the float sequence every ISA reproduces (kernels_impl.h: llama.cpp's AVX2 vec-dot of
+// Q4_K/Q5_K/Q6_K with Q8_K, so that K-quant files give llama.cpp's logits bit for bit).
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "model/kernels_impl.h"
+
+namespace cf::kern {
+
+void quantize_q8_k_record(const float* x, size_t cols, uint8_t* out) {
+  const size_t nb = cols / kQK, nsb = nb / 8;
+  const ActView a{out, 0, nb};
+  int8_t* qs = reinterpret_cast<int8_t*>(out);
+  float* dv = const_cast<float*>(a.kd(0));
+  int32_t* bs16 = const_cast<int32_t*>(a.kbs16(0));
+  for (size_t sb = 0; sb < nsb; ++sb) {
+    const float* xb = x + sb * kQK_K;
+    int8_t* q = qs + sb * kQK_K;
+    float amax = 0.0f, max = 0.0f;  // the value of largest magnitude, with its sign
+    for (size_t j = 0; j < kQK_K; ++j) {
+      const float ax = std::fabs(xb[j]);
+      if (ax > amax) {
+        amax = ax;
+        max = xb[j];
+      }
+    }
+    if (amax == 0.0f) {
+      dv[sb] = 0.0f;
+      std::memset(q, 0, kQK_K);
+    } else {
+      const float iscale = -127.0f / max;
+      for (size_t j = 0; j < kQK_K; ++j)
+        q[j] = static_cast<int8_t>(std::min(127, static_cast<int>(std::nearbyint(iscale * xb[j]))));
+      dv[sb] = 1.0f / iscale;
+    }
+  }
+  for (size_t i = 0; i < 2 * nb; ++i) {
+    int sum = 0;
+    for (size_t j = 0; j < 16; ++j) sum += qs[16 * i + j];
+    bs16[i] = sum;
+  }
+}
+
+namespace {
+
+// Stored value of element e (< 32) of block c, row o.
+template <KQuant Q>
+inline int kweight(const uint8_t* t, size_t c, unsigned o, int e) {
+  if constexpr (Q == KQuant::Q4) {
+    const uint8_t v = t[256 * c + 64 * (e % 16 / 4) + 4 * o + e % 4];
+    return e < 16 ? v & 0xF : v >> 4;
+  } else {
+    return t[512 * c + 64 * (e / 4) + 4 * o + e % 4];
+  }
+}
+
+template <KQuant Q>
+void ktile_portable(const uint8_t* tile, size_t nb, const ActView& a, size_t r0, size_t nr, float* y,
+                    size_t y_stride, unsigned o_lo, unsigned o_hi) {
+  constexpr KTileGeom G = ktile_geom(Q);
+  const size_t nsb = nb / 8;
+  for (size_t r = 0; r < nr; ++r) {
+    const int8_t* xq = a.qs(r0 + r);
+    const float* xd = a.kd(r0 + r);
+    const int32_t* bs16 = a.kbs16(r0 + r);
+    float lane[kTileRows][8] = {}, accm[kTileRows][4] = {}, summs[kTileRows] = {};
+    for (size_t sb = 0; sb < nsb; ++sb) {
+      const uint8_t* t = tile + sb * G.bytes;
+      for (unsigned o = 0; o < kTileRows; ++o) {
+        int32_t S[8] = {};
+        if constexpr (Q == KQuant::Q6)  // the -32 offset, lane g taking block g's share
+          for (int g = 0; g < 8; ++g)
+            S[g] = -32 * (static_cast<int8_t>(t[G.sc + 16 * g + o]) * bs16[16 * sb + 2 * g] +
+                          static_cast<int8_t>(t[G.sc_hi + 16 * g + o]) * bs16[16 * sb + 2 * g + 1]);
+        for (size_t c = 0; c < 8; ++c) {
+          const size_t b = sb * 8 + c;
+          const int8_t* q = xq + b * kQK;
+          for (int g = 0; g < 8; ++g) {
+            int isum = 0;
+            for (int j = 0; j < 4; ++j) isum += kweight<Q>(t, c, o, 4 * g + j) * q[4 * g + j];
+            const int sc = Q == KQuant::Q6 ? static_cast<int8_t>(t[(g < 4 ? G.sc : G.sc_hi) + 16 * c + o])
+                                           : t[G.sc + 16 * c + o];
+            S[g] += sc * isum;
+          }
+        }
+        const float dd = xd[sb] * load_f32(t + G.d + 4 * o);
+        for (int g = 0; g < 8; ++g) lane[o][g] = std::fma(dd, static_cast<float>(S[g]), lane[o][g]);
+        if constexpr (Q != KQuant::Q6) {
+          const float dmin = -xd[sb] * load_f32(t + G.dmin + 4 * o);
+          int32_t mb[8];
+          for (size_t j = 0; j < 8; ++j) mb[j] = t[G.m + 16 * j + o] * (bs16[16 * sb + 2 * j] + bs16[16 * sb + 2 * j + 1]);
+          if constexpr (Q == KQuant::Q4) {
+            for (int i = 0; i < 4; ++i) accm[o][i] = std::fma(dmin, static_cast<float>(mb[2 * i] + mb[2 * i + 1]), accm[o][i]);
+          } else {
+            int32_t tot = 0;
+            for (int j = 0; j < 8; ++j) tot += mb[j];
+            summs[o] = std::fma(dmin, static_cast<float>(tot), summs[o]);
+          }
+        }
+      }
+    }
+    for (unsigned o = o_lo; o < o_hi; ++o) {
+      float v = hsum8_llama(lane[o]);
+      if (Q == KQuant::Q4) v += (accm[o][0] + accm[o][2]) + (accm[o][1] + accm[o][3]);
+      if (Q == KQuant::Q5) v += summs[o];
+      y[r * y_stride + o] = v;
+    }
+  }
+}
+
+}  // namespace
+
+TileKernelFn kquant_tile_portable(KQuant q) {
+  switch (q) {
+    case KQuant::Q4: return ktile_portable<KQuant::Q4>;
+    case KQuant::Q5: return ktile_portable<KQuant::Q5>;
+    case KQuant::Q6: break;
+  }
+  return ktile_portable<KQuant::Q6>;
+}
+
+}  // namespace cf::kern
