@@ -418,6 +418,14 @@ std::string prometheus_text(const EngineMetrics& m, const HttpCounters& h) {
   os << "chunkfuse_http_responses_total{code=\"4xx\"} " << h.responses_4xx << '\n';
   os << "chunkfuse_http_responses_total{code=\"5xx\"} " << h.responses_5xx << '\n';
   counter("chunkfuse_http_streams_cancelled_total", "Streams whose client disconnected mid-answer.", h.streams_cancelled);
+  counter("chunkfuse_http_unauthorized_total", "Requests refused 401 (missing or wrong API key).", h.unauthorized);
+  counter("chunkfuse_http_connections_refused_total", "Connections answered 503 at the open-connection cap.",
+          h.connections_refused);
+  counter("chunkfuse_http_connection_timeouts_total", "Connections closed because a request did not arrive in time.",
+          h.connection_timeouts);
+  gauge("chunkfuse_http_connections_open", "Open HTTP connections.", static_cast<double>(h.connections_open));
+  counter("chunkfuse_store_damaged_entries_total",
+          "Chunk-cache files found bad (damaged, foreign model or shape) and moved aside.", m.store_damaged_entries);
   return os.str();
 }
 

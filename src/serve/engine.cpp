@@ -41,6 +41,7 @@
 #include "fusion/rag_prompt.h"
 #include "kv/chunk_cache.h"
 #include "kv/chunk_store.h"
+#include "kv/store_paths.h"
 #include "model/model.h"
 #include "runtime/forward.h"
 #include "serve/craft.h"
@@ -121,7 +122,9 @@ struct Engine::Impl {
 
   ChunkStoreOptions store_options() {
     if (opt.cache_dir.empty()) opt.cache_dir = cache_root() + "/serve-store";
-    std::filesystem::create_directories(opt.cache_dir);
+    std::error_code ec;
+    create_private_directories(opt.cache_dir, ec);
+    if (ec) throw std::runtime_error("cannot create " + opt.cache_dir + ": " + ec.message());
     ChunkStoreOptions so;
     so.dir = opt.cache_dir;
     so.memory_budget_bytes = opt.chunk_memory_bytes;
@@ -163,6 +166,8 @@ struct Engine::Impl {
     const std::string tmp = index_path() + ".tmp";
     {
       std::ofstream out(tmp, std::ios::trunc);
+      std::error_code ec;
+      make_private_file(tmp, ec);  // document texts: 0600
       out << nlohmann::json{{"version", 1}, {"chunks", texts}}.dump();
       if (!out) throw std::runtime_error(tmp + ": cannot write the chunk index");
     }
@@ -626,11 +631,13 @@ EngineMetrics Engine::metrics() const {
   m.background_tasks = impl_->scheduler->idle_tasks_run();
   const ChunkStoreStats s = impl_->store.stats();
   m.store_memory_bytes = s.memory_bytes;
+  m.store_damaged_entries = s.corrupt_files;
   m.store_disk_bytes = s.disk_bytes;
   return m;
 }
 
 std::string Engine::model_name() const { return impl_->name; }
 const EngineOptions& Engine::options() const { return impl_->opt; }
+const Tokenizer& Engine::tokenizer() const { return impl_->model->tokenizer(); }
 
 }  // namespace cf

@@ -23,6 +23,8 @@
 
 namespace cf {
 
+class Tokenizer;
+
 // A request the engine refuses: the HTTP layer maps it to `status` with an OpenAI-style
 // error body {"error": {"message", "type", "param", "code"}}.
 struct RequestError : std::runtime_error {
@@ -120,6 +122,7 @@ struct EngineMetrics {
   uint64_t decode_steps = 0, decode_rows = 0;  // batched decode passes and the sequences in them
   uint64_t background_tasks = 0;  // idle-time work done (CRAFT prefixes promoted under fusion)
   size_t store_memory_bytes = 0, store_disk_bytes = 0, prefix_cache_bytes = 0;
+  uint64_t store_damaged_entries = 0;  // cache files that failed validation (moved aside)
 };
 
 class Engine {
@@ -140,7 +143,8 @@ class Engine {
 
   EngineMetrics metrics() const;
   std::string model_name() const;  // GGUF general.name or the file stem
-  const EngineOptions& options() const;
+  const EngineOptions& options() const;     // max_prompt_tokens resolved (never 0)
+  const Tokenizer& tokenizer() const;       // for request_limits' byte bound
 
  private:
   struct Impl;
