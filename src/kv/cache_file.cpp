@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <random>
 
+#include "kv/store_paths.h"
 #include "model/kernels.h"
 
 namespace cf {
@@ -324,7 +325,7 @@ size_t write_cache_file(const std::string& path, const ChunkCache& c, KvDtype dt
   tmp_name.append(final_path.filename().string()).append(suffix);
   const std::string tmp = (dir / tmp_name).string();
 
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, kPrivateFileMode);  // 0600
   if (fd < 0) throw CacheFileError(CacheFileDefect::io_error, path, "cannot create " + tmp + ": " + errno_text());
   try {
     write_all(fd, bytes.data(), bytes.size());

@@ -12,6 +12,8 @@
 #include <stdexcept>
 #include <tuple>
 
+#include "kv/store_paths.h"
+
 namespace cf {
 namespace fs = std::filesystem;
 namespace {
@@ -37,7 +39,8 @@ FileKind classify(const std::string& name) {
   return FileKind::other;
 }
 
-// Calls fn(path, kind) for every file in the store's two-hex-digit subdirectories.
+// Calls fn(path, kind) for every file in the store's two-hex-digit subdirectories. Symlinks
+// (to folders or files) are skipped: list, verify and remove_all never leave the store.
 template <class Fn>
 void for_each_file(const std::string& dir, Fn fn) {
   std::error_code ec;
@@ -45,9 +48,9 @@ void for_each_file(const std::string& dir, Fn fn) {
   std::vector<fs::path> files;
   for (const auto& sub : fs::directory_iterator(dir, ec)) {
     const std::string sn = sub.path().filename().string();
-    if (sn.size() != 2 || !sub.is_directory(ec)) continue;
+    if (sn.size() != 2 || !is_real_directory(sub.path())) continue;
     for (const auto& f : fs::directory_iterator(sub.path(), ec))
-      if (f.is_regular_file(ec)) files.push_back(f.path());
+      if (is_real_file(f.path())) files.push_back(f.path());
   }
   std::sort(files.begin(), files.end());
   for (const auto& p : files) fn(p, classify(p.filename().string()));
@@ -76,7 +79,7 @@ ChunkStore::ChunkStore(ChunkStoreOptions opt) : opt_(std::move(opt)) {
   if (!(opt_.cfo_floor > 0)) throw std::invalid_argument("chunk store: cfo_floor must be > 0");
   if (!opt_.dir.empty()) {
     std::error_code ec;
-    fs::create_directories(opt_.dir, ec);
+    create_private_directories(opt_.dir, ec);
     if (ec) throw CacheFileError(CacheFileDefect::io_error, opt_.dir, "cannot create the store directory: " + ec.message());
     scan_dir();
   }
@@ -150,6 +153,8 @@ bool ChunkStore::save_scores() {
   const std::string tmp = opt_.dir + "/.fr-scores.tmp." + std::to_string(::getpid());
   {
     std::ofstream out(tmp, std::ios::trunc);
+    std::error_code perm_ec;
+    make_private_file(tmp, perm_ec);
     out << nlohmann::json{{"version", 1}, {"scores", scores}}.dump();
     if (!out.flush()) {
       opt_.report("chunk store " + path + ": cannot write the f_r scores");
@@ -503,9 +508,11 @@ std::shared_ptr<const ChunkCache> ChunkStore::put(ChunkCache cache) {
   if (!opt_.dir.empty()) {
     const std::string path = path_for(id);
     std::error_code ec;
-    fs::create_directories(fs::path(path).parent_path(), ec);
+    create_private_directories(fs::path(path).parent_path(), ec);
     std::vector<std::string> victims;
     try {
+      if (!is_real_directory(fs::path(path).parent_path()))  // a planted symlink: never write through it
+        throw CacheFileError(CacheFileDefect::io_error, path, "its folder is missing or not a real directory");
       const size_t n = write_cache_file(path, *c, opt_.disk_dtype, opt_.durable);
       std::lock_guard lock(mu_);
       ++stats_.disk_writes;
@@ -561,7 +568,7 @@ bool ChunkStore::remove(const std::string& id) {
     forget_file_locked(id);
     meta_.erase(id);
   }
-  if (!opt_.dir.empty()) {
+  if (!opt_.dir.empty() && is_real_directory(fs::path(path_for(id)).parent_path())) {
     std::error_code ec;
     const std::string path = path_for(id);
     removed |= fs::remove(path, ec);
@@ -593,7 +600,8 @@ size_t ChunkStore::remove_all() {
   std::error_code ec;
   if (!opt_.dir.empty() && fs::is_directory(opt_.dir, ec))
     for (const auto& sub : fs::directory_iterator(opt_.dir, ec))
-      if (sub.path().filename().string().size() == 2 && fs::is_empty(sub.path(), ec)) fs::remove(sub.path(), ec);
+      if (sub.path().filename().string().size() == 2 && is_real_directory(sub.path()) && fs::is_empty(sub.path(), ec))
+        fs::remove(sub.path(), ec);
   if (!opt_.dir.empty()) fs::remove(scores_path(), ec);
   return n;
 }
