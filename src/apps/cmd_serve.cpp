@@ -100,6 +100,10 @@ void add_serve_command(CLI::App& app, CommandRunner& run) {
                   "require 'Authorization: Bearer <key>' (repeatable; every route but GET /health)");
   cmd->add_option("--api-key-file", a->api_key_files, "file of API keys, one per line ('#' comments)")
       ->check(CLI::ExistingFile);
+  cmd->add_option("--store-key-file", a->engine.store_key_file,
+                  "secret key (file, >= 16 bytes): cache entries carry an HMAC-SHA256 and entries without a valid "
+                  "one are never served")
+      ->check(CLI::ExistingFile);
   cmd->add_flag("--metrics-public", a->http.access.metrics_public, "serve GET /metrics without an API key");
   cmd->add_option("--cors-origin", a->http.access.cors_origins,
                   "origin allowed to call from a browser (repeatable; '*' for any); default: none");

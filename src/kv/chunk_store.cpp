@@ -308,6 +308,9 @@ void ChunkStore::report_bad_file(const CacheFileError& e) {
   {
     std::lock_guard lock(mu_);
     ++stats_.corrupt_files;
+    if (e.reason() == CacheFileDefect::foreign_model || e.reason() == CacheFileDefect::shape_mismatch)
+      ++stats_.foreign_files;
+    if (e.reason() == CacheFileDefect::unauthenticated) ++stats_.unauthenticated_files;
     forget_file_locked(fs::path(e.path()).stem().string());
   }
   opt_.report("chunk cache " + std::string(e.what()) + ", recomputing");
@@ -327,6 +330,7 @@ std::shared_ptr<const ChunkCache> ChunkStore::read_file(const std::string& id) {
     expect.model_fingerprint = m.fingerprint;
     expect.hparams = m.hparams;
     expect.key_id = id;
+    expect.auth = opt_.auth.get();
     auto c = std::make_shared<const ChunkCache>(read_cache_file(path, expect));
     std::error_code ec;
     const auto bytes = fs::file_size(path, ec);
@@ -513,7 +517,7 @@ std::shared_ptr<const ChunkCache> ChunkStore::put(ChunkCache cache) {
     try {
       if (!is_real_directory(fs::path(path).parent_path()))  // a planted symlink: never write through it
         throw CacheFileError(CacheFileDefect::io_error, path, "its folder is missing or not a real directory");
-      const size_t n = write_cache_file(path, *c, opt_.disk_dtype, opt_.durable);
+      const size_t n = write_cache_file(path, *c, opt_.disk_dtype, opt_.durable, opt_.auth.get());
       std::lock_guard lock(mu_);
       ++stats_.disk_writes;
       stats_.disk_bytes_written += n;
@@ -650,6 +654,7 @@ VerifyReport ChunkStore::verify() const {
     if (kind != FileKind::cache) return;
     CacheFileExpect expect;
     expect.key_id = p.stem().string();
+    expect.auth = opt_.auth.get();
     if (opt_.model) {
       expect.model_fingerprint = opt_.model->fingerprint;
       expect.hparams = opt_.model->hparams;

@@ -102,6 +102,7 @@ struct EngineOptions {
   std::string chunk_eviction = "cachecraft";  // memory-tier policy: lru | cachecraft (f_r, Cache-Craft §3.3)
   size_t chunk_disk_bytes = 0;                // real deletion beyond this many file bytes; 0: unbounded
   size_t max_chunk_entries = 0;               // Cache-Craft's N x M entry budget; 0: unbounded
+  std::string store_key_file;                 // HMAC key for cache entries (kv/entry_auth.h); empty: none
   size_t prefix_cache_bytes = size_t{256} << 20;
   size_t max_prompt_tokens = 0;        // 0: the model's context length
   size_t max_queue = 64;               // waiting requests; more gets 503
@@ -122,7 +123,9 @@ struct EngineMetrics {
   uint64_t decode_steps = 0, decode_rows = 0;  // batched decode passes and the sequences in them
   uint64_t background_tasks = 0;  // idle-time work done (CRAFT prefixes promoted under fusion)
   size_t store_memory_bytes = 0, store_disk_bytes = 0, prefix_cache_bytes = 0;
-  uint64_t store_damaged_entries = 0;  // cache files that failed validation (moved aside)
+  // Cache files refused and moved aside: damaged, made by another model (or shape), or
+  // without a valid HMAC tag when a store key is set.
+  uint64_t store_damaged_entries = 0, store_foreign_entries = 0, store_unauthenticated_entries = 0;
 };
 
 class Engine {

@@ -37,10 +37,10 @@ class Server:
     """One server process on a free port with its own temporary store; stop() ends it with
     SIGTERM and checks that it shut down cleanly."""
 
-    def __init__(self, *extra_args, binary=None, model=None, n_threads=None, api_key=None):
+    def __init__(self, *extra_args, binary=None, model=None, n_threads=None, api_key=None, cache_dir=None):
         self.api_key = api_key  # sent as a Bearer token by request() when set
         self.tmp = tempfile.mkdtemp(prefix="chunkfuse-e2e-")
-        self.cache_dir = os.path.join(self.tmp, "store")
+        self.cache_dir = cache_dir or os.path.join(self.tmp, "store")
         self.log_path = os.path.join(self.tmp, "server.log")
         self.log = open(self.log_path, "w+")
         cmd = [binary or binary_path(), "serve", "-m", model or model_path(), "-t", str(n_threads or threads()),

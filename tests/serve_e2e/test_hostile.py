@@ -11,6 +11,7 @@ import concurrent.futures
 import json
 import os
 import select
+import shutil
 import socket
 import sys
 import tempfile
@@ -422,6 +423,47 @@ class AccessTest(unittest.TestCase):
             self.assertEqual(status_of(reply), 200, reply[:300])
             reply = reply.lower()
             self.assertEqual(b"access-control-allow-origin" in reply, allowed, reply[:400])
+
+
+class StoreKeyTest(unittest.TestCase):
+    """--store-key-file: a cache entry without a valid HMAC tag (here: written under another
+    key, as anyone who can write the store but lacks the key would) is never served."""
+
+    def test_entries_of_another_key_are_recomputed_not_served(self):
+        tmp = tempfile.mkdtemp(prefix="chunkfuse-storekey-")
+        store = os.path.join(tmp, "store")
+        keys = []
+        for name, secret in [("right", b"the-right-store-key-0123456789"), ("other", b"another-store-key-9876543210")]:
+            path = os.path.join(tmp, name)
+            with open(path, "wb") as f:
+                f.write(secret)
+            keys.append(path)
+        doc = "The Eiffel Tower is in Paris. It was finished in 1889 for the World's Fair."
+        body = dict(HELLO, messages=[{"role": "user", "content": "When was the tower finished?"}],
+                    documents=[doc], fusion={"method": "reuse"})
+
+        def run(key_file, want_hits):
+            server = h.Server("--store-key-file", key_file, cache_dir=store)
+            try:
+                status, reply = server.post("/v1/chat/completions", body)
+                self.assertEqual(status, 200, reply)
+                self.assertEqual(reply["chunkfuse"]["chunk_hits"], want_hits, reply["chunkfuse"])
+                return server.metrics()
+            finally:
+                code, log = server.stop()
+                self.assertEqual(code, 0, log)
+
+        run(keys[1], 0)          # written under the other key
+        m = run(keys[0], 0)      # refused: computed again, not served
+        self.assertEqual(m['chunkfuse_store_refused_entries_total{reason="unauthenticated"}'], 1)
+        m = run(keys[0], 1)      # its own entry is served
+        self.assertEqual(m['chunkfuse_store_refused_entries_total{reason="unauthenticated"}'], 0)
+        for root, dirs, files in os.walk(store):
+            for d in dirs:
+                self.assertEqual(os.stat(os.path.join(root, d)).st_mode & 0o777, 0o700, d)
+            for f in files:
+                self.assertEqual(os.stat(os.path.join(root, f)).st_mode & 0o777, 0o600, f)
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":
