@@ -153,8 +153,7 @@ bool ChunkStore::save_scores() {
   const std::string tmp = opt_.dir + "/.fr-scores.tmp." + std::to_string(::getpid());
   {
     std::ofstream out(tmp, std::ios::trunc);
-    std::error_code perm_ec;
-    make_private_file(tmp, perm_ec);
+    make_private_file(tmp);
     out << nlohmann::json{{"version", 1}, {"scores", scores}}.dump();
     if (!out.flush()) {
       opt_.report("chunk store " + path + ": cannot write the f_r scores");

@@ -24,7 +24,14 @@ void create_private_directories(const fs::path& dir, std::error_code& ec) {
   if (!ec && !existed) fs::permissions(dir, kPrivateDirPerms, fs::perm_options::replace, ec);
 }
 
-void make_private_file(const fs::path& file, std::error_code& ec) {
+void create_private_directories(const fs::path& dir) {
+  std::error_code ec;
+  create_private_directories(dir, ec);
+  if (ec) throw fs::filesystem_error("cannot create the directory", dir, ec);
+}
+
+void make_private_file(const fs::path& file) noexcept {
+  std::error_code ec;
   fs::permissions(file, kPrivateFilePerms, fs::perm_options::replace, ec);
 }
 

@@ -22,7 +22,10 @@ bool is_real_file(const std::filesystem::path& p);
 
 // create_directories, then 0700 on `dir` when this call created it.
 void create_private_directories(const std::filesystem::path& dir, std::error_code& ec);
-// 0600 on a file this process wrote (before it is renamed into place).
-void make_private_file(const std::filesystem::path& file, std::error_code& ec);
+// The same, throwing std::filesystem::error as create_directories does.
+void create_private_directories(const std::filesystem::path& dir);
+// 0600 on a file this process wrote (before it is renamed into place). Best effort: a file
+// system without modes leaves it as it is.
+void make_private_file(const std::filesystem::path& file) noexcept;
 
 }  // namespace cf

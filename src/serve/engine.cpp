@@ -122,9 +122,7 @@ struct Engine::Impl {
 
   ChunkStoreOptions store_options() {
     if (opt.cache_dir.empty()) opt.cache_dir = cache_root() + "/serve-store";
-    std::error_code ec;
-    create_private_directories(opt.cache_dir, ec);
-    if (ec) throw std::runtime_error("cannot create " + opt.cache_dir + ": " + ec.message());
+    create_private_directories(opt.cache_dir);
     ChunkStoreOptions so;
     so.dir = opt.cache_dir;
     so.memory_budget_bytes = opt.chunk_memory_bytes;
@@ -167,8 +165,7 @@ struct Engine::Impl {
     const std::string tmp = index_path() + ".tmp";
     {
       std::ofstream out(tmp, std::ios::trunc);
-      std::error_code ec;
-      make_private_file(tmp, ec);  // document texts: 0600
+      make_private_file(tmp);  // document texts: 0600
       out << nlohmann::json{{"version", 1}, {"chunks", texts}}.dump();
       if (!out) throw std::runtime_error(tmp + ": cannot write the chunk index");
     }

@@ -136,6 +136,17 @@ struct HttpServer::Impl {
     };
   }
 
+  // A POST or DELETE route that takes no body. Registered as a content-reader route so that
+  // httplib does not buffer one anyway (it would, without bound, for any other route).
+  httplib::Server::HandlerWithContentReader guarded_no_body(
+      std::function<void(const httplib::Request&, httplib::Response&)> h) {
+    return [h = std::move(h)](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader&) {
+      ignore_body(req);
+      GuardedServer::request_read();
+      run_guarded([&] { h(req, res); }, res);
+    };
+  }
+
   // A POST route: JSON only, body read in pieces and refused past --max-body whatever its
   // transfer encoding (httplib's own limit sees Content-Length only).
   httplib::Server::HandlerWithContentReader guarded_post(
@@ -219,21 +230,15 @@ struct HttpServer::Impl {
       if (!c) throw RequestError(404, "not_found_error", "no chunk with id '" + id + "'", "id");
       reply_json(res, 200, api::chunk_json(*c, true));
     }));
-    // DELETE has no body; a content-reader route keeps httplib from buffering one anyway.
-    svr.Delete(R"(/v1/chunks/([^/]+))", [this](const httplib::Request& req, httplib::Response& res,
-                                               const httplib::ContentReader&) {
-      ignore_body(req);
-      guarded([this](const httplib::Request& req, httplib::Response& res) {
-        const std::string id = req.matches[1];
-        if (!engine.remove_chunk(id)) throw RequestError(404, "not_found_error", "no chunk with id '" + id + "'", "id");
-        reply_json(res, 200, json{{"id", id}, {"object", "chunk.deleted"}, {"deleted", true}});
-      })(req, res);
-    });
+    svr.Delete(R"(/v1/chunks/([^/]+))", guarded_no_body([this](const httplib::Request& req, httplib::Response& res) {
+      const std::string id = req.matches[1];
+      if (!engine.remove_chunk(id)) throw RequestError(404, "not_found_error", "no chunk with id '" + id + "'", "id");
+      reply_json(res, 200, json{{"id", id}, {"object", "chunk.deleted"}, {"deleted", true}});
+    }));
     // Any other POST or DELETE: 404 before reading the body (registered last, matched last).
-    auto no_route = [](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader&) {
-      ignore_body(req);
-      reply_json(res, 404, api::error_body(404, "not_found_error", "no route for " + req.method + " " + req.path));
-    };
+    const auto no_route = guarded_no_body([](const httplib::Request& req, httplib::Response&) {
+      throw RequestError(404, "not_found_error", "no route for " + req.method + " " + req.path);
+    });
     svr.Post(".*", no_route);
     svr.Delete(".*", no_route);
 
