@@ -104,6 +104,8 @@ void add_serve_command(CLI::App& app, CommandRunner& run) {
                   "secret key (file, >= 16 bytes): cache entries carry an HMAC-SHA256 and entries without a valid "
                   "one are never served")
       ->check(CLI::ExistingFile);
+  cmd->add_flag("--isolate-keys", a->http.isolate_keys,
+                "each API key sees only the chunks it registered, and no cache-hit figures (needs keys)");
   cmd->add_flag("--metrics-public", a->http.access.metrics_public, "serve GET /metrics without an API key");
   cmd->add_option("--cors-origin", a->http.access.cors_origins,
                   "origin allowed to call from a browser (repeatable; '*' for any); default: none");

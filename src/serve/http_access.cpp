@@ -60,11 +60,25 @@ AccessPolicy::AccessPolicy(AccessOptions opt) : opt_(std::move(opt)) {
   opt_.api_keys.clear();  // only the digests stay in memory
 }
 
-bool AccessPolicy::key_matches(std::string_view token) const {
+int AccessPolicy::key_index(std::string_view token) const {
+  if (token.empty()) return -1;
   const Digest d = sha256(token);
-  int match = 0;
-  for (const auto& k : digests_) match |= CRYPTO_memcmp(d.data(), k.data(), d.size()) == 0;
-  return match != 0;
+  int index = -1;
+  for (size_t i = 0; i < digests_.size(); ++i)  // every key compared: no early exit
+    if (CRYPTO_memcmp(d.data(), digests_[i].data(), d.size()) == 0) index = static_cast<int>(i);
+  return index;
+}
+
+namespace {
+std::string_view bearer_token(const std::string& authorization) {
+  if (!iequals_prefix(authorization, "Bearer ")) return {};
+  return trim(std::string_view(authorization).substr(7));
+}
+}  // namespace
+
+int AccessPolicy::matched_key(const httplib::Request& req) const {
+  const std::string auth = req.get_header_value("Authorization");
+  return key_index(bearer_token(auth));
 }
 
 bool AccessPolicy::origin_allowed(const std::string& origin) const {
@@ -92,9 +106,8 @@ bool AccessPolicy::pre_route(const httplib::Request& req, httplib::Response& res
   if (req.method == "GET" && req.path == "/metrics" && opt_.metrics_public) return false;
 
   const std::string auth = req.get_header_value("Authorization");
-  std::string_view token;
-  if (iequals_prefix(auth, "Bearer ")) token = trim(std::string_view(auth).substr(7));
-  if (!token.empty() && key_matches(token)) return false;
+  const std::string_view token = bearer_token(auth);
+  if (key_index(token) >= 0) return false;
 
   ++unauthorized_;
   if (request_has_body(req)) GuardedServer::close_after_response();  // its body stays unread

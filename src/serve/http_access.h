@@ -46,11 +46,14 @@ class AccessPolicy {
   bool pre_route(const httplib::Request& req, httplib::Response& res);
 
   bool keys_required() const { return !digests_.empty(); }
+  // The index of the key the request's bearer token matches (keys in the order given:
+  // --api-key flags, then each --api-key-file's lines); -1 when none does.
+  int matched_key(const httplib::Request& req) const;
   uint64_t unauthorized() const { return unauthorized_.load(); }
 
  private:
   using Digest = std::array<unsigned char, 32>;
-  bool key_matches(std::string_view token) const;
+  int key_index(std::string_view token) const;  // -1: no key
   bool origin_allowed(const std::string& origin) const;
 
   AccessOptions opt_;

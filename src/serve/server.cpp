@@ -2,6 +2,7 @@
 // of httplib's pool threads, which blocks in Engine::complete while the engine schedules.
 #include "serve/server.h"
 
+#include "serve/key_isolation.h"
 #include "serve/request_limits.h"
 
 #include <httplib.h>
@@ -95,6 +96,7 @@ struct HttpServer::Impl {
   HttpServerOptions opt;
   GuardedServer svr;
   AccessPolicy access;
+  KeyIsolation isolation;
   const InputBound input;
   std::atomic<uint64_t> n2xx{0}, n4xx{0}, n5xx{0}, n_cancelled{0};
   std::atomic<uint64_t> next_id{0};
@@ -106,9 +108,16 @@ struct HttpServer::Impl {
         opt(std::move(o)),
         svr(opt.connections),
         access(opt.access),
+        isolation(opt.isolate_keys),
         input(input_bound(e.tokenizer(), e.options().max_prompt_tokens)) {
+    if (isolation.enabled() && !access.keys_required())
+      throw std::invalid_argument("--isolate-keys needs API keys (--api-key or --api-key-file)");
     setup();
   }
+
+  // The caller's tenant under --isolate-keys: its key's index (the pre-routing check has
+  // already refused requests without a valid key).
+  size_t tenant(const httplib::Request& req) const { return static_cast<size_t>(access.matched_key(req)); }
 
   std::string new_id(bool chat) {
     char buf[40];
@@ -212,27 +221,48 @@ struct HttpServer::Impl {
                      res.status);
     });
 
-    svr.Post("/v1/chat/completions",
-             guarded_post([this](const auto&, auto& res, const std::string& body) { completion(body, res, true); }));
-    svr.Post("/v1/completions",
-             guarded_post([this](const auto&, auto& res, const std::string& body) { completion(body, res, false); }));
+    svr.Post("/v1/chat/completions", guarded_post([this](const auto& req, auto& res, const std::string& body) {
+      completion(req, body, res, true);
+    }));
+    svr.Post("/v1/completions", guarded_post([this](const auto& req, auto& res, const std::string& body) {
+      completion(req, body, res, false);
+    }));
 
-    svr.Post("/v1/chunks", guarded_post([this](const httplib::Request&, httplib::Response& res, const std::string& body) {
+    svr.Post("/v1/chunks", guarded_post([this](const httplib::Request& req, httplib::Response& res, const std::string& body) {
       const auto texts = api::parse_chunk_texts(api::parse_body(body));
       check_chunk_texts_size(texts, input);
       json data = json::array();
-      for (const auto& c : engine.register_chunks(texts)) data.push_back(api::chunk_json(c, false));
+      std::vector<std::string> ids;
+      for (const auto& c : engine.register_chunks(texts)) {
+        data.push_back(api::chunk_json(c, false));
+        ids.push_back(c.id);
+      }
+      if (isolation.enabled()) isolation.note_registered(tenant(req), ids);
       reply_json(res, 200, json{{"object", "list"}, {"data", data}});
     }));
-    svr.Get(R"(/v1/chunks/([^/]+))", guarded([this](const httplib::Request& req, httplib::Response& res) {
+    auto no_chunk = [](const std::string& id) {
+      return RequestError(404, "not_found_error", "no chunk with id '" + id + "'", "id");
+    };
+    svr.Get(R"(/v1/chunks/([^/]+))", guarded([this, no_chunk](const httplib::Request& req, httplib::Response& res) {
       const std::string id = req.matches[1];
+      if (isolation.enabled() && !isolation.owns(tenant(req), id)) throw no_chunk(id);
       auto c = engine.chunk(id);
-      if (!c) throw RequestError(404, "not_found_error", "no chunk with id '" + id + "'", "id");
+      if (!c) throw no_chunk(id);
       reply_json(res, 200, api::chunk_json(*c, true));
     }));
-    svr.Delete(R"(/v1/chunks/([^/]+))", guarded_no_body([this](const httplib::Request& req, httplib::Response& res) {
+    svr.Delete(R"(/v1/chunks/([^/]+))", guarded_no_body([this, no_chunk](const httplib::Request& req,
+                                                                         httplib::Response& res) {
       const std::string id = req.matches[1];
-      if (!engine.remove_chunk(id)) throw RequestError(404, "not_found_error", "no chunk with id '" + id + "'", "id");
+      bool deleted = true;
+      if (isolation.enabled()) {
+        bool was_owner = false;
+        const bool last = isolation.release(tenant(req), id, was_owner);
+        if (!was_owner) throw no_chunk(id);
+        if (last) deleted = engine.remove_chunk(id);  // other keys that registered it keep it
+      } else {
+        deleted = engine.remove_chunk(id);
+      }
+      if (!deleted) throw no_chunk(id);
       reply_json(res, 200, json{{"id", id}, {"object", "chunk.deleted"}, {"deleted", true}});
     }));
     // Any other POST or DELETE: 404 before reading the body (registered last, matched last).
@@ -272,13 +302,17 @@ struct HttpServer::Impl {
     return h;
   }
 
-  void completion(const std::string& body, httplib::Response& res, bool chat) {
+  void completion(const httplib::Request& req, const std::string& body, httplib::Response& res, bool chat) {
     api::ParsedCompletion pc = api::parse_completion(api::parse_body(body), chat, engine.options().default_method);
     check_input_size(pc.request, input);
+    const bool isolated = isolation.enabled();
+    if (isolated) isolation.check_documents(tenant(req), pc.request);
     api::ResponseMeta meta{new_id(chat), unix_seconds(),
                            pc.request.model.empty() ? engine.model_name() : pc.request.model, chat};
     if (!pc.stream) {
-      reply_json(res, 200, api::completion_response(meta, engine.complete(pc.request)));
+      json reply = api::completion_response(meta, engine.complete(pc.request));
+      if (isolated) KeyIsolation::redact(reply);
+      reply_json(res, 200, reply);
       return;
     }
 
@@ -295,7 +329,7 @@ struct HttpServer::Impl {
     res.set_header("Cache-Control", "no-cache");
     res.set_chunked_content_provider(
         "text/event-stream",
-        [this, job, meta, include_usage = pc.include_usage](size_t, httplib::DataSink& sink) {
+        [this, job, meta, isolated, include_usage = pc.include_usage](size_t, httplib::DataSink& sink) {
           auto send = [&](const std::string& s) {
             if (sink.write(s.data(), s.size())) return true;
             job->client_gone = true;  // the engine frees the slot at its next step
@@ -324,7 +358,11 @@ struct HttpServer::Impl {
             ok = send(api::sse_event(api::error_body(500, "server_error", job->failure)));
           else {
             ok = send(api::sse_event(api::stream_finish_chunk(meta, job->result.finish_reason)));
-            if (ok && include_usage) ok = send(api::sse_event(api::stream_usage_chunk(meta, job->result)));
+            if (ok && include_usage) {
+              json usage = api::stream_usage_chunk(meta, job->result);
+              if (isolated) KeyIsolation::redact(usage);
+              ok = send(api::sse_event(usage));
+            }
           }
           if (!ok || !send(api::kSseDone)) return false;
           sink.done();

@@ -90,6 +90,7 @@ struct HttpServerOptions {
   ConnectionLimits connections;                  // cap, request deadline, keep-alive (http_guard.h)
   size_t max_body_bytes = size_t{8} << 20;       // larger bodies get 413, in any transfer encoding
   AccessOptions access;                          // API keys, CORS (http_access.h)
+  bool isolate_keys = false;                     // per-key chunk isolation (key_isolation.h); needs keys
   bool log_requests = false;                     // one line per request on stderr
 };
 

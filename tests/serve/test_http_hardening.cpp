@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "serve/http_access.h"
+#include "serve/key_isolation.h"
 #include "serve/request_limits.h"
 
 namespace cf {
@@ -119,6 +120,44 @@ TEST(RequestLimits, BytesThatCannotFitAreRefusedBeforeTokenizing) {
   EXPECT_THROW(check_input_size(completion, b), RequestError);
   EXPECT_NO_THROW(check_chunk_texts_size({std::string(800, 'x')}, b));
   EXPECT_THROW(check_chunk_texts_size({"short", std::string(801, 'x')}, b), RequestError);
+}
+
+TEST(KeyIsolation, OwnershipAndRedaction) {
+  KeyIsolation iso(true);
+  iso.note_registered(0, {"aa", "bb"});
+  iso.note_registered(1, {"bb"});
+  EXPECT_TRUE(iso.owns(0, "aa"));
+  EXPECT_FALSE(iso.owns(1, "aa"));
+  bool was_owner = false;
+  EXPECT_FALSE(iso.release(1, "aa", was_owner));
+  EXPECT_FALSE(was_owner);
+  EXPECT_FALSE(iso.release(0, "bb", was_owner));  // key 1 still holds it
+  EXPECT_TRUE(was_owner);
+  EXPECT_TRUE(iso.release(1, "bb", was_owner));   // the last holder
+  CompletionRequest req;
+  req.documents = {{"inline text", ""}, {"", "aa"}};
+  EXPECT_NO_THROW(iso.check_documents(0, req));
+  EXPECT_THROW(iso.check_documents(1, req), RequestError);
+
+  nlohmann::json r = {{"usage", {{"prompt_tokens", 9}, {"prompt_tokens_details", {{"cached_tokens", 7}}}}},
+                      {"chunkfuse", {{"chunk_hits", 1}, {"prefix_hit_tokens", 7}, {"prompt_tokens", 9},
+                                     {"timings_ms", {{"load", 1.0}, {"ttft", 5.0}}}}}};
+  KeyIsolation::redact(r);
+  EXPECT_EQ(r["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+  EXPECT_FALSE(r["chunkfuse"].contains("chunk_hits"));
+  EXPECT_FALSE(r["chunkfuse"].contains("prefix_hit_tokens"));
+  EXPECT_FALSE(r["chunkfuse"]["timings_ms"].contains("load"));
+  EXPECT_EQ(r["chunkfuse"]["prompt_tokens"], 9);
+}
+
+TEST(AccessPolicy, MatchedKeyIsTheKeysIndex) {
+  AccessOptions o;
+  o.api_keys = {"sk-one", "sk-two"};
+  AccessPolicy p(o);
+  EXPECT_EQ(p.matched_key(request("GET", "/", {{"Authorization", "Bearer sk-two"}})), 1);
+  EXPECT_EQ(p.matched_key(request("GET", "/", {{"Authorization", "Bearer sk-one"}})), 0);
+  EXPECT_EQ(p.matched_key(request("GET", "/", {{"Authorization", "Bearer nope"}})), -1);
+  EXPECT_EQ(p.matched_key(request("GET", "/")), -1);
 }
 
 }  // namespace

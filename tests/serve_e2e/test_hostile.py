@@ -425,6 +425,58 @@ class AccessTest(unittest.TestCase):
             self.assertEqual(b"access-control-allow-origin" in reply, allowed, reply[:400])
 
 
+class IsolateKeysTest(unittest.TestCase):
+    """--isolate-keys: a key sees only the chunks it registered and no cache-use figures."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.server = h.Server("--api-key", "tenant-a", "--api-key", "tenant-b", "--isolate-keys", api_key="tenant-a")
+
+    @classmethod
+    def tearDownClass(cls):
+        code, log = cls.server.stop()
+        if code != 0:
+            raise AssertionError("server exited with %s on SIGTERM:\n%s" % (code, log))
+
+    def as_key(self, key, method, path, body=None):
+        return self.server.request(method, path, body=body, headers={"Authorization": "Bearer " + key})
+
+    def test_documents_and_hits_are_private_to_a_key(self):
+        text = "Marie Curie won Nobel prizes in physics (1903) and chemistry (1911)."
+        status, reg = self.as_key("tenant-a", "POST", "/v1/chunks", {"texts": [text]})
+        self.assertEqual(status, 200, reg)
+        cid = reg["data"][0]["id"]
+        ask = dict(HELLO, messages=[{"role": "user", "content": "Which prizes did she win?"}],
+                   documents=[{"id": cid}], fusion={"method": "reuse"})
+        status, own = self.as_key("tenant-a", "POST", "/v1/chat/completions", ask)
+        self.assertEqual(status, 200, own)
+        self.assertNotIn("chunk_hits", own["chunkfuse"])
+        self.assertEqual(own["usage"]["prompt_tokens_details"]["cached_tokens"], 0)
+        # Another key: the id does not exist for it, whatever it tries.
+        for method, path, body in [("GET", "/v1/chunks/" + cid, None), ("DELETE", "/v1/chunks/" + cid, None),
+                                   ("POST", "/v1/chat/completions", ask)]:
+            with self.subTest(method=method, path=path):
+                status, reply = self.as_key("tenant-b", method, path, body)
+                self.assertEqual(status, 404, reply)
+        # An inline copy of the same text: answered, but nothing says it was cached already.
+        inline = dict(ask, documents=[text])
+        status, other = self.as_key("tenant-b", "POST", "/v1/chat/completions", inline)
+        self.assertEqual(status, 200, other)
+        self.assertNotIn("chunk_hits", other["chunkfuse"])
+        self.assertNotIn("prefix_hit_tokens", other["chunkfuse"])
+        self.assertEqual(other["usage"]["prompt_tokens_details"]["cached_tokens"], 0)
+        # Registering the same text makes it b's too; b's delete leaves a's copy.
+        status, _ = self.as_key("tenant-b", "POST", "/v1/chunks", {"texts": [text]})
+        self.assertEqual(status, 200)
+        self.assertEqual(self.as_key("tenant-b", "GET", "/v1/chunks/" + cid)[0], 200)
+        self.assertEqual(self.as_key("tenant-b", "DELETE", "/v1/chunks/" + cid)[0], 200)
+        self.assertEqual(self.as_key("tenant-b", "GET", "/v1/chunks/" + cid)[0], 404)
+        status, chunk = self.as_key("tenant-a", "GET", "/v1/chunks/" + cid)
+        self.assertEqual((status, chunk.get("text")), (200, text))
+        self.assertEqual(self.as_key("tenant-a", "DELETE", "/v1/chunks/" + cid)[0], 200)
+        self.assertEqual(self.as_key("tenant-a", "GET", "/v1/chunks/" + cid)[0], 404)
+
+
 class StoreKeyTest(unittest.TestCase):
     """--store-key-file: a cache entry without a valid HMAC tag (here: written under another
     key, as anyone who can write the store but lacks the key would) is never served."""
