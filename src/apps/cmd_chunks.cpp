@@ -161,6 +161,7 @@ struct StoreArgs {
   std::vector<std::string> ids;
   bool all = false;
   std::string model_path;  // verify: also check fingerprint and shape against this model
+  std::string key_file;    // verify: also check every entry's HMAC tag (serve --store-key-file)
 };
 
 ChunkStoreOptions bare_store(const std::string& dir) {
@@ -229,6 +230,7 @@ int run_verify(const StoreArgs& a) {
     auto model = load_model(mo);
     o.model = StoreModel{model->fingerprint(), model->hparams()};
   }
+  if (!a.key_file.empty()) o.auth = std::make_shared<const EntryAuth>(EntryAuth::from_key_file(a.key_file));
   const ChunkStore store(o);
   const VerifyReport r = store.verify();
   for (const auto& b : r.bad) std::printf("BAD %s\n", b.message.c_str());
@@ -287,6 +289,8 @@ void add_chunks_command(CLI::App& app, CommandRunner& run) {
   CLI::App* verify = chunks->add_subcommand("verify", "validate every stored file; exit code 1 if any is bad");
   add_store(verify);
   verify->add_option("-m,--model", s->model_path, "also check that entries were made by this model (fingerprint, shape)")
+      ->check(CLI::ExistingFile);
+  verify->add_option("--store-key-file", s->key_file, "also check every entry's HMAC tag with this key (as serve's)")
       ->check(CLI::ExistingFile);
   verify->callback([&run, s] { run = [s] { return run_verify(*s); }; });
 }

@@ -22,10 +22,13 @@ struct ServeArgs {
   ModelOptions model;
   EngineOptions engine;
   HttpServerOptions http;
+  std::vector<std::string> api_key_files;
 };
 
 int run_serve(ServeArgs a) {
   a.engine.model_path = a.model.model_path;
+  for (const auto& f : a.api_key_files)
+    for (auto& k : read_api_key_file(f)) a.http.access.api_keys.push_back(std::move(k));
   a.engine.threads = a.model.threads;
   if (a.engine.default_method != "full") make_selector(a.engine.default_method);  // unknown names fail now
 
@@ -47,8 +50,10 @@ int run_serve(ServeArgs a) {
   Engine engine(a.engine);
   HttpServer server(engine, a.http);
   const int port = server.bind();
-  std::fprintf(stderr, "chunkfuse serve: %s ready in %.0f ms; listening on http://%s:%d (%d HTTP threads)\n",
-               engine.model_name().c_str(), now_ms() - t0, a.http.host.c_str(), port, a.http.threads);
+  std::fprintf(stderr,
+               "chunkfuse serve: %s ready in %.0f ms; listening on http://%s:%d (at most %zu connections; %s)\n",
+               engine.model_name().c_str(), now_ms() - t0, a.http.host.c_str(), port, a.http.connections.max_connections,
+               a.http.access.api_keys.empty() ? "no API key required" : "API key required");
   std::fflush(stderr);
 
   std::atomic<bool> listener_done{false};
@@ -79,10 +84,31 @@ void add_serve_command(CLI::App& app, CommandRunner& run) {
   cmd->add_option("--port", a->http.port, "TCP port (0: any free port, printed at start)")
       ->check(CLI::Range(0, 65535))
       ->capture_default_str();
-  cmd->add_option("--http-threads", a->http.threads,
-                  "HTTP connection threads (each open keep-alive connection holds one)")
-      ->check(CLI::Range(1, 4096))
+  cmd->add_option("--max-connections,--http-threads", a->http.connections.max_connections,
+                  "open HTTP connections (one thread each); more are answered 503 and closed")
+      ->check(CLI::Range(size_t{1}, size_t{4096}))
       ->capture_default_str();
+  cmd->add_option("--request-timeout", a->http.connections.request_timeout_s,
+                  "seconds a request's line, headers and body may take to arrive, else the connection is closed")
+      ->check(CLI::Range(1, 3600))
+      ->capture_default_str();
+  cmd->add_option("--keep-alive-timeout", a->http.connections.keep_alive_timeout_s,
+                  "seconds an idle kept-alive connection waits for its next request")
+      ->check(CLI::Range(1, 3600))
+      ->capture_default_str();
+  cmd->add_option("--api-key", a->http.access.api_keys,
+                  "require 'Authorization: Bearer <key>' (repeatable; every route but GET /health)");
+  cmd->add_option("--api-key-file", a->api_key_files, "file of API keys, one per line ('#' comments)")
+      ->check(CLI::ExistingFile);
+  cmd->add_option("--store-key-file", a->engine.store_key_file,
+                  "secret key (file, >= 16 bytes): cache entries carry an HMAC-SHA256 and entries without a valid "
+                  "one are never served")
+      ->check(CLI::ExistingFile);
+  cmd->add_flag("--isolate-keys", a->http.isolate_keys,
+                "each API key sees only the chunks it registered, and no cache-hit figures (needs keys)");
+  cmd->add_flag("--metrics-public", a->http.access.metrics_public, "serve GET /metrics without an API key");
+  cmd->add_option("--cors-origin", a->http.access.cors_origins,
+                  "origin allowed to call from a browser (repeatable; '*' for any); default: none");
   cmd->add_option("--cache-dir", a->engine.cache_dir, "chunk-cache store directory (default: <cache>/serve-store)");
   cmd->add_option("--mem-budget", a->engine.chunk_memory_bytes, "memory tier of the chunk store, e.g. 512MiB, 1GiB")
       ->transform(CLI::AsSizeValue(false))
@@ -98,7 +124,7 @@ void add_serve_command(CLI::App& app, CommandRunner& run) {
       ->check(CLI::Range(size_t{1}, size_t{256}))
       ->capture_default_str();
   cmd->add_option("--max-documents", a->engine.max_documents, "documents per request")->capture_default_str();
-  cmd->add_option("--max-body", a->http.max_body_bytes, "largest request body, else 413")
+  cmd->add_option("--max-body", a->http.max_body_bytes, "largest request body (any transfer encoding), else 413")
       ->transform(CLI::AsSizeValue(false))
       ->capture_default_str();
   std::string methods = "full";

@@ -12,6 +12,8 @@
 #include <filesystem>
 #include <random>
 
+#include "kv/entry_auth.h"
+#include "kv/store_paths.h"
 #include "model/kernels.h"
 
 namespace cf {
@@ -94,6 +96,8 @@ struct Parsed {
   size_t n_tokens;
   Hash128 key;
   size_t meta_off, meta_len, payload_off, payload_len;
+  size_t entry_size;     // bytes the header accounts for; an HMAC trailer may follow
+  bool has_tag = false;  // an EntryAuth trailer follows the entry
   nlohmann::json meta;
 };
 
@@ -142,7 +146,9 @@ Parsed parse(const MappedFile& f, const std::string& path) {
   if (f.size() < want_size)
     fail(CacheFileDefect::truncated,
          std::to_string(f.size()) + " bytes, the header says " + std::to_string(want_size));
-  if (f.size() > want_size)
+  r.entry_size = want_size;
+  r.has_tag = f.size() == want_size + EntryAuth::kTrailerBytes && EntryAuth::has_trailer(p, f.size());
+  if (f.size() > want_size && !r.has_tag)
     fail(CacheFileDefect::size_mismatch,
          std::to_string(f.size()) + " bytes, the header says " + std::to_string(want_size));
   return r;
@@ -228,6 +234,7 @@ const char* defect_name(CacheFileDefect d) {
     case CacheFileDefect::io_error: return "I/O error";
     case CacheFileDefect::truncated: return "truncated";
     case CacheFileDefect::size_mismatch: return "size mismatch";
+    case CacheFileDefect::unauthenticated: return "unauthenticated";
     case CacheFileDefect::bad_magic: return "bad magic";
     case CacheFileDefect::wrong_version: return "wrong version";
     case CacheFileDefect::bad_header: return "bad header";
@@ -311,8 +318,10 @@ std::vector<uint8_t> encode_cache_file(const ChunkCache& c, KvDtype dtype) {
   return b;
 }
 
-size_t write_cache_file(const std::string& path, const ChunkCache& c, KvDtype dtype, bool durable) {
-  const std::vector<uint8_t> bytes = encode_cache_file(c, dtype);
+size_t write_cache_file(const std::string& path, const ChunkCache& c, KvDtype dtype, bool durable,
+                        const EntryAuth* auth) {
+  std::vector<uint8_t> bytes = encode_cache_file(c, dtype);
+  if (auth) auth->seal(bytes);
   const std::filesystem::path final_path(path);
   const std::filesystem::path dir = final_path.has_parent_path() ? final_path.parent_path() : ".";
   // A name no other writer (process or thread) can pick: pid plus 64 random bits.
@@ -324,7 +333,7 @@ size_t write_cache_file(const std::string& path, const ChunkCache& c, KvDtype dt
   tmp_name.append(final_path.filename().string()).append(suffix);
   const std::string tmp = (dir / tmp_name).string();
 
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, kPrivateFileMode);  // 0600
   if (fd < 0) throw CacheFileError(CacheFileDefect::io_error, path, "cannot create " + tmp + ": " + errno_text());
   try {
     write_all(fd, bytes.data(), bytes.size());
@@ -365,7 +374,11 @@ ChunkCache read_cache_file(const std::string& path, const CacheFileExpect& expec
          "layers/kv heads/head dim " + std::to_string(r.n_layers) + "/" + std::to_string(r.n_kv_heads) + "/" +
              std::to_string(r.head_dim) + ", expected " + std::to_string(expect.hparams->n_layers) + "/" +
              std::to_string(expect.hparams->n_kv_heads) + "/" + std::to_string(expect.hparams->head_dim));
-  if (XXH3_64bits(f.data() + kCacheFileHeaderSize, f.size() - kCacheFileHeaderSize) !=
+  if (expect.auth &&
+      (!r.has_tag || !expect.auth->verify(f.data(), r.entry_size, f.data() + r.entry_size + 8)))
+    fail(CacheFileDefect::unauthenticated, r.has_tag ? "HMAC tag does not match (tampered, or another store key)"
+                                                     : "no HMAC tag, and the store requires one");
+  if (XXH3_64bits(f.data() + kCacheFileHeaderSize, r.entry_size - kCacheFileHeaderSize) !=
       load_le<uint64_t>(f.data() + kOffBodySum))
     fail(CacheFileDefect::checksum_mismatch, "body checksum differs");
   parse_meta(f, r, path);

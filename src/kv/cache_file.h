@@ -39,6 +39,8 @@
 
 namespace cf {
 
+class EntryAuth;
+
 inline constexpr uint32_t kCacheFileVersion = 1;
 inline constexpr uint32_t kCacheFileHeaderSize = 128;
 
@@ -64,6 +66,7 @@ enum class CacheFileDefect {
   shape_mismatch,     // dims differ from the expected model's
   bad_metadata,       // metadata JSON unreadable or missing fields
   key_mismatch,       // contents do not hash to the key id in the header / the file name
+  unauthenticated,    // a store key is set and the HMAC trailer is missing or wrong (entry_auth.h)
 };
 const char* defect_name(CacheFileDefect d);
 
@@ -85,6 +88,7 @@ struct CacheFileExpect {
   // settings included). Unset: the KvCache gets hparams made from the file's dims only.
   std::optional<ModelHparams> hparams;
   std::string key_id;  // the id the file must hold (from its name)
+  const EntryAuth* auth = nullptr;  // set: the file must carry a valid HMAC trailer
 };
 
 // Header and metadata of a file, validated as far as reading them allows (magic, version,
@@ -108,7 +112,8 @@ std::vector<uint8_t> encode_cache_file(const ChunkCache& c, KvDtype dtype);
 // Writes it atomically; returns the file size. Throws CacheFileError(io_error).
 // durable = false skips the fsyncs: still atomic for readers, but after a power loss the
 // file may be missing or damaged (which readers detect and recompute).
-size_t write_cache_file(const std::string& path, const ChunkCache& c, KvDtype dtype, bool durable = true);
+size_t write_cache_file(const std::string& path, const ChunkCache& c, KvDtype dtype, bool durable = true,
+                        const EntryAuth* auth = nullptr);  // auth: append its HMAC trailer
 // Maps, validates and decodes; throws CacheFileError naming the file and the defect.
 ChunkCache read_cache_file(const std::string& path, const CacheFileExpect& expect = {});
 CacheFileInfo read_cache_file_info(const std::string& path);

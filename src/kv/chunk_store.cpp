@@ -12,6 +12,8 @@
 #include <stdexcept>
 #include <tuple>
 
+#include "kv/store_paths.h"
+
 namespace cf {
 namespace fs = std::filesystem;
 namespace {
@@ -37,7 +39,8 @@ FileKind classify(const std::string& name) {
   return FileKind::other;
 }
 
-// Calls fn(path, kind) for every file in the store's two-hex-digit subdirectories.
+// Calls fn(path, kind) for every file in the store's two-hex-digit subdirectories. Symlinks
+// (to folders or files) are skipped: list, verify and remove_all never leave the store.
 template <class Fn>
 void for_each_file(const std::string& dir, Fn fn) {
   std::error_code ec;
@@ -45,9 +48,9 @@ void for_each_file(const std::string& dir, Fn fn) {
   std::vector<fs::path> files;
   for (const auto& sub : fs::directory_iterator(dir, ec)) {
     const std::string sn = sub.path().filename().string();
-    if (sn.size() != 2 || !sub.is_directory(ec)) continue;
+    if (sn.size() != 2 || !is_real_directory(sub.path())) continue;
     for (const auto& f : fs::directory_iterator(sub.path(), ec))
-      if (f.is_regular_file(ec)) files.push_back(f.path());
+      if (is_real_file(f.path())) files.push_back(f.path());
   }
   std::sort(files.begin(), files.end());
   for (const auto& p : files) fn(p, classify(p.filename().string()));
@@ -76,7 +79,7 @@ ChunkStore::ChunkStore(ChunkStoreOptions opt) : opt_(std::move(opt)) {
   if (!(opt_.cfo_floor > 0)) throw std::invalid_argument("chunk store: cfo_floor must be > 0");
   if (!opt_.dir.empty()) {
     std::error_code ec;
-    fs::create_directories(opt_.dir, ec);
+    create_private_directories(opt_.dir, ec);
     if (ec) throw CacheFileError(CacheFileDefect::io_error, opt_.dir, "cannot create the store directory: " + ec.message());
     scan_dir();
   }
@@ -150,6 +153,7 @@ bool ChunkStore::save_scores() {
   const std::string tmp = opt_.dir + "/.fr-scores.tmp." + std::to_string(::getpid());
   {
     std::ofstream out(tmp, std::ios::trunc);
+    make_private_file(tmp);
     out << nlohmann::json{{"version", 1}, {"scores", scores}}.dump();
     if (!out.flush()) {
       opt_.report("chunk store " + path + ": cannot write the f_r scores");
@@ -303,6 +307,9 @@ void ChunkStore::report_bad_file(const CacheFileError& e) {
   {
     std::lock_guard lock(mu_);
     ++stats_.corrupt_files;
+    if (e.reason() == CacheFileDefect::foreign_model || e.reason() == CacheFileDefect::shape_mismatch)
+      ++stats_.foreign_files;
+    if (e.reason() == CacheFileDefect::unauthenticated) ++stats_.unauthenticated_files;
     forget_file_locked(fs::path(e.path()).stem().string());
   }
   opt_.report("chunk cache " + std::string(e.what()) + ", recomputing");
@@ -322,6 +329,7 @@ std::shared_ptr<const ChunkCache> ChunkStore::read_file(const std::string& id) {
     expect.model_fingerprint = m.fingerprint;
     expect.hparams = m.hparams;
     expect.key_id = id;
+    expect.auth = opt_.auth.get();
     auto c = std::make_shared<const ChunkCache>(read_cache_file(path, expect));
     std::error_code ec;
     const auto bytes = fs::file_size(path, ec);
@@ -503,10 +511,12 @@ std::shared_ptr<const ChunkCache> ChunkStore::put(ChunkCache cache) {
   if (!opt_.dir.empty()) {
     const std::string path = path_for(id);
     std::error_code ec;
-    fs::create_directories(fs::path(path).parent_path(), ec);
+    create_private_directories(fs::path(path).parent_path(), ec);
     std::vector<std::string> victims;
     try {
-      const size_t n = write_cache_file(path, *c, opt_.disk_dtype, opt_.durable);
+      if (!is_real_directory(fs::path(path).parent_path()))  // a planted symlink: never write through it
+        throw CacheFileError(CacheFileDefect::io_error, path, "its folder is missing or not a real directory");
+      const size_t n = write_cache_file(path, *c, opt_.disk_dtype, opt_.durable, opt_.auth.get());
       std::lock_guard lock(mu_);
       ++stats_.disk_writes;
       stats_.disk_bytes_written += n;
@@ -561,7 +571,7 @@ bool ChunkStore::remove(const std::string& id) {
     forget_file_locked(id);
     meta_.erase(id);
   }
-  if (!opt_.dir.empty()) {
+  if (!opt_.dir.empty() && is_real_directory(fs::path(path_for(id)).parent_path())) {
     std::error_code ec;
     const std::string path = path_for(id);
     removed |= fs::remove(path, ec);
@@ -593,7 +603,8 @@ size_t ChunkStore::remove_all() {
   std::error_code ec;
   if (!opt_.dir.empty() && fs::is_directory(opt_.dir, ec))
     for (const auto& sub : fs::directory_iterator(opt_.dir, ec))
-      if (sub.path().filename().string().size() == 2 && fs::is_empty(sub.path(), ec)) fs::remove(sub.path(), ec);
+      if (sub.path().filename().string().size() == 2 && is_real_directory(sub.path()) && fs::is_empty(sub.path(), ec))
+        fs::remove(sub.path(), ec);
   if (!opt_.dir.empty()) fs::remove(scores_path(), ec);
   return n;
 }
@@ -642,6 +653,7 @@ VerifyReport ChunkStore::verify() const {
     if (kind != FileKind::cache) return;
     CacheFileExpect expect;
     expect.key_id = p.stem().string();
+    expect.auth = opt_.auth.get();
     if (opt_.model) {
       expect.model_fingerprint = opt_.model->fingerprint;
       expect.hparams = opt_.model->hparams;

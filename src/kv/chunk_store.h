@@ -69,6 +69,7 @@
 
 #include "kv/cache_file.h"
 #include "kv/chunk_cache.h"
+#include "kv/entry_auth.h"
 
 namespace cf {
 
@@ -98,6 +99,9 @@ struct ChunkStoreOptions {
   // Needed by get/put/get_or_compute (std::logic_error without it). Without it the store
   // can still list, verify (integrity only: no fingerprint/shape check) and remove.
   std::optional<StoreModel> model;
+  // Keyed integrity (entry_auth.h): set, every file written carries an HMAC trailer and a
+  // file without a valid one is never served (counted in unauthenticated_files).
+  std::shared_ptr<const EntryAuth> auth;
   // Where defect reports go; default: one line on stderr.
   std::function<void(const std::string&)> report;
 
@@ -124,6 +128,8 @@ struct ChunkStoreStats {
   uint64_t puts = 0, computes = 0;
   uint64_t disk_writes = 0, disk_write_errors = 0;
   uint64_t corrupt_files = 0;     // files found bad by get (each reported and moved aside)
+  uint64_t foreign_files = 0;     // of those, made by another model or for another shape
+  uint64_t unauthenticated_files = 0;  // of those, without a valid HMAC tag (options.auth set)
   uint64_t disk_bytes_read = 0, disk_bytes_written = 0;
   double disk_load_ms = 0, compute_ms = 0;
   size_t memory_bytes = 0, memory_entries = 0, memory_budget_bytes = 0;

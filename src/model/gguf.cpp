@@ -445,6 +445,23 @@ void GgufFile::parse() {
                  std::to_string(cur.file_offset) + " < " + std::to_string(prev.file_offset + prev.n_bytes) + ")",
              rel_offsets[order[k]]);
   }
+
+  // Each tensor's size from its type and shape must also fill its span: writers (gguf-py,
+  // llama.cpp) place tensors back to back, padded to the alignment, so the bytes up to the
+  // next tensor (or the end of the file) exceed the size by less than the alignment. A larger
+  // gap means the type or shape was changed (issue 17: Q4_1 relabelled Q4_0 loads, reads the
+  // wrong bytes and answers garbage), so it is an error naming the tensor.
+  for (size_t k = 0; k < order.size(); ++k) {
+    const GgufTensor& t = tensors_[order[k]];
+    const uint64_t next = k + 1 < order.size() ? tensors_[order[k + 1]].file_offset : size_;
+    const uint64_t span = next - t.file_offset;
+    if (span - t.n_bytes >= alignment_)
+      r.fail("tensor " + quoted(t.name) + " is " + std::to_string(t.n_bytes) + " bytes by its type " +
+                 std::string(ggml_type_name(t.type)) + " and shape, but its data spans " + std::to_string(span) + " bytes up to " +
+                 (k + 1 < order.size() ? "tensor " + quoted(tensors_[order[k + 1]].name) : std::string("the end of the file")) +
+                 " (wrong type or shape?)",
+             rel_offsets[order[k]]);
+  }
 }
 
 const GgufValue* GgufFile::find(std::string_view key) const {

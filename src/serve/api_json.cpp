@@ -418,6 +418,19 @@ std::string prometheus_text(const EngineMetrics& m, const HttpCounters& h) {
   os << "chunkfuse_http_responses_total{code=\"4xx\"} " << h.responses_4xx << '\n';
   os << "chunkfuse_http_responses_total{code=\"5xx\"} " << h.responses_5xx << '\n';
   counter("chunkfuse_http_streams_cancelled_total", "Streams whose client disconnected mid-answer.", h.streams_cancelled);
+  counter("chunkfuse_http_unauthorized_total", "Requests refused 401 (missing or wrong API key).", h.unauthorized);
+  counter("chunkfuse_http_connections_refused_total", "Connections answered 503 at the open-connection cap.",
+          h.connections_refused);
+  counter("chunkfuse_http_connection_timeouts_total",
+          "Connections closed because a request did not arrive in time (or its headers grew past the budget).",
+          h.connection_timeouts);
+  gauge("chunkfuse_http_connections_open", "Open HTTP connections.", static_cast<double>(h.connections_open));
+  metric(os, "chunkfuse_store_refused_entries_total", "counter",
+         "Chunk-cache files refused and moved aside, by reason (damaged, another model or shape, no valid HMAC tag).");
+  os << "chunkfuse_store_refused_entries_total{reason=\"damaged\"} " << m.store_damaged_entries << '\n';
+  os << "chunkfuse_store_refused_entries_total{reason=\"foreign\"} " << m.store_foreign_entries << '\n';
+  os << "chunkfuse_store_refused_entries_total{reason=\"unauthenticated\"} " << m.store_unauthenticated_entries
+     << '\n';
   return os.str();
 }
 

@@ -41,6 +41,7 @@
 #include "fusion/rag_prompt.h"
 #include "kv/chunk_cache.h"
 #include "kv/chunk_store.h"
+#include "kv/store_paths.h"
 #include "model/model.h"
 #include "runtime/forward.h"
 #include "serve/craft.h"
@@ -121,7 +122,7 @@ struct Engine::Impl {
 
   ChunkStoreOptions store_options() {
     if (opt.cache_dir.empty()) opt.cache_dir = cache_root() + "/serve-store";
-    std::filesystem::create_directories(opt.cache_dir);
+    create_private_directories(opt.cache_dir);
     ChunkStoreOptions so;
     so.dir = opt.cache_dir;
     so.memory_budget_bytes = opt.chunk_memory_bytes;
@@ -131,6 +132,7 @@ struct Engine::Impl {
       throw std::runtime_error("unknown chunk eviction policy \"" + opt.chunk_eviction + "\" (lru, cachecraft)");
     so.disk_budget_bytes = opt.chunk_disk_bytes;
     so.max_entries = opt.max_chunk_entries;
+    if (!opt.store_key_file.empty()) so.auth = std::make_shared<const EntryAuth>(EntryAuth::from_key_file(opt.store_key_file));
     return so;
   }
 
@@ -163,6 +165,7 @@ struct Engine::Impl {
     const std::string tmp = index_path() + ".tmp";
     {
       std::ofstream out(tmp, std::ios::trunc);
+      make_private_file(tmp);  // document texts: 0600
       out << nlohmann::json{{"version", 1}, {"chunks", texts}}.dump();
       if (!out) throw std::runtime_error(tmp + ": cannot write the chunk index");
     }
@@ -626,11 +629,15 @@ EngineMetrics Engine::metrics() const {
   m.background_tasks = impl_->scheduler->idle_tasks_run();
   const ChunkStoreStats s = impl_->store.stats();
   m.store_memory_bytes = s.memory_bytes;
+  m.store_damaged_entries = s.corrupt_files - s.foreign_files - s.unauthenticated_files;
+  m.store_foreign_entries = s.foreign_files;
+  m.store_unauthenticated_entries = s.unauthenticated_files;
   m.store_disk_bytes = s.disk_bytes;
   return m;
 }
 
 std::string Engine::model_name() const { return impl_->name; }
 const EngineOptions& Engine::options() const { return impl_->opt; }
+const Tokenizer& Engine::tokenizer() const { return impl_->model->tokenizer(); }
 
 }  // namespace cf

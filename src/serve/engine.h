@@ -23,6 +23,8 @@
 
 namespace cf {
 
+class Tokenizer;
+
 // A request the engine refuses: the HTTP layer maps it to `status` with an OpenAI-style
 // error body {"error": {"message", "type", "param", "code"}}.
 struct RequestError : std::runtime_error {
@@ -100,6 +102,7 @@ struct EngineOptions {
   std::string chunk_eviction = "cachecraft";  // memory-tier policy: lru | cachecraft (f_r, Cache-Craft §3.3)
   size_t chunk_disk_bytes = 0;                // real deletion beyond this many file bytes; 0: unbounded
   size_t max_chunk_entries = 0;               // Cache-Craft's N x M entry budget; 0: unbounded
+  std::string store_key_file;                 // HMAC key for cache entries (kv/entry_auth.h); empty: none
   size_t prefix_cache_bytes = size_t{256} << 20;
   size_t max_prompt_tokens = 0;        // 0: the model's context length
   size_t max_queue = 64;               // waiting requests; more gets 503
@@ -120,6 +123,9 @@ struct EngineMetrics {
   uint64_t decode_steps = 0, decode_rows = 0;  // batched decode passes and the sequences in them
   uint64_t background_tasks = 0;  // idle-time work done (CRAFT prefixes promoted under fusion)
   size_t store_memory_bytes = 0, store_disk_bytes = 0, prefix_cache_bytes = 0;
+  // Cache files refused and moved aside: damaged, made by another model (or shape), or
+  // without a valid HMAC tag when a store key is set.
+  uint64_t store_damaged_entries = 0, store_foreign_entries = 0, store_unauthenticated_entries = 0;
 };
 
 class Engine {
@@ -140,7 +146,8 @@ class Engine {
 
   EngineMetrics metrics() const;
   std::string model_name() const;  // GGUF general.name or the file stem
-  const EngineOptions& options() const;
+  const EngineOptions& options() const;     // max_prompt_tokens resolved (never 0)
+  const Tokenizer& tokenizer() const;       // for request_limits' byte bound
 
  private:
   struct Impl;

@@ -2,6 +2,9 @@
 // of httplib's pool threads, which blocks in Engine::complete while the engine schedules.
 #include "serve/server.h"
 
+#include "serve/key_isolation.h"
+#include "serve/request_limits.h"
+
 #include <httplib.h>
 
 #include <atomic>
@@ -11,6 +14,7 @@
 #include <mutex>
 #include <optional>
 #include <random>
+#include <set>
 #include <thread>
 
 namespace cf {
@@ -29,6 +33,12 @@ void reply_json(httplib::Response& res, int status, const json& body) {
 }
 
 void reply_error(httplib::Response& res, const RequestError& e) { reply_json(res, e.status, api::error_body(e)); }
+
+// A route that takes no body: whatever the client sent stays unread, so the connection ends
+// after the response.
+void ignore_body(const httplib::Request& req) {
+  if (request_has_body(req)) GuardedServer::close_after_response();
+}
 
 // A streamed request: the engine runs on its own thread so that the handler can wait for the
 // first piece of text before committing to 200 (errors found while validating or queueing
@@ -84,13 +94,30 @@ struct StreamJob {
 struct HttpServer::Impl {
   Engine& engine;
   HttpServerOptions opt;
-  httplib::Server svr;
+  GuardedServer svr;
+  AccessPolicy access;
+  KeyIsolation isolation;
+  const InputBound input;
   std::atomic<uint64_t> n2xx{0}, n4xx{0}, n5xx{0}, n_cancelled{0};
   std::atomic<uint64_t> next_id{0};
   const uint64_t id_salt = std::random_device{}() * 0x9E3779B97F4A7C15ull ^ std::random_device{}();
   const int64_t started = unix_seconds();
 
-  Impl(Engine& e, HttpServerOptions o) : engine(e), opt(std::move(o)) { setup(); }
+  Impl(Engine& e, HttpServerOptions o)
+      : engine(e),
+        opt(std::move(o)),
+        svr(opt.connections),
+        access(opt.access),
+        isolation(opt.isolate_keys),
+        input(input_bound(e.tokenizer(), e.options().max_prompt_tokens)) {
+    if (isolation.enabled() && !access.keys_required())
+      throw std::invalid_argument("--isolate-keys needs API keys (--api-key or --api-key-file)");
+    setup();
+  }
+
+  // The caller's tenant under --isolate-keys: its key's index (the pre-routing check has
+  // already refused requests without a valid key).
+  size_t tenant(const httplib::Request& req) const { return static_cast<size_t>(access.matched_key(req)); }
 
   std::string new_id(bool chat) {
     char buf[40];
@@ -100,24 +127,54 @@ struct HttpServer::Impl {
   }
 
   // Every handler's errors become OpenAI error bodies; nothing escapes into httplib.
+  static void run_guarded(const std::function<void()>& h, httplib::Response& res) {
+    try {
+      h();
+    } catch (const RequestError& e) {
+      reply_error(res, e);
+    } catch (const std::exception& e) {
+      reply_json(res, 500, api::error_body(500, "server_error", e.what()));
+    }
+  }
+
+  // A route without a body: the request is fully read when it is dispatched.
   httplib::Server::Handler guarded(std::function<void(const httplib::Request&, httplib::Response&)> h) {
     return [h = std::move(h)](const httplib::Request& req, httplib::Response& res) {
-      try {
-        h(req, res);
-      } catch (const RequestError& e) {
-        reply_error(res, e);
-      } catch (const std::exception& e) {
-        reply_json(res, 500, api::error_body(500, "server_error", e.what()));
-      }
+      GuardedServer::request_read();
+      run_guarded([&] { h(req, res); }, res);
+    };
+  }
+
+  // A POST or DELETE route that takes no body. Registered as a content-reader route so that
+  // httplib does not buffer one anyway (it would, without bound, for any other route).
+  httplib::Server::HandlerWithContentReader guarded_no_body(
+      std::function<void(const httplib::Request&, httplib::Response&)> h) {
+    return [h = std::move(h)](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader&) {
+      ignore_body(req);
+      GuardedServer::request_read();
+      run_guarded([&] { h(req, res); }, res);
+    };
+  }
+
+  // A POST route: JSON only, body read in pieces and refused past --max-body whatever its
+  // transfer encoding (httplib's own limit sees Content-Length only).
+  httplib::Server::HandlerWithContentReader guarded_post(
+      std::function<void(const httplib::Request&, httplib::Response&, const std::string& body)> h) {
+    return [this, h = std::move(h)](const httplib::Request& req, httplib::Response& res,
+                                    const httplib::ContentReader& reader) {
+      run_guarded(
+          [&] {
+            require_json_content(req);
+            const std::string body = read_body_bounded(req, reader, opt.max_body_bytes);
+            GuardedServer::request_read();
+            h(req, res, body);
+          },
+          res);
     };
   }
 
   void setup() {
-    const int threads = std::max(1, opt.threads);
-    svr.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
     svr.set_payload_max_length(opt.max_body_bytes);
-    svr.set_read_timeout(opt.read_timeout_s, 0);
-    svr.set_keep_alive_timeout(opt.keep_alive_timeout_s);
     svr.set_tcp_nodelay(true);  // stream events are small; do not let Nagle hold them
 
     // Errors httplib itself produces (413, unknown route) get an OpenAI body too.
@@ -138,7 +195,21 @@ struct HttpServer::Impl {
     svr.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr) {
       reply_json(res, 500, api::error_body(500, "server_error", "internal error"));
     });
+    svr.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+      GuardedServer::headers_read();
+      if (access.pre_route(req, res)) return httplib::Server::HandlerResponse::Handled;
+      // httplib reads the body of any other method (PUT, PATCH, PRI) into memory without a
+      // bound before it finds no route: refuse those before a byte of body is read.
+      static const std::set<std::string> kMethods{"GET", "HEAD", "POST", "DELETE", "OPTIONS"};
+      if (!kMethods.count(req.method)) {
+        GuardedServer::close_after_response();
+        reply_json(res, 405, api::error_body(405, "invalid_request_error", "method " + req.method + " not allowed"));
+        return httplib::Server::HandlerResponse::Handled;
+      }
+      return httplib::Server::HandlerResponse::Unhandled;
+    });
     svr.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
+      GuardedServer::response_done();
       if (res.status >= 500)
         ++n5xx;
       else if (res.status >= 400)
@@ -150,26 +221,56 @@ struct HttpServer::Impl {
                      res.status);
     });
 
-    svr.Post("/v1/chat/completions", guarded([this](const auto& req, auto& res) { completion(req, res, true); }));
-    svr.Post("/v1/completions", guarded([this](const auto& req, auto& res) { completion(req, res, false); }));
+    svr.Post("/v1/chat/completions", guarded_post([this](const auto& req, auto& res, const std::string& body) {
+      completion(req, body, res, true);
+    }));
+    svr.Post("/v1/completions", guarded_post([this](const auto& req, auto& res, const std::string& body) {
+      completion(req, body, res, false);
+    }));
 
-    svr.Post("/v1/chunks", guarded([this](const httplib::Request& req, httplib::Response& res) {
-      const auto texts = api::parse_chunk_texts(api::parse_body(req.body));
+    svr.Post("/v1/chunks", guarded_post([this](const httplib::Request& req, httplib::Response& res, const std::string& body) {
+      const auto texts = api::parse_chunk_texts(api::parse_body(body));
+      check_chunk_texts_size(texts, input);
       json data = json::array();
-      for (const auto& c : engine.register_chunks(texts)) data.push_back(api::chunk_json(c, false));
+      std::vector<std::string> ids;
+      for (const auto& c : engine.register_chunks(texts)) {
+        data.push_back(api::chunk_json(c, false));
+        ids.push_back(c.id);
+      }
+      if (isolation.enabled()) isolation.note_registered(tenant(req), ids);
       reply_json(res, 200, json{{"object", "list"}, {"data", data}});
     }));
-    svr.Get(R"(/v1/chunks/([^/]+))", guarded([this](const httplib::Request& req, httplib::Response& res) {
+    auto no_chunk = [](const std::string& id) {
+      return RequestError(404, "not_found_error", "no chunk with id '" + id + "'", "id");
+    };
+    svr.Get(R"(/v1/chunks/([^/]+))", guarded([this, no_chunk](const httplib::Request& req, httplib::Response& res) {
       const std::string id = req.matches[1];
+      if (isolation.enabled() && !isolation.owns(tenant(req), id)) throw no_chunk(id);
       auto c = engine.chunk(id);
-      if (!c) throw RequestError(404, "not_found_error", "no chunk with id '" + id + "'", "id");
+      if (!c) throw no_chunk(id);
       reply_json(res, 200, api::chunk_json(*c, true));
     }));
-    svr.Delete(R"(/v1/chunks/([^/]+))", guarded([this](const httplib::Request& req, httplib::Response& res) {
+    svr.Delete(R"(/v1/chunks/([^/]+))", guarded_no_body([this, no_chunk](const httplib::Request& req,
+                                                                         httplib::Response& res) {
       const std::string id = req.matches[1];
-      if (!engine.remove_chunk(id)) throw RequestError(404, "not_found_error", "no chunk with id '" + id + "'", "id");
+      bool deleted = true;
+      if (isolation.enabled()) {
+        bool was_owner = false;
+        const bool last = isolation.release(tenant(req), id, was_owner);
+        if (!was_owner) throw no_chunk(id);
+        if (last) deleted = engine.remove_chunk(id);  // other keys that registered it keep it
+      } else {
+        deleted = engine.remove_chunk(id);
+      }
+      if (!deleted) throw no_chunk(id);
       reply_json(res, 200, json{{"id", id}, {"object", "chunk.deleted"}, {"deleted", true}});
     }));
+    // Any other POST or DELETE: 404 before reading the body (registered last, matched last).
+    const auto no_route = guarded_no_body([](const httplib::Request& req, httplib::Response&) {
+      throw RequestError(404, "not_found_error", "no route for " + req.method + " " + req.path);
+    });
+    svr.Post(".*", no_route);
+    svr.Delete(".*", no_route);
 
     svr.Get("/v1/models", guarded([this](const httplib::Request&, httplib::Response& res) {
       reply_json(res, 200, api::models_json(engine.model_name(), started));
@@ -192,15 +293,26 @@ struct HttpServer::Impl {
   }
 
   api::HttpCounters counters_now() const {
-    return api::HttpCounters{n2xx.load(), n4xx.load(), n5xx.load(), n_cancelled.load()};
+    const ConnectionCounters c = svr.counters();
+    api::HttpCounters h{n2xx.load(), n4xx.load(), n5xx.load(), n_cancelled.load()};
+    h.unauthorized = access.unauthorized();
+    h.connections_refused = c.refused;
+    h.connection_timeouts = c.timeouts + c.oversized_headers;
+    h.connections_open = c.open;
+    return h;
   }
 
-  void completion(const httplib::Request& req, httplib::Response& res, bool chat) {
-    api::ParsedCompletion pc = api::parse_completion(api::parse_body(req.body), chat, engine.options().default_method);
+  void completion(const httplib::Request& req, const std::string& body, httplib::Response& res, bool chat) {
+    api::ParsedCompletion pc = api::parse_completion(api::parse_body(body), chat, engine.options().default_method);
+    check_input_size(pc.request, input);
+    const bool isolated = isolation.enabled();
+    if (isolated) isolation.check_documents(tenant(req), pc.request);
     api::ResponseMeta meta{new_id(chat), unix_seconds(),
                            pc.request.model.empty() ? engine.model_name() : pc.request.model, chat};
     if (!pc.stream) {
-      reply_json(res, 200, api::completion_response(meta, engine.complete(pc.request)));
+      json reply = api::completion_response(meta, engine.complete(pc.request));
+      if (isolated) KeyIsolation::redact(reply);
+      reply_json(res, 200, reply);
       return;
     }
 
@@ -217,7 +329,7 @@ struct HttpServer::Impl {
     res.set_header("Cache-Control", "no-cache");
     res.set_chunked_content_provider(
         "text/event-stream",
-        [this, job, meta, include_usage = pc.include_usage](size_t, httplib::DataSink& sink) {
+        [this, job, meta, isolated, include_usage = pc.include_usage](size_t, httplib::DataSink& sink) {
           auto send = [&](const std::string& s) {
             if (sink.write(s.data(), s.size())) return true;
             job->client_gone = true;  // the engine frees the slot at its next step
@@ -246,7 +358,11 @@ struct HttpServer::Impl {
             ok = send(api::sse_event(api::error_body(500, "server_error", job->failure)));
           else {
             ok = send(api::sse_event(api::stream_finish_chunk(meta, job->result.finish_reason)));
-            if (ok && include_usage) ok = send(api::sse_event(api::stream_usage_chunk(meta, job->result)));
+            if (ok && include_usage) {
+              json usage = api::stream_usage_chunk(meta, job->result);
+              if (isolated) KeyIsolation::redact(usage);
+              ok = send(api::sse_event(usage));
+            }
           }
           if (!ok || !send(api::kSseDone)) return false;
           sink.done();
@@ -270,6 +386,7 @@ int HttpServer::bind() {
   } else if (!impl_->svr.bind_to_port(o.host, o.port)) {
     throw std::runtime_error("cannot bind " + o.host + ":" + std::to_string(o.port) + " (in use, or not a local address?)");
   }
+  impl_->svr.widen_backlog();
   return o.port;
 }
 

@@ -13,6 +13,8 @@
 #include <vector>
 
 #include "serve/engine.h"
+#include "serve/http_access.h"
+#include "serve/http_guard.h"
 
 namespace cf {
 
@@ -72,6 +74,9 @@ nlohmann::json models_json(const std::string& model_name, int64_t created);
 struct HttpCounters {
   uint64_t responses_2xx = 0, responses_4xx = 0, responses_5xx = 0;
   uint64_t streams_cancelled = 0;
+  uint64_t unauthorized = 0;                                  // 401s
+  uint64_t connections_refused = 0, connection_timeouts = 0;  // at the cap / past the deadline
+  uint64_t connections_open = 0;
 };
 
 // GET /metrics in Prometheus text exposition format 0.0.4.
@@ -82,10 +87,10 @@ std::string prometheus_text(const EngineMetrics& m, const HttpCounters& h);
 struct HttpServerOptions {
   std::string host = "127.0.0.1";
   int port = 8080;                               // 0: any free port (see HttpServer::bind)
-  int threads = 32;                              // connection threads; a keep-alive client holds one
-  size_t max_body_bytes = size_t{8} << 20;       // larger bodies get 413
-  int read_timeout_s = 30;
-  int keep_alive_timeout_s = 5;
+  ConnectionLimits connections;                  // cap, request deadline, keep-alive (http_guard.h)
+  size_t max_body_bytes = size_t{8} << 20;       // larger bodies get 413, in any transfer encoding
+  AccessOptions access;                          // API keys, CORS (http_access.h)
+  bool isolate_keys = false;                     // per-key chunk isolation (key_isolation.h); needs keys
   bool log_requests = false;                     // one line per request on stderr
 };
 

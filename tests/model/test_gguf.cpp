@@ -14,6 +14,7 @@ namespace cf {
 namespace {
 
 using test::GgufWriter;
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 using Bytes = GgufWriter::Bytes;
 
@@ -459,6 +460,29 @@ TEST(GgufDamage, OverlappingTensors) {
   // Adjacent (touching) ranges are fine.
   GgufWriter ok;
   ok.add_tensor("a", GgmlType::F32, {16}, 0).add_tensor("b", GgmlType::F32, {4}, 64);
+  EXPECT_NO_THROW(parse(ok.build()));
+}
+
+// Issue 17: a Q4_1 tensor relabelled Q4_0 (type byte changed) still fits its span, loaded,
+// and the model answered garbage. The size from type and shape must fill the span up to the
+// next tensor (or the end of the file), padding aside. (A size that differs by less than the
+// alignment, 32 bytes, cannot be told from padding; real weight tensors differ by far more.)
+TEST(GgufDamage, TypeThatDoesNotFillItsSpanIsNamed) {
+  auto relabelled = [](GgmlType written, GgmlType claimed, bool last) {
+    GgufWriter w;
+    const uint64_t n = ggml_row_bytes(written, 64) * 16;  // 640 bytes as Q4_1, 576 as Q4_0
+    w.add_tensor_raw({"blk.0.attn_q.weight", static_cast<uint32_t>(claimed), {64, 16}, Bytes(n, 7), std::nullopt});
+    if (!last) w.add_tensor("output_norm.weight", GgmlType::F32, {8});
+    return w.build();
+  };
+  EXPECT_THAT(parse_error(relabelled(GgmlType::Q4_1, GgmlType::Q4_0, false)),
+              AllOf(HasSubstr("tensor 'blk.0.attn_q.weight' is 576 bytes by its type Q4_0"),
+                    HasSubstr("spans 640 bytes up to tensor 'output_norm.weight'"), HasSubstr("wrong type or shape")));
+  EXPECT_THAT(parse_error(relabelled(GgmlType::Q4_1, GgmlType::Q4_0, true)),
+              HasSubstr("spans 640 bytes up to the end of the file"));
+  // The right type, with the writer's alignment padding after it, is fine.
+  GgufWriter ok;
+  ok.add_tensor("a", GgmlType::F32, {3}).add_tensor("b", GgmlType::F32, {3});
   EXPECT_NO_THROW(parse(ok.build()));
 }
 

@@ -37,9 +37,10 @@ class Server:
     """One server process on a free port with its own temporary store; stop() ends it with
     SIGTERM and checks that it shut down cleanly."""
 
-    def __init__(self, *extra_args, binary=None, model=None, n_threads=None):
+    def __init__(self, *extra_args, binary=None, model=None, n_threads=None, api_key=None, cache_dir=None):
+        self.api_key = api_key  # sent as a Bearer token by request() when set
         self.tmp = tempfile.mkdtemp(prefix="chunkfuse-e2e-")
-        self.cache_dir = os.path.join(self.tmp, "store")
+        self.cache_dir = cache_dir or os.path.join(self.tmp, "store")
         self.log_path = os.path.join(self.tmp, "server.log")
         self.log = open(self.log_path, "w+")
         cmd = [binary or binary_path(), "serve", "-m", model or model_path(), "-t", str(n_threads or threads()),
@@ -76,11 +77,15 @@ class Server:
         with open(self.log_path) as f:
             return f.read()
 
-    def request(self, method, path, body=None, raw=None, timeout=120):
+    def request(self, method, path, body=None, raw=None, timeout=120, headers=None):
         """(status, parsed JSON or text) for one request; errors are returned, not raised."""
         data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
+        hdrs = {"Content-Type": "application/json"}
+        if self.api_key:
+            hdrs["Authorization"] = "Bearer " + self.api_key
+        hdrs.update(headers or {})
         req = urllib.request.Request(self.url + path, data=data, method=method,
-                                     headers={"Content-Type": "application/json"})
+                                     headers={k: v for k, v in hdrs.items() if v is not None})
         try:
             with urllib.request.urlopen(req, timeout=timeout) as resp:
                 status, text, ctype = resp.status, resp.read().decode(), resp.headers.get("Content-Type", "")
@@ -105,6 +110,19 @@ class Server:
                 out[name] = float(value)
         return out
 
+    def host_port(self):
+        host, port = self.url[len("http://"):].split(":")
+        return host, int(port)
+
+    def memory_kb(self):
+        """(current RSS, peak RSS) of the server process in KiB, from /proc."""
+        fields = {}
+        with open("/proc/%d/status" % self.proc.pid) as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                fields[key] = value.strip()
+        return int(fields["VmRSS"].split()[0]), int(fields["VmHWM"].split()[0])
+
     def stop(self):
         if self.proc.poll() is None:
             self.proc.terminate()
@@ -123,4 +141,4 @@ class Server:
 
 def openai_client(server):
     import openai  # from .venv-serve (scripts/setup.sh)
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+    return openai.OpenAI(base_url=server.url + "/v1", api_key=server.api_key or "unused", max_retries=0, timeout=120)

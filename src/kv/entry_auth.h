@@ -1,0 +1,48 @@
+// Keyed integrity for chunk-cache entries (issue 17, item 6). The xxHash checksums of a cache
+// file catch accidents, not tampering: whoever can write the store (or, with the Redis tier,
+// the shared cache) can recompute them and have garbage served to every replica. With a
+// secret key (`--store-key-file`), every entry carries an HMAC-SHA256 (OpenSSL) over its
+// bytes, header and payload, and an entry without a valid tag is never served: it counts as
+// unauthenticated, is moved aside like a damaged file and recomputed.
+//
+// The tag travels inside the entry, as a trailer after the payload, so an entry's bytes are
+// self-contained wherever they are kept (file or remote tier):
+//   entry bytes | "CFKVMAC1" | HMAC-SHA256(key, entry bytes)   (8 + 32 bytes)
+// Readers without a key ignore a well-formed trailer (integrity checks still apply).
+#pragma once
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace cf {
+
+class EntryAuth {
+ public:
+  static constexpr size_t kTagBytes = 32;
+  static constexpr char kTrailerMagic[9] = "CFKVMAC1";
+  static constexpr size_t kTrailerBytes = 8 + kTagBytes;
+  static constexpr size_t kMinKeyBytes = 16;
+  using Tag = std::array<uint8_t, kTagBytes>;
+
+  // The key's bytes; at least kMinKeyBytes (std::invalid_argument otherwise).
+  explicit EntryAuth(std::vector<uint8_t> key);
+  // The whole file is the key (one trailing newline dropped, so `head -c 32 /dev/urandom |
+  // base64 > key` works). std::runtime_error if unreadable or too short.
+  static EntryAuth from_key_file(const std::string& path);
+
+  Tag tag(const uint8_t* data, size_t n) const;
+  // Constant-time comparison of tag(data, n) with `tag`.
+  bool verify(const uint8_t* data, size_t n, const uint8_t* tag) const;
+  // Appends the trailer for the bytes already in `entry`.
+  void seal(std::vector<uint8_t>& entry) const;
+
+  // Whether data[n - kTrailerBytes, n) starts with the trailer magic.
+  static bool has_trailer(const uint8_t* data, size_t n);
+
+ private:
+  std::vector<uint8_t> key_;
+};
+
+}  // namespace cf

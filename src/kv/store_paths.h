@@ -1,0 +1,31 @@
+// Keeping the chunk store inside its folder (issue 17, item 4): the store walks, reads and
+// deletes only real directories and regular files under its root, never through a symlink
+// (a link planted in the store could otherwise point `chunkfuse chunks rm --all` at any
+// folder the user can write), and what it creates is private to its owner: folders 0700,
+// files 0600 (cache entries hold K/V computed from the documents; the serve index holds
+// their text).
+#pragma once
+#include <filesystem>
+#include <system_error>
+
+namespace cf {
+
+inline constexpr std::filesystem::perms kPrivateDirPerms = std::filesystem::perms::owner_all;
+inline constexpr std::filesystem::perms kPrivateFilePerms =
+    std::filesystem::perms::owner_read | std::filesystem::perms::owner_write;
+inline constexpr unsigned kPrivateFileMode = 0600;  // for open(2)
+
+// A directory itself, not a symlink to one (lstat).
+bool is_real_directory(const std::filesystem::path& p);
+// A regular file itself, not a symlink to one.
+bool is_real_file(const std::filesystem::path& p);
+
+// create_directories, then 0700 on `dir` when this call created it.
+void create_private_directories(const std::filesystem::path& dir, std::error_code& ec);
+// The same, throwing std::filesystem::error as create_directories does.
+void create_private_directories(const std::filesystem::path& dir);
+// 0600 on a file this process wrote (before it is renamed into place). Best effort: a file
+// system without modes leaves it as it is.
+void make_private_file(const std::filesystem::path& file) noexcept;
+
+}  // namespace cf

@@ -1,0 +1,87 @@
+// The store never leaves its folder and keeps what it writes private (issue 17, item 4).
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "kv/chunk_store.h"
+#include "kv_test_util.h"
+
+namespace cf {
+namespace {
+
+namespace fs = std::filesystem;
+using test::synthetic_cache;
+using test::tiny_hparams;
+using test::tiny_key;
+
+ChunkStoreOptions options_for(const std::string& dir) {
+  ChunkStoreOptions o;
+  o.dir = dir;
+  o.model = StoreModel{test::kTinyFingerprint, tiny_hparams()};
+  o.report = [](const std::string&) {};
+  return o;
+}
+
+unsigned mode_of(const std::string& path) {
+  struct stat st {};
+  EXPECT_EQ(::stat(path.c_str(), &st), 0) << path;
+  return st.st_mode & 0777;
+}
+
+// `chunkfuse chunks rm --all` used to follow a symlinked folder inside the store and delete
+// the files it pointed at.
+TEST(StoreContainment, RemoveAllListAndVerifyNeverFollowSymlinks) {
+  test::TempDir root;
+  const std::string store_dir = root.path() + "/store", outside = root.path() + "/precious";
+  fs::create_directories(outside);
+  const ChunkKey a = tiny_key(1, 3);
+  {
+    ChunkStore s(options_for(store_dir));
+    s.put(synthetic_cache(a, tiny_hparams()));
+  }
+  // A real cache file outside, reachable through a two-hex-digit symlinked folder and a
+  // symlinked file: both look exactly like store entries.
+  const std::string victim = outside + "/" + a.id() + ".cfkv";
+  fs::copy_file(ChunkStore(options_for(store_dir)).path_for(a.id()), victim);
+  fs::create_directory_symlink(outside, store_dir + "/ff");
+  fs::create_symlink(victim, store_dir + "/" + a.id().substr(0, 2) + "/ffff.cfkv");
+
+  ChunkStore s(options_for(store_dir));
+  EXPECT_EQ(s.list().size(), 1u);
+  EXPECT_EQ(s.verify().checked, 1u);
+  EXPECT_EQ(s.remove_all(), 1u);
+  EXPECT_TRUE(fs::exists(victim)) << "remove_all deleted a file outside the store";
+  EXPECT_TRUE(fs::is_symlink(store_dir + "/ff"));  // the link itself is left for its owner
+}
+
+TEST(StoreContainment, RemoveAndPutDoNotGoThroughASymlinkedFolder) {
+  test::TempDir root;
+  const std::string store_dir = root.path() + "/store", outside = root.path() + "/elsewhere";
+  fs::create_directories(outside);
+  const ChunkKey a = tiny_key(2, 4);
+  ChunkStore s(options_for(store_dir));
+  const std::string path = s.path_for(a.id());
+  fs::create_directory_symlink(outside, fs::path(path).parent_path());
+  std::ofstream(outside + "/" + fs::path(path).filename().string()) << "not ours";
+  EXPECT_FALSE(s.remove(a.id()));
+  EXPECT_TRUE(fs::exists(outside + "/" + fs::path(path).filename().string()));
+  EXPECT_THROW(s.put(synthetic_cache(a, tiny_hparams())), CacheFileError);
+  EXPECT_EQ(fs::file_size(outside + "/" + fs::path(path).filename().string()), 8u);
+}
+
+TEST(StoreContainment, FilesArePrivate) {
+  test::TempDir root;
+  const std::string store_dir = root.path() + "/store";
+  const ChunkKey a = tiny_key(3, 5);
+  ChunkStore s(options_for(store_dir));
+  s.put(synthetic_cache(a, tiny_hparams()));
+  const std::string path = s.path_for(a.id());
+  EXPECT_EQ(mode_of(store_dir), 0700u);
+  EXPECT_EQ(mode_of(fs::path(path).parent_path().string()), 0700u);
+  EXPECT_EQ(mode_of(path), 0600u);
+}
+
+}  // namespace
+}  // namespace cf
