@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "apps/app_common.h"
+#include "apps/remote_options.h"
 #include "base/paths.h"
 #include "fusion/selector.h"
 #include "serve/engine.h"
@@ -22,11 +23,13 @@ struct ServeArgs {
   ModelOptions model;
   EngineOptions engine;
   HttpServerOptions http;
+  RemoteArgs remote;
 };
 
 int run_serve(ServeArgs a) {
   a.engine.model_path = a.model.model_path;
   a.engine.threads = a.model.threads;
+  a.engine.remote = remote_tier_options(a.remote);
   if (a.engine.default_method != "full") make_selector(a.engine.default_method);  // unknown names fail now
 
   // Signals go to one watcher thread only: every thread started from here on (engine,
@@ -107,6 +110,7 @@ void add_serve_command(CLI::App& app, CommandRunner& run) {
                   "fusion method of requests with documents that name none: " + methods)
       ->capture_default_str();
   cmd->add_flag("--log-requests", a->http.log_requests, "one line per HTTP request on stderr");
+  add_remote_options(*cmd, a->remote);
   cmd->callback([&run, a] { run = [a] { return run_serve(*a); }; });
 }
 

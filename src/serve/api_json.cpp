@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "serve/server.h"
+#include "serve/store_metrics.h"
 
 namespace cf {
 
@@ -418,6 +419,7 @@ std::string prometheus_text(const EngineMetrics& m, const HttpCounters& h) {
   os << "chunkfuse_http_responses_total{code=\"4xx\"} " << h.responses_4xx << '\n';
   os << "chunkfuse_http_responses_total{code=\"5xx\"} " << h.responses_5xx << '\n';
   counter("chunkfuse_http_streams_cancelled_total", "Streams whose client disconnected mid-answer.", h.streams_cancelled);
+  os << store_metrics_text(m.store);
   return os.str();
 }
 

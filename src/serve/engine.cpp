@@ -131,6 +131,7 @@ struct Engine::Impl {
       throw std::runtime_error("unknown chunk eviction policy \"" + opt.chunk_eviction + "\" (lru, cachecraft)");
     so.disk_budget_bytes = opt.chunk_disk_bytes;
     so.max_entries = opt.max_chunk_entries;
+    so.remote = opt.remote;
     return so;
   }
 
@@ -627,6 +628,7 @@ EngineMetrics Engine::metrics() const {
   const ChunkStoreStats s = impl_->store.stats();
   m.store_memory_bytes = s.memory_bytes;
   m.store_disk_bytes = s.disk_bytes;
+  m.store = s;
   return m;
 }
 
