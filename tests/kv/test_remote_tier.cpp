@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <mutex>
 #include <filesystem>
 #include <thread>
 
@@ -32,13 +33,31 @@ RemoteTierOptions remote_options(const RedisServer& r) {
   return o;
 }
 
-ChunkStoreOptions store_options(const RedisServer& r, const std::string& dir, std::vector<std::string>* reports = nullptr) {
+// Report lines, from the test thread and the remote tier's writer thread alike.
+class Reports {
+ public:
+  void add(const std::string& line) {
+    std::lock_guard lock(mu_);
+    lines_.push_back(line);
+  }
+  size_t size() const {
+    std::lock_guard lock(mu_);
+    return lines_.size();
+  }
+  bool empty() const { return size() == 0; }
+
+ private:
+  mutable std::mutex mu_;
+  std::vector<std::string> lines_;
+};
+
+ChunkStoreOptions store_options(const RedisServer& r, const std::string& dir, Reports* reports = nullptr) {
   ChunkStoreOptions o;
   o.dir = dir;
   o.durable = false;
   o.model = StoreModel{test::kTinyFingerprint, tiny_hparams()};
   o.remote = remote_options(r);
-  if (reports) o.report = [reports](const std::string& s) { reports->push_back(s); };
+  if (reports) o.report = [reports](const std::string& s) { reports->add(s); };
   return o;
 }
 
@@ -72,7 +91,7 @@ TEST(RemoteTier, ASecondStoreReadsWhatTheFirstWrote) {
   const std::vector<ChunkKey> keys{tiny_key(1, 40), tiny_key(2, 7), tiny_key(3, 90)};
   fill_remote(redis, keys);
   test::TempDir dir_b;
-  std::vector<std::string> reports;
+  Reports reports;
   ChunkStore b(store_options(redis, dir_b.path(), &reports));
   for (const auto& k : keys) {
     auto c = b.get(k);
@@ -176,7 +195,7 @@ TEST_P(RemoteDamage, NeverServedReportedDeletedRecomputed) {
   fill_remote(redis, {k});
   d.apply(redis, k);
   test::TempDir dir;
-  std::vector<std::string> reports;
+  Reports reports;
   ChunkStore b(store_options(redis, dir.path(), &reports));
   int computes = 0;
   auto c = b.get_or_compute(k, [&] {
@@ -225,7 +244,7 @@ TEST(RemoteTier, RedisDownMeansLocalTiersThenReconnects) {
   const ChunkKey k1 = tiny_key(7, 20), k2 = tiny_key(8, 20);
   fill_remote(*redis, {k1});
   test::TempDir dir;
-  std::vector<std::string> reports;
+  Reports reports;
   ChunkStore b(store_options(*redis, dir.path(), &reports));
   ASSERT_NE(b.get(k1), nullptr);  // connected, remote hit
   redis->stop();
@@ -283,7 +302,7 @@ TEST(RemoteTier, FullRedisRefusesWritesAndNothingBadIsServed) {
   ASSERT_EQ(redis.text({"CONFIG", "SET", "maxmemory", "2mb"}), "OK");
   ASSERT_EQ(redis.text({"SET", "probe", "x"}).rfind("OOM", 0), 0u);
   test::TempDir dir;
-  std::vector<std::string> reports;
+  Reports reports;
   ChunkStore a(store_options(redis, dir.path(), &reports));
   const ChunkKey k = tiny_key(12, 200);
   a.put(tiny_cache(k));
@@ -349,7 +368,7 @@ TEST(RemoteTier, AWriterKilledMidWayLeavesNoPartialEntry) {
   EXPECT_GT(committed, 0u);
   EXPECT_LT(committed, keys.size());  // killed mid-way, not after the last write
   test::TempDir dir;
-  std::vector<std::string> reports;
+  Reports reports;
   ChunkStore b(store_options(redis, dir.path(), &reports));
   size_t hits = 0;
   for (const auto& k : keys)
