@@ -167,6 +167,9 @@ def run_setup(setup, args, passages, workload):
         "remote_read_bytes": total("chunkfuse_remote_read_bytes_total"),
         "remote_written_bytes": total("chunkfuse_remote_written_bytes_total"),
         "remote_errors": total("chunkfuse_remote_errors_total"),
+        "remote_read_ms_mean": 1000 * total("chunkfuse_remote_read_seconds_sum") /
+        max(1.0, total("chunkfuse_remote_read_seconds_count")),
+        "compute_ms_mean": 1000 * total("chunkfuse_store_compute_seconds_total") / max(1.0, computes),
         "memory_hits": total('chunkfuse_store_hits_total{tier="memory"}'),
     }
 
@@ -205,7 +208,7 @@ def main():
         rows.append(run_setup(setup, args, passages, workload))
     single = next((r for r in rows if r["setup"] == "single"), None)
     cols = ["setup", "ok/err", "req/s", "TTFT p50", "p90", "p99", "computes (per replica)", "computes/req",
-            "vs single", "remote hits", "remote MB read/written"]
+            "vs single", "remote hits", "remote MB read/written", "remote read ms (mean)", "compute ms (mean)"]
     print(" | ".join(cols))
     print(" | ".join("---" for _ in cols))
     for r in rows:
@@ -216,7 +219,8 @@ def main():
             "%.2f" % r["computes_per_req"],
             "%.2fx" % (r["computes"] / single["computes"]) if single and single["computes"] else "-",
             "%d" % r["remote_hits"],
-            "%.1f/%.1f" % (r["remote_read_bytes"] / 1e6, r["remote_written_bytes"] / 1e6)]))
+            "%.1f/%.1f" % (r["remote_read_bytes"] / 1e6, r["remote_written_bytes"] / 1e6),
+            "%.1f" % r["remote_read_ms_mean"] if r["remote_hits"] else "-", "%.0f" % r["compute_ms_mean"]]))
     if args.out:
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
         with open(args.out, "w") as f:

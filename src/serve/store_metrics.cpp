@@ -19,6 +19,8 @@ std::string store_metrics_text(const ChunkStoreStats& s) {
   };
   one("chunkfuse_store_computes_total", "counter", "Chunk caches this process computed (store misses filled).",
       static_cast<double>(s.computes));
+  one("chunkfuse_store_compute_seconds_total", "counter", "Time spent computing those chunk caches.",
+      s.compute_ms / 1000.0);
   head("chunkfuse_store_hits_total", "counter", "Chunk-store lookups served, by tier.");
   os << "chunkfuse_store_hits_total{tier=\"memory\"} " << s.memory_hits << '\n';
   os << "chunkfuse_store_hits_total{tier=\"disk\"} " << s.disk_hits << '\n';
