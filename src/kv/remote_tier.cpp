@@ -197,23 +197,26 @@ void RemoteTier::release(redisContext* c, bool ok) {
   pool_cv_.notify_one();
 }
 
-void RemoteTier::note_error(const std::string& what) {
+void RemoteTier::note_error(const std::string& what, bool connection_lost) {
   bool first;
   {
     std::lock_guard lock(mu_);
     ++stats_.errors;
     first = stats_.up;
     stats_.up = false;
+    // A timeout or a dropped connection: back off like a failed connect, so that a stalled
+    // Redis costs one timeout per retry_ms, not one per request.
+    if (connection_lost) down_until_ms_ = steady_ms() + opt_.retry_ms;
   }
   if (first) opt_.report("remote tier: " + what + " (serving from local tiers)");
 }
 
 // --- reading
 
-std::optional<RemoteTier::Manifest> RemoteTier::parse_manifest(const std::string& text) {
+std::optional<RemoteManifest> parse_remote_manifest(const std::string& text) {
   try {
     const auto j = nlohmann::json::parse(text);
-    Manifest m;
+    RemoteManifest m;
     if (j.at("format").get<int>() != 1) return std::nullopt;
     m.raw = j.at("raw").get<size_t>();
     m.zlen = j.at("zlen").get<size_t>();
@@ -247,12 +250,12 @@ std::optional<std::vector<uint8_t>> RemoteTier::get(const std::string& id) {
     Reply r = command(c, {"GET", manifest_key(id)});
     if (!r.r || r.error()) {
       ok = false;
-      note_error("GET " + manifest_key(id) + ": " + (r.r ? r.text() : std::string(c->errstr)));
+      note_error("GET " + manifest_key(id) + ": " + (r.r ? r.text() : std::string(c->errstr)), !r.r);
       break;
     }
     if (r.nil()) break;
     manifest_text = r.text();
-    const auto m = parse_manifest(manifest_text);
+    const auto m = parse_remote_manifest(manifest_text);
     if (!m) {
       bad = "unreadable manifest";
       break;
@@ -264,7 +267,7 @@ std::optional<std::vector<uint8_t>> RemoteTier::get(const std::string& id) {
       Reply p = next_reply(c);
       if (!p.r || p.error()) {
         ok = false;
-        note_error("GET piece of " + id + ": " + (p.r ? p.text() : std::string(c->errstr)));
+        note_error("GET piece of " + id + ": " + (p.r ? p.text() : std::string(c->errstr)), !p.r);
         break;
       }
       if (p.nil() || p.r->type != REDIS_REPLY_STRING) {
@@ -276,21 +279,7 @@ std::optional<std::vector<uint8_t>> RemoteTier::get(const std::string& id) {
       else bad = "pieces longer than the manifest says";
     }
     if (!ok || incomplete || !bad.empty()) break;
-    if (z.size() != m->zlen) {
-      bad = "pieces hold " + std::to_string(z.size()) + " bytes, the manifest says " + std::to_string(m->zlen);
-      break;
-    }
-    if (hex16(XXH3_64bits(z.data(), z.size())) != m->sum) {
-      bad = "checksum differs";
-      break;
-    }
-    std::vector<uint8_t> raw(m->raw);
-    const size_t n = ZSTD_decompress(raw.data(), raw.size(), z.data(), z.size());
-    if (ZSTD_isError(n) || n != m->raw) {
-      bad = ZSTD_isError(n) ? std::string("zstd: ") + ZSTD_getErrorName(n) : "decompressed size differs";
-      break;
-    }
-    out = std::move(raw);
+    out = unpack_remote_entry(*m, z, opt_.max_entry_bytes, bad);
   } while (false);
 
   if (ok && incomplete) {
@@ -318,6 +307,30 @@ std::optional<std::vector<uint8_t>> RemoteTier::get(const std::string& id) {
   return out;
 }
 
+std::optional<std::vector<uint8_t>> unpack_remote_entry(const RemoteManifest& m, const std::vector<uint8_t>& z,
+                                                        size_t max_raw_bytes, std::string& why) {
+  if (z.size() != m.zlen) {
+    why = "pieces hold " + std::to_string(z.size()) + " bytes, the manifest says " + std::to_string(m.zlen);
+    return std::nullopt;
+  }
+  if (hex16(XXH3_64bits(z.data(), z.size())) != m.sum) {
+    why = "checksum differs";
+    return std::nullopt;
+  }
+  // The writer's frame records its content size: allocate only what both agree on.
+  if (m.raw > max_raw_bytes || ZSTD_getFrameContentSize(z.data(), z.size()) != m.raw) {
+    why = "decompressed size " + std::to_string(m.raw) + " not what the zstd frame says, or too large";
+    return std::nullopt;
+  }
+  std::vector<uint8_t> raw(m.raw);
+  const size_t n = ZSTD_decompress(raw.data(), raw.size(), z.data(), z.size());
+  if (ZSTD_isError(n) || n != m.raw) {
+    why = ZSTD_isError(n) ? std::string("zstd: ") + ZSTD_getErrorName(n) : "decompressed size differs";
+    return std::nullopt;
+  }
+  return raw;
+}
+
 bool RemoteTier::delete_entry(redisContext* c, const std::string& id, const std::string* manifest_text) {
   std::string text;
   if (manifest_text) {
@@ -329,7 +342,7 @@ bool RemoteTier::delete_entry(redisContext* c, const std::string& id, const std:
     text = r.text();
   }
   std::vector<std::string> del{"DEL", manifest_key(id)};
-  if (auto m = parse_manifest(text))
+  if (auto m = parse_remote_manifest(text))
     for (size_t i = 0; i < m->pieces; ++i) del.push_back(piece_key(id, m->sum, i));
   Reply r = command(c, del);
   if (!r.r || r.error()) return false;
@@ -387,8 +400,8 @@ bool RemoteTier::write_entry(redisContext* c, const Task& t) {
 
   Reply old = command(c, {"GET", manifest_key(t.id)});
   if (!old.r || old.error()) return false;
-  std::optional<Manifest> previous;
-  if (!old.nil()) previous = parse_manifest(old.text());
+  std::optional<RemoteManifest> previous;
+  if (!old.nil()) previous = parse_remote_manifest(old.text());
   if (previous && previous->sum == sum && previous->pieces == pieces) {
     std::lock_guard lock(mu_);
     ++stats_.writes_present;
@@ -413,6 +426,9 @@ bool RemoteTier::write_entry(redisContext* c, const Task& t) {
     if (!r.r) return false;
     if (r.error() && error.empty()) error = r.text();
     if (i == n_cmds + 1 && r.nil() && error.empty()) error = "transaction aborted";
+    if (i == n_cmds + 1 && r.r->type == REDIS_REPLY_ARRAY)
+      for (size_t e = 0; e < r.r->elements && error.empty(); ++e)
+        if (r.r->element[e]->type == REDIS_REPLY_ERROR) error.assign(r.r->element[e]->str, r.r->element[e]->len);
   }
   std::lock_guard lock(mu_);
   if (!error.empty()) {  // e.g. OOM under maxmemory with noeviction: nothing was applied
@@ -442,7 +458,7 @@ void RemoteTier::worker() {
     redisContext* c = acquire();
     if (c) {
       ok = t.image.empty() ? delete_entry(c, t.id, nullptr) : write_entry(c, t);
-      if (!ok) note_error(std::string(t.image.empty() ? "delete" : "write") + " of " + t.id + ": " + c->errstr);
+      if (!ok) note_error(std::string(t.image.empty() ? "delete" : "write") + " of " + t.id + ": " + c->errstr, true);
       release(c, ok);
     }
     lock.lock();

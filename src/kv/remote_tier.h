@@ -21,9 +21,10 @@
 // reported and deleted, never returned. Nothing here can serve a partial or altered entry.
 //
 // Faults: every command has a timeout; a failed connection is dropped from the pool, and
-// after a failed connect no new one is tried for retry_ms (reads are misses, writes are
-// dropped and counted), so a dead Redis costs requests nothing but the recompute; the first
-// call after retry_ms reconnects. Writes go through one background thread and a bounded queue
+// after a failed connect or a lost connection (timeout) no new one is tried for retry_ms
+// (reads are misses, writes are dropped and counted), so a dead or stalled Redis costs
+// requests at most one timeout per retry_ms, then nothing but the recompute; the first call
+// after retry_ms reconnects. Writes go through one background thread and a bounded queue
 // (entries and bytes); a full queue drops the write and counts it.
 #pragma once
 #include <condition_variable>
@@ -56,12 +57,25 @@ struct RemoteTierOptions {
   size_t pool_size = 4;           // connections at most (readers and the writer)
   size_t piece_bytes = size_t{1} << 20;
   int zstd_level = 1;
+  size_t max_entry_bytes = size_t{1} << 30;  // larger images are refused as bad (a sane bound)
   size_t queue_entries = 64;      // pending writes at most; more are dropped (counted)
   size_t queue_bytes = size_t{256} << 20;
   int flush_timeout_ms = 30000;   // the destructor waits this long for queued writes
   std::string key_prefix = "chunkfuse:v1:";
   std::function<void(const std::string&)> report;  // defect/fault lines; default stderr
 };
+
+// An entry's manifest (the JSON above), parsed and bounded; nullopt when unreadable.
+struct RemoteManifest {
+  size_t raw = 0, zlen = 0, pieces = 0;
+  std::string sum;
+};
+std::optional<RemoteManifest> parse_remote_manifest(const std::string& text);
+// The image from the concatenated pieces `z`: length, checksum and decompressed size checked
+// against the manifest (raw at most max_raw_bytes, allocated only once the zstd frame agrees);
+// nullopt with `why` set when anything differs. Pure: the reader's checks, and a fuzz target's.
+std::optional<std::vector<uint8_t>> unpack_remote_entry(const RemoteManifest& m, const std::vector<uint8_t>& z,
+                                                        size_t max_raw_bytes, std::string& why);
 
 inline constexpr double kRemoteLatencyBoundsMs[] = {1, 2, 5, 10, 20, 50, 100, 200, 500, 1000};
 
@@ -114,17 +128,12 @@ class RemoteTier {
     std::string id;
     std::vector<uint8_t> image;  // empty: delete the entry
   };
-  struct Manifest {
-    size_t raw = 0, zlen = 0, pieces = 0;
-    std::string sum;
-  };
   redisContext* acquire();
   void release(redisContext* c, bool ok);
   redisContext* connect();
-  void note_error(const std::string& what);
+  void note_error(const std::string& what, bool connection_lost);
   bool write_entry(redisContext* c, const Task& t);
   bool delete_entry(redisContext* c, const std::string& id, const std::string* manifest_text);
-  static std::optional<Manifest> parse_manifest(const std::string& text);
   void worker();
 
   RemoteTierOptions opt_;
