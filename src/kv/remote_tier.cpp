@@ -216,11 +216,17 @@ void RemoteTier::note_error(const std::string& what, bool connection_lost) {
 std::optional<RemoteManifest> parse_remote_manifest(const std::string& text) {
   try {
     const auto j = nlohmann::json::parse(text);
+    // Whole non-negative numbers only: a float or negative one would not convert safely.
+    auto count = [&](const char* k) {
+      const auto& v = j.at(k);
+      if (!v.is_number_unsigned()) throw std::invalid_argument(k);
+      return v.get<uint64_t>();
+    };
+    if (count("format") != 1) return std::nullopt;
     RemoteManifest m;
-    if (j.at("format").get<int>() != 1) return std::nullopt;
-    m.raw = j.at("raw").get<size_t>();
-    m.zlen = j.at("zlen").get<size_t>();
-    m.pieces = j.at("pieces").get<size_t>();
+    m.raw = count("raw");
+    m.zlen = count("zlen");
+    m.pieces = count("pieces");
     m.sum = j.at("sum").get<std::string>();
     // Bounds keep allocations sane whatever the manifest says.
     if (m.sum.size() != 16 || m.sum.find_first_not_of("0123456789abcdef") != std::string::npos || m.pieces == 0 ||

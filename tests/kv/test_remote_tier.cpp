@@ -86,6 +86,44 @@ TEST(RedisUrl, Parses) {
     EXPECT_THROW(parse_redis_url(bad), std::invalid_argument) << bad;
 }
 
+TEST(RemoteManifest, ParsesAndBoundsWhatReadersWillAllocate) {
+  const auto m = parse_remote_manifest(R"({"format":1,"raw":100,"zlen":20,"sum":"0123456789abcdef","pieces":1})");
+  ASSERT_TRUE(m.has_value());
+  EXPECT_EQ(m->raw, 100u);
+  EXPECT_EQ(m->pieces, 1u);
+  for (const char* bad : {"", "{", "[]", R"({"format":2,"raw":1,"zlen":1,"sum":"0123456789abcdef","pieces":1})",
+                          R"({"format":1,"raw":1,"zlen":1,"sum":"XYZ","pieces":1})",
+                          R"({"format":1,"raw":1,"zlen":1,"sum":"0123456789abcdef","pieces":0})",
+                          R"({"format":1,"raw":1e30,"zlen":1,"sum":"0123456789abcdef","pieces":1})",
+                          R"({"format":1,"raw":-1,"zlen":1,"sum":"0123456789abcdef","pieces":1})"})
+    EXPECT_FALSE(parse_remote_manifest(bad).has_value()) << bad;
+
+  // A manifest whose size disagrees with the zstd frame is refused before any allocation.
+  const std::vector<uint8_t> image = encode_cache_file(tiny_cache(tiny_key(1, 40)), KvDtype::f16);
+  RedisServer redis;
+  {
+    RemoteTier t(remote_options(redis));
+    ASSERT_TRUE(t.put_async("x", image));
+    ASSERT_TRUE(t.flush(10000));
+  }
+  auto stored = parse_remote_manifest(redis.text({"GET", "chunkfuse:v1:{x}"}));
+  ASSERT_TRUE(stored.has_value());
+  std::vector<uint8_t> z;
+  for (size_t i = 0; i < stored->pieces; ++i) {
+    const std::string piece = redis.text({"GET", "chunkfuse:v1:{x}:" + stored->sum + ":" + std::to_string(i)});
+    z.insert(z.end(), piece.begin(), piece.end());
+  }
+  std::string why;
+  auto out = unpack_remote_entry(*stored, z, size_t{1} << 30, why);
+  ASSERT_TRUE(out.has_value()) << why;
+  EXPECT_EQ(*out, image);
+  RemoteManifest lying = *stored;
+  lying.raw = size_t{1} << 35;
+  EXPECT_FALSE(unpack_remote_entry(lying, z, size_t{1} << 36, why).has_value());
+  EXPECT_NE(why.find("zstd frame"), std::string::npos) << why;
+  EXPECT_FALSE(unpack_remote_entry(*stored, z, 100, why).has_value());  // over the bound
+}
+
 TEST(RemoteTier, ASecondStoreReadsWhatTheFirstWrote) {
   RedisServer redis;
   const std::vector<ChunkKey> keys{tiny_key(1, 40), tiny_key(2, 7), tiny_key(3, 90)};
