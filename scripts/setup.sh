@@ -28,7 +28,8 @@ done
 PACKAGES=(
   cmake ninja-build g++ pkg-config
   libgtest-dev libgmock-dev nlohmann-json3-dev libcli11-dev libcpp-httplib-dev
-  libspdlog-dev libfmt-dev libxxhash-dev libbenchmark-dev libzstd-dev libssl-dev
+  libspdlog-dev libfmt-dev libxxhash-dev libbenchmark-dev libzstd-dev libssl-dev libhiredis-dev
+  redis-server  # the remote tier's tests start their own on loopback
   clang-14 libclang-rt-14-dev
   python3 python3-venv python3-pip curl
 )

@@ -21,6 +21,7 @@
 #include "fusion/fusionrag_enrich.h"
 #include "fusion/rag_prompt.h"
 #include "kv/chunk_store.h"
+#include "apps/remote_options.h"
 
 namespace cf::apps {
 namespace {
@@ -48,6 +49,7 @@ struct PrecomputeArgs {
   std::string passages_file;
   std::string store_dir = default_store_dir();
   std::string dtype = "f16";
+  RemoteArgs remote;
 };
 
 int run_precompute(const PrecomputeArgs& a) {
@@ -57,11 +59,14 @@ int run_precompute(const PrecomputeArgs& a) {
   ThreadPool pool(a.model.threads);
   Forward fwd(*model, pool);
   // Write-through only: nothing here reads the caches back.
-  ChunkStore store(writing_store(*model, a.store_dir, dtype, 0));
+  ChunkStoreOptions store_opt = writing_store(*model, a.store_dir, dtype, 0);
+  store_opt.remote = remote_tier_options(a.remote);  // fills the shared tier too (issue 13)
+  ChunkStore store(store_opt);
 
   const double t0 = now_ms();
   const RagPromptOptions prompt_opt;
   size_t computed = 0, present = 0, duplicates = 0, tokens = 0, computed_tokens = 0;
+  uint64_t remote_hits_before = 0;
   double offline_ms = 0;
   std::unordered_set<std::string> seen;
   ProgressBar progress(passages.size(), "chunks");
@@ -70,8 +75,11 @@ int run_precompute(const PrecomputeArgs& a) {
     tokens += key.tokens().size();
     if (key.tokens().empty() || !seen.insert(key.id()).second) {
       ++duplicates;
-    } else if (store.get(key)) {  // validates: a bad file is reported, set aside and recomputed
+    } else if (auto have = store.get(key)) {  // validates: a bad file is reported, set aside and recomputed
       ++present;
+      // Stored locally only so far: publish it (the remote writer skips what Redis already has).
+      if (store_opt.remote && store.stats().remote_hits == remote_hits_before) store.put(*have);
+      remote_hits_before = store.stats().remote_hits;
     } else {
       ChunkCache c = compute_chunk_cache(fwd, key);
       offline_ms += c.offline_ms;
@@ -84,6 +92,7 @@ int run_precompute(const PrecomputeArgs& a) {
     std::snprintf(note, sizeof note, "%.0f tok/s", secs > 0 ? computed_tokens / secs : 0.0);
     progress.update(i + 1, note);
   }
+  if (store_opt.remote && !store.flush_remote(600000)) std::fprintf(stderr, "remote tier: writes still queued\n");
   const double secs = (now_ms() - t0) / 1000;
   const auto st = store.stats();
   std::printf("chunks %zu: computed %zu, already stored %zu, duplicate or empty %zu", passages.size(), computed,
@@ -95,6 +104,14 @@ int run_precompute(const PrecomputeArgs& a) {
               format_bytes(static_cast<double>(st.disk_bytes_written)).c_str(), dtype_name(dtype), secs,
               offline_ms / 1000, offline_ms > 0 ? computed_tokens * 1000.0 / offline_ms : 0.0);
   std::printf("store %s\n", a.store_dir.c_str());
+  if (st.has_remote)
+    std::printf("remote %s: %llu written (%s), %llu already there, %llu hits, %llu errors, %llu failed, %llu dropped\n",
+                a.remote.url.c_str(), static_cast<unsigned long long>(st.remote.writes),
+                format_bytes(static_cast<double>(st.remote.bytes_written)).c_str(),
+                static_cast<unsigned long long>(st.remote.writes_present),
+                static_cast<unsigned long long>(st.remote_hits), static_cast<unsigned long long>(st.remote.errors),
+                static_cast<unsigned long long>(st.remote.write_errors),
+                static_cast<unsigned long long>(st.remote.writes_dropped));
   return 0;
 }
 
@@ -254,6 +271,7 @@ void add_chunks_command(CLI::App& app, CommandRunner& run) {
       ->check(CLI::ExistingFile);
   pre->add_option("--store", p->store_dir, "store directory")->capture_default_str();
   pre->add_option("--dtype", p->dtype, "K/V type on disk")->check(CLI::IsMember({"f16", "bf16", "f32"}))->capture_default_str();
+  add_remote_options(*pre, p->remote);
   pre->callback([&run, p] { run = [p] { return run_precompute(*p); }; });
 
   auto e = std::make_shared<EnrichArgs>();

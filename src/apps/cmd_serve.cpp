@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "apps/app_common.h"
+#include "apps/remote_options.h"
 #include "base/paths.h"
 #include "fusion/selector.h"
 #include "serve/engine.h"
@@ -23,6 +24,7 @@ struct ServeArgs {
   EngineOptions engine;
   HttpServerOptions http;
   std::vector<std::string> api_key_files;
+  RemoteArgs remote;
 };
 
 int run_serve(ServeArgs a) {
@@ -30,6 +32,7 @@ int run_serve(ServeArgs a) {
   for (const auto& f : a.api_key_files)
     for (auto& k : read_api_key_file(f)) a.http.access.api_keys.push_back(std::move(k));
   a.engine.threads = a.model.threads;
+  a.engine.remote = remote_tier_options(a.remote);
   if (a.engine.default_method != "full") make_selector(a.engine.default_method);  // unknown names fail now
 
   // Signals go to one watcher thread only: every thread started from here on (engine,
@@ -133,6 +136,7 @@ void add_serve_command(CLI::App& app, CommandRunner& run) {
                   "fusion method of requests with documents that name none: " + methods)
       ->capture_default_str();
   cmd->add_flag("--log-requests", a->http.log_requests, "one line per HTTP request on stderr");
+  add_remote_options(*cmd, a->remote);
   cmd->callback([&run, a] { run = [a] { return run_serve(*a); }; });
 }
 

@@ -101,7 +101,15 @@ struct Parsed {
   nlohmann::json meta;
 };
 
-Parsed parse(const MappedFile& f, const std::string& path) {
+// A file image in memory: a mapped file or bytes from the remote tier.
+struct Image {
+  const uint8_t* p;
+  size_t n;
+  const uint8_t* data() const { return p; }
+  size_t size() const { return n; }
+};
+
+Parsed parse(const Image& f, const std::string& path) {
   auto fail = [&](CacheFileDefect d, const std::string& detail) { throw CacheFileError(d, path, detail); };
   const uint8_t* p = f.data();
   if (f.size() < kCacheFileHeaderSize)
@@ -154,7 +162,7 @@ Parsed parse(const MappedFile& f, const std::string& path) {
   return r;
 }
 
-void parse_meta(const MappedFile& f, Parsed& r, const std::string& path) {
+void parse_meta(const Image& f, Parsed& r, const std::string& path) {
   try {
     r.meta = nlohmann::json::parse(f.data() + r.meta_off, f.data() + r.meta_off + r.meta_len);
     if (!r.meta.is_object() || !r.meta.at("variant").is_object())
@@ -322,6 +330,10 @@ size_t write_cache_file(const std::string& path, const ChunkCache& c, KvDtype dt
                         const EntryAuth* auth) {
   std::vector<uint8_t> bytes = encode_cache_file(c, dtype);
   if (auth) auth->seal(bytes);
+  return write_cache_bytes(path, bytes, durable);
+}
+
+size_t write_cache_bytes(const std::string& path, const std::vector<uint8_t>& bytes, bool durable) {
   const std::filesystem::path final_path(path);
   const std::filesystem::path dir = final_path.has_parent_path() ? final_path.parent_path() : ".";
   // A name no other writer (process or thread) can pick: pid plus 64 random bits.
@@ -359,7 +371,12 @@ size_t write_cache_file(const std::string& path, const ChunkCache& c, KvDtype dt
 }
 
 ChunkCache read_cache_file(const std::string& path, const CacheFileExpect& expect) {
-  MappedFile f(path);
+  MappedFile mapped(path);
+  return decode_cache_file(mapped.data(), mapped.size(), path, expect);
+}
+
+ChunkCache decode_cache_file(const uint8_t* data, size_t size, const std::string& path, const CacheFileExpect& expect) {
+  const Image f{data, size};
   Parsed r = parse(f, path);
   auto fail = [&](CacheFileDefect d, const std::string& detail) { throw CacheFileError(d, path, detail); };
   if (expect.model_fingerprint && r.fingerprint != *expect.model_fingerprint) {
@@ -438,7 +455,8 @@ ChunkCache read_cache_file(const std::string& path, const CacheFileExpect& expec
 }
 
 CacheFileInfo read_cache_file_info(const std::string& path) {
-  MappedFile f(path);
+  MappedFile mapped(path);
+  const Image f{mapped.data(), mapped.size()};
   Parsed r = parse(f, path);
   parse_meta(f, r, path);
   CacheFileInfo info;

@@ -114,8 +114,12 @@ std::vector<uint8_t> encode_cache_file(const ChunkCache& c, KvDtype dtype);
 // file may be missing or damaged (which readers detect and recompute).
 size_t write_cache_file(const std::string& path, const ChunkCache& c, KvDtype dtype, bool durable = true,
                         const EntryAuth* auth = nullptr);  // auth: append its HMAC trailer
+// The same atomic write for an image already encoded (or received from the remote tier).
+size_t write_cache_bytes(const std::string& path, const std::vector<uint8_t>& bytes, bool durable = true);
 // Maps, validates and decodes; throws CacheFileError naming the file and the defect.
 ChunkCache read_cache_file(const std::string& path, const CacheFileExpect& expect = {});
+// The same validation and decoding for an image in memory; `name` goes into the errors.
+ChunkCache decode_cache_file(const uint8_t* data, size_t size, const std::string& name, const CacheFileExpect& expect = {});
 CacheFileInfo read_cache_file_info(const std::string& path);
 
 }  // namespace cf

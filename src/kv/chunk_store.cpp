@@ -83,6 +83,10 @@ ChunkStore::ChunkStore(ChunkStoreOptions opt) : opt_(std::move(opt)) {
     if (ec) throw CacheFileError(CacheFileDefect::io_error, opt_.dir, "cannot create the store directory: " + ec.message());
     scan_dir();
   }
+  if (opt_.remote) {
+    if (!opt_.remote->report) opt_.remote->report = opt_.report;
+    remote_ = std::make_unique<RemoteTier>(*opt_.remote);
+  }
 }
 
 ChunkStore::~ChunkStore() {
@@ -349,6 +353,56 @@ std::shared_ptr<const ChunkCache> ChunkStore::read_file(const std::string& id) {
   return nullptr;
 }
 
+std::shared_ptr<const ChunkCache> ChunkStore::read_remote(const std::string& id) {
+  const StoreModel& m = model();
+  const double t0 = steady_ms();
+  auto image = remote_->get(id);
+  if (!image) return nullptr;
+  std::shared_ptr<const ChunkCache> c;
+  try {
+    CacheFileExpect expect;
+    expect.model_fingerprint = m.fingerprint;
+    expect.hparams = m.hparams;
+    expect.key_id = id;
+    expect.auth = opt_.auth.get();
+    c = std::make_shared<const ChunkCache>(decode_cache_file(image->data(), image->size(), remote_->manifest_key(id), expect));
+  } catch (const CacheFileError& e) {
+    remote_->report_bad(id, e.what());
+    return nullptr;
+  }
+  bool written = false;
+  if (!opt_.dir.empty()) {  // the disk tier keeps it: a memory eviction then costs a file read, not a remote one
+    try {
+      const std::string path = path_for(id);
+      std::error_code ec;
+      fs::create_directories(fs::path(path).parent_path(), ec);
+      write_cache_bytes(path, *image, opt_.durable);
+      written = true;
+    } catch (const CacheFileError& e) {
+      opt_.report("chunk cache " + std::string(e.what()) + " (remote entry kept in memory only)");
+    }
+  }
+  std::lock_guard lock(mu_);
+  stats_.disk_load_ms += steady_ms() - t0;
+  if (written) {
+    ++stats_.disk_writes;
+    stats_.disk_bytes_written += image->size();
+  } else if (!opt_.dir.empty()) {
+    ++stats_.disk_write_errors;
+  }
+  return c;
+}
+
+std::shared_ptr<const ChunkCache> ChunkStore::load_entry(const std::string& id, Load& load) {
+  if (!opt_.dir.empty())
+    if (auto c = read_file(id)) return c;
+  if (!remote_) return nullptr;
+  auto c = read_remote(id);
+  std::lock_guard lock(mu_);
+  load.remote = c != nullptr;
+  return c;
+}
+
 void ChunkStore::finish_load(const std::string& id, const std::shared_ptr<Load>& load,
                              std::shared_ptr<const ChunkCache> c) {
   std::error_code ec;
@@ -381,7 +435,7 @@ std::shared_ptr<const ChunkCache> ChunkStore::get(const ChunkKey& key) {
       touch_locked(id);
       return it->second->cache;
     }
-    if (opt_.dir.empty() || key.model_fingerprint() != m.fingerprint) {
+    if ((opt_.dir.empty() && !remote_) || key.model_fingerprint() != m.fingerprint) {
       ++stats_.misses;
       return nullptr;
     }
@@ -399,7 +453,7 @@ std::shared_ptr<const ChunkCache> ChunkStore::get(const ChunkKey& key) {
         ++stats_.misses;
         return nullptr;
       }
-      ++stats_.disk_hits;
+      ++(load->remote ? stats_.remote_hits : stats_.disk_hits);
       if (load->by_prefetch) {
         ++stats_.prefetch_hits;
         ++stats_.prefetch_waits;
@@ -408,10 +462,10 @@ std::shared_ptr<const ChunkCache> ChunkStore::get(const ChunkKey& key) {
       return load->result;
     }
   }
-  auto c = read_file(id);
+  auto c = load_entry(id, *load);
   finish_load(id, load, c);
   std::lock_guard lock(mu_);
-  ++(c ? stats_.disk_hits : stats_.misses);
+  ++(c ? (load->remote ? stats_.remote_hits : stats_.disk_hits) : stats_.misses);
   return c;
 }
 
@@ -426,11 +480,13 @@ bool ChunkStore::contains(const ChunkKey& key) const {
 
 void ChunkStore::prefetch(const std::vector<ChunkKey>& keys) {
   const StoreModel& m = model();
-  if (opt_.dir.empty()) return;
+  if (opt_.dir.empty() && !remote_) return;
   std::vector<std::string> ids;
   for (const ChunkKey& k : keys) {
     std::error_code ec;
-    if (k.model_fingerprint() == m.fingerprint && fs::is_regular_file(path_for(k.id()), ec)) ids.push_back(k.id());
+    if (k.model_fingerprint() == m.fingerprint &&
+        (remote_ || fs::is_regular_file(path_for(k.id()), ec)))  // remote: one GET tells
+      ids.push_back(k.id());
   }
   {
     std::lock_guard lock(mu_);
@@ -462,7 +518,7 @@ void ChunkStore::prefetch_worker() {
       load->queued = false;
       ++prefetch_running_;
       lock.unlock();
-      auto c = read_file(id);
+      auto c = load_entry(id, *load);
       finish_load(id, load, std::move(c));
       lock.lock();
       --prefetch_running_;
@@ -508,6 +564,18 @@ std::shared_ptr<const ChunkCache> ChunkStore::put(ChunkCache cache) {
     if (opt_.dir.empty() && !index_.count(id)) meta_.erase(id);  // too large to keep anywhere
     ++stats_.puts;
   }
+  if (opt_.dir.empty() && !remote_) return c;
+  std::vector<uint8_t> image = encode_cache_file(*c, opt_.disk_dtype);
+  if (opt_.auth) opt_.auth->seal(image);  // the same sealed image on disk and in the remote tier
+  // Queued once the disk write is done or has failed: the remote tier gets its own copy.
+  struct RemoteQueue {
+    RemoteTier* remote;
+    const std::string& id;
+    std::vector<uint8_t>& image;
+    ~RemoteQueue() {
+      if (remote) remote->put_async(id, std::move(image));
+    }
+  } queue_remote{remote_.get(), id, image};
   if (!opt_.dir.empty()) {
     const std::string path = path_for(id);
     std::error_code ec;
@@ -516,7 +584,7 @@ std::shared_ptr<const ChunkCache> ChunkStore::put(ChunkCache cache) {
     try {
       if (!is_real_directory(fs::path(path).parent_path()))  // a planted symlink: never write through it
         throw CacheFileError(CacheFileDefect::io_error, path, "its folder is missing or not a real directory");
-      const size_t n = write_cache_file(path, *c, opt_.disk_dtype, opt_.durable, opt_.auth.get());
+      const size_t n = write_cache_bytes(path, image, opt_.durable);
       std::lock_guard lock(mu_);
       ++stats_.disk_writes;
       stats_.disk_bytes_written += n;
@@ -577,6 +645,7 @@ bool ChunkStore::remove(const std::string& id) {
     removed |= fs::remove(path, ec);
     removed |= fs::remove(path + kCorruptExt, ec);
   }
+  if (remote_) remote_->remove_async(id);
   return removed;
 }
 
@@ -673,9 +742,15 @@ VerifyReport ChunkStore::verify() const {
   return r;
 }
 
+bool ChunkStore::flush_remote(int timeout_ms) { return !remote_ || remote_->flush(timeout_ms); }
+
 ChunkStoreStats ChunkStore::stats() const {
   std::lock_guard lock(mu_);
   ChunkStoreStats s = stats_;
+  if (remote_) {
+    s.has_remote = true;
+    s.remote = remote_->stats();
+  }
   s.memory_bytes = memory_bytes_;
   s.memory_entries = lru_.size();
   s.memory_budget_bytes = opt_.memory_budget_bytes;

@@ -48,6 +48,20 @@
 //    load of the whole cache while the request queues already hides it (digest part C).
 //    preload_layers() is Eq. 16, for the day that changes.
 //
+// Remote tier (issue 13; kv/remote_tier.h): with ChunkStoreOptions::remote, a Redis shared by
+// several processes sits below memory and disk. get: memory -> disk -> remote; a remote image
+// is verified like a file (decode_cache_file with this store's model, shape and key id), then
+// written to the disk tier and promoted to memory; one that fails is never served: reported,
+// deleted remotely, a miss (so the caller recomputes and put replaces it). put queues the
+// encoded image for the remote tier's background writer (never on the request's path; a full
+// queue drops it, counted). prefetch loads remote entries too. remove deletes remotely too;
+// remove_all, list, verify and the budgets are local only (Redis has its own maxmemory).
+// contains() is local only. Redis down: remote reads are misses, writes are dropped.
+// The design follows LMCache's remote backends (a shared KV tier below local ones). Deviation
+// from issue 13: a remote read is not raced against a local recompute; it is always tried
+// first, bounded by the command timeout, as it takes milliseconds where recomputing a chunk
+// takes about 2 ms a token on this CPU engine (BENCHMARKS.md, "Several replicas").
+//
 // Cross-process: files appear only by rename(2), so readers in any process see either no
 // file or a complete one. Two writers of one key each write a complete temp file and rename
 // it; the content is identical, the last rename wins. Thread-safe within a process.
@@ -70,6 +84,7 @@
 #include "kv/cache_file.h"
 #include "kv/chunk_cache.h"
 #include "kv/entry_auth.h"
+#include "kv/remote_tier.h"
 
 namespace cf {
 
@@ -114,10 +129,12 @@ struct ChunkStoreOptions {
   // note_use credits 1/max(cfo, cfo_floor): a perfect prefix match (CFO = 0) counts as 100
   // full-recompute accesses instead of dividing by zero (digest B6.3).
   double cfo_floor = 0.01;
+  // The shared remote tier below disk (url set) or none.
+  std::optional<RemoteTierOptions> remote;
 };
 
 struct ChunkStoreStats {
-  uint64_t memory_hits = 0, disk_hits = 0, misses = 0;
+  uint64_t memory_hits = 0, disk_hits = 0, remote_hits = 0, misses = 0;
   uint64_t evictions = 0;         // memory-tier entries dropped for the byte (or entry) budget
   uint64_t demotions = 0;         // of those, the ones whose file stays: a later get reloads them
   uint64_t evictions_disk = 0;    // entries deleted for real (file and memory copy) for a budget
@@ -135,6 +152,8 @@ struct ChunkStoreStats {
   size_t memory_bytes = 0, memory_entries = 0, memory_budget_bytes = 0;
   size_t disk_bytes = 0, disk_entries = 0;  // files this store knows (see the header comment)
   size_t entries = 0;                       // distinct keys in either tier
+  bool has_remote = false;
+  RemoteTierStats remote;                   // the remote tier's own counters (when has_remote)
 };
 
 struct ChunkListEntry {
@@ -209,6 +228,8 @@ class ChunkStore {
   std::vector<ChunkListEntry> list() const;  // cache files on disk, sorted by id
   VerifyReport verify() const;                // validates every file fully; changes nothing
   ChunkStoreStats stats() const;
+  // Waits for the remote tier's queued writes, at most timeout_ms; true when none is left.
+  bool flush_remote(int timeout_ms);
 
  private:
   struct MemEntry {
@@ -226,7 +247,7 @@ class ChunkStore {
   };
   // A disk load in flight. queued: waiting for the prefetch worker (a get may take it over).
   struct Load {
-    bool queued = false, by_prefetch = false, done = false, cancelled = false;
+    bool queued = false, by_prefetch = false, done = false, cancelled = false, remote = false;
     std::shared_ptr<const ChunkCache> result;
   };
   using MemList = std::list<MemEntry>;
@@ -234,6 +255,9 @@ class ChunkStore {
   const StoreModel& model() const;
   void report_bad_file(const CacheFileError& e);
   std::shared_ptr<const ChunkCache> read_file(const std::string& id);  // counted; nullptr: none/bad
+  std::shared_ptr<const ChunkCache> read_remote(const std::string& id);  // verified, kept on disk; nullptr: none/bad
+  // Disk, then remote; sets load->remote when the remote tier served it.
+  std::shared_ptr<const ChunkCache> load_entry(const std::string& id, Load& load);
   void finish_load(const std::string& id, const std::shared_ptr<Load>& load, std::shared_ptr<const ChunkCache> c);
   void prefetch_worker();
   // All below: mu_ held.
@@ -266,6 +290,7 @@ class ChunkStore {
   uint64_t tick_ = 0;
   size_t memory_bytes_ = 0, disk_bytes_ = 0, disk_entries_ = 0;
   ChunkStoreStats stats_;  // guarded by mu_ (memory/disk fields filled in by stats())
+  std::unique_ptr<RemoteTier> remote_;  // thread-safe itself
 };
 
 }  // namespace cf

@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "serve/server.h"
+#include "serve/store_metrics.h"
 
 namespace cf {
 
@@ -425,12 +426,7 @@ std::string prometheus_text(const EngineMetrics& m, const HttpCounters& h) {
           "Connections closed because a request did not arrive in time (or its headers grew past the budget).",
           h.connection_timeouts);
   gauge("chunkfuse_http_connections_open", "Open HTTP connections.", static_cast<double>(h.connections_open));
-  metric(os, "chunkfuse_store_refused_entries_total", "counter",
-         "Chunk-cache files refused and moved aside, by reason (damaged, another model or shape, no valid HMAC tag).");
-  os << "chunkfuse_store_refused_entries_total{reason=\"damaged\"} " << m.store_damaged_entries << '\n';
-  os << "chunkfuse_store_refused_entries_total{reason=\"foreign\"} " << m.store_foreign_entries << '\n';
-  os << "chunkfuse_store_refused_entries_total{reason=\"unauthenticated\"} " << m.store_unauthenticated_entries
-     << '\n';
+  os << store_metrics_text(m.store);
   return os.str();
 }
 

@@ -133,6 +133,7 @@ struct Engine::Impl {
     so.disk_budget_bytes = opt.chunk_disk_bytes;
     so.max_entries = opt.max_chunk_entries;
     if (!opt.store_key_file.empty()) so.auth = std::make_shared<const EntryAuth>(EntryAuth::from_key_file(opt.store_key_file));
+    so.remote = opt.remote;
     return so;
   }
 
@@ -629,10 +630,8 @@ EngineMetrics Engine::metrics() const {
   m.background_tasks = impl_->scheduler->idle_tasks_run();
   const ChunkStoreStats s = impl_->store.stats();
   m.store_memory_bytes = s.memory_bytes;
-  m.store_damaged_entries = s.corrupt_files - s.foreign_files - s.unauthenticated_files;
-  m.store_foreign_entries = s.foreign_files;
-  m.store_unauthenticated_entries = s.unauthenticated_files;
   m.store_disk_bytes = s.disk_bytes;
+  m.store = s;
   return m;
 }
 

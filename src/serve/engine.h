@@ -19,6 +19,7 @@
 #include <string_view>
 #include <vector>
 
+#include "kv/chunk_store.h"
 #include "model/chat_template.h"
 
 namespace cf {
@@ -109,6 +110,7 @@ struct EngineOptions {
   size_t max_batch = 8;                // requests decoding together
   size_t max_documents = 64;
   std::string default_method = "full";
+  std::optional<RemoteTierOptions> remote;  // shared chunk-cache tier on Redis (issue 13)
 };
 
 struct EngineMetrics {
@@ -123,9 +125,7 @@ struct EngineMetrics {
   uint64_t decode_steps = 0, decode_rows = 0;  // batched decode passes and the sequences in them
   uint64_t background_tasks = 0;  // idle-time work done (CRAFT prefixes promoted under fusion)
   size_t store_memory_bytes = 0, store_disk_bytes = 0, prefix_cache_bytes = 0;
-  // Cache files refused and moved aside: damaged, made by another model (or shape), or
-  // without a valid HMAC tag when a store key is set.
-  uint64_t store_damaged_entries = 0, store_foreign_entries = 0, store_unauthenticated_entries = 0;
+  ChunkStoreStats store;  // the chunk store's counters, remote tier included (store_metrics.h)
 };
 
 class Engine {

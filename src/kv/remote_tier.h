@@ -1,0 +1,154 @@
+// The remote tier of the chunk store (issue 13): cache file images shared by several
+// processes (`chunkfuse serve` replicas, `chunks precompute` batch jobs) through Redis, over
+// hiredis (Debian libhiredis-dev). It moves bytes; what they mean (the cache file format of
+// kv/cache_file.h, verified in full against the reader's model and key) is the store's job.
+//
+// Layout of one entry (the key id already hashes model fingerprint + tokens + variant):
+//   <prefix>{<id>}                   manifest, JSON {"format":1,"raw":R,"zlen":Z,"sum":"<16 hex>","pieces":P}
+//   <prefix>{<id>}:<sum>:<i>         piece i < P of the zstd-compressed image (piece_bytes each, the last shorter)
+// `sum` is XXH3-64 of the compressed image; R its size once decompressed. The {id} hash tag
+// keeps an entry in one slot of a Redis Cluster (MULTI needs that).
+//
+// Atomic commit: a writer sends the pieces and the manifest in one MULTI/EXEC, so a reader
+// sees all of an entry or nothing; a writer killed mid-way leaves nothing (Redis drops a
+// transaction whose EXEC never came). Pieces are named by the checksum of what they hold, so
+// two writers of one entry write the same keys with the same bytes; a writer replacing an
+// entry with other bytes deletes the old pieces in the same transaction.
+//
+// A reader checks the manifest, that every piece is there (eviction can take pieces one by
+// one: "incomplete", a miss whose manifest is deleted), the checksum and the decompressed
+// size; an entry failing those, or the store's own verification (report_bad), is counted,
+// reported and deleted, never returned. Nothing here can serve a partial or altered entry.
+//
+// Faults: every command has a timeout; a failed connection is dropped from the pool, and
+// after a failed connect or a lost connection (timeout) no new one is tried for retry_ms
+// (reads are misses, writes are dropped and counted), so a dead or stalled Redis costs
+// requests at most one timeout per retry_ms, then nothing but the recompute; the first call
+// after retry_ms reconnects. Writes go through one background thread and a bounded queue
+// (entries and bytes); a full queue drops the write and counts it.
+#pragma once
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+struct redisContext;
+
+namespace cf {
+
+struct RedisUrl {
+  std::string host = "127.0.0.1";
+  int port = 6379;
+  int db = 0;
+};
+// redis://host[:port][/db]; throws std::invalid_argument naming what is wrong.
+RedisUrl parse_redis_url(const std::string& url);
+
+struct RemoteTierOptions {
+  std::string url;  // redis://host:port[/db]
+  int connect_timeout_ms = 500;
+  int command_timeout_ms = 2000;
+  int retry_ms = 1000;            // after a failed connect, no new attempt for this long
+  size_t pool_size = 4;           // connections at most (readers and the writer)
+  size_t piece_bytes = size_t{1} << 20;
+  int zstd_level = 1;
+  size_t max_entry_bytes = size_t{1} << 30;  // larger images are refused as bad (a sane bound)
+  size_t queue_entries = 64;      // pending writes at most; more are dropped (counted)
+  size_t queue_bytes = size_t{256} << 20;
+  int flush_timeout_ms = 30000;   // the destructor waits this long for queued writes
+  std::string key_prefix = "chunkfuse:v1:";
+  std::function<void(const std::string&)> report;  // defect/fault lines; default stderr
+};
+
+// An entry's manifest (the JSON above), parsed and bounded; nullopt when unreadable.
+struct RemoteManifest {
+  size_t raw = 0, zlen = 0, pieces = 0;
+  std::string sum;
+};
+std::optional<RemoteManifest> parse_remote_manifest(const std::string& text);
+// The image from the concatenated pieces `z`: length, checksum and decompressed size checked
+// against the manifest (raw at most max_raw_bytes, allocated only once the zstd frame agrees);
+// nullopt with `why` set when anything differs. Pure: the reader's checks, and a fuzz target's.
+std::optional<std::vector<uint8_t>> unpack_remote_entry(const RemoteManifest& m, const std::vector<uint8_t>& z,
+                                                        size_t max_raw_bytes, std::string& why);
+
+inline constexpr double kRemoteLatencyBoundsMs[] = {1, 2, 5, 10, 20, 50, 100, 200, 500, 1000};
+
+struct RemoteTierStats {
+  uint64_t hits = 0, misses = 0;
+  uint64_t errors = 0;          // connection failures, timeouts, error replies (reads and writes)
+  uint64_t corrupt = 0;         // entries found bad (here or by the store) and deleted
+  uint64_t incomplete = 0;      // manifests whose pieces were gone (evicted, replaced)
+  uint64_t writes = 0;          // entries committed
+  uint64_t writes_present = 0;  // writes skipped: the same bytes were there already
+  uint64_t write_errors = 0;    // writes that failed (Redis down, out of memory, ...)
+  uint64_t writes_dropped = 0;  // writes dropped because the queue was full
+  uint64_t deletes = 0;
+  uint64_t bytes_read = 0, bytes_written = 0;  // compressed bytes over the wire (pieces)
+  uint64_t connects = 0, connect_failures = 0;
+  uint64_t reads = 0;           // get calls that reached Redis
+  double read_ms_sum = 0;
+  std::vector<uint64_t> read_ms_buckets;  // cumulative counts per kRemoteLatencyBoundsMs, then +Inf
+  size_t queue_entries = 0, queue_bytes = 0;
+  bool up = false;              // the last command succeeded
+};
+
+class RemoteTier {
+ public:
+  explicit RemoteTier(RemoteTierOptions opt);  // std::invalid_argument on a bad url; connects lazily
+  ~RemoteTier();                               // flushes queued writes (flush_timeout_ms), closes
+  RemoteTier(const RemoteTier&) = delete;
+  RemoteTier& operator=(const RemoteTier&) = delete;
+
+  const RemoteTierOptions& options() const { return opt_; }
+
+  // The cache file image stored for `id`, checked as the header says; nullopt on a miss, a
+  // fault (counted) or a bad entry (counted, reported, deleted).
+  std::optional<std::vector<uint8_t>> get(const std::string& id);
+  // Queues the image for writing; false when dropped (queue full or stopping).
+  bool put_async(const std::string& id, std::vector<uint8_t> image);
+  // The store found the image of `id` bad (`why`): counted, reported, deleted (queued, in
+  // order with writes, so a fresh put queued after it lands after the delete).
+  void report_bad(const std::string& id, const std::string& why);
+  void remove_async(const std::string& id);
+  // Waits until the queue is empty and no write runs, at most timeout_ms; true if it is.
+  bool flush(int timeout_ms);
+  RemoteTierStats stats() const;
+
+  std::string manifest_key(const std::string& id) const;
+  std::string piece_key(const std::string& id, const std::string& sum, size_t i) const;
+
+ private:
+  struct Task {
+    std::string id;
+    std::vector<uint8_t> image;  // empty: delete the entry
+  };
+  redisContext* acquire();
+  void release(redisContext* c, bool ok);
+  redisContext* connect();
+  void note_error(const std::string& what, bool connection_lost);
+  bool write_entry(redisContext* c, const Task& t);
+  bool delete_entry(redisContext* c, const std::string& id, const std::string* manifest_text);
+  void worker();
+
+  RemoteTierOptions opt_;
+  RedisUrl url_;
+  mutable std::mutex mu_;
+  std::vector<redisContext*> idle_;
+  size_t open_ = 0;               // connections in idle_ or lent out
+  double down_until_ms_ = 0;      // no connect attempt before this (steady clock)
+  std::condition_variable pool_cv_;
+  std::deque<Task> queue_;
+  size_t queue_bytes_ = 0;
+  bool busy_ = false, stopping_ = false;
+  std::condition_variable queue_cv_, idle_cv_;
+  RemoteTierStats stats_;
+  std::thread worker_;
+};
+
+}  // namespace cf

@@ -1,0 +1,425 @@
+// The chunk store's remote tier against a real redis-server on loopback (issue 13).
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <mutex>
+#include <filesystem>
+#include <thread>
+
+#include "kv/cache_file.h"
+#include "kv/chunk_store.h"
+#include "kv/remote_tier.h"
+#include "kv_test_util.h"
+#include "redis_fixture.h"
+
+namespace cf {
+namespace {
+
+namespace fs = std::filesystem;
+using test::max_kv_diff;
+using test::RedisServer;
+using test::synthetic_cache;
+using test::tiny_hparams;
+using test::tiny_key;
+
+RemoteTierOptions remote_options(const RedisServer& r) {
+  RemoteTierOptions o;
+  o.url = r.url();
+  o.piece_bytes = 700;  // several pieces per entry, so the piece logic is exercised
+  o.retry_ms = 200;
+  o.command_timeout_ms = 500;
+  return o;
+}
+
+// Report lines, from the test thread and the remote tier's writer thread alike.
+class Reports {
+ public:
+  void add(const std::string& line) {
+    std::lock_guard lock(mu_);
+    lines_.push_back(line);
+  }
+  size_t size() const {
+    std::lock_guard lock(mu_);
+    return lines_.size();
+  }
+  bool empty() const { return size() == 0; }
+
+ private:
+  mutable std::mutex mu_;
+  std::vector<std::string> lines_;
+};
+
+ChunkStoreOptions store_options(const RedisServer& r, const std::string& dir, Reports* reports = nullptr) {
+  ChunkStoreOptions o;
+  o.dir = dir;
+  o.durable = false;
+  o.model = StoreModel{test::kTinyFingerprint, tiny_hparams()};
+  o.remote = remote_options(r);
+  if (reports) o.report = [reports](const std::string& s) { reports->add(s); };
+  return o;
+}
+
+ChunkCache tiny_cache(const ChunkKey& k) { return synthetic_cache(k, tiny_hparams()); }
+
+// Puts `keys` through a store of its own (like replica A) and waits until they are in Redis.
+void fill_remote(const RedisServer& r, const std::vector<ChunkKey>& keys) {
+  test::TempDir dir;
+  ChunkStore a(store_options(r, dir.path()));
+  for (const auto& k : keys) a.put(tiny_cache(k));
+  ASSERT_TRUE(a.flush_remote(10000));
+  EXPECT_EQ(a.stats().remote.writes, keys.size());
+}
+
+TEST(RedisUrl, Parses) {
+  const RedisUrl u = parse_redis_url("redis://10.0.0.7:7000/3");
+  EXPECT_EQ(u.host, "10.0.0.7");
+  EXPECT_EQ(u.port, 7000);
+  EXPECT_EQ(u.db, 3);
+  const RedisUrl d = parse_redis_url("redis://cache");
+  EXPECT_EQ(d.host, "cache");
+  EXPECT_EQ(d.port, 6379);
+  EXPECT_EQ(d.db, 0);
+  for (const char* bad : {"", "http://x:1", "redis://", "redis://h:0", "redis://h:99999", "redis://h:12x",
+                          "redis://h:1/x", "redis://u:p@h:1"})
+    EXPECT_THROW(parse_redis_url(bad), std::invalid_argument) << bad;
+}
+
+TEST(RemoteManifest, ParsesAndBoundsWhatReadersWillAllocate) {
+  const auto m = parse_remote_manifest(R"({"format":1,"raw":100,"zlen":20,"sum":"0123456789abcdef","pieces":1})");
+  ASSERT_TRUE(m.has_value());
+  EXPECT_EQ(m->raw, 100u);
+  EXPECT_EQ(m->pieces, 1u);
+  for (const char* bad : {"", "{", "[]", R"({"format":2,"raw":1,"zlen":1,"sum":"0123456789abcdef","pieces":1})",
+                          R"({"format":1,"raw":1,"zlen":1,"sum":"XYZ","pieces":1})",
+                          R"({"format":1,"raw":1,"zlen":1,"sum":"0123456789abcdef","pieces":0})",
+                          R"({"format":1,"raw":1e30,"zlen":1,"sum":"0123456789abcdef","pieces":1})",
+                          R"({"format":1,"raw":-1,"zlen":1,"sum":"0123456789abcdef","pieces":1})"})
+    EXPECT_FALSE(parse_remote_manifest(bad).has_value()) << bad;
+
+  // A manifest whose size disagrees with the zstd frame is refused before any allocation.
+  const std::vector<uint8_t> image = encode_cache_file(tiny_cache(tiny_key(1, 40)), KvDtype::f16);
+  RedisServer redis;
+  {
+    RemoteTier t(remote_options(redis));
+    ASSERT_TRUE(t.put_async("x", image));
+    ASSERT_TRUE(t.flush(10000));
+  }
+  auto stored = parse_remote_manifest(redis.text({"GET", "chunkfuse:v1:{x}"}));
+  ASSERT_TRUE(stored.has_value());
+  std::vector<uint8_t> z;
+  for (size_t i = 0; i < stored->pieces; ++i) {
+    const std::string piece = redis.text({"GET", "chunkfuse:v1:{x}:" + stored->sum + ":" + std::to_string(i)});
+    z.insert(z.end(), piece.begin(), piece.end());
+  }
+  std::string why;
+  auto out = unpack_remote_entry(*stored, z, size_t{1} << 30, why);
+  ASSERT_TRUE(out.has_value()) << why;
+  EXPECT_EQ(*out, image);
+  RemoteManifest lying = *stored;
+  lying.raw = size_t{1} << 35;
+  EXPECT_FALSE(unpack_remote_entry(lying, z, size_t{1} << 36, why).has_value());
+  EXPECT_NE(why.find("zstd frame"), std::string::npos) << why;
+  EXPECT_FALSE(unpack_remote_entry(*stored, z, 100, why).has_value());  // over the bound
+}
+
+TEST(RemoteTier, ASecondStoreReadsWhatTheFirstWrote) {
+  RedisServer redis;
+  const std::vector<ChunkKey> keys{tiny_key(1, 40), tiny_key(2, 7), tiny_key(3, 90)};
+  fill_remote(redis, keys);
+  test::TempDir dir_b;
+  Reports reports;
+  ChunkStore b(store_options(redis, dir_b.path(), &reports));
+  for (const auto& k : keys) {
+    auto c = b.get(k);
+    ASSERT_NE(c, nullptr);
+    EXPECT_EQ(max_kv_diff(c->kv, tiny_cache(k).kv), 0.f);
+    EXPECT_EQ(c->extra, tiny_cache(k).extra);
+    EXPECT_TRUE(fs::exists(b.path_for(k.id())));  // kept on B's disk tier too
+  }
+  auto st = b.stats();
+  EXPECT_EQ(st.remote_hits, keys.size());
+  EXPECT_EQ(st.remote.hits, keys.size());
+  EXPECT_EQ(st.computes, 0u);
+  EXPECT_GT(st.remote.bytes_read, 0u);
+  EXPECT_EQ(st.remote.reads, keys.size());
+  EXPECT_EQ(st.remote.read_ms_buckets.back(), keys.size());
+  EXPECT_TRUE(reports.empty());
+  // Entries are pieces plus a manifest, committed together.
+  EXPECT_EQ(redis.keys("chunkfuse:v1:{" + keys[2].id() + "}").size(), 1u);
+  EXPECT_GT(redis.keys("chunkfuse:v1:{" + keys[2].id() + "}:*").size(), 1u);
+  // A second writer of the same bytes writes nothing.
+  b.put(tiny_cache(keys[0]));
+  ASSERT_TRUE(b.flush_remote(10000));
+  EXPECT_EQ(b.stats().remote.writes_present, 1u);
+  // A miss is a miss.
+  EXPECT_EQ(b.get(tiny_key(99, 5)), nullptr);
+  EXPECT_EQ(b.stats().remote.misses, 1u);
+}
+
+TEST(RemoteTier, PrefetchLoadsRemoteEntries) {
+  RedisServer redis;
+  const std::vector<ChunkKey> keys{tiny_key(11, 30), tiny_key(12, 30)};
+  fill_remote(redis, keys);
+  test::TempDir dir;
+  ChunkStore b(store_options(redis, dir.path()));
+  b.prefetch(keys);
+  b.wait_prefetches();
+  for (const auto& k : keys) EXPECT_NE(b.get(k), nullptr);
+  EXPECT_EQ(b.stats().memory_hits, keys.size());
+  EXPECT_EQ(b.stats().remote.hits, keys.size());
+}
+
+// Damage done to an entry in Redis; each must be detected, reported, deleted, recomputed.
+struct Damage {
+  const char* name;
+  std::function<void(RedisServer&, const ChunkKey&)> apply;
+  bool counted_corrupt;  // false: a plain miss (incomplete entry)
+};
+
+void overwrite_entry(RedisServer& redis, const ChunkKey& k, const std::vector<uint8_t>& image) {
+  RemoteTierOptions o = remote_options(redis);
+  RemoteTier t(o);  // model-agnostic: stores whatever image it is given under k's name
+  ASSERT_TRUE(t.put_async(k.id(), image));
+  ASSERT_TRUE(t.flush(10000));
+}
+
+std::vector<Damage> damages() {
+  return {
+      {"piece_bytes_flipped_in_place",
+       [](RedisServer& r, const ChunkKey& k) {
+         auto pieces = r.keys("chunkfuse:v1:{" + k.id() + "}:*");
+         ASSERT_FALSE(pieces.empty());
+         EXPECT_NE(r.text({"SETRANGE", pieces[0], "10", "garbage!"}), "");
+       },
+       true},
+      {"manifest_not_json",
+       [](RedisServer& r, const ChunkKey& k) { r.text({"SET", "chunkfuse:v1:{" + k.id() + "}", "{nope"}); }, true},
+      {"piece_evicted",
+       [](RedisServer& r, const ChunkKey& k) {
+         auto pieces = r.keys("chunkfuse:v1:{" + k.id() + "}:*");
+         ASSERT_FALSE(pieces.empty());
+         r.text({"DEL", pieces.back()});
+       },
+       false},
+      {"made_by_another_model",
+       [](RedisServer& r, const ChunkKey& k) {
+         const ChunkKey foreign(0x9999, k.tokens(), k.variant());
+         overwrite_entry(r, k, encode_cache_file(synthetic_cache(foreign, tiny_hparams()), KvDtype::f16));
+       },
+       true},
+      {"another_model_shape",
+       [](RedisServer& r, const ChunkKey& k) {
+         overwrite_entry(r, k, encode_cache_file(synthetic_cache(k, tiny_hparams(2, 2, 8)), KvDtype::f16));
+       },
+       true},
+      {"another_key",
+       [](RedisServer& r, const ChunkKey& k) {
+         overwrite_entry(r, k, encode_cache_file(tiny_cache(tiny_key(777, 40)), KvDtype::f16));
+       },
+       true},
+      {"not_a_cache_file",
+       [](RedisServer& r, const ChunkKey& k) { overwrite_entry(r, k, std::vector<uint8_t>(5000, 0x42)); }, true},
+  };
+}
+
+class RemoteDamage : public ::testing::TestWithParam<size_t> {};
+
+TEST_P(RemoteDamage, NeverServedReportedDeletedRecomputed) {
+  const Damage d = damages()[GetParam()];
+  RedisServer redis;
+  const ChunkKey k = tiny_key(5, 40);
+  fill_remote(redis, {k});
+  d.apply(redis, k);
+  test::TempDir dir;
+  Reports reports;
+  ChunkStore b(store_options(redis, dir.path(), &reports));
+  int computes = 0;
+  auto c = b.get_or_compute(k, [&] {
+    ++computes;
+    return tiny_cache(k);
+  });
+  EXPECT_EQ(computes, 1) << d.name;
+  EXPECT_EQ(max_kv_diff(c->kv, tiny_cache(k).kv), 0.f);
+  auto st = b.stats();
+  EXPECT_EQ(st.remote_hits, 0u);
+  EXPECT_EQ(st.remote.corrupt, d.counted_corrupt ? 1u : 0u) << d.name;
+  EXPECT_EQ(st.remote.incomplete, d.counted_corrupt ? 0u : 1u) << d.name;
+  EXPECT_EQ(reports.size(), d.counted_corrupt ? 1u : 0u) << d.name;
+  // The bad entry was deleted and the recomputed one written in its place: a fresh store
+  // (another replica) now reads the good one.
+  ASSERT_TRUE(b.flush_remote(10000));
+  test::TempDir dir_c;
+  ChunkStore c2(store_options(redis, dir_c.path()));
+  auto again = c2.get(k);
+  ASSERT_NE(again, nullptr) << d.name;
+  EXPECT_EQ(max_kv_diff(again->kv, tiny_cache(k).kv), 0.f);
+  EXPECT_EQ(c2.stats().remote.corrupt, 0u);
+}
+
+INSTANTIATE_TEST_SUITE_P(AllDamages, RemoteDamage, ::testing::Range(size_t{0}, damages().size()),
+                         [](const auto& info) { return std::string(damages()[info.param].name); });
+
+TEST(RemoteTier, FlushAllIsAMissThenRefilled) {
+  RedisServer redis;
+  const ChunkKey k = tiny_key(6, 20);
+  fill_remote(redis, {k});
+  EXPECT_EQ(redis.text({"FLUSHALL"}), "OK");
+  test::TempDir dir;
+  ChunkStore b(store_options(redis, dir.path()));
+  EXPECT_EQ(b.get(k), nullptr);
+  b.put(tiny_cache(k));
+  ASSERT_TRUE(b.flush_remote(10000));
+  test::TempDir dir_c;
+  ChunkStore c(store_options(redis, dir_c.path()));
+  EXPECT_NE(c.get(k), nullptr);
+}
+
+TEST(RemoteTier, RedisDownMeansLocalTiersThenReconnects) {
+  auto redis = std::make_unique<RedisServer>();
+  const int port = redis->port();
+  const ChunkKey k1 = tiny_key(7, 20), k2 = tiny_key(8, 20);
+  fill_remote(*redis, {k1});
+  test::TempDir dir;
+  Reports reports;
+  ChunkStore b(store_options(*redis, dir.path(), &reports));
+  ASSERT_NE(b.get(k1), nullptr);  // connected, remote hit
+  redis->stop();
+  // Local tiers keep serving; remote reads are misses and writes are dropped, nothing throws.
+  EXPECT_NE(b.get(k1), nullptr);
+  EXPECT_EQ(b.get(k2), nullptr);
+  b.put(tiny_cache(k2));
+  b.flush_remote(5000);
+  auto st = b.stats();
+  EXPECT_GE(st.remote.errors, 1u);
+  EXPECT_FALSE(st.remote.up);
+  EXPECT_FALSE(reports.empty());  // the outage is reported once
+  const size_t outage_reports = reports.size();
+  for (int i = 0; i < 20; ++i) EXPECT_EQ(b.get(tiny_key(200 + i, 5)), nullptr);
+  EXPECT_LE(reports.size(), outage_reports + 2);  // not one line per request
+  // Back on the same port (empty): the store reconnects by itself after retry_ms.
+  redis = std::make_unique<RedisServer>(std::vector<std::string>{}, port);
+  bool written = false;
+  for (int i = 0; i < 100 && !written; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    b.remove(k2.id());  // so that put writes it again
+    b.put(tiny_cache(k2));
+    b.flush_remote(5000);
+    written = !redis->keys("chunkfuse:v1:{" + k2.id() + "}").empty();
+  }
+  EXPECT_TRUE(written);
+  EXPECT_TRUE(b.stats().remote.up);
+  EXPECT_GE(b.stats().remote.connects, 2u);
+}
+
+TEST(RemoteTier, AStalledRedisCostsAtMostTheCommandTimeout) {
+  RedisServer redis;
+  const ChunkKey k = tiny_key(9, 20);
+  test::TempDir dir;
+  ChunkStoreOptions o = store_options(redis, dir.path());
+  o.remote->command_timeout_ms = 200;
+  ChunkStore b(o);
+  EXPECT_EQ(b.get(k), nullptr);  // connected
+  redis.pause();
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(b.get(k), nullptr);
+  EXPECT_EQ(b.get(tiny_key(10, 20)), nullptr);  // a new connection: accepted by the kernel, then times out too
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  redis.resume();
+  EXPECT_LT(s, 3.0);  // bounded by the timeouts, not hung
+  EXPECT_GE(b.stats().remote.errors, 1u);
+}
+
+TEST(RemoteTier, FullRedisRefusesWritesAndNothingBadIsServed) {
+  // noeviction: writes fail with OOM, which must cost nothing but the write. Filled first,
+  // then capped below what it holds, so that every write is refused.
+  RedisServer redis({"--maxmemory-policy", "noeviction"});
+  const std::string filler(64 * 1024, 'x');
+  for (int i = 0; i < 48; ++i) redis.text({"SET", "filler:" + std::to_string(i), filler});
+  ASSERT_EQ(redis.text({"CONFIG", "SET", "maxmemory", "2mb"}), "OK");
+  ASSERT_EQ(redis.text({"SET", "probe", "x"}).rfind("OOM", 0), 0u);
+  test::TempDir dir;
+  Reports reports;
+  ChunkStore a(store_options(redis, dir.path(), &reports));
+  const ChunkKey k = tiny_key(12, 200);
+  a.put(tiny_cache(k));
+  ASSERT_TRUE(a.flush_remote(10000));
+  EXPECT_EQ(a.stats().remote.write_errors, 1u);
+  EXPECT_EQ(a.stats().remote.writes, 0u);
+  EXPECT_TRUE(redis.keys("chunkfuse:*").empty());  // the refused transaction left nothing
+  EXPECT_NE(a.get(k), nullptr);                     // the local tiers have it
+}
+
+TEST(RemoteTier, EvictingRedisServesWholeEntriesOrMisses) {
+  // allkeys-lru evicts pieces one by one: readers must see whole entries or misses.
+  RedisServer redis({"--maxmemory", "3mb", "--maxmemory-policy", "allkeys-lru"});
+  std::vector<ChunkKey> keys;
+  for (int i = 0; i < 40; ++i) keys.push_back(tiny_key(300 + i, 400));  // ~19 KB each before zstd
+  {
+    test::TempDir dir;
+    ChunkStoreOptions o = store_options(redis, dir.path());
+    o.remote->piece_bytes = 4096;
+    ChunkStore a(o);
+    for (const auto& k : keys) a.put(tiny_cache(k));
+    ASSERT_TRUE(a.flush_remote(20000));
+  }
+  test::TempDir dir;
+  ChunkStore b(store_options(redis, dir.path()));
+  size_t hits = 0;
+  for (const auto& k : keys)
+    if (auto c = b.get(k)) {
+      ++hits;
+      EXPECT_EQ(max_kv_diff(c->kv, tiny_cache(k).kv), 0.f);
+    }
+  const auto st = b.stats();
+  EXPECT_EQ(st.remote.corrupt, 0u);
+  EXPECT_EQ(st.remote.hits, hits);
+  EXPECT_EQ(st.remote.hits + st.remote.misses, keys.size());
+}
+
+TEST(RemoteTier, AWriterKilledMidWayLeavesNoPartialEntry) {
+  RedisServer redis;
+  std::vector<ChunkKey> keys;
+  for (int i = 0; i < 200; ++i) keys.push_back(tiny_key(500 + i, 300));
+  const pid_t child = ::fork();
+  if (child == 0) {  // the writer: a whole store whose remote writer is busy when killed
+    try {
+      test::TempDir dir;
+      ChunkStoreOptions o = store_options(redis, dir.path());
+      o.remote->piece_bytes = 512;  // many pieces: the kill lands inside transactions
+      o.remote->queue_entries = 1000;
+      ChunkStore a(o);
+      for (const auto& k : keys) a.put(tiny_cache(k));
+      a.flush_remote(60000);
+    } catch (...) {
+    }
+    ::_exit(0);
+  }
+  ASSERT_GT(child, 0);
+  // Kill once some entries are committed, mid-stream.
+  for (int i = 0; i < 400 && redis.keys("chunkfuse:v1:{*}").size() < 5; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  ::kill(child, SIGKILL);
+  ::waitpid(child, nullptr, 0);
+  const size_t committed = redis.keys("chunkfuse:v1:{*}").size();
+  EXPECT_GT(committed, 0u);
+  EXPECT_LT(committed, keys.size());  // killed mid-way, not after the last write
+  test::TempDir dir;
+  Reports reports;
+  ChunkStore b(store_options(redis, dir.path(), &reports));
+  size_t hits = 0;
+  for (const auto& k : keys)
+    if (auto c = b.get(k)) {
+      ++hits;
+      EXPECT_EQ(max_kv_diff(c->kv, tiny_cache(k).kv), 0.f);
+    }
+  const auto st = b.stats();
+  EXPECT_EQ(hits, committed);
+  EXPECT_EQ(st.remote.corrupt, 0u);
+  EXPECT_EQ(st.remote.incomplete, 0u);
+  EXPECT_TRUE(reports.empty());
+}
+
+}  // namespace
+}  // namespace cf
