@@ -6,6 +6,8 @@
 #
 #   scripts/setup.sh            packages + model + .venv-serve
 #   scripts/setup.sh --bench    also .venv/ (builds llama-cpp-python from source: minutes)
+#   scripts/setup.sh --shapes   also (with .venv/) the random-weight shape files and llama.cpp's
+#                               logits for tests/runtime/test_shapes.cpp (tools/make_shape_models.py)
 #   scripts/setup.sh --no-apt   skip the package step (e.g. no root, packages known present)
 #
 # Environment: CHUNKFUSE_MODEL (use this GGUF instead of the default; it must exist),
@@ -14,12 +16,14 @@ set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 want_bench=0
+want_shapes=0
 want_apt=1
 for arg in "$@"; do
   case "$arg" in
     --bench) want_bench=1 ;;
+    --shapes) want_bench=1; want_shapes=1 ;;
     --no-apt) want_apt=0 ;;
-    -h|--help) sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) cf_die "unknown argument: $arg (try --help)" ;;
   esac
 done
@@ -130,6 +134,15 @@ EOF
       --disable-pip-version-check --no-binary llama-cpp-python "$LLAMA_CPP_PY"
     cf_log "venv: ready"
   fi
+fi
+
+# --- 5. Shape files (only with --shapes) -------------------------------------------------
+# Qwen2.5-0.5B, Qwen3-0.6B and Llama-3.2-1B layouts with random weights, quantized by
+# llama.cpp to Q8_0 and Q4_K_M, with llama.cpp's logits beside them; the script keeps files
+# that are already there.
+if (( want_shapes )); then
+  CHUNKFUSE_JOBS="$CF_JOBS" "$CF_REPO_ROOT/.venv/bin/python" "$CF_REPO_ROOT/tools/make_shape_models.py" \
+    --threads "$CF_JOBS"
 fi
 
 cf_log "setup done"
