@@ -36,12 +36,20 @@ does), then quantized; the F16 file is deleted unless --keep-f16.
 
 Outputs, in --out (default <cache>/models/shapes, the folder the tests read):
   <shape>.<TYPE>.gguf         TYPE in --types (default Q8_0,Q4_K_M)
-  <shape>.<TYPE>.ref.json     llama.cpp's top-10 logits (and top-1 margin) at every position
-                              of two short prompts, evaluated in one batch (logits_all),
-                              without ggml's extra buffer types (tools/benchlib.py says why)
+  <shape>.<TYPE>.ref.json     (in --ref-dir, default --out) llama.cpp's top-10 logits (and
+                              top-1 margin) at every position of two short prompts, evaluated
+                              in one batch (logits_all), without ggml's extra buffer types
+                              (tools/benchlib.py says why). The tests read the committed copies
+                              in tests/golden/shapes/ (the files are deterministic).
+
+Without llama.cpp (CI): --quantizer gguf --types Q8_0 writes the Q8_0 files directly with the
+gguf package, bit-identical in every tensor to llama.cpp's Q8_0 of the same F16 source
+(checked), so the committed Q8_0 fixtures hold for them. Q4_K_M needs llama.cpp's quantizer.
 
 Usage (needs the .venv of scripts/setup.sh --bench: llama-cpp-python, numpy, gguf):
   .venv/bin/python tools/make_shape_models.py                       # the three small shapes
+  .venv/bin/python tools/make_shape_models.py --force --ref-dir tests/golden/shapes   # new fixtures
+  PY tools/make_shape_models.py --quantizer gguf --types Q8_0      # Q8_0 only, numpy + gguf only
   .venv/bin/python tools/make_shape_models.py --shapes llama3.1-8b --types Q4_K_M --no-ref
   .venv/bin/python tools/make_shape_models.py --requantize SRC.gguf --types Q4_K_M,Q8_0,Q4_0
 Files that exist with a matching .ref.json are kept (rerunning is cheap); --force remakes.
@@ -221,6 +229,9 @@ def make_tensor(spec: TensorSpec, s: Shape, seed: int) -> np.ndarray:
 def tokenizer_metadata(source: Path) -> dict:
     import gguf
 
+    if not source.is_file():
+        raise SystemExit(f"tokenizer source {source} not found (scripts/setup.sh fetches the default model; "
+                         "or pass --tokenizer-source)")
     r = gguf.GGUFReader(str(source))
 
     def field(name):
@@ -252,12 +263,19 @@ def tokenizer_metadata(source: Path) -> dict:
     }
 
 
-def write_f16(name: str, s: Shape, tok: dict, seed: int, path: Path) -> None:
+def write_gguf(name: str, s: Shape, tok: dict, seed: int, path: Path, matrix_type: str = "F16") -> None:
+    """The shape with random weights; matrices as F16 (the source llama.cpp quantizes) or, with
+    matrix_type "Q8_0", quantized here by the gguf package from the same F16 values: its Q8_0
+    is bit-exact with ggml's reference quantizer, which llama_model_quantize uses, so the
+    weights equal those of the llama.cpp-made Q8_0 file without needing llama.cpp."""
     import gguf
 
+    q8 = matrix_type == "Q8_0"
     w = gguf.GGUFWriter(str(path), s.arch)
     w.add_name(f"chunkfuse random-weight {name} shape (seed {seed})")
-    w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
+    w.add_file_type(gguf.LlamaFileType.MOSTLY_Q8_0 if q8 else gguf.LlamaFileType.MOSTLY_F16)
+    if q8:
+        w.add_quantization_version(gguf.GGML_QUANT_VERSION)
     w.add_block_count(s.n_layers)
     w.add_context_length(s.context)
     w.add_embedding_length(s.d_model)
@@ -285,15 +303,28 @@ def write_f16(name: str, s: Shape, tok: dict, seed: int, path: Path) -> None:
     w.add_add_bos_token(False)
 
     specs = tensor_specs(s)
+    q8_block_bytes = 34  # 32 int8 + an f16 scale
     for sp in specs:
-        dt = np.float16 if sp.kind in ("matrix", "embedding") else np.float32
-        w.add_tensor_info(sp.name, sp.shape, np.dtype(dt), int(np.prod(sp.shape)) * np.dtype(dt).itemsize)
+        if sp.kind in ("matrix", "embedding") and q8:
+            byte_shape = (sp.shape[0], sp.shape[1] // 32 * q8_block_bytes)
+            w.add_tensor_info(sp.name, byte_shape, np.dtype(np.uint8), byte_shape[0] * byte_shape[1],
+                              raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+        else:
+            dt = np.float16 if sp.kind in ("matrix", "embedding") else np.float32
+            w.add_tensor_info(sp.name, sp.shape, np.dtype(dt), int(np.prod(sp.shape)) * np.dtype(dt).itemsize)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
     # One tensor in memory at a time: the 8B shape's 16 GB never has to fit in RAM.
     for sp in specs:
-        w.write_tensor_data(make_tensor(sp, s, seed))
+        t = make_tensor(sp, s, seed)
+        if q8 and sp.kind in ("matrix", "embedding"):
+            out = np.empty((t.shape[0], t.shape[1] // 32 * q8_block_bytes), dtype=np.uint8)
+            step = max(1, (1 << 22) // t.shape[1])
+            for r0 in range(0, t.shape[0], step):
+                out[r0:r0 + step] = gguf.quantize(t[r0:r0 + step].astype(np.float32), gguf.GGMLQuantizationType.Q8_0)
+            t = out
+        w.write_tensor_data(t)
     w.close()
 
 
@@ -375,7 +406,7 @@ def make_one(label: str, types: list[str], out: Path, make_source, args) -> None
     wanted = []
     for t in types:
         gguf_path = out / f"{label}.{t}.gguf"
-        ref_path = out / f"{label}.{t}.ref.json"
+        ref_path = Path(args.ref_dir or out) / f"{label}.{t}.ref.json"
         if args.force or not gguf_path.is_file() or (not args.no_ref and not ref_path.is_file()):
             wanted.append((t, gguf_path, ref_path))
         else:
@@ -416,8 +447,13 @@ def main() -> None:
     ap.add_argument("--requantize", metavar="SRC.gguf",
                     help="instead of shapes: requantize this file to each of --types (allow_requantize)")
     ap.add_argument("--no-ref", action="store_true", help="skip llama.cpp's reference logits")
+    ap.add_argument("--ref-dir", help="where the .ref.json files go (default: --out); tests/golden/shapes "
+                                      "regenerates the committed fixtures")
     ap.add_argument("--keep-f16", action="store_true", help="keep the unquantized F16 file")
     ap.add_argument("--force", action="store_true", help="remake files that exist")
+    ap.add_argument("--quantizer", choices=("llama.cpp", "gguf"), default="llama.cpp",
+                    help="gguf: write Q8_0 directly with the gguf package (no llama.cpp; bit-exact with "
+                         "llama.cpp's Q8_0; implies --no-ref: the tests use tests/golden/shapes)")
     args = ap.parse_args()
 
     types = [t.strip() for t in args.types.split(",") if t.strip()]
@@ -440,6 +476,21 @@ def main() -> None:
         if n not in SHAPES:
             raise SystemExit(f"unknown shape {n} (choose from {', '.join(SHAPES)})")
     tok = tokenizer_metadata(Path(args.tokenizer_source))
+    if args.quantizer == "gguf":
+        if types != ["Q8_0"]:
+            raise SystemExit("--quantizer gguf makes Q8_0 only (--types Q8_0)")
+        for n in names:
+            dst = out / f"{n}.Q8_0.gguf"
+            if dst.is_file() and not args.force:
+                log(f"{dst.name}: present")
+                continue
+            t0 = time.time()
+            tmp = dst.with_name(dst.name + ".tmp")
+            write_gguf(n, SHAPES[n], tok, args.seed, tmp, matrix_type="Q8_0")
+            tmp.rename(dst)
+            log(f"{dst.name}: written with the gguf package in {time.time() - t0:.0f}s "
+                f"({dst.stat().st_size / 2**20:.0f} MiB)")
+        return
     for n in names:
         s = SHAPES[n]
 
@@ -449,7 +500,7 @@ def main() -> None:
                 return f16, False
             t0 = time.time()
             tmp = out / f"{n}.source-f16.gguf.tmp"
-            write_f16(n, s, tok, args.seed, tmp)
+            write_gguf(n, s, tok, args.seed, tmp)
             tmp.rename(f16)
             log(f"{f16.name}: written in {time.time() - t0:.0f}s ({f16.stat().st_size / 2**20:.0f} MiB)")
             return f16, True
