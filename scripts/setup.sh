@@ -147,9 +147,12 @@ fi
 # with llama.cpp's Q8_0 of the same weights, for tests/runtime/test_shapes.cpp in CI.
 # --shapes: Q8_0 and Q4_K_M quantized by llama.cpp itself (needs .venv: --bench).
 if (( want_test_shapes )); then
-  if ! "$serve_venv/bin/python" -c 'import numpy, gguf' 2>/dev/null; then
-    cf_log "serve venv: installing numpy gguf (shape files)"
-    "$serve_venv/bin/python" -m pip install --quiet --disable-pip-version-check numpy gguf
+  # Pinned: the weights come from numpy's seeded generator and gguf's Q8_0, and must be the
+  # ones the committed fixtures (tests/golden/shapes) were made from.
+  if ! "$serve_venv/bin/python" -c 'import importlib.metadata as m
+assert m.version("numpy") == "2.4.6" and m.version("gguf") == "0.19.0"' 2>/dev/null; then
+    cf_log "serve venv: installing numpy==2.4.6 gguf==0.19.0 (shape files)"
+    "$serve_venv/bin/python" -m pip install --quiet --disable-pip-version-check numpy==2.4.6 gguf==0.19.0
   fi
   "$serve_venv/bin/python" "$CF_REPO_ROOT/tools/make_shape_models.py" --quantizer gguf --types Q8_0 \
     --tokenizer-source "$(cf_cache_root)/models/$CF_DEFAULT_MODEL_FILE"

@@ -31,7 +31,8 @@ Weights: N(0, 1/fan_in) for matrices (so every projection keeps unit-scale activ
 embeddings N(0, 1/d) scaled so logits have a standard deviation of about 4 (clear top-1
 tokens, like a trained model's), norm weights 1 + N(0, 0.1^2), biases N(0, 0.1^2). Each
 tensor has its own generator seeded by (--seed, crc32(name)), so a file is a pure function
-of the seed and the shape. Written as F16 (norms, biases, rope_freqs F32, as the converter
+of the seed, the shape and the numpy version (its generator streams may change between
+versions: scripts/setup.sh pins numpy 2.4.6 and gguf 0.19.0, those of the committed fixtures). Written as F16 (norms, biases, rope_freqs F32, as the converter
 does), then quantized; the F16 file is deleted unless --keep-f16.
 
 Outputs, in --out (default <cache>/models/shapes, the folder the tests read):
@@ -395,7 +396,7 @@ def reference_logits(model: Path, threads: int) -> dict:
                               "margin": round(top_vals[0] - top_vals[1], 5)})
         cases.append({"name": name, "prompt": text, "prompt_ids": ids, "positions": positions})
     return {"format_version": FORMAT_VERSION, "generator": "tools/make_shape_models.py",
-            "llama_cpp_python_version": llama_cpp.__version__,
+            "llama_cpp_python_version": llama_cpp.__version__, "numpy_version": np.__version__,
             "model": {"file": model.name, "size": model.stat().st_size},
             "eval_settings": {"n_threads": threads, "n_batch": 256, "use_extra_bufts": False},
             "logits": cases}
