@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <numbers>
 #include <vector>
 
 #include "runtime/rope.h"
@@ -16,7 +17,7 @@ namespace {
 std::vector<float> llama3_factors(int head_dim, double base) {
   std::vector<float> f(head_dim / 2);
   for (int i = 0; i < head_dim / 2; ++i) {
-    const double wavelen = 2 * M_PI * std::pow(base, 2.0 * i / head_dim);
+    const double wavelen = 2 * std::numbers::pi * std::pow(base, 2.0 * i / head_dim);
     if (wavelen < 2048) f[i] = 1;
     else if (wavelen > 8192) f[i] = 32;
     else {
