@@ -15,9 +15,19 @@ Peak RSS is read with wait4() for both children (same method), and also as repor
 chunkfuse itself; the llama.cpp child's figure includes the Python interpreter, so its
 RSS before the model load is reported alongside.
 
+Two llama.cpp peers (--peers, default both), each its own child process per rep:
+  repack   ggml's extra buffer types on (llama.cpp's default): CPU weight repacking
+           (Q4_0, Q4_K, IQ4_NL into interleaved layouts for its GEMM/GEMV kernels), and
+           AMX where the build has it. Build llama.cpp without AMX on machines whose
+           sandbox does not grant AMX tile state (bench/README.md, "The peer").
+  plain    extra buffer types off (use_extra_bufts=false): no repacking, no AMX.
+The buffer types each peer actually used are read from llama.cpp's load log and stored.
+
 Run with a Python that has llama-cpp-python (scripts/setup.sh --bench makes .venv/):
   .venv/bin/python bench/runtime_bench.py            # 5 reps, prefill 512 and 2048
   .venv/bin/python bench/runtime_bench.py --quick    # 1 rep, prefill 512 only
+  .venv/bin/python bench/runtime_bench.py --model FILE.gguf   # any GGUF both engines load
+  .venv/bin/python bench/runtime_bench.py --make-variants     # make the files of issue 11
 Prints a Markdown table and writes bench/out/runtime_<time>.json.
 """
 from __future__ import annotations
@@ -27,6 +37,7 @@ import datetime as dt
 import json
 import os
 import platform
+import re
 import statistics
 import subprocess
 import sys
@@ -39,6 +50,7 @@ from benchlib import disable_llama_extra_buffers  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+PEERS = {"repack": True, "plain": False}  # peer name -> use_extra_bufts
 DECODE_CONTEXT = 512  # ids prefilled before the decode timing (the perf contract)
 
 # llama.cpp context settings. n_batch/n_ubatch are llama.cpp's own defaults (common
@@ -49,12 +61,32 @@ LLAMA_N_BATCH = 2048
 LLAMA_N_UBATCH = 512
 
 
-def default_model() -> str:
+def cache_models_dir() -> str:
     """Same rule as src/base/paths.cpp."""
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.environ.get("HOME", "/tmp"), ".cache")
+    return os.path.join(cache, "chunkfuse", "models")
+
+
+def default_model() -> str:
     if os.environ.get("CHUNKFUSE_MODEL"):
         return os.environ["CHUNKFUSE_MODEL"]
-    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.environ.get("HOME", "/tmp"), ".cache")
-    return os.path.join(cache, "chunkfuse", "models", DEFAULT_MODEL_FILE)
+    return os.path.join(cache_models_dir(), DEFAULT_MODEL_FILE)
+
+
+def make_variants(args: argparse.Namespace) -> None:
+    """The files issue 11 benchmarks: the default model requantized by llama.cpp (allow_requantize)
+    to Q4_K_M, Q8_0 and Q4_0, and the random-weight shapes at Q4_K_M (tools/make_shape_models.py)."""
+    tool = str(REPO / "tools" / "make_shape_models.py")
+    variants = os.path.join(cache_models_dir(), "variants")
+    shapes = "qwen2.5-0.5b,llama3.2-1b" + (",llama3.1-8b" if args.with_8b else "")
+    steps = [[sys.executable, tool, "--requantize", args.model, "--types", "Q4_K_M,Q8_0,Q4_0", "--no-ref",
+              "--out", variants],
+             [sys.executable, tool, "--shapes", shapes, "--types", "Q4_K_M", "--no-ref"]]
+    for cmd in steps:
+        print("+ " + " ".join(cmd), file=sys.stderr)
+        subprocess.run(cmd, check=True)
+    print(f"variants in {variants}, shapes in {os.path.join(cache_models_dir(), 'shapes')}; "
+          "run with --model FILE", file=sys.stderr)
 
 
 def default_dataset() -> str:
@@ -87,14 +119,15 @@ def llama_worker(args: argparse.Namespace) -> None:
     import llama_cpp
     import numpy as np
 
-    if not args.llama_extra_bufts:
+    if not PEERS[args.peer]:
         disable_llama_extra_buffers()  # tools/benchlib.py says why
 
     ids = json.loads(Path(args.ids).read_text())
     rss_base = vm_rss_bytes()
+    # verbose: the load log names the buffer types (CPU_REPACK, AMX) the driver records.
     llm = llama_cpp.Llama(model_path=args.model, n_ctx=LLAMA_N_CTX, n_threads=args.threads,
                           n_threads_batch=args.threads, n_batch=LLAMA_N_BATCH,
-                          n_ubatch=LLAMA_N_UBATCH, verbose=False)
+                          n_ubatch=LLAMA_N_UBATCH, verbose=True)
     n_vocab = llm.n_vocab()
 
     def clear() -> None:
@@ -131,8 +164,18 @@ def llama_worker(args: argparse.Namespace) -> None:
         "rss_peak_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
         "rss_before_model_bytes": rss_base,
         "threads": args.threads,
+        "peer": args.peer,
+        "use_extra_bufts": PEERS[args.peer],
         "system_info": llama_cpp.llama_print_system_info().decode(errors="replace").strip(),
     }))
+
+
+def model_buffers(load_log: str) -> dict:
+    """'load_tensors: CPU_REPACK model buffer size = 12.34 MiB' lines -> {buffer type: MiB}."""
+    out: dict = {}
+    for name, mib in re.findall(r"(\S+) model buffer size\s*=\s*([0-9.]+) MiB", load_log):
+        out[name] = out.get(name, 0.0) + float(mib)
+    return out
 
 
 # ----------------------------------------------------------------------------------------
@@ -220,7 +263,8 @@ def fmt_spread(s: dict | None, digits: int = 1) -> str:
 
 
 def summarize(reps: list[dict], args: argparse.Namespace) -> list[dict]:
-    """One row per metric: spread of ours, of llama.cpp, and of the paired per-rep ratio."""
+    """One row per metric: spread of ours, of each llama.cpp peer, and of the paired per-rep
+    ratio ours / peer."""
     def metric(side: str, key) -> list[float] | None:
         vals = [key(r[side]) for r in reps if r.get(side)]
         return vals or None
@@ -236,28 +280,37 @@ def summarize(reps: list[dict], args: argparse.Namespace) -> list[dict]:
     specs.append(("peak RSS less interpreter (MiB)",
                   lambda r: (r["rss_wait4_bytes"] - r.get("rss_before_model_bytes", 0)) / 2**20, 1))
     for name, key, digits in specs:
-        ours, theirs = metric("ours", key), metric("llama", key)
-        ratios = None
-        if ours and theirs:
-            ratios = [key(r["ours"]) / key(r["llama"]) for r in reps if r.get("ours") and r.get("llama")]
-        rows.append({"metric": name, "ours": spread(ours) if ours else None,
-                     "llama": spread(theirs) if theirs else None,
-                     "ratio": spread(ratios) if ratios else None, "digits": digits})
+        row = {"metric": name, "ours": None, "digits": digits, "peers": {}}
+        ours = metric("ours", key)
+        row["ours"] = spread(ours) if ours else None
+        for peer in args.peers:
+            side = f"llama_{peer}"
+            theirs = metric(side, key)
+            ratios = None
+            if ours and theirs:
+                ratios = [key(r["ours"]) / key(r[side]) for r in reps if r.get("ours") and r.get(side)]
+            row["peers"][peer] = {"llama": spread(theirs) if theirs else None,
+                                  "ratio": spread(ratios) if ratios else None}
+        rows.append(row)
     return rows
 
 
 def markdown(rows: list[dict], meta: dict) -> str:
+    peers = meta["peers"]
+    head = "| metric | chunkfuse |" + "".join(f" llama.cpp {p} | ours / {p} |" for p in peers)
     lines = [
-        f"chunkfuse vs llama.cpp — {meta['machine'].get('Model name', '?')}, "
+        f"chunkfuse vs llama.cpp on {Path(meta['model']).name} — {meta['machine'].get('Model name', '?')}, "
         f"{meta['threads']} threads, {meta['reps']} reps, median [min–max]; "
-        f"load average before/after {meta['loadavg_1_5_15_before'][0]:.1f}/{meta['loadavg_1_5_15_after'][0]:.1f}",
+        f"load average before/after {meta['loadavg_1_5_15_before'][0]:.1f}/{meta['loadavg_1_5_15_after'][0]:.1f}; "
+        "peers: " + ", ".join(f"{p} (buffers {meta['llama_cpp']['buffers'].get(p, '?')})" for p in peers),
         "",
-        "| metric | chunkfuse | llama.cpp | ours / llama.cpp |",
-        "|---|---:|---:|---:|",
+        head,
+        "|---|---:|" + "---:|---:|" * len(peers),
     ]
     for r in rows:
-        lines.append(f"| {r['metric']} | {fmt_spread(r['ours'], r['digits'])} | "
-                     f"{fmt_spread(r['llama'], r['digits'])} | {fmt_spread(r['ratio'], 2)} |")
+        cells = "".join(f" {fmt_spread(r['peers'][p]['llama'], r['digits'])} | {fmt_spread(r['peers'][p]['ratio'], 2)} |"
+                        for p in peers)
+        lines.append(f"| {r['metric']} | {fmt_spread(r['ours'], r['digits'])} |{cells}")
     return "\n".join(lines)
 
 
@@ -274,17 +327,29 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="1 rep, prefill 512 only")
     ap.add_argument("--only", choices=("both", "ours", "llama"), default="both",
                     help="run one side only (for debugging; no ratios)")
+    ap.add_argument("--peers", default="repack,plain",
+                    help="llama.cpp peers to run: repack (extra buffer types on), plain (off); comma-separated")
+    ap.add_argument("--make-variants", action="store_true",
+                    help="make the issue-11 files (requantized --model, random-weight shapes) and exit")
+    ap.add_argument("--with-8b", action="store_true", help="--make-variants also makes the Llama-3.1-8B shape")
     ap.add_argument("--out", help="JSON result path (default bench/out/runtime_<time>.json)")
-    ap.add_argument("--llama-extra-bufts", action="store_true",
-                    help="let llama.cpp use AMX / repacked weights (off: crashes where AMX is not granted)")
+    ap.add_argument("--llama-extra-bufts", action="store_true", help="same as --peers repack (older name)")
     ap.add_argument("--llama-worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--peer", choices=tuple(PEERS), default="repack", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.quick:
         args.reps, args.prompt_tokens = 1, "512"
     args.prompt_tokens = [int(x) for x in str(args.prompt_tokens).split(",") if x]
+    args.peers = ["repack"] if args.llama_extra_bufts else [p for p in args.peers.split(",") if p]
+    for p in args.peers:
+        if p not in PEERS:
+            raise SystemExit(f"unknown peer {p} (choose from {', '.join(PEERS)})")
 
     if args.llama_worker:
         llama_worker(args)
+        return
+    if args.make_variants:
+        make_variants(args)
         return
 
     if not Path(args.model).is_file():
@@ -309,18 +374,20 @@ def main() -> None:
     ours_cmd = [args.binary, "perf", "-m", args.model, "--tokens-file", str(ids_path),
                 "--prompt-tokens", prompt_csv, "--gen-tokens", str(args.gen_tokens),
                 "--threads", str(args.threads), "--json"]
-    llama_cmd = [sys.executable, str(Path(__file__).resolve()), "--llama-worker",
-                 "--model", args.model, "--ids", str(ids_path), "--prompt-tokens", prompt_csv,
-                 "--gen-tokens", str(args.gen_tokens), "--threads", str(args.threads)]
-    if args.llama_extra_bufts:
-        llama_cmd.append("--llama-extra-bufts")
-    sides = {"ours": ours_cmd, "llama": llama_cmd}
-    wanted = ["ours", "llama"] if args.only == "both" else [args.only]
+    sides = {"ours": ours_cmd}
+    for peer in args.peers:
+        sides[f"llama_{peer}"] = [sys.executable, str(Path(__file__).resolve()), "--llama-worker", "--peer", peer,
+                                  "--model", args.model, "--ids", str(ids_path), "--prompt-tokens", prompt_csv,
+                                  "--gen-tokens", str(args.gen_tokens), "--threads", str(args.threads)]
+    llama_sides = [f"llama_{p}" for p in args.peers]
+    wanted = {"both": ["ours"] + llama_sides, "ours": ["ours"], "llama": llama_sides}[args.only]
 
     load_before = os.getloadavg()
     reps = []
     for rep in range(args.reps):
-        order = wanted if rep % 2 == 0 else list(reversed(wanted))
+        order = wanted[rep % len(wanted):] + wanted[:rep % len(wanted)]  # each side takes each slot in turn
+        if rep % 2:
+            order.reverse()
         result = {"rep": rep, "order": order}
         for side in order:
             stdout, stderr, rc, rss = run_child(sides[side])
@@ -329,6 +396,8 @@ def main() -> None:
                 raise SystemExit(f"{side} failed (exit {rc}): {' '.join(sides[side])}")
             r = parse_json_output(stdout)
             r["rss_wait4_bytes"] = rss
+            if side != "ours":
+                r["model_buffers_mib"] = model_buffers(stderr)
             result[side] = r
         reps.append(result)
         brief = "  ".join(f"{s}: " + " ".join(f"{p['n_tokens']}→{p['tok_per_s']:.0f}" for p in result[s]["prefill"])
@@ -346,8 +415,11 @@ def main() -> None:
         "model": args.model,
         "binary": args.binary,
         "ours_cmd": ours_cmd,
+        "peers": args.peers,
         "llama_cpp": {"n_ctx": LLAMA_N_CTX, "n_batch": LLAMA_N_BATCH, "n_ubatch": LLAMA_N_UBATCH,
-                      "use_extra_bufts": args.llama_extra_bufts},
+                      "use_extra_bufts": {p: PEERS[p] for p in args.peers},
+                      "buffers": {p: reps[0][f"llama_{p}"].get("model_buffers_mib")
+                                  for p in args.peers if reps and reps[0].get(f"llama_{p}")}},
         "decode_context": DECODE_CONTEXT,
         "token_ids": str(ids_path),
     }
@@ -356,8 +428,9 @@ def main() -> None:
         meta["llama_cpp"]["version"] = llama_cpp.__version__
     except ImportError:
         pass
-    if reps and reps[0].get("llama"):
-        meta["llama_cpp"]["system_info"] = reps[0]["llama"].get("system_info")
+    for p in args.peers:
+        if reps and reps[0].get(f"llama_{p}"):
+            meta["llama_cpp"]["system_info"] = reps[0][f"llama_{p}"].get("system_info")
     if reps and reps[0].get("ours"):
         meta["ours_isa"] = reps[0]["ours"].get("isa")
     rows = summarize(reps, args)

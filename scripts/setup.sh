@@ -6,6 +6,10 @@
 #
 #   scripts/setup.sh            packages + model + .venv-serve
 #   scripts/setup.sh --bench    also .venv/ (builds llama-cpp-python from source: minutes)
+#   scripts/setup.sh --test-shapes  also the Q8_0 random-weight shape files the tests need
+#                               (tools/make_shape_models.py with the gguf package in .venv-serve)
+#   scripts/setup.sh --shapes   also (with .venv/) the Q8_0 and Q4_K_M shape files, made with
+#                               llama.cpp's quantizer
 #   scripts/setup.sh --no-apt   skip the package step (e.g. no root, packages known present)
 #
 # Environment: CHUNKFUSE_MODEL (use this GGUF instead of the default; it must exist),
@@ -14,12 +18,16 @@ set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 want_bench=0
+want_shapes=0
+want_test_shapes=0
 want_apt=1
 for arg in "$@"; do
   case "$arg" in
     --bench) want_bench=1 ;;
+    --shapes) want_bench=1; want_shapes=1 ;;
+    --test-shapes) want_test_shapes=1 ;;
     --no-apt) want_apt=0 ;;
-    -h|--help) sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) cf_die "unknown argument: $arg (try --help)" ;;
   esac
 done
@@ -131,6 +139,28 @@ EOF
       --disable-pip-version-check --no-binary llama-cpp-python "$LLAMA_CPP_PY"
     cf_log "venv: ready"
   fi
+fi
+
+# --- 5. Shape files (--test-shapes, --shapes) ---------------------------------------------
+# Qwen2.5-0.5B, Qwen3-0.6B and Llama-3.2-1B layouts with random weights in
+# <cache>/models/shapes (README.md, "Shapes users run"); the script keeps files already there.
+# --test-shapes: the Q8_0 files, written by the gguf package (numpy; ~2 min, 2.4 GB), bit-exact
+# with llama.cpp's Q8_0 of the same weights, for tests/runtime/test_shapes.cpp in CI.
+# --shapes: Q8_0 and Q4_K_M quantized by llama.cpp itself (needs .venv: --bench).
+if (( want_test_shapes )); then
+  # Pinned: the weights come from numpy's seeded generator and gguf's Q8_0, and must be the
+  # ones the committed fixtures (tests/golden/shapes) were made from.
+  if ! "$serve_venv/bin/python" -c 'import importlib.metadata as m
+assert m.version("numpy") == "2.4.6" and m.version("gguf") == "0.19.0"' 2>/dev/null; then
+    cf_log "serve venv: installing numpy==2.4.6 gguf==0.19.0 (shape files)"
+    "$serve_venv/bin/python" -m pip install --quiet --disable-pip-version-check numpy==2.4.6 gguf==0.19.0
+  fi
+  "$serve_venv/bin/python" "$CF_REPO_ROOT/tools/make_shape_models.py" --quantizer gguf --types Q8_0 \
+    --tokenizer-source "$(cf_cache_root)/models/$CF_DEFAULT_MODEL_FILE"
+fi
+if (( want_shapes )); then
+  "$CF_REPO_ROOT/.venv/bin/python" "$CF_REPO_ROOT/tools/make_shape_models.py" --threads "$CF_JOBS" \
+    --no-ref --tokenizer-source "$(cf_cache_root)/models/$CF_DEFAULT_MODEL_FILE"
 fi
 
 cf_log "setup done"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Everything CI checks, from a bare Debian 12 machine: setup, Release build + tests, the
+# Everything CI checks, from a bare Debian 12 machine: setup (with the Q8_0 shape files), Release build + tests, the
 # server's end-to-end tests (tests/serve_e2e: the real `chunkfuse serve` on loopback, the
 # openai client and curl), ASan/UBSan build + tests, fuzz smoke (scripts/fuzz.sh, when
 # present), and a generation smoke run of the real model. Prints each phase's time and a
@@ -84,7 +84,9 @@ serve_e2e() {
   CHUNKFUSE_BIN="$build_dir/chunkfuse" .venv-serve/bin/python -m unittest discover -s tests/serve_e2e -v
 }
 
-run_phase setup scripts/setup.sh || { cf_log "setup failed; cannot continue"; exit 1; }
+# --test-shapes: the Q8_0 random-weight Qwen/Llama shape files tests/runtime/test_shapes.cpp
+# checks against llama.cpp's committed logits (~2 min and 2.4 GB the first time).
+run_phase setup scripts/setup.sh --test-shapes || { cf_log "setup failed; cannot continue"; exit 1; }
 
 if run_phase build-release cf_build "$build_dir" Release; then
   run_phase ctest-release ctest_in "$build_dir"

@@ -3,9 +3,11 @@
 read_jsonl: JSON Lines reader that skips (and reports) damaged lines, so a run killed
 mid-write can still be read and resumed.
 disable_llama_extra_buffers: makes llama-cpp-python load models without ggml's "extra
-buffer types" (AMX, weight repacking). On the development machine the AMX Q4_1 matmul
-crashes (SIGSEGV in ggml_backend_amx_mul_mat: the sandbox does not grant AMX tile state),
-so llama.cpp runs its AVX-512 kernels instead; Q4_1/Q8_0 weights are not repacked either way.
+buffer types" (AMX, weight repacking). On an earlier development machine (Xeon with AMX) the
+AMX Q4_1 matmul crashed (SIGSEGV in ggml_backend_amx_mul_mat: the sandbox does not grant AMX
+tile state). Fixtures (make_golden.py, make_shape_models.py) use it so that llama.cpp runs
+its plain kernels on every machine; bench/runtime_bench.py runs one peer with and one
+without (its "repack" and "plain" peers; bench/README.md says how to build without AMX).
 """
 import json
 import sys

@@ -102,6 +102,10 @@ int run_ask(const AskArgs& a) {
     return 0;
   }
   std::printf("%s\n", g.text.c_str());
+  // Which QCFuse profile ran: a fresh install must not fall back to floor(L/2) unnoticed.
+  if (const auto& d = fr.selection_details; d.is_object() && d.contains("layers_source"))
+    std::fprintf(stderr, "qcfuse critical layers %s from %s\n", d["critical_layers"].dump().c_str(),
+                 d["layers_source"].get<std::string>().c_str());
   if (a.show_tokens && a.method != "full") {
     const bool color = isatty(fileno(stderr));
     std::fprintf(stderr, "\nrecomputed tokens (%zu of %zu context tokens)%s:\n%s\n\n", fr.recomputed.size(),

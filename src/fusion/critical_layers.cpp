@@ -21,6 +21,7 @@
 #include <stdexcept>
 
 #include "base/paths.h"
+#include "fusion/bundled_profiles.h"
 #include "fusion/qcfuse.h"
 #include "fusion/selector.h"
 #include "fusion/top_k.h"
@@ -143,6 +144,23 @@ std::optional<LayerProfile> load_profile(const std::string& path) {
     throw std::runtime_error(path + ": not valid JSON (" + e.what() + ")");
   }
   return profile_from_json(j);
+}
+
+std::optional<LayerProfile> bundled_profile(const std::string& fp, std::string* source) {
+  for (const BundledProfile* b = kBundledProfiles; b->fingerprint; ++b) {
+    if (fp != b->fingerprint) continue;
+    LayerProfile p;
+    try {
+      p = profile_from_json(nlohmann::json::parse(b->json));
+    } catch (const std::exception& e) {  // a bad file in data/ is a build defect; say which
+      throw std::runtime_error(std::string(b->file) + ": " + e.what());
+    }
+    if (p.model_fingerprint != fp)
+      throw std::runtime_error(std::string(b->file) + ": names model " + p.model_fingerprint + ", not " + fp);
+    if (source) *source = b->file;
+    return p;
+  }
+  return std::nullopt;
 }
 
 std::vector<CalibrationExample> read_nq_calibration(const std::string& path, size_t limit) {

@@ -94,6 +94,9 @@ LayerProfile profile_from_json(const nlohmann::json& j);  // throws std::runtime
 void save_profile(const LayerProfile& p, const std::string& path);  // atomic (temp file + rename)
 // nullopt when the file does not exist; throws std::runtime_error when it is unreadable.
 std::optional<LayerProfile> load_profile(const std::string& path);
+// The profile shipped with the project for this model (data/qcfuse_profiles, compiled in),
+// nullopt when there is none; `source` gets its repository path.
+std::optional<LayerProfile> bundled_profile(const std::string& model_fingerprint_hex, std::string* source = nullptr);
 
 // One span-labelled calibration example: passages, question, and the gold evidence as byte
 // spans [begin, end) of each passage's chunk text (passage_text(p, RagPromptOptions{})).

@@ -9,8 +9,9 @@
 //           are recomputed (Eq. 11). The stitched cache is never written: the probe runs in a
 //           scratch cache.
 // Deviations (besides those of qcfuse_anchors.cpp):
-//  - without a profile, L* = {floor(L/2)} (the paper's best fixed layer, §4.6.2), said in
-//    Selection::details;
+//  - profile lookup: the cache's, else the one bundled for the model (data/qcfuse_profiles);
+//    without either, L* = {floor(L/2)} (the paper's best fixed layer, §4.6.2), said in
+//    Selection::details and printed by `chunkfuse ask`;
 //  - the artifact's budget is max(1, int(rho N)); we use floor(rho N) (the paper's Eq. 11),
 //    so rho = 0 recomputes nothing;
 //  - the paper overlaps loading critical-layer keys with the probe; here all PIC K/V are
@@ -47,23 +48,29 @@ CriticalLayers critical_layers_for(const Model& m) {
   if (!ec && path == cached_path && mtime == cached_time) return cached;
   CriticalLayers out;
   std::string why = "no profile at " + path;
+  auto take = [&](const qcfuse::LayerProfile& p, const std::string& where) {
+    for (int l : p.critical_layers)
+      if (l >= 0 && l < n_layers) out.layers.push_back(l);
+    if (out.layers.empty()) why = "profile " + where + " names no layer of this model";
+    else out.source = where;
+  };
   if (!ec) {
     try {
-      if (auto p = qcfuse::load_profile(path)) {
-        for (int l : p->critical_layers)
-          if (l >= 0 && l < n_layers) out.layers.push_back(l);
-        if (out.layers.empty()) why = "profile " + path + " names no layer of this model";
-      }
+      if (auto p = qcfuse::load_profile(path)) take(*p, path);
     } catch (const std::exception& e) {
       why = std::string("unreadable profile: ") + e.what();
       out.layers.clear();
     }
   }
+  // A fresh install has no cached profile: the one shipped for this model is what the
+  // benchmarks ran with (data/qcfuse_profiles).
+  if (out.layers.empty()) {
+    std::string where;
+    if (auto p = qcfuse::bundled_profile(m.fingerprint_hex(), &where)) take(*p, "bundled " + where);
+  }
   if (out.layers.empty()) {
     out.layers = {n_layers / 2};
-    out.source = "fallback floor(L/2) (" + why + "; run chunkfuse profile-layers)";
-  } else {
-    out.source = path;
+    out.source = "fallback floor(L/2) (" + why + " and none bundled for this model; run chunkfuse profile-layers)";
   }
   if (!ec) {
     cached_path = path;

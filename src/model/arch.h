@@ -33,6 +33,11 @@ struct ModelHparams {
   FfnActivation activation = FfnActivation::SiLU;
   bool qkv_bias = false;  // qwen2
   bool qk_norm = false;   // qwen3: RMSNorm over each head of Q and K before RoPE
+  // Llama 3 RoPE scaling: the file's rope_freqs.weight, one divisor per rotated pair
+  // (angle_i = pos * base^(-2i/d) / factor_i, as ggml_rope_ext's freq_factors). Empty: none.
+  std::vector<float> rope_freq_factors;
+
+  const float* rope_factors() const { return rope_freq_factors.empty() ? nullptr : rope_freq_factors.data(); }
 
   int q_dim() const { return n_heads * head_dim; }
   int kv_dim() const { return n_kv_heads * head_dim; }

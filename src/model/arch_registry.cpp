@@ -60,6 +60,10 @@ ModelHparams read_hparams(const GgufFile& f, const ArchDefinition& arch) {
   if (h.head_dim % 2 != 0) bad("odd attention head size");
   if (h.rope_dims != h.head_dim) bad("partial RoPE (rope.dimension_count != head size) is not supported");
   if (h.vocab_size <= 0) bad("vocabulary size unknown");
+  // Llama 3 scaling comes as the rope_freqs.weight tensor (Model::load); a metadata-declared
+  // scaling (linear, YaRN, LongRoPE) would change every angle, so it is refused by name.
+  if (auto t = f.get_string(p + "rope.scaling.type"); t && *t != "none")
+    bad("RoPE scaling type '" + std::string(*t) + "' (" + p + "rope.scaling.type) is not supported");
   if (h.rms_eps <= 0 || h.rope_base <= 0) bad("non-positive rms epsilon or rope base");
   return h;
 }

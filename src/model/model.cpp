@@ -2,6 +2,7 @@
 
 #include <xxhash.h>
 
+#include <cmath>
 #include <cstdio>
 #include <stdexcept>
 
@@ -61,6 +62,13 @@ std::unique_ptr<Model> Model::load(const std::string& path) {
     throw model_error(f, "unsupported architecture '" + std::string(*arch_name) + "' (supported: " + list + ")");
   }
   m->hparams_ = read_hparams(f, *arch);
+  // Llama 3.x files carry their RoPE scaling as this tensor (the converter bakes
+  // rope_scaling {factor, low/high_freq_factor, original context} into per-pair divisors).
+  if (f.find_tensor("rope_freqs.weight")) {
+    m->hparams_.rope_freq_factors = load_vector(f, "rope_freqs.weight", m->hparams_.rope_dims / 2);
+    for (float v : m->hparams_.rope_freq_factors)
+      if (!(v > 0) || !std::isfinite(v)) throw model_error(f, "rope_freqs.weight holds a non-positive or non-finite factor");
+  }
   const ModelHparams& h = m->hparams_;
   m->tokenizer_ = Tokenizer::from_gguf(f);
   if (static_cast<int>(m->tokenizer_->vocab_size()) != h.vocab_size)

@@ -151,8 +151,8 @@ std::vector<ForwardOutput> Forward::run_sequences(std::span<const BatchSequence>
           for (int hh = 0; hh < h.n_kv_heads; ++hh)
             rms_norm(ki + hh * h.head_dim, w.k_norm.data(), ki + hh * h.head_dim, h.head_dim, h.rms_eps);
         }
-        rope_rotate(qi, h.n_heads, h.head_dim, positions[i], h.rope_base, h.rope_style);
-        rope_rotate(ki, h.n_kv_heads, h.head_dim, positions[i], h.rope_base, h.rope_style);
+        rope_rotate(qi, h.n_heads, h.head_dim, positions[i], h.rope_base, h.rope_style, h.rope_factors());
+        rope_rotate(ki, h.n_kv_heads, h.head_dim, positions[i], h.rope_base, h.rope_style, h.rope_factors());
         // Rounded here too (not only in the cache) so that hooks see the K/V attention uses.
         round_to_f16(ki, kvd);
         round_to_f16(vi, kvd);

@@ -5,7 +5,8 @@
 
 namespace cf {
 
-void rope_rotate(float* x, int n_heads, int head_dim, double pos, float base, RopeStyle style) {
+void rope_rotate(float* x, int n_heads, int head_dim, double pos, float base, RopeStyle style,
+                 const float* freq_factors) {
   const int half = head_dim / 2;
   const float theta_scale = std::pow(base, -2.0f / static_cast<float>(head_dim));
   // One cos/sin per pair, shared by all heads.
@@ -21,8 +22,10 @@ void rope_rotate(float* x, int n_heads, int head_dim, double pos, float base, Ro
   }
   float theta = static_cast<float>(pos);
   for (int i = 0; i < half; ++i) {
-    c[i] = std::cos(theta);
-    s[i] = std::sin(theta);
+    // llama.cpp divides the recurrence's angle by the factor, leaving the recurrence as is.
+    const float angle = freq_factors ? theta / freq_factors[i] : theta;
+    c[i] = std::cos(angle);
+    s[i] = std::sin(angle);
     theta *= theta_scale;
   }
   for (int h = 0; h < n_heads; ++h) {

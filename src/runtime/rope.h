@@ -9,7 +9,9 @@
 namespace cf {
 
 // Rotates `n_heads` consecutive heads of size head_dim in place by position `pos`
-// (pos may be negative: rotating by -p undoes a rotation by p).
-void rope_rotate(float* x, int n_heads, int head_dim, double pos, float base, RopeStyle style);
+// (pos may be negative: rotating by -p undoes a rotation by p). freq_factors, when given,
+// holds head_dim/2 divisors of the angles (Llama 3 scaling, ModelHparams::rope_freq_factors).
+void rope_rotate(float* x, int n_heads, int head_dim, double pos, float base, RopeStyle style,
+                 const float* freq_factors = nullptr);
 
 }  // namespace cf

@@ -149,7 +149,9 @@ TEST_F(Qcfuse, ProbeLeavesTheStitchedCacheUntouchedAndScoresEveryPosition) {
   EXPECT_THROW(qcfuse::anchor_probe(fwd, stitched, cb, ce, anchors, req.suffix, {99}), std::invalid_argument);
 }
 
-TEST_F(Qcfuse, SelectorUsesTheProfileAndFallsBackToTheMiddleLayer) {
+// A fresh install (empty cache) runs with the profile shipped for the model
+// (data/qcfuse_profiles); a profile in the cache (chunkfuse profile-layers) takes precedence.
+TEST_F(Qcfuse, SelectorUsesTheCachedProfileElseTheBundledOne) {
   const Model& m = test::shared_model();
   Forward fwd(m, test::shared_pool());
   ChunkStore store = memory_store(m);
@@ -157,11 +159,19 @@ TEST_F(Qcfuse, SelectorUsesTheProfileAndFallsBackToTheMiddleLayer) {
   const RagRequest req = build_rag_request(m, passages(), "Which prizes did Curie win?");
   ScopedCacheHome home;
 
+  std::string where;
+  const auto bundled = qcfuse::bundled_profile(m.fingerprint_hex(), &where);
+  ASSERT_TRUE(bundled.has_value()) << "no profile in data/qcfuse_profiles for the default model " << m.fingerprint_hex();
+  EXPECT_EQ(where, "data/qcfuse_profiles/" + m.fingerprint_hex() + ".qcfuse.json");
+  EXPECT_EQ(bundled->critical_layers.size(), 3u);
+  EXPECT_EQ(bundled->recall.size(), static_cast<size_t>(m.hparams().n_layers));
+  EXPECT_FALSE(qcfuse::bundled_profile("0123456789abcdef").has_value());
+
   const FusionResult fb = ex.prefill(req, {"qcfuse", 0.15, 0});
   EXPECT_EQ(fb.recomputed.size(), recompute_budget(0.15, req.context_tokens()));
   EXPECT_EQ(fb.cache.size(), req.flatten().size()) << "probe entries left behind";
-  EXPECT_EQ(fb.selection_details.at("critical_layers"), nlohmann::json({m.hparams().n_layers / 2}));
-  EXPECT_EQ(fb.selection_details.at("layers_source").get<std::string>().rfind("fallback", 0), 0u);
+  EXPECT_EQ(fb.selection_details.at("critical_layers"), nlohmann::json(bundled->critical_layers));
+  EXPECT_EQ(fb.selection_details.at("layers_source").get<std::string>(), "bundled " + where);
   size_t expect_anchors = 0;
   for (const auto& c : req.chunks) expect_anchors += qcfuse::anchor_count(c.size(), 0.1);
   EXPECT_EQ(fb.selection_details.at("anchors").get<size_t>(), expect_anchors);
