@@ -146,15 +146,18 @@ uint8_t* act_scratch(size_t bytes) {
 }
 
 // The tile kernel of a repacked weight type (kernels_impl.h lists which type has which).
-kern::TileKernelFn tile_kernel(const kern::IsaKernels& k, GgmlType t) {
+// n: activation rows of the multiply (the K-quants take llama.cpp's batched order from
+// kKQuantBatchedRows rows on, as llama.cpp does).
+kern::TileKernelFn tile_kernel(const kern::IsaKernels& k, GgmlType t, size_t n) {
+  const bool batched = n >= kern::kKQuantBatchedRows;
   switch (t) {
     case GgmlType::Q4_1: return k.q4_1;
     case GgmlType::Q4_0: return k.q4_0;
     case GgmlType::Q8_0: case GgmlType::Q5_0: return k.q8_0;
     case GgmlType::Q5_1: return k.q5_1;
-    case GgmlType::Q4_K: return k.k4;
-    case GgmlType::Q5_K: return k.k5;
-    case GgmlType::Q6_K: return k.k6;
+    case GgmlType::Q4_K: return batched ? k.k4_batched : k.k4;
+    case GgmlType::Q5_K: return batched ? k.k5_batched : k.k5;
+    case GgmlType::Q6_K: return batched ? k.k6_batched : k.k6;
     case GgmlType::F16: return k.f16;
     case GgmlType::BF16: return k.bf16;
     default: break;
@@ -251,7 +254,7 @@ void WeightMatrix::multiply_rows(const float* x, size_t n, size_t x_stride, floa
   }
 
   const kern::IsaKernels& k = kernels_for(active_isa());
-  const kern::TileKernelFn tile_fn = tile_kernel(k, type_);
+  const kern::TileKernelFn tile_fn = tile_kernel(k, type_, n);
   // The activation record each layout reads: floats for F16/BF16, Q8_K for the K-quants,
   // per-32 Q8 for the rest.
   const bool half = m.layout == kern::TileLayout::Half, kq = m.layout == kern::TileLayout::KSuper;

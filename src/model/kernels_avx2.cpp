@@ -188,14 +188,14 @@ inline __m256i scales8(const uint8_t* p, bool is_signed) {
   return is_signed ? _mm256_cvtepi8_epi32(v) : _mm256_cvtepu8_epi32(v);
 }
 
-template <KQuant Q, int R>
+template <KQuant Q, bool Batched, int R>
 void k_half(const uint8_t* tile, size_t nb, const ActView& a, size_t r0, int h, float* out) {
   constexpr KTileGeom G = ktile_geom(Q);
-  __m256 lane[R][8], accm[R][4], summs[R];
+  __m256 lane[R][8], accm[R][4], summs[R], acc[R];
   for (int r = 0; r < R; ++r) {
     for (int g = 0; g < 8; ++g) lane[r][g] = _mm256_setzero_ps();
     for (int i = 0; i < 4; ++i) accm[r][i] = _mm256_setzero_ps();
-    summs[r] = _mm256_setzero_ps();
+    summs[r] = acc[r] = _mm256_setzero_ps();
   }
   const __m256i low4 = _mm256_set1_epi8(0x0F);
   const __m256i ones = _mm256_set1_epi16(1);
@@ -239,6 +239,22 @@ void k_half(const uint8_t* tile, size_t nb, const ActView& a, size_t r0, int h, 
     const __m256 dw = _mm256_loadu_ps(reinterpret_cast<const float*>(t + G.d + 32 * h));
     for (int r = 0; r < R; ++r) {
       const float xd = a.kd(r0 + r)[sb];
+      if constexpr (Batched) {  // llama.cpp's tiled GEMM (its AVX-512 VNNI order)
+        __m256i s1 = S[r][0];
+        for (int g = 1; g < 8; ++g) s1 = _mm256_add_epi32(s1, S[r][g]);
+        __m256 v = _mm256_mul_ps(_mm256_cvtepi32_ps(s1), dw);
+        if constexpr (Q != KQuant::Q6) {
+          const int32_t* bs16 = a.kbs16(r0 + r) + 16 * sb;
+          __m256i s2 = _mm256_setzero_si256();
+          for (int j = 0; j < 8; ++j)
+            s2 = _mm256_add_epi32(s2, _mm256_mullo_epi32(scales8(t + G.m + 16 * j + 8 * h, false),
+                                                         _mm256_set1_epi32(bs16[2 * j] + bs16[2 * j + 1])));
+          v = _mm256_fnmadd_ps(_mm256_loadu_ps(reinterpret_cast<const float*>(t + G.dmin + 32 * h)),
+                               _mm256_cvtepi32_ps(s2), v);
+        }
+        acc[r] = _mm256_fmadd_ps(v, _mm256_set1_ps(xd), acc[r]);
+        continue;
+      }
       const __m256 dd = _mm256_mul_ps(_mm256_set1_ps(xd), dw);
       for (int g = 0; g < 8; ++g) lane[r][g] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(S[r][g]), lane[r][g]);
       if constexpr (Q != KQuant::Q6) {
@@ -260,6 +276,10 @@ void k_half(const uint8_t* tile, size_t nb, const ActView& a, size_t r0, int h, 
     }
   }
   for (int r = 0; r < R; ++r) {
+    if constexpr (Batched) {
+      _mm256_storeu_ps(out + 8 * r, acc[r]);
+      continue;
+    }
     __m256 res = hsum8_lanes(lane[r]);
     if constexpr (Q == KQuant::Q4)
       res = _mm256_add_ps(res, _mm256_add_ps(_mm256_add_ps(accm[r][0], accm[r][2]), _mm256_add_ps(accm[r][1], accm[r][3])));
@@ -298,20 +318,25 @@ constexpr TileKernelFn kByteTile = run_tile<byte_half<Q51, 1>, byte_half<Q51, 2>
 
 }  // namespace
 
-TileKernelFn kquant_tile_avx2(KQuant q) {
+template <KQuant Q, bool Batched>
+constexpr TileKernelFn kKTile = run_tile<k_half<Q, Batched, 1>, k_half<Q, Batched, 2>>;
+
+TileKernelFn kquant_tile_avx2(KQuant q, bool batched) {
   switch (q) {
-    case KQuant::Q4: return run_tile<k_half<KQuant::Q4, 1>, k_half<KQuant::Q4, 2>>;
-    case KQuant::Q5: return run_tile<k_half<KQuant::Q5, 1>, k_half<KQuant::Q5, 2>>;
+    case KQuant::Q4: return batched ? kKTile<KQuant::Q4, true> : kKTile<KQuant::Q4, false>;
+    case KQuant::Q5: return batched ? kKTile<KQuant::Q5, true> : kKTile<KQuant::Q5, false>;
     case KQuant::Q6: break;
   }
-  return run_tile<k_half<KQuant::Q6, 1>, k_half<KQuant::Q6, 2>>;
+  return batched ? kKTile<KQuant::Q6, true> : kKTile<KQuant::Q6, false>;
 }
 
 const IsaKernels& avx2_kernels() {
   static const IsaKernels k{quantize_q8_avx2,  kNibTile<NibKind::Q4_1>, kNibTile<NibKind::Q4_0>,
                             kByteTile<false>,  kByteTile<true>,         kFloatTile<false>,
-                            kFloatTile<true>,  kquant_tile_avx2(KQuant::Q4),
-                            kquant_tile_avx2(KQuant::Q5), kquant_tile_avx2(KQuant::Q6)};
+                            kFloatTile<true>,
+                            kquant_tile_avx2(KQuant::Q4, false), kquant_tile_avx2(KQuant::Q5, false),
+                            kquant_tile_avx2(KQuant::Q6, false), kquant_tile_avx2(KQuant::Q4, true),
+                            kquant_tile_avx2(KQuant::Q5, true),  kquant_tile_avx2(KQuant::Q6, true)};
   return k;
 }
 

@@ -202,15 +202,15 @@ inline __m512i scales16(const uint8_t* p, bool is_signed) {
   return is_signed ? _mm512_cvtepi8_epi32(v) : _mm512_cvtepu8_epi32(v);
 }
 
-template <KQuant Q, int R>
+template <KQuant Q, bool Batched, int R>
 inline void k_rows(const uint8_t* tile, size_t nb, const ActView& a, size_t r0, float* y, size_t y_stride,
                    __mmask16 store_mask) {
   constexpr KTileGeom G = ktile_geom(Q);
-  __m512 lane[R][8], accm[R][4], summs[R];
+  __m512 lane[R][8], accm[R][4], summs[R], acc[R];
   for (int r = 0; r < R; ++r) {
     for (int g = 0; g < 8; ++g) lane[r][g] = _mm512_setzero_ps();
     for (int i = 0; i < 4; ++i) accm[r][i] = _mm512_setzero_ps();
-    summs[r] = _mm512_setzero_ps();
+    summs[r] = acc[r] = _mm512_setzero_ps();
   }
   const __m512i low4 = _mm512_set1_epi8(0x0F);
   for (size_t sb = 0; sb < nb / 8; ++sb) {
@@ -252,6 +252,21 @@ inline void k_rows(const uint8_t* tile, size_t nb, const ActView& a, size_t r0, 
     const __m512 dw = _mm512_loadu_ps(t + G.d);
     for (int r = 0; r < R; ++r) {
       const float xd = a.kd(r0 + r)[sb];
+      if constexpr (Batched) {  // llama.cpp's tiled GEMM
+        __m512i s1 = S[r][0];
+        for (int g = 1; g < 8; ++g) s1 = _mm512_add_epi32(s1, S[r][g]);
+        __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(s1), dw);
+        if constexpr (Q != KQuant::Q6) {
+          const int32_t* bs16 = a.kbs16(r0 + r) + 16 * sb;
+          __m512i s2 = _mm512_setzero_si512();
+          for (int j = 0; j < 8; ++j)
+            s2 = _mm512_add_epi32(s2, _mm512_mullo_epi32(scales16(t + G.m + 16 * j, false),
+                                                         _mm512_set1_epi32(bs16[2 * j] + bs16[2 * j + 1])));
+          v = _mm512_fnmadd_ps(_mm512_loadu_ps(t + G.dmin), _mm512_cvtepi32_ps(s2), v);
+        }
+        acc[r] = _mm512_fmadd_ps(v, _mm512_set1_ps(xd), acc[r]);
+        continue;
+      }
       const __m512 dd = _mm512_mul_ps(_mm512_set1_ps(xd), dw);
       for (int g = 0; g < 8; ++g) lane[r][g] = _mm512_fmadd_ps(dd, _mm512_cvtepi32_ps(S[r][g]), lane[r][g]);
       if constexpr (Q != KQuant::Q6) {
@@ -272,6 +287,10 @@ inline void k_rows(const uint8_t* tile, size_t nb, const ActView& a, size_t r0, 
     }
   }
   for (int r = 0; r < R; ++r) {
+    if constexpr (Batched) {
+      _mm512_mask_storeu_ps(y + r * y_stride, store_mask, acc[r]);
+      continue;
+    }
     __m512 out = hsum8_lanes(lane[r]);
     if constexpr (Q == KQuant::Q4)
       out = _mm512_add_ps(out, _mm512_add_ps(_mm512_add_ps(accm[r][0], accm[r][2]), _mm512_add_ps(accm[r][1], accm[r][3])));
@@ -296,20 +315,25 @@ constexpr TileKernelFn kByteTile = run_rows<byte_rows<Q51, 1>, byte_rows<Q51, 2>
 
 }  // namespace
 
-TileKernelFn kquant_tile_avx512(KQuant q) {
+template <KQuant Q, bool Batched>
+constexpr TileKernelFn kKTile = run_rows<k_rows<Q, Batched, 1>, k_rows<Q, Batched, 2>>;
+
+TileKernelFn kquant_tile_avx512(KQuant q, bool batched) {
   switch (q) {
-    case KQuant::Q4: return run_rows<k_rows<KQuant::Q4, 1>, k_rows<KQuant::Q4, 2>>;
-    case KQuant::Q5: return run_rows<k_rows<KQuant::Q5, 1>, k_rows<KQuant::Q5, 2>>;
+    case KQuant::Q4: return batched ? kKTile<KQuant::Q4, true> : kKTile<KQuant::Q4, false>;
+    case KQuant::Q5: return batched ? kKTile<KQuant::Q5, true> : kKTile<KQuant::Q5, false>;
     case KQuant::Q6: break;
   }
-  return run_rows<k_rows<KQuant::Q6, 1>, k_rows<KQuant::Q6, 2>>;
+  return batched ? kKTile<KQuant::Q6, true> : kKTile<KQuant::Q6, false>;
 }
 
 const IsaKernels& avx512_kernels() {
   static const IsaKernels k{quantize_q8_avx512,         kNibTile<NibKind::Q4_1>, kNibTile<NibKind::Q4_0>,
                             kByteTile<false>,           kByteTile<true>,         half_tile<false>,
-                            half_tile<true>,            kquant_tile_avx512(KQuant::Q4),
-                            kquant_tile_avx512(KQuant::Q5), kquant_tile_avx512(KQuant::Q6)};
+                            half_tile<true>,
+                            kquant_tile_avx512(KQuant::Q4, false), kquant_tile_avx512(KQuant::Q5, false),
+                            kquant_tile_avx512(KQuant::Q6, false), kquant_tile_avx512(KQuant::Q4, true),
+                            kquant_tile_avx512(KQuant::Q5, true),  kquant_tile_avx512(KQuant::Q6, true)};
   return k;
 }
 

@@ -64,6 +64,11 @@ constexpr size_t kQ8_0TileBlock = kByte16TileBlock;
 // lane[g] = fma(dx * d, float(S_g), lane[g]); Q4_K keeps 4 min lanes fma(-dx * dmin,
 // m_2i bs_2i + m_2i+1 bs_2i+1, .) summed as ((0+2)+(1+3)); Q5_K one fma(-dx * dmin,
 // sum m_j bs_j, .). Their activations are Q8_K (one float d per 256, llama.cpp's rule).
+// That is llama.cpp's order for a matmul of fewer than 8 activation rows; from 8 rows on it
+// takes its tiled GEMM (ggml-cpu/tiled, the AVX-512 VNNI microkernel), whose order the
+// `batched` kernels follow: per super-block t = float(sum_g S_g) * d, minus dmin *
+// float(sum m_j bs_j) fused (Q4_K/Q5_K), then acc = fma(t, dx, acc) (its source writes
+// acc + t * dx; its build fuses them, as the disassembly of libggml-cpu shows).
 enum class KQuant { Q4, Q5, Q6 };
 struct KTileGeom {
   size_t sc, sc_hi, m, d, dmin, bytes;  // byte offsets within one super-tile, and its size
@@ -120,12 +125,15 @@ struct IsaKernels {
   TileKernelFn q5_1;       // kByte32Min, + m s16
   TileKernelFn f16;        // float tiles of fp16 words
   TileKernelFn bf16;       // float tiles of bf16 words
-  TileKernelFn k4, k5, k6; // K super-tiles (Q4_K, Q5_K, Q6_K)
+  TileKernelFn k4, k5, k6; // K super-tiles (Q4_K, Q5_K, Q6_K), vec-dot order
+  TileKernelFn k4_batched, k5_batched, k6_batched;  // the same, tiled-GEMM order (n >= 8)
 };
-// The K super-tile kernels of each ISA (kernels_kquant*.cpp).
-TileKernelFn kquant_tile_portable(KQuant);
-TileKernelFn kquant_tile_avx2(KQuant);
-TileKernelFn kquant_tile_avx512(KQuant);
+// The K super-tile kernels of each ISA (kernels_kquant.cpp, kernels_avx2.cpp, kernels_avx512.cpp).
+TileKernelFn kquant_tile_portable(KQuant, bool batched);
+TileKernelFn kquant_tile_avx2(KQuant, bool batched);
+TileKernelFn kquant_tile_avx512(KQuant, bool batched);
+// llama.cpp's threshold for its tiled K-quant GEMM (activation rows of one matmul).
+constexpr size_t kKQuantBatchedRows = 8;
 
 const IsaKernels& portable_kernels();
 const IsaKernels& avx2_kernels();

@@ -363,9 +363,12 @@ const IsaKernels& portable_kernels() {
                             byte_tile_portable<true>,
                             half_tile_portable<false>,
                             half_tile_portable<true>,
-                            kquant_tile_portable(KQuant::Q4),
-                            kquant_tile_portable(KQuant::Q5),
-                            kquant_tile_portable(KQuant::Q6)};
+                            kquant_tile_portable(KQuant::Q4, false),
+                            kquant_tile_portable(KQuant::Q5, false),
+                            kquant_tile_portable(KQuant::Q6, false),
+                            kquant_tile_portable(KQuant::Q4, true),
+                            kquant_tile_portable(KQuant::Q5, true),
+                            kquant_tile_portable(KQuant::Q6, true)};
   return k;
 }
 

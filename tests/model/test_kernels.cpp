@@ -597,7 +597,10 @@ int k_scale(const uint8_t* q, int j, bool min) {
   return min ? (q[j + 4] >> 4) | ((q[j] >> 6) << 4) : (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
 }
 
-float llama_kquant_dot(GgmlType t, const uint8_t* w_row, const float* x, size_t cols) {
+// batched: llama.cpp's tiled GEMM, which it takes from 8 activation rows on (its AVX-512
+// VNNI microkernel): per super-block v = float(S) * d, v = fma(-dmin, float(sum m bs), v),
+// acc = fma(v, dx, acc) (its source adds a product; its build fuses them: vfmadd213ps).
+float llama_kquant_dot(GgmlType t, const uint8_t* w_row, const float* x, size_t cols, bool batched) {
   std::vector<uint8_t> rec(kern::generic_act_row_bytes(static_cast<uint32_t>(t), cols));
   kern::generic_quantize_row(static_cast<uint32_t>(t), x, cols, rec.data());
   const size_t nsb = cols / 256;
@@ -605,7 +608,7 @@ float llama_kquant_dot(GgmlType t, const uint8_t* w_row, const float* x, size_t 
   const auto* xd = reinterpret_cast<const float*>(rec.data() + cols);
   const auto* bsums = reinterpret_cast<const int16_t*>(rec.data() + cols + nsb * 4);
   const size_t block_bytes = ggml_type_info(t).block_bytes;
-  float lane[8] = {}, accm[4] = {}, summs = 0.0f;
+  float lane[8] = {}, accm[4] = {}, summs = 0.0f, acc = 0.0f;
   for (size_t sb = 0; sb < nsb; ++sb) {
     const uint8_t* blk = w_row + sb * block_bytes;
     int q[256], sc[16];
@@ -630,18 +633,27 @@ float llama_kquant_dot(GgmlType t, const uint8_t* w_row, const float* x, size_t 
     uint16_t dh, dminh;
     std::memcpy(&dh, blk + (t == GgmlType::Q6_K ? 208 : 0), 2);
     std::memcpy(&dminh, blk + 2, 2);
+    int mb[8] = {};
+    if (t != GgmlType::Q6_K)
+      for (int j = 0; j < 8; ++j) mb[j] = k_scale(blk + 4, j, true) * (bsums[sb * 16 + 2 * j] + bsums[sb * 16 + 2 * j + 1]);
+    if (batched) {
+      float v = static_cast<float>(S[0] + S[1] + S[2] + S[3] + S[4] + S[5] + S[6] + S[7]) * fp16_to_fp32(dh);
+      if (t != GgmlType::Q6_K)
+        v = std::fma(-fp16_to_fp32(dminh), static_cast<float>(mb[0] + mb[1] + mb[2] + mb[3] + mb[4] + mb[5] + mb[6] + mb[7]), v);
+      acc = std::fma(v, xd[sb], acc);
+      continue;
+    }
     const float d = xd[sb] * fp16_to_fp32(dh);
     for (int g = 0; g < 8; ++g) lane[g] = std::fma(d, static_cast<float>(S[g]), lane[g]);
     if (t == GgmlType::Q6_K) continue;
     const float dmin = -xd[sb] * fp16_to_fp32(dminh);
-    int mb[8];
-    for (int j = 0; j < 8; ++j) mb[j] = k_scale(blk + 4, j, true) * (bsums[sb * 16 + 2 * j] + bsums[sb * 16 + 2 * j + 1]);
     if (t == GgmlType::Q4_K) {
       for (int i = 0; i < 4; ++i) accm[i] = std::fma(dmin, static_cast<float>(mb[2 * i] + mb[2 * i + 1]), accm[i]);
     } else {
       summs = std::fma(dmin, static_cast<float>(mb[0] + mb[1] + mb[2] + mb[3] + mb[4] + mb[5] + mb[6] + mb[7]), summs);
     }
   }
+  if (batched) return acc;
   const float h4[4] = {lane[0] + lane[4], lane[1] + lane[5], lane[2] + lane[6], lane[3] + lane[7]};
   const float total = (h4[0] + h4[2]) + (h4[1] + h4[3]);
   if (t == GgmlType::Q4_K) return total + ((accm[0] + accm[2]) + (accm[1] + accm[3]));
@@ -656,11 +668,12 @@ TEST(Multiply, KQuantsFollowLlamaCppOrderExactly) {
     const auto w = random_blocks(t, rows * cols / 256, rng, false);
     WeightMatrix m(t, w.data(), rows, cols);
     const size_t rb = ggml_row_bytes(t, cols);
-    for (size_t n : {1, 2, 5}) {
+    for (size_t n : {1, 2, 5, 8, 11}) {  // below 8 rows llama.cpp's vec-dot, from 8 its tiled GEMM
       const auto x = random_acts(n, cols, rng);
       std::vector<float> want(n * rows);
       for (size_t r = 0; r < n; ++r)
-        for (size_t o = 0; o < rows; ++o) want[r * rows + o] = llama_kquant_dot(t, w.data() + o * rb, &x[r * cols], cols);
+        for (size_t o = 0; o < rows; ++o)
+          want[r * rows + o] = llama_kquant_dot(t, w.data() + o * rb, &x[r * cols], cols, n >= 8);
       for (Isa isa : available_isas()) {
         IsaGuard g(isa);
         std::vector<float> y(n * rows);
