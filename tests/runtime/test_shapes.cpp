@@ -30,24 +30,13 @@ namespace {
 
 using nlohmann::json;
 
-// How close is close, per file type.
-// Q8_0 files: every matmul here runs llama.cpp's own operation order for Q8_0 (weights and
-// Q8_0 activations, kernels_impl.h), as do RMSNorm, RoPE (with the Llama 3 factors), biases,
-// QK-norm, attention and SiLU (runtime_kernels_impl.inc), so the logits must equal
-// llama.cpp's up to the fixture's 5-decimal rounding (measured: max 0.0000 on all three
-// shapes), and top-1 must agree at every position.
-// Q4_K_M files mix Q4_K, Q6_K and (rows of 896, not a multiple of 256) Q5_0/Q8_0. Their
-// generic kernels here accumulate in another float order than llama.cpp's SIMD code, so a
-// matmul differs by a few ulps, which the 8-bit quantization of the next activations turns
-// into flipped roundings, amplified over 16-28 layers of random weights. How far that goes is
-// llama.cpp's own spread on the same files: its repacked kernels or a token-by-token
-// evaluation move its own top-10 logits by up to 0.36 (median 0.11-0.24, qwen2.5/qwen3
-// Q4_K_M, measured with llama-cpp-python 0.3.36), and by up to 0.69 on SmolLM2 (BENCHMARKS.md).
-// Ours measured max 0.25-0.33, median 0.17. The bounds allow that spread and no more: max
-// 0.5, median 0.3 (logits here have a standard deviation of about 4, make_shape_models.py;
-// a real defect, e.g. a wrong sub-block scale, a missing bias or a wrong RoPE factor, moves
-// them by whole units).
-// Top-1, for both: our argmax over the whole vocabulary must be llama.cpp's top-1 wherever
+// How close is close. Every matmul here runs llama.cpp's own operation order for the
+// file's weight types (Q8_0/Q5_0 with Q8_0 activations; Q4_K/Q6_K with Q8_K activations,
+// in its vec-dot order below 8 rows and its tiled-GEMM order from 8 rows on;
+// kernels_impl.h), as do RMSNorm, RoPE (with the Llama 3 factors), biases, QK-norm,
+// attention and SiLU (runtime_kernels_impl.inc), so the logits must equal llama.cpp's up to
+// the fixture's 5-decimal rounding: measured max 0.0000 on all six files (Q8_0 and Q4_K_M).
+// Top-1: our argmax over the whole vocabulary must be llama.cpp's top-1 wherever
 // llama.cpp's margin (top-1 minus top-2) exceeds twice the largest deviation of our top-10
 // logits at that position: there, no deviation of that size can swap the two, so only a
 // real error (e.g. a wrong row of the output matrix) can. For the Q8_0 files that is every
@@ -55,10 +44,7 @@ using nlohmann::json;
 struct Bounds {
   float max_diff, median_diff;
 };
-Bounds bounds_for(const std::string& file) {
-  if (file.ends_with(".Q8_0")) return {1e-3f, 1e-3f};
-  return {0.5f, 0.3f};
-}
+Bounds bounds_for(const std::string&) { return {1e-3f, 1e-3f}; }
 
 std::string shapes_dir() {
   if (const char* d = std::getenv("CHUNKFUSE_SHAPES_DIR"); d && *d) return d;
