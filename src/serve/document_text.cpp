@@ -106,7 +106,10 @@ std::string jsonl_text(std::string_view bytes) {
     std::string para;
     if (j.is_object()) {
       for (const char* key : {"title", "text", "content"})
-        if (j.contains(key) && j[key].is_string()) para += (para.empty() ? "" : "\n") + j[key].get<std::string>();
+        if (j.contains(key) && j[key].is_string()) {
+          if (!para.empty()) para += '\n';
+          para += j[key].get<std::string>();
+        }
     } else if (j.is_string()) {
       para = j.get<std::string>();
     }

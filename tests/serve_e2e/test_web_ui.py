@@ -108,7 +108,7 @@ class WebUiTest(unittest.TestCase):
         expect(details).to_be_visible()
         server_count = int(details.get_by_test_id("server-recomputed").first.inner_text().split("/")[0])
         self.assertGreater(server_count, 0)
-        expect(details.locator(".tok.rec")).to_have_count(server_count, timeout=15000)
+        expect(details.locator(".tokens .tok.rec")).to_have_count(server_count, timeout=15000)
         expect(details.get_by_test_id("highlighted-count")).to_have_text(str(server_count))
         self.shot("3-details")
 
