@@ -196,8 +196,9 @@ void KnowledgeService::serve_page(const httplib::Request& req, httplib::Response
   }
   std::string rel = req.path.size() > 4 ? req.path.substr(4) : "";  // after "/ui/"
   if (rel.empty()) rel = "index.html";
-  // Only plain names: no "..", no hidden files, nothing outside the folder.
-  const bool safe = rel.find("..") == std::string::npos &&
+  // Only plain relative names: no "..", no leading "/" (an absolute path would replace the
+  // folder in the join below), nothing outside the folder.
+  const bool safe = rel.find("..") == std::string::npos && rel.front() != '/' &&
                     std::all_of(rel.begin(), rel.end(), [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '-' || c == '_' || c == '/'; });
   const fs::path path = fs::path(opt_.web_dir) / rel;
   std::error_code ec;

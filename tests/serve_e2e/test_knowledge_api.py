@@ -180,6 +180,11 @@ class KnowledgeAccessTest(unittest.TestCase):
             s, page = server.request("GET", "/ui/")
             self.assertIn(s, (200, 404))  # 404 only when web/ is not built: a page saying so
             self.assertIn("<", page)
+            # Nothing outside the page's folder, however the path is spelled.
+            for path in ("/ui//etc/passwd", "/ui/../README.md", "/ui/%2e%2e/README.md", "/ui/assets/../../CMakeLists.txt"):
+                s, body = server.request("GET", path)
+                self.assertEqual(s, 404, path)
+                self.assertNotIn("root:", str(body))
         finally:
             server.stop()
 
