@@ -131,6 +131,12 @@ class WebUiTest(unittest.TestCase):
         expect(p.get_by_test_id("kb-error")).to_contain_text("empty")
         p.get_by_test_id("upload").set_input_files([self.file("fake.pdf", os.urandom(512))])
         expect(p.get_by_test_id("kb-error")).to_contain_text("not a PDF")
+        p.get_by_test_id("upload").set_input_files([self.file("sheet.xlsx", b"PK\x03\x04 not a sheet")])
+        expect(p.get_by_test_id("kb-error")).to_contain_text("unknown document format")
+        # Over --max-body (8 MiB by default; the API test sends its 50 MB case at a smaller bound).
+        p.get_by_test_id("upload").set_input_files([self.file("big.txt", b"word " * (2 << 20))])
+        expect(p.get_by_test_id("kb-error")).to_contain_text("larger than the limit", timeout=30000)
+        expect(p.locator("[data-testid=document]")).to_have_count(2)  # none of them was added
 
         # Metrics view, then the phone-sized screen.
         p.get_by_role("button", name="Metrics").click()
