@@ -81,8 +81,10 @@ class WebUiTest(unittest.TestCase):
         p = self.page
         p.goto(self.server.url + "/")
         expect(p.get_by_role("heading", name="Knowledge base")).to_be_visible()
+        expect(p.get_by_role("alert")).to_contain_text("API key")  # 401 before the key is entered
         p.get_by_label("API key").fill(KEY)
         p.get_by_role("button", name="Use").click()
+        expect(p.get_by_role("alert")).to_have_count(0)
 
         # Upload a .txt and a .pdf, wait for both caches.
         p.get_by_label("Chunk size (tokens)").fill("32")
