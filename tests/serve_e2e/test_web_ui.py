@@ -105,7 +105,8 @@ class WebUiTest(unittest.TestCase):
         self.shot("2-answer")
 
         # Details: after the replay, the highlighted tokens are the server's recomputed ones.
-        p.get_by_test_id("view-details").last.click()
+        p.get_by_test_id("view-details").last.focus()  # by keyboard
+        p.keyboard.press("Enter")
         details = p.get_by_test_id("details").last
         expect(details).to_be_visible()
         server_count = int(details.get_by_test_id("server-recomputed").first.inner_text().split("/")[0])
