@@ -3,9 +3,9 @@
 // tokens were recomputed, and the selector's own facts (QCFuse: its per-token scores at the
 // critical layers, in `selection.scores`).
 //
-// Deviation: the executor recomputes the same rows P at every layer (QCFuse Eq. 7), so the
-// per-layer view is P at each of the model's layers; only Cache-Craft stops rows early, and
-// that shows in its `selection.focus` facts rather than as per-layer sets.
+// The executor recomputes the same rows P at every layer (QCFuse Eq. 7); only Cache-Craft
+// stops the rows of unfocused chunks after its focus layer (Alg. 1), which the details read
+// from its `selection.focus` facts as each chunk's last recomputing layer.
 #pragma once
 #include <cstddef>
 #include <nlohmann/json.hpp>

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <sstream>
 
 #include "model/tokenizer.h"
@@ -134,6 +135,15 @@ json request_detail_json(const std::string& id, const CompletionRequest& req, co
       }
     double max_score = 0;
     for (double s : scores) max_score = std::max(max_score, s);
+    // Cache-Craft (Alg. 1) stops recomputing the chunks outside its focus after a layer.
+    std::optional<int> focus_layer;
+    std::vector<size_t> focused;
+    if (selection.contains("focus") && selection["focus"].value("decided", false) &&
+        selection["focus"]["layer"].is_number_integer()) {
+      focus_layer = selection["focus"]["layer"].get<int>();
+      focused = selection["focus"].value("focused_chunks", std::vector<size_t>{});
+    }
+    size_t fused_index = 0;
     for (const auto& c : t.chunks) {
       json pieces = json::array(), rec = json::array(), sc = json::array();
       for (TokenId tid : c.tokens) pieces.push_back(tok.token_to_piece(tid, true));
@@ -147,7 +157,15 @@ json request_detail_json(const std::string& id, const CompletionRequest& req, co
           const size_t k = c.begin - fused_begin + i;
           sc.push_back(k < scores.size() ? std::round(scores[k] / max_score * 1000) / 1000 : 0.0);
         }
-      json cj{{"cache_id", c.id}, {"begin", c.begin}, {"exact", c.exact}, {"tokens", pieces}, {"recomputed", rec}};
+      // The last layer that recomputes this chunk's rows.
+      int last_layer = t.n_layers - 1;
+      if (!c.exact) {
+        if (focus_layer && std::find(focused.begin(), focused.end(), fused_index) == focused.end())
+          last_layer = std::min(last_layer, *focus_layer);
+        ++fused_index;
+      }
+      json cj{{"cache_id", c.id}, {"begin", c.begin},           {"exact", c.exact},
+              {"tokens", pieces}, {"recomputed", rec},          {"last_layer", last_layer}};
       if (!sc.empty()) cj["scores"] = sc;
       for (const auto& rc : retrieved)
         if (rc.cache_id == c.id) {

@@ -93,6 +93,7 @@ class KnowledgeApiTest(unittest.TestCase):
         self.assertEqual(d["context_tokens"], sum(len(c["tokens"]) for c in d["chunks"]))
         self.assertEqual(d["recomputed_tokens"], int(0.3 * d["context_tokens"]))
         self.assertIn("scores", d["chunks"][0])  # QCFuse's own token scores
+        self.assertTrue(all(c["last_layer"] == d["n_layers"] - 1 for c in d["chunks"]))
         for phase in ("lookup_ms", "load_ms", "selection_ms", "recompute_ms", "ttft_ms"):
             self.assertGreaterEqual(d["timings"][phase], 0)
         # Full prefill recomputes every context token.
@@ -100,7 +101,14 @@ class KnowledgeApiTest(unittest.TestCase):
         s, resp = self.server.post("/v1/chat/completions", body)
         s, d = self.server.get("/v1/details/" + resp["id"])
         self.assertEqual(d["recomputed_tokens"], d["context_tokens"])
-        # Use counts went up.
+        # Cache-Craft may stop unfocused chunks early: each chunk says its last layer.
+        body["fusion"] = {"method": "cachecraft", "ratio": 0.3}
+        s, resp = self.server.post("/v1/chat/completions", body)
+        self.assertEqual(s, 200, resp)
+        s, d = self.server.get("/v1/details/" + resp["id"])
+        for c in d["chunks"]:
+            self.assertTrue(0 <= c["last_layer"] < d["n_layers"], c["last_layer"])
+                # Use counts went up.
         s, doc = self.server.get("/v1/documents/" + txt["id"])
         self.assertGreater(sum(c["uses"] for c in doc["chunks"]), 0)
 

@@ -109,6 +109,7 @@ export interface DetailChunk {
   exact: boolean;
   tokens: string[];
   recomputed: number[];
+  last_layer: number; // the last layer recomputing its rows (Cache-Craft stops unfocused chunks early)
   scores?: number[];
 }
 export interface Detail {
