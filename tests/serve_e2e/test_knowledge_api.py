@@ -124,6 +124,19 @@ class KnowledgeApiTest(unittest.TestCase):
             s, err = self.server.get("/v1/documents/" + d_id)
             self.assert_error(s, err, 404)
 
+    def test_csv_and_jsonl(self):
+        s, d = self.upload("staff.csv", b"name,room\nAda,12\nBob,\"7, east\"\n")
+        self.assertEqual(s, 202, d)
+        s, j = self.upload("faq.jsonl", b'{"title": "Hours", "text": "Open 9 to 5."}\n{"text": "Closed on Sundays."}\n')
+        self.assertEqual(s, 202, j)
+        h.wait_documents_ready(self.server)
+        s, doc = self.server.get("/v1/documents/" + d["id"])
+        self.assertIn("name: Bob; room: 7, east", doc["chunks"][0]["text"])
+        s, doc = self.server.get("/v1/documents/" + j["id"])
+        self.assertIn("Hours\nOpen 9 to 5.", doc["chunks"][0]["text"])
+        for x in (d, j):
+            self.server.request("DELETE", "/v1/documents/" + x["id"])
+
     def test_pasted_text(self):
         s, d = self.server.post("/v1/documents", {"name": "note", "text": "A pasted note about otters."})
         self.assertEqual(s, 202, d)
