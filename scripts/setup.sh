@@ -126,6 +126,8 @@ web="$CF_REPO_ROOT/web"
 if [[ -f "$web/dist/index.html" ]] && [[ -z "$(find "$web/src" "$web/index.html" "$web/package-lock.json" \
       "$web/vite.config.ts" -newer "$web/dist/index.html" -print -quit)" ]]; then
   cf_log "web page: $web/dist up to date"
+elif ! command -v npm >/dev/null; then
+  cf_log "web page: npm not found (run without --no-apt, or install nodejs and npm); /ui/ will say it is not built"
 else
   cf_log "web page: npm ci && npm run build"
   (cd "$web" && npm ci --no-audit --no-fund --loglevel=error && npm run build --silent)
