@@ -40,7 +40,12 @@ PACKAGES=(
   redis-server  # the remote tier's tests start their own on loopback
   clang-14 libclang-rt-14-dev
   python3 python3-venv python3-pip curl
+  poppler-utils  # pdftotext: PDF uploads of the web page's knowledge base (issue 12)
+  chromium       # the web page's browser test (tests/serve_e2e/test_web_ui.py, via Playwright)
 )
+# The web page (web/) is built with npm. Debian's nodejs + npm unless a Node.js with npm is
+# already there (e.g. NodeSource's nodejs, which bundles npm and conflicts with Debian's npm).
+if ! command -v npm >/dev/null; then PACKAGES+=(nodejs npm); fi
 
 as_root() {
   if [[ "$(id -u)" == 0 ]]; then
@@ -104,19 +109,38 @@ else
 fi
 
 # --- 3. Server test venv: the official openai client (tests/serve_e2e, bench/serve_load.py)
-# Pinned like llama-cpp-python below: the version the tests were written against.
+# and Playwright, which drives the system chromium in the web page's test (it never downloads
+# a browser: the test passes executable_path). Pinned like llama-cpp-python below: the
+# versions the tests were written against.
 serve_venv="$CF_REPO_ROOT/.venv-serve"
 OPENAI_VERSION="3.54.0"
-if [[ -x "$serve_venv/bin/python" ]] && "$serve_venv/bin/python" - "$OPENAI_VERSION" <<'EOF' 2>/dev/null; then
-import importlib.metadata as m, sys, openai
-assert m.version("openai") == sys.argv[1]
+PLAYWRIGHT_VERSION="1.65.2"
+if [[ -x "$serve_venv/bin/python" ]] && "$serve_venv/bin/python" - "$OPENAI_VERSION" "$PLAYWRIGHT_VERSION" <<'EOF' 2>/dev/null; then
+import importlib.metadata as m, sys, openai, playwright
+assert m.version("openai") == sys.argv[1] and m.version("playwright") == sys.argv[2]
 EOF
-  cf_log "serve venv: $serve_venv ready (openai $OPENAI_VERSION)"
+  cf_log "serve venv: $serve_venv ready (openai $OPENAI_VERSION, playwright $PLAYWRIGHT_VERSION)"
 else
   [[ -x "$serve_venv/bin/python" ]] || { cf_log "serve venv: creating $serve_venv"; python3 -m venv "$serve_venv"; }
-  cf_log "serve venv: installing openai==$OPENAI_VERSION"
-  "$serve_venv/bin/python" -m pip install --quiet --disable-pip-version-check "openai==$OPENAI_VERSION"
+  cf_log "serve venv: installing openai==$OPENAI_VERSION playwright==$PLAYWRIGHT_VERSION"
+  "$serve_venv/bin/python" -m pip install --quiet --disable-pip-version-check \
+    "openai==$OPENAI_VERSION" "playwright==$PLAYWRIGHT_VERSION"
   cf_log "serve venv: ready"
+fi
+
+# --- 3b. The web page served by `chunkfuse serve` at /ui/ (web/, issue 12): npm ci from the
+# committed lockfile, then vite build into web/dist, which the server finds in a source
+# checkout. Skipped when dist is newer than every source file.
+web="$CF_REPO_ROOT/web"
+if [[ -f "$web/dist/index.html" ]] && [[ -z "$(find "$web/src" "$web/index.html" "$web/package-lock.json" \
+      "$web/vite.config.ts" -newer "$web/dist/index.html" -print -quit)" ]]; then
+  cf_log "web page: $web/dist up to date"
+elif ! command -v npm >/dev/null; then
+  cf_log "web page: npm not found (run without --no-apt, or install nodejs and npm); /ui/ will say it is not built"
+else
+  cf_log "web page: npm ci && npm run build"
+  (cd "$web" && npm ci --no-audit --no-fund --loglevel=error && npm run build --silent)
+  cf_log "web page: built into $web/dist"
 fi
 
 # --- 4. Benchmark / fixture venv (only with --bench) ------------------------------------

@@ -81,7 +81,9 @@ smoke_generate() {
 
 # The server on loopback against the Release binary, with the venv setup.sh made.
 serve_e2e() {
-  CHUNKFUSE_BIN="$build_dir/chunkfuse" .venv-serve/bin/python -m unittest discover -s tests/serve_e2e -v
+  # Screenshots of the web page's browser test (test_web_ui.py) are kept as CI artefacts.
+  CHUNKFUSE_BIN="$build_dir/chunkfuse" CHUNKFUSE_ARTIFACTS="$build_dir/e2e-artifacts" \
+    .venv-serve/bin/python -m unittest discover -s tests/serve_e2e -v
 }
 
 # --test-shapes: the Q8_0 random-weight Qwen/Llama shape files tests/runtime/test_shapes.cpp

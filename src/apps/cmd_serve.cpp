@@ -57,6 +57,7 @@ int run_serve(ServeArgs a) {
                "chunkfuse serve: %s ready in %.0f ms; listening on http://%s:%d (at most %zu connections; %s)\n",
                engine.model_name().c_str(), now_ms() - t0, a.http.host.c_str(), port, a.http.connections.max_connections,
                a.http.access.api_keys.empty() ? "no API key required" : "API key required");
+  std::fprintf(stderr, "chunkfuse serve: web page at http://%s:%d/ui/\n", a.http.host.c_str(), port);
   std::fflush(stderr);
 
   std::atomic<bool> listener_done{false};
@@ -137,6 +138,8 @@ void add_serve_command(CLI::App& app, CommandRunner& run) {
       ->capture_default_str();
   cmd->add_flag("--log-requests", a->http.log_requests, "one line per HTTP request on stderr");
   add_remote_options(*cmd, a->remote);
+  cmd->add_option("--web-dir", a->http.web_dir,
+                  "folder of the built web page served at /ui/ (default: found beside the binary or in web/dist)");
   cmd->callback([&run, a] { run = [a] { return run_serve(*a); }; });
 }
 

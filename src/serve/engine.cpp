@@ -45,6 +45,7 @@
 #include "model/model.h"
 #include "runtime/forward.h"
 #include "serve/craft.h"
+#include "serve/fusion_trace.h"
 #include "serve/prefix_cache.h"
 #include "serve/scheduler.h"
 
@@ -548,6 +549,8 @@ CompletionResult Engine::Impl::complete(const CompletionRequest& req,
   t.recompute_ms = fr_stats.timings.recompute_ms;
   t.ttft_ms = ms_between(arrival, job.first_token);
   t.decode_ms = ms_between(job.first_token, job.finished);
+  result.trace = std::make_shared<FusionTrace>(
+      make_fusion_trace(f.method, model->hparams().n_layers, rr, result.chunk_order, exact_spans, fr_stats));
   record_metrics(&result, false);
   return result;
 }

@@ -25,6 +25,7 @@
 namespace cf {
 
 class Tokenizer;
+struct FusionTrace;  // serve/fusion_trace.h
 
 // A request the engine refuses: the HTTP layer maps it to `status` with an OpenAI-style
 // error body {"error": {"message", "type", "param", "code"}}.
@@ -85,6 +86,7 @@ struct CompletionResult {
   std::vector<std::string> chunk_order;  // chunk ids in prompt order (after CRAFT)
   size_t deduped_chunks = 0;
   CompletionTimings timings;
+  std::shared_ptr<const FusionTrace> trace;  // positions and selector facts, for the web page's details
   nlohmann::json to_json() const;    // the "chunkfuse" extension object of a response
 };
 

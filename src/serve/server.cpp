@@ -3,7 +3,9 @@
 #include "serve/server.h"
 
 #include "serve/key_isolation.h"
+#include "serve/knowledge_routes.h"
 #include "serve/request_limits.h"
+#include "serve/route_wrappers.h"
 
 #include <httplib.h>
 
@@ -25,19 +27,6 @@ namespace {
 
 int64_t unix_seconds() {
   return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
-
-void reply_json(httplib::Response& res, int status, const json& body) {
-  res.status = status;
-  res.set_content(api::dump(body), "application/json");
-}
-
-void reply_error(httplib::Response& res, const RequestError& e) { reply_json(res, e.status, api::error_body(e)); }
-
-// A route that takes no body: whatever the client sent stays unread, so the connection ends
-// after the response.
-void ignore_body(const httplib::Request& req) {
-  if (request_has_body(req)) GuardedServer::close_after_response();
 }
 
 // A streamed request: the engine runs on its own thread so that the handler can wait for the
@@ -98,6 +87,7 @@ struct HttpServer::Impl {
   AccessPolicy access;
   KeyIsolation isolation;
   const InputBound input;
+  KnowledgeService knowledge;  // the web page, its knowledge base and request details (issue 12)
   std::atomic<uint64_t> n2xx{0}, n4xx{0}, n5xx{0}, n_cancelled{0};
   std::atomic<uint64_t> next_id{0};
   const uint64_t id_salt = std::random_device{}() * 0x9E3779B97F4A7C15ull ^ std::random_device{}();
@@ -109,10 +99,19 @@ struct HttpServer::Impl {
         svr(opt.connections),
         access(opt.access),
         isolation(opt.isolate_keys),
-        input(input_bound(e.tokenizer(), e.options().max_prompt_tokens)) {
+        input(input_bound(e.tokenizer(), e.options().max_prompt_tokens)),
+        knowledge(e, knowledge_options(opt)) {
     if (isolation.enabled() && !access.keys_required())
       throw std::invalid_argument("--isolate-keys needs API keys (--api-key or --api-key-file)");
     setup();
+  }
+
+  static KnowledgeServiceOptions knowledge_options(const HttpServerOptions& o) {
+    KnowledgeServiceOptions k;
+    k.web_dir = o.web_dir;
+    k.max_body_bytes = o.max_body_bytes;
+    k.isolated = o.isolate_keys;
+    return k;
   }
 
   // The caller's tenant under --isolate-keys: its key's index (the pre-routing check has
@@ -126,51 +125,9 @@ struct HttpServer::Impl {
     return buf;
   }
 
-  // Every handler's errors become OpenAI error bodies; nothing escapes into httplib.
-  static void run_guarded(const std::function<void()>& h, httplib::Response& res) {
-    try {
-      h();
-    } catch (const RequestError& e) {
-      reply_error(res, e);
-    } catch (const std::exception& e) {
-      reply_json(res, 500, api::error_body(500, "server_error", e.what()));
-    }
-  }
-
-  // A route without a body: the request is fully read when it is dispatched.
-  httplib::Server::Handler guarded(std::function<void(const httplib::Request&, httplib::Response&)> h) {
-    return [h = std::move(h)](const httplib::Request& req, httplib::Response& res) {
-      GuardedServer::request_read();
-      run_guarded([&] { h(req, res); }, res);
-    };
-  }
-
-  // A POST or DELETE route that takes no body. Registered as a content-reader route so that
-  // httplib does not buffer one anyway (it would, without bound, for any other route).
-  httplib::Server::HandlerWithContentReader guarded_no_body(
-      std::function<void(const httplib::Request&, httplib::Response&)> h) {
-    return [h = std::move(h)](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader&) {
-      ignore_body(req);
-      GuardedServer::request_read();
-      run_guarded([&] { h(req, res); }, res);
-    };
-  }
-
-  // A POST route: JSON only, body read in pieces and refused past --max-body whatever its
-  // transfer encoding (httplib's own limit sees Content-Length only).
-  httplib::Server::HandlerWithContentReader guarded_post(
-      std::function<void(const httplib::Request&, httplib::Response&, const std::string& body)> h) {
-    return [this, h = std::move(h)](const httplib::Request& req, httplib::Response& res,
-                                    const httplib::ContentReader& reader) {
-      run_guarded(
-          [&] {
-            require_json_content(req);
-            const std::string body = read_body_bounded(req, reader, opt.max_body_bytes);
-            GuardedServer::request_read();
-            h(req, res, body);
-          },
-          res);
-    };
+  // A POST route with this server's body bound (route_wrappers.h).
+  httplib::Server::HandlerWithContentReader guarded_post(PostRouteFn h) {
+    return cf::guarded_post(opt.max_body_bytes, std::move(h));
   }
 
   void setup() {
@@ -197,7 +154,8 @@ struct HttpServer::Impl {
     });
     svr.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
       GuardedServer::headers_read();
-      if (access.pre_route(req, res)) return httplib::Server::HandlerResponse::Handled;
+      if (!KnowledgeService::is_public_page(req) && access.pre_route(req, res))
+        return httplib::Server::HandlerResponse::Handled;
       // httplib reads the body of any other method (PUT, PATCH, PRI) into memory without a
       // bound before it finds no route: refuse those before a byte of body is read.
       static const std::set<std::string> kMethods{"GET", "HEAD", "POST", "DELETE", "OPTIONS"};
@@ -265,6 +223,7 @@ struct HttpServer::Impl {
       if (!deleted) throw no_chunk(id);
       reply_json(res, 200, json{{"id", id}, {"object", "chunk.deleted"}, {"deleted", true}});
     }));
+    knowledge.add_routes(svr);
     // Any other POST or DELETE: 404 before reading the body (registered last, matched last).
     const auto no_route = guarded_no_body([](const httplib::Request& req, httplib::Response&) {
       throw RequestError(404, "not_found_error", "no route for " + req.method + " " + req.path);
@@ -303,14 +262,18 @@ struct HttpServer::Impl {
   }
 
   void completion(const httplib::Request& req, const std::string& body, httplib::Response& res, bool chat) {
-    api::ParsedCompletion pc = api::parse_completion(api::parse_body(body), chat, engine.options().default_method);
+    const json body_json = api::parse_body(body);
+    api::ParsedCompletion pc = api::parse_completion(body_json, chat, engine.options().default_method);
+    const auto retrieved = knowledge.apply_retrieval(body_json, pc.request);
     check_input_size(pc.request, input);
     const bool isolated = isolation.enabled();
     if (isolated) isolation.check_documents(tenant(req), pc.request);
     api::ResponseMeta meta{new_id(chat), unix_seconds(),
                            pc.request.model.empty() ? engine.model_name() : pc.request.model, chat};
     if (!pc.stream) {
-      json reply = api::completion_response(meta, engine.complete(pc.request));
+      const CompletionResult r = engine.complete(pc.request);
+      json reply = api::completion_response(meta, r);
+      knowledge.after_completion(meta.id, pc.request, r, retrieved, &reply);
       if (isolated) KeyIsolation::redact(reply);
       reply_json(res, 200, reply);
       return;
@@ -329,7 +292,8 @@ struct HttpServer::Impl {
     res.set_header("Cache-Control", "no-cache");
     res.set_chunked_content_provider(
         "text/event-stream",
-        [this, job, meta, isolated, include_usage = pc.include_usage](size_t, httplib::DataSink& sink) {
+        [this, job, meta, isolated, include_usage = pc.include_usage, req = pc.request, retrieved](
+            size_t, httplib::DataSink& sink) {
           auto send = [&](const std::string& s) {
             if (sink.write(s.data(), s.size())) return true;
             job->client_gone = true;  // the engine frees the slot at its next step
@@ -357,6 +321,7 @@ struct HttpServer::Impl {
           else if (!job->failure.empty())
             ok = send(api::sse_event(api::error_body(500, "server_error", job->failure)));
           else {
+            knowledge.after_completion(meta.id, req, job->result, retrieved, nullptr);
             ok = send(api::sse_event(api::stream_finish_chunk(meta, job->result.finish_reason)));
             if (ok && include_usage) {
               json usage = api::stream_usage_chunk(meta, job->result);

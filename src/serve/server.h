@@ -92,6 +92,7 @@ struct HttpServerOptions {
   AccessOptions access;                          // API keys, CORS (http_access.h)
   bool isolate_keys = false;                     // per-key chunk isolation (key_isolation.h); needs keys
   bool log_requests = false;                     // one line per request on stderr
+  std::string web_dir;                           // the built page; empty: find_web_dir() (knowledge_routes.h)
 };
 
 class HttpServer {

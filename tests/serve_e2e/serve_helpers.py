@@ -142,3 +142,42 @@ class Server:
 def openai_client(server):
     import openai  # from .venv-serve (scripts/setup.sh)
     return openai.OpenAI(base_url=server.url + "/v1", api_key=server.api_key or "unused", max_retries=0, timeout=120)
+
+
+def make_pdf(lines):
+    """A small valid one-page PDF showing `lines` (ASCII) in Helvetica, for upload tests:
+    the objects, then an xref table with their byte offsets (PDF 1.4, section 7.5)."""
+    def esc(s):
+        return s.replace("\\", "\\\\").replace("(", "\\(").replace(")", "\\)")
+    text = "BT /F1 11 Tf 50 750 Td 14 TL " + " ".join("(%s) '" % esc(l) for l in lines) + " ET"
+    objs = [
+        "<< /Type /Catalog /Pages 2 0 R >>",
+        "<< /Type /Pages /Kids [3 0 R] /Count 1 >>",
+        "<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Contents 4 0 R "
+        "/Resources << /Font << /F1 5 0 R >> >> >>",
+        "<< /Length %d >>\nstream\n%s\nendstream" % (len(text), text),
+        "<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>",
+    ]
+    out = b"%PDF-1.4\n"
+    offsets = []
+    for i, body in enumerate(objs, 1):
+        offsets.append(len(out))
+        out += ("%d 0 obj\n%s\nendobj\n" % (i, body)).encode()
+    xref = len(out)
+    out += ("xref\n0 %d\n0000000000 65535 f \n" % (len(objs) + 1)).encode()
+    for off in offsets:
+        out += ("%010d 00000 n \n" % off).encode()
+    out += ("trailer\n<< /Size %d /Root 1 0 R >>\nstartxref\n%d\n%%%%EOF\n" % (len(objs) + 1, xref)).encode()
+    return out
+
+
+def wait_documents_ready(server, timeout=120):
+    """Polls GET /v1/documents until no document is precomputing; returns the list."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        status, body = server.get("/v1/documents")
+        assert status == 200, body
+        if all(d["status"] != "precomputing" for d in body["data"]):
+            return body["data"]
+        time.sleep(0.2)
+    raise AssertionError("documents still precomputing after %ds" % timeout)

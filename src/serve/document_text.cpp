@@ -1,0 +1,232 @@
+#include "serve/document_text.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
+#include <chrono>
+#include <cstdlib>
+#include <nlohmann/json.hpp>
+#include <vector>
+
+#include "serve/engine.h"
+
+extern char** environ;
+
+namespace cf {
+
+namespace {
+
+RequestError bad(const std::string& msg) { return RequestError(400, "invalid_request_error", msg, "file"); }
+
+std::string lower(std::string_view s) {
+  std::string r(s);
+  for (char& c : r) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return r;
+}
+
+// Text formats must be UTF-8 without NUL bytes: anything else is a binary file misnamed.
+void check_text(std::string_view bytes) {
+  if (bytes.find('\0') != std::string_view::npos || !valid_utf8(bytes))
+    throw bad("the file is not UTF-8 text (a binary file?)");
+}
+
+// One CSV record's fields (RFC 4180 quoting: "" inside quotes is a quote).
+std::vector<std::string> csv_fields(std::string_view line) {
+  std::vector<std::string> out(1);
+  bool quoted = false;
+  for (size_t i = 0; i < line.size(); ++i) {
+    const char c = line[i];
+    if (quoted) {
+      if (c == '"' && i + 1 < line.size() && line[i + 1] == '"') {
+        out.back() += '"';
+        ++i;
+      } else if (c == '"') {
+        quoted = false;
+      } else {
+        out.back() += c;
+      }
+    } else if (c == '"') {
+      quoted = true;
+    } else if (c == ',') {
+      out.emplace_back();
+    } else if (c != '\r') {
+      out.back() += c;
+    }
+  }
+  return out;
+}
+
+std::vector<std::string_view> lines_of(std::string_view s) {
+  std::vector<std::string_view> out;
+  size_t start = 0;
+  while (start <= s.size()) {
+    size_t nl = s.find('\n', start);
+    if (nl == std::string_view::npos) nl = s.size();
+    out.push_back(s.substr(start, nl - start));
+    start = nl + 1;
+  }
+  return out;
+}
+
+std::string csv_text(std::string_view bytes) {
+  const auto lines = lines_of(bytes);
+  std::vector<std::string> header;
+  std::string out;
+  for (auto line : lines) {
+    if (line.find_first_not_of(" \t\r") == std::string_view::npos) continue;
+    auto fields = csv_fields(line);
+    if (header.empty()) {
+      header = std::move(fields);
+      continue;
+    }
+    std::string row;
+    for (size_t i = 0; i < fields.size(); ++i) {
+      if (!row.empty()) row += "; ";
+      row += (i < header.size() ? header[i] : "column " + std::to_string(i + 1)) + ": " + fields[i];
+    }
+    out += row + "\n\n";
+  }
+  return out;
+}
+
+std::string jsonl_text(std::string_view bytes) {
+  std::string out;
+  size_t n = 0;
+  for (auto line : lines_of(bytes)) {
+    ++n;
+    if (line.find_first_not_of(" \t\r") == std::string_view::npos) continue;
+    const auto j = nlohmann::json::parse(line, nullptr, false);
+    if (j.is_discarded()) throw bad("line " + std::to_string(n) + " is not JSON");
+    std::string para;
+    if (j.is_object()) {
+      for (const char* key : {"title", "text", "content"})
+        if (j.contains(key) && j[key].is_string()) {
+          if (!para.empty()) para += '\n';
+          para += j[key].get<std::string>();
+        }
+    } else if (j.is_string()) {
+      para = j.get<std::string>();
+    }
+    if (para.empty()) para = j.dump();
+    out += para + "\n\n";
+  }
+  return out;
+}
+
+std::string temp_dir() {
+  const char* t = std::getenv("TMPDIR");
+  return t && *t ? t : "/tmp";
+}
+
+}  // namespace
+
+bool valid_utf8(std::string_view s) {
+  try {
+    (void)nlohmann::json(std::string(s)).dump();  // nlohmann's strict UTF-8 check
+    return true;
+  } catch (const nlohmann::json::type_error&) {
+    return false;
+  }
+}
+
+std::string document_format(std::string_view file_name) {
+  const size_t dot = file_name.rfind('.');
+  if (dot == std::string_view::npos) return "";
+  const std::string ext = lower(file_name.substr(dot + 1));
+  if (ext == "txt" || ext == "text") return "txt";
+  if (ext == "md" || ext == "markdown") return "md";
+  if (ext == "csv" || ext == "jsonl" || ext == "pdf") return ext;
+  return "";
+}
+
+std::string extract_document_text(const std::string& format, std::string_view bytes, const ExtractOptions& opt) {
+  if (bytes.empty()) throw bad("the file is empty");
+  if (format == "pdf") return pdf_to_text(bytes, opt);
+  if (format != "txt" && format != "md" && format != "csv" && format != "jsonl")
+    throw RequestError(415, "invalid_request_error",
+                       "unknown document format '" + format + "' (known: .txt, .md, .csv, .jsonl, .pdf)", "name");
+  check_text(bytes);
+  if (format == "csv") return csv_text(bytes);
+  if (format == "jsonl") return jsonl_text(bytes);
+  return std::string(bytes);
+}
+
+std::string pdf_to_text(std::string_view pdf, const ExtractOptions& opt) {
+  if (pdf.substr(0, 5) != "%PDF-") throw bad("the file is not a PDF (it does not start with %PDF-)");
+  std::string path = temp_dir() + "/chunkfuse-upload-XXXXXX";
+  const int fd = mkstemp(path.data());
+  if (fd < 0) throw std::runtime_error("cannot create a temporary file for the PDF");
+  struct Cleanup {
+    std::string path;
+    ~Cleanup() { unlink(path.c_str()); }
+  } cleanup{path};
+  for (size_t off = 0; off < pdf.size();) {
+    const ssize_t w = write(fd, pdf.data() + off, pdf.size() - off);
+    if (w <= 0) {
+      close(fd);
+      throw std::runtime_error("cannot write the PDF to a temporary file");
+    }
+    off += static_cast<size_t>(w);
+  }
+  close(fd);
+
+  int out[2];
+  if (pipe2(out, O_CLOEXEC) != 0) throw std::runtime_error("pipe failed");
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_adddup2(&fa, out[1], STDOUT_FILENO);
+  posix_spawn_file_actions_addopen(&fa, STDERR_FILENO, "/dev/null", O_WRONLY, 0);
+  posix_spawn_file_actions_addopen(&fa, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
+  std::vector<std::string> args{opt.pdftotext, "-q", "-enc", "UTF-8", path, "-"};
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  pid_t pid = 0;
+  const int rc = posix_spawnp(&pid, opt.pdftotext.c_str(), &fa, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&fa);
+  close(out[1]);
+  if (rc != 0) {
+    close(out[0]);
+    throw RequestError(503, "server_error", "PDF support needs `pdftotext` (Debian package poppler-utils)", "file");
+  }
+
+  std::string text;
+  bool timed_out = false, too_big = false;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(opt.pdf_timeout_ms);
+  char buf[65536];
+  for (;;) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) {
+      timed_out = true;
+      break;
+    }
+    pollfd p{out[0], POLLIN, 0};
+    if (poll(&p, 1, static_cast<int>(left.count())) <= 0) continue;  // timeout rechecked above (EINTR too)
+    const ssize_t n = read(out[0], buf, sizeof buf);
+    if (n <= 0) break;
+    text.append(buf, static_cast<size_t>(n));
+    if (text.size() > opt.max_text_bytes) {
+      too_big = true;
+      break;
+    }
+  }
+  close(out[0]);
+  if (timed_out || too_big) kill(pid, SIGKILL);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  if (timed_out) throw bad("the PDF took too long to read (over " + std::to_string(opt.pdf_timeout_ms / 1000) + " s)");
+  if (too_big) throw RequestError(413, "invalid_request_error", "the PDF's text is too large", "file");
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) throw bad("the PDF could not be read (damaged or encrypted?)");
+  // pdftotext separates pages with form feeds: make them paragraph breaks.
+  std::replace(text.begin(), text.end(), '\f', '\n');
+  if (!valid_utf8(text)) throw bad("the PDF's text is not valid UTF-8");
+  return text;
+}
+
+}  // namespace cf

@@ -1,0 +1,259 @@
+#include "serve/knowledge_base.h"
+
+#include <xxhash.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+
+#include "fusion/bm25.h"
+#include "model/tokenizer.h"
+#include "serve/chunking.h"
+
+namespace cf {
+
+using nlohmann::json;
+
+namespace {
+
+std::string hex64(uint64_t v) {
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
+}  // namespace
+
+json RetrievedChunk::to_json() const {
+  return {{"chunk_id", chunk_id}, {"document_id", document_id}, {"source", source},  {"cache_id", cache_id},
+          {"score", score},       {"n_tokens", n_tokens},       {"text", text}};
+}
+
+KnowledgeBase::KnowledgeBase(Engine& engine, KnowledgeBaseOptions opt) : engine_(engine), opt_(std::move(opt)) {
+  thread_ = std::thread([this] { worker(); });
+}
+
+KnowledgeBase::~KnowledgeBase() {
+  {
+    std::lock_guard lk(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+json KnowledgeBase::add_document(const std::string& name, const std::string& format, std::string_view bytes,
+                                 size_t chunk_tokens) {
+  if (chunk_tokens == 0) chunk_tokens = opt_.default_chunk_tokens;
+  if (chunk_tokens < 16 || chunk_tokens > opt_.max_chunk_tokens)
+    throw RequestError(400, "invalid_request_error",
+                       "chunk_tokens must be between 16 and " + std::to_string(opt_.max_chunk_tokens), "chunk_tokens");
+  const std::string text = extract_document_text(format, bytes, opt_.extract);
+  const Tokenizer& tok = engine_.tokenizer();
+  auto count = [&](std::string_view s) { return tok.encode(s, false, false).size(); };
+  std::vector<std::string> pieces = split_into_chunks(text, chunk_tokens, count);
+  if (pieces.empty()) throw RequestError(400, "invalid_request_error", "the document holds no text", "file");
+
+  std::lock_guard lk(mu_);
+  if (documents_.size() >= opt_.max_documents)
+    throw RequestError(409, "invalid_request_error", "the knowledge base is full (delete documents first)");
+  if (chunks_.size() + pieces.size() > opt_.max_chunks)
+    throw RequestError(409, "invalid_request_error", "the knowledge base is full (delete documents first)");
+  Document d;
+  char id[32];
+  std::snprintf(id, sizeof id, "doc-%06llu", static_cast<unsigned long long>(++next_document_));
+  d.id = id;
+  d.name = name;
+  d.format = format;
+  d.bytes = bytes.size();
+  d.chunk_tokens = chunk_tokens;
+  d.created = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    Chunk c;
+    c.id = d.id + "-" + std::to_string(i);
+    c.document_id = d.id;
+    c.index = i;
+    c.n_tokens = count(pieces[i]);
+    c.summary = first_sentence(pieces[i]);
+    c.hash = hex64(XXH3_64bits(pieces[i].data(), pieces[i].size()));
+    c.terms = bm25_terms(pieces[i]);
+    c.text = std::move(pieces[i]);
+    d.chunk_ids.push_back(c.id);
+    queue_.push_back(c.id);
+    chunks_.emplace(c.id, std::move(c));
+  }
+  auto [it, _] = documents_.emplace(d.id, std::move(d));
+  cv_.notify_all();
+  return document_json_locked(it->second);
+}
+
+void KnowledgeBase::worker() {
+  std::unique_lock lk(mu_);
+  for (;;) {
+    cv_.wait(lk, [&] { return stop_ || !queue_.empty(); });
+    if (stop_) return;
+    const std::string id = queue_.front();
+    queue_.pop_front();
+    auto it = chunks_.find(id);
+    if (it == chunks_.end()) continue;  // deleted while queued
+    it->second.state = "computing";
+    const std::string text = it->second.text;
+    busy_ = true;
+    lk.unlock();
+    std::string cache_id, error;
+    try {
+      cache_id = engine_.register_chunks({text}).at(0).id;  // the engine's own chunk registration
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+    lk.lock();
+    busy_ = false;
+    it = chunks_.find(id);
+    if (it != chunks_.end()) {
+      it->second.cache_id = cache_id;
+      it->second.error = error;
+      it->second.state = error.empty() ? "ready" : "failed";
+    } else if (!cache_id.empty()) {  // deleted while computing: drop the cache unless shared
+      const bool shared = std::any_of(chunks_.begin(), chunks_.end(), [&](const auto& kv) { return kv.second.cache_id == cache_id; });
+      if (!shared) engine_.remove_chunk(cache_id);
+    }
+    cv_.notify_all();
+  }
+}
+
+void KnowledgeBase::wait_idle() {
+  std::unique_lock lk(mu_);
+  cv_.wait(lk, [&] { return stop_ || (queue_.empty() && !busy_); });
+}
+
+json KnowledgeBase::chunk_json_locked(const Chunk& c, bool with_text) const {
+  std::string cache = "none";
+  if (!c.cache_id.empty()) {
+    auto info = engine_.chunk(c.cache_id);
+    if (info && info->cached) {
+      const std::string path = engine_.options().cache_dir + "/" + c.cache_id.substr(0, 2) + "/" + c.cache_id + ".cfkv";
+      std::error_code ec;
+      cache = std::filesystem::exists(path, ec) ? "disk" : "memory";
+    }
+  }
+  const auto d = documents_.find(c.document_id);
+  json j{{"id", c.id},       {"document_id", c.document_id}, {"source", d != documents_.end() ? d->second.name : ""},
+         {"index", c.index}, {"n_tokens", c.n_tokens},       {"summary", c.summary},
+         {"hash", c.hash},   {"cache_id", c.cache_id},       {"state", c.state},
+         {"cache", cache},   {"uses", c.uses}};
+  if (!c.error.empty()) j["error"] = c.error;
+  if (with_text) j["text"] = c.text;
+  return j;
+}
+
+json KnowledgeBase::document_json_locked(const Document& d) const {
+  size_t done = 0, failed = 0, tokens = 0;
+  for (const auto& id : d.chunk_ids) {
+    const Chunk& c = chunks_.at(id);
+    done += c.state == "ready" || c.state == "failed";
+    failed += c.state == "failed";
+    tokens += c.n_tokens;
+  }
+  const std::string status = done < d.chunk_ids.size() ? "precomputing" : failed ? "failed" : "ready";
+  return {{"id", d.id},
+          {"object", "document"},
+          {"name", d.name},
+          {"format", d.format},
+          {"bytes", d.bytes},
+          {"chunk_tokens", d.chunk_tokens},
+          {"created", d.created},
+          {"n_chunks", d.chunk_ids.size()},
+          {"n_tokens", tokens},
+          {"status", status},
+          {"progress", {{"done", done}, {"total", d.chunk_ids.size()}, {"failed", failed}}}};
+}
+
+json KnowledgeBase::list_documents() const {
+  std::lock_guard lk(mu_);
+  json data = json::array();
+  for (const auto& [id, d] : documents_) data.push_back(document_json_locked(d));
+  return {{"object", "list"}, {"data", data}};
+}
+
+std::optional<json> KnowledgeBase::document(const std::string& id) const {
+  std::lock_guard lk(mu_);
+  auto it = documents_.find(id);
+  if (it == documents_.end()) return std::nullopt;
+  json j = document_json_locked(it->second);
+  j["chunks"] = json::array();
+  for (const auto& cid : it->second.chunk_ids) j["chunks"].push_back(chunk_json_locked(chunks_.at(cid), true));
+  return j;
+}
+
+json KnowledgeBase::list_chunks() const {
+  std::lock_guard lk(mu_);
+  json data = json::array();
+  for (const auto& [did, d] : documents_)
+    for (const auto& cid : d.chunk_ids) data.push_back(chunk_json_locked(chunks_.at(cid), false));
+  return {{"object", "list"}, {"data", data}};
+}
+
+void KnowledgeBase::drop_chunk_locked(const std::string& chunk_id) {
+  auto it = chunks_.find(chunk_id);
+  if (it == chunks_.end()) return;
+  const std::string cache_id = it->second.cache_id;
+  chunks_.erase(it);
+  // Another chunk with the same text shares the cache: keep it for that one.
+  if (!cache_id.empty() &&
+      std::none_of(chunks_.begin(), chunks_.end(), [&](const auto& kv) { return kv.second.cache_id == cache_id; }))
+    engine_.remove_chunk(cache_id);
+}
+
+bool KnowledgeBase::remove_document(const std::string& id) {
+  std::lock_guard lk(mu_);
+  auto it = documents_.find(id);
+  if (it == documents_.end()) return false;
+  for (const auto& cid : it->second.chunk_ids) drop_chunk_locked(cid);
+  documents_.erase(it);
+  return true;
+}
+
+bool KnowledgeBase::remove_chunk(const std::string& chunk_id) {
+  std::lock_guard lk(mu_);
+  auto it = chunks_.find(chunk_id);
+  if (it == chunks_.end()) return false;
+  auto d = documents_.find(it->second.document_id);
+  drop_chunk_locked(chunk_id);
+  if (d != documents_.end()) {
+    auto& ids = d->second.chunk_ids;
+    ids.erase(std::remove(ids.begin(), ids.end(), chunk_id), ids.end());
+    if (ids.empty()) documents_.erase(d);  // its last chunk: the document goes too
+  }
+  return true;
+}
+
+std::vector<RetrievedChunk> KnowledgeBase::retrieve(const std::string& query, size_t k) const {
+  std::lock_guard lk(mu_);
+  std::vector<const Chunk*> pool;
+  std::vector<std::vector<std::string>> docs;
+  for (const auto& [id, c] : chunks_) {
+    if (c.state == "failed") continue;
+    pool.push_back(&c);
+    docs.push_back(c.terms);
+  }
+  std::vector<RetrievedChunk> out;
+  if (pool.empty() || k == 0) return out;
+  const Bm25Index index(docs);
+  for (const auto& [i, score] : index.top(bm25_terms(query), k, pool.size())) {
+    const Chunk& c = *pool[i];
+    const auto d = documents_.find(c.document_id);
+    out.push_back({c.id, c.document_id, d != documents_.end() ? d->second.name : "", c.text, c.cache_id, score, c.n_tokens});
+  }
+  return out;
+}
+
+void KnowledgeBase::note_used(const std::vector<RetrievedChunk>& used) {
+  std::lock_guard lk(mu_);
+  for (const auto& r : used) {
+    auto it = chunks_.find(r.chunk_id);
+    if (it != chunks_.end()) ++it->second.uses;
+  }
+}
+
+}  // namespace cf

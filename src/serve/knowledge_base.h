@@ -1,0 +1,100 @@
+// The knowledge base behind the web page (issue 12, items 1-2; QCFuse demo paper §4): uploaded
+// documents split into chunks (chunking.h), each chunk's K/V cache precomputed into the
+// engine's chunk store by a background thread (progress visible per document), BM25
+// retrieval over the chunks (fusion/bm25.h) and per-chunk use counts.
+//
+// Chunks are registered with the engine like POST /v1/chunks does, so their caches live in
+// the one chunk store and a request that retrieves them hits them. Deviations: the list of
+// documents lives in memory (after a restart the caches are still on disk, the documents
+// must be uploaded again, which then finds every cache present); the cache state says
+// "disk" when the chunk's file exists, "memory" when only the memory tier holds it.
+#pragma once
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "serve/document_text.h"
+#include "serve/engine.h"
+
+namespace cf {
+
+struct KnowledgeBaseOptions {
+  size_t default_chunk_tokens = 200;
+  size_t max_chunk_tokens = 2048;
+  size_t max_documents = 1000;
+  size_t max_chunks = 20000;
+  ExtractOptions extract;
+};
+
+struct RetrievedChunk {
+  std::string chunk_id, document_id, source, text;
+  std::string cache_id;  // the engine's chunk id once precomputed
+  double score = 0;
+  size_t n_tokens = 0;
+  nlohmann::json to_json() const;
+};
+
+class KnowledgeBase {
+ public:
+  KnowledgeBase(Engine& engine, KnowledgeBaseOptions opt = {});
+  ~KnowledgeBase();  // stops the precompute thread (a chunk being computed finishes first)
+  KnowledgeBase(const KnowledgeBase&) = delete;
+  KnowledgeBase& operator=(const KnowledgeBase&) = delete;
+
+  // Extracts, splits and queues a document; returns its JSON (status "precomputing").
+  // chunk_tokens 0: the default. Throws RequestError (400/413/415) on bad input.
+  nlohmann::json add_document(const std::string& name, const std::string& format, std::string_view bytes,
+                              size_t chunk_tokens);
+  nlohmann::json list_documents() const;
+  std::optional<nlohmann::json> document(const std::string& id) const;  // with its chunks and their text
+  nlohmann::json list_chunks() const;                                    // every chunk, without text
+  bool remove_document(const std::string& id);
+  bool remove_chunk(const std::string& chunk_id);
+
+  // The best k chunks for the query by BM25 (positive scores only), best first.
+  std::vector<RetrievedChunk> retrieve(const std::string& query, size_t k) const;
+  void note_used(const std::vector<RetrievedChunk>& chunks);
+  // Blocks until every queued chunk is computed (tests).
+  void wait_idle();
+
+  const KnowledgeBaseOptions& options() const { return opt_; }
+
+ private:
+  struct Chunk {
+    std::string id, document_id, text, summary, hash, cache_id, error;
+    size_t index = 0, n_tokens = 0;
+    std::string state = "queued";  // queued | computing | ready | failed
+    uint64_t uses = 0;
+    std::vector<std::string> terms;  // BM25
+  };
+  struct Document {
+    std::string id, name, format;
+    size_t bytes = 0, chunk_tokens = 0;
+    int64_t created = 0;
+    std::vector<std::string> chunk_ids;
+  };
+  nlohmann::json document_json_locked(const Document& d) const;
+  nlohmann::json chunk_json_locked(const Chunk& c, bool with_text) const;
+  void drop_chunk_locked(const std::string& chunk_id);
+  void worker();
+
+  Engine& engine_;
+  const KnowledgeBaseOptions opt_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::map<std::string, Document> documents_;  // by id (ids sort by upload order)
+  std::map<std::string, Chunk> chunks_;
+  std::deque<std::string> queue_;  // chunk ids to precompute
+  bool busy_ = false, stop_ = false;
+  uint64_t next_document_ = 0;
+  std::thread thread_;
+};
+
+}  // namespace cf

@@ -1,0 +1,226 @@
+// The web app's server side (issue 12): chunking by paragraph within a token budget, text out
+// of each upload format (PDF through poppler's pdftotext), and the knowledge base against the
+// real model: precompute, BM25 retrieval, deletion, and the per-request detail built from a
+// real fused completion.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <numeric>
+
+#include "model/tokenizer.h"
+#include "serve/chunking.h"
+#include "serve/document_text.h"
+#include "serve/fusion_trace.h"
+#include "serve/knowledge_base.h"
+#include "serve/knowledge_routes.h"
+#include "test_support.h"
+
+namespace cf {
+namespace {
+
+namespace fs = std::filesystem;
+
+size_t words(std::string_view s) {  // a stand-in tokenizer: one token per word
+  size_t n = 0;
+  bool in = false;
+  for (char c : s) {
+    const bool sp = c == ' ' || c == '\n' || c == '\t';
+    if (!sp && !in) ++n;
+    in = !sp;
+  }
+  return n;
+}
+
+TEST(Chunking, MergesParagraphsWithinTheBudget) {
+  const std::string text = "one two three.\n\nfour five.\n  \nsix seven eight nine.\n\n\n\nten.";
+  const auto c = split_into_chunks(text, 5, words);
+  ASSERT_EQ(c.size(), 2u);
+  EXPECT_EQ(c[0], "one two three.\n\nfour five.");  // 3 + 2 fits in 5
+  EXPECT_EQ(c[1], "six seven eight nine.\n\nten.");  // 4 + 1 too; a blank line of spaces splits
+  EXPECT_EQ(split_into_chunks(text, 4, words).size(), 4u);  // no two paragraphs fit in 4
+  EXPECT_EQ(split_into_chunks(text, 100, words).size(), 1u);
+  EXPECT_TRUE(split_into_chunks("  \n\n \n", 10, words).empty());
+}
+
+TEST(Chunking, CutsLongParagraphsAtSentencesThenWords) {
+  const std::string text = "a b c. d e f. g h i j k l m n o p.";
+  const auto c = split_into_chunks(text, 4, words);
+  for (const auto& x : c) EXPECT_LE(words(x), 4u) << x;
+  std::string joined;
+  for (const auto& x : c) joined += (joined.empty() ? "" : " ") + x;
+  EXPECT_EQ(joined, text);  // nothing lost, nothing reordered
+}
+
+TEST(Chunking, FirstSentenceIsTheSummary) {
+  EXPECT_EQ(first_sentence("  The river is long. It is wide."), "The river is long.");
+  EXPECT_EQ(first_sentence("Title line\n\nBody."), "Title line");
+  const std::string s = first_sentence(std::string(300, 'x'), 10);
+  EXPECT_EQ(s, std::string(10, 'x') + "\xE2\x80\xA6");
+  EXPECT_EQ(first_sentence("\xC3\xA9\xC3\xA9\xC3\xA9", 3), "\xC3\xA9\xE2\x80\xA6");  // not inside a character
+}
+
+TEST(DocumentText, FormatsByExtension) {
+  EXPECT_EQ(document_format("a.TXT"), "txt");
+  EXPECT_EQ(document_format("notes.md"), "md");
+  EXPECT_EQ(document_format("x.pdf"), "pdf");
+  EXPECT_EQ(document_format("x.jsonl"), "jsonl");
+  EXPECT_EQ(document_format("x.xlsx"), "");
+  EXPECT_EQ(document_format("noext"), "");
+}
+
+int status_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const RequestError& e) {
+    return e.status;
+  }
+  return 0;
+}
+
+TEST(DocumentText, CsvAndJsonlBecomeParagraphs) {
+  EXPECT_EQ(extract_document_text("csv", "name,city\nAda,\"London, UK\"\n\nBob,Paris\n"),
+            "name: Ada; city: London, UK\n\nname: Bob; city: Paris\n\n");
+  EXPECT_EQ(extract_document_text("jsonl", "{\"title\":\"T\",\"text\":\"body\"}\n\"plain\"\n{\"n\":1}\n"),
+            "T\nbody\n\nplain\n\n{\"n\":1}\n\n");
+  EXPECT_EQ(status_of([] { extract_document_text("jsonl", "{not json\n"); }), 400);
+}
+
+TEST(DocumentText, BadInputGetsClearErrors) {
+  EXPECT_EQ(status_of([] { extract_document_text("txt", ""); }), 400);
+  EXPECT_EQ(status_of([] { extract_document_text("txt", std::string("a\0b", 3)); }), 400);
+  EXPECT_EQ(status_of([] { extract_document_text("md", "\xff\xfe"); }), 400);
+  EXPECT_EQ(status_of([] { extract_document_text("docx", "hello"); }), 415);
+  EXPECT_EQ(status_of([] { extract_document_text("pdf", "not a pdf at all"); }), 400);
+  ExtractOptions missing;
+  missing.pdftotext = "/nonexistent/pdftotext";
+  EXPECT_EQ(status_of([&] { pdf_to_text("%PDF-1.4\n", missing); }), 503);
+}
+
+// A one-page PDF with one line of text (objects, then the xref of their offsets).
+std::string tiny_pdf(const std::string& line) {
+  const std::string content = "BT /F1 12 Tf 50 700 Td (" + line + ") Tj ET";
+  const std::vector<std::string> objs = {
+      "<< /Type /Catalog /Pages 2 0 R >>", "<< /Type /Pages /Kids [3 0 R] /Count 1 >>",
+      "<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Contents 4 0 R /Resources << /Font << /F1 5 0 R >> >> >>",
+      "<< /Length " + std::to_string(content.size()) + " >>\nstream\n" + content + "\nendstream",
+      "<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>"};
+  std::string out = "%PDF-1.4\n";
+  std::vector<size_t> offsets;
+  for (size_t i = 0; i < objs.size(); ++i) {
+    offsets.push_back(out.size());
+    out += std::to_string(i + 1) + " 0 obj\n" + objs[i] + "\nendobj\n";
+  }
+  const size_t xref = out.size();
+  out += "xref\n0 " + std::to_string(objs.size() + 1) + "\n0000000000 65535 f \n";
+  for (size_t o : offsets) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%010zu 00000 n \n", o);
+    out += buf;
+  }
+  out += "trailer\n<< /Size " + std::to_string(objs.size() + 1) + " /Root 1 0 R >>\nstartxref\n" + std::to_string(xref) +
+         "\n%%EOF\n";
+  return out;
+}
+
+bool have_pdftotext() { return std::system("command -v pdftotext >/dev/null 2>&1") == 0; }
+
+TEST(DocumentText, PdfThroughPdftotext) {
+  if (!have_pdftotext()) GTEST_SKIP() << "pdftotext (poppler-utils) is not installed; scripts/setup.sh installs it";
+  const std::string text = extract_document_text("pdf", tiny_pdf("The lighthouse was built in 1887."));
+  EXPECT_NE(text.find("The lighthouse was built in 1887."), std::string::npos) << text;
+  // Damaged after the header: pdftotext fails, a 400 says so.
+  EXPECT_EQ(status_of([] { extract_document_text("pdf", "%PDF-1.4\ngarbage garbage"); }), 400);
+}
+
+std::string store_dir() {
+  static const std::string d = [] {
+    auto p = fs::temp_directory_path() / ("cf_kb_test_" + std::to_string(::getpid()));
+    fs::remove_all(p);
+    return p.string();
+  }();
+  return d;
+}
+
+Engine& engine() {
+  static Engine e([] {
+    EngineOptions o;
+    o.model_path = test::default_model_path();
+    o.threads = 2;
+    o.cache_dir = store_dir();
+    return o;
+  }());
+  return e;
+}
+
+TEST(KnowledgeBaseSlow, PrecomputesRetrievesAndDeletes) {
+  CF_REQUIRE_MODEL();
+  KnowledgeBase kb(engine());
+  const std::string text =
+      "The Zorblat river flows through Quenton. It is purple.\n\n"
+      "Quenton exports copper wire every spring.\n\nThe Velmora lighthouse was built in 1887.";
+  const auto doc = kb.add_document("q.md", "md", text, 16);
+  EXPECT_EQ(doc["n_chunks"], 3u);
+  kb.wait_idle();
+  const auto d = kb.document(doc["id"]);
+  ASSERT_TRUE(d);
+  EXPECT_EQ((*d)["status"], "ready");
+  for (const auto& c : (*d)["chunks"]) {
+    EXPECT_EQ(c["state"], "ready");
+    EXPECT_EQ(c["cache"], "disk");  // written through to the store's files
+    ASSERT_TRUE(engine().chunk(c["cache_id"]));
+  }
+  const auto hits = kb.retrieve("When was the lighthouse built?", 2);
+  ASSERT_FALSE(hits.empty());
+  EXPECT_NE(hits[0].text.find("Velmora"), std::string::npos);
+  EXPECT_GT(hits[0].score, 0);
+  kb.note_used(hits);
+  EXPECT_EQ(kb.document(doc["id"]).value()["chunks"][2]["uses"], 1u);
+
+  const std::string first_cache = (*d)["chunks"][0]["cache_id"];
+  EXPECT_TRUE(kb.remove_chunk((*d)["chunks"][0]["id"]));
+  EXPECT_FALSE(engine().chunk(first_cache));  // its cache went with it
+  EXPECT_EQ(kb.document(doc["id"]).value()["n_chunks"], 2u);
+  EXPECT_TRUE(kb.remove_document(doc["id"]));
+  EXPECT_FALSE(kb.document(doc["id"]));
+  EXPECT_FALSE(kb.remove_document(doc["id"]));
+  EXPECT_TRUE(kb.retrieve("lighthouse", 3).empty());
+}
+
+TEST(KnowledgeBaseSlow, DetailMatchesTheFusedCompletion) {
+  CF_REQUIRE_MODEL();
+  CompletionRequest req;
+  req.messages = {{"user", "What does Quenton export?"}};
+  req.documents = {{"Quenton exports copper wire every spring, down the purple river.", ""},
+                   {"The Velmora lighthouse was built in 1887 on the northern cape.", ""}};
+  req.fusion.method = "qcfuse";
+  req.fusion.ratio = 0.3;
+  req.max_tokens = 4;
+  const CompletionResult r = engine().complete(req);
+  ASSERT_TRUE(r.trace);
+  const auto d = request_detail_json("x", req, r, {}, engine().tokenizer());
+  ASSERT_EQ(d["chunks"].size(), 2u);
+  size_t context = 0, rec = 0;
+  for (const auto& c : d["chunks"]) {
+    context += c["tokens"].size();
+    rec += c["recomputed"].size();
+    ASSERT_EQ(c["scores"].size(), c["tokens"].size());  // QCFuse's per-token scores
+    for (const auto& i : c["recomputed"]) EXPECT_LT(i.get<size_t>(), c["tokens"].size());
+  }
+  EXPECT_EQ(rec, r.recomputed_tokens);
+  EXPECT_EQ(d["recomputed_tokens"], r.recomputed_tokens);
+  EXPECT_EQ(rec, static_cast<size_t>(0.3 * static_cast<double>(context)));
+  // The token pieces spell the chunk's text back.
+  std::string spelled;
+  for (const auto& p : d["chunks"][0]["tokens"]) spelled += p.get<std::string>();
+  EXPECT_NE(spelled.find("Quenton exports copper wire"), std::string::npos) << spelled;
+  EXPECT_GT(d["n_layers"].get<int>(), 0);
+
+  req.fusion.method = "full";
+  const CompletionResult full = engine().complete(req);
+  const auto df = request_detail_json("y", req, full, {}, engine().tokenizer());
+  EXPECT_EQ(df["recomputed_tokens"], df["context_tokens"]);
+}
+
+}  // namespace
+}  // namespace cf

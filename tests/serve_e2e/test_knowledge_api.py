@@ -1,0 +1,222 @@
+"""End-to-end: the knowledge-base API of issue 12 against the real server over real HTTP.
+Uploads a .txt and a .pdf (made here, read by poppler's pdftotext), waits for the chunk
+caches, retrieves with BM25, answers with `retrieval` instead of `documents`, reads the
+per-request details (recomputed positions, timings), and checks bad input: an empty file, a
+binary file named .pdf, an upload over --max-body, an unknown format, a document deleted while
+a request uses it; each gets a clear 4xx and the server keeps serving.
+"""
+import base64
+import os
+import sys
+import threading
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import serve_helpers as h  # noqa: E402
+
+TXT = (
+    "The Zorblat river flows through the city of Quenton. It is famous for its purple water.\n\n"
+    "Quenton was founded in 1412 by traders from the north. The old market still stands.\n\n"
+    "The main export of Quenton is copper wire, shipped down the Zorblat river every spring.\n"
+)
+PDF_LINES = ["The Velmora lighthouse was built in 1887.", "Its lamp can be seen for forty kilometres."]
+
+
+def b64(data):
+    return base64.b64encode(data).decode()
+
+
+class KnowledgeApiTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.server = h.Server("--max-body", "1MiB")
+        _, models = cls.server.get("/v1/models")
+        cls.model = models["data"][0]["id"]
+
+    @classmethod
+    def tearDownClass(cls):
+        code, log = cls.server.stop()
+        if code != 0:
+            raise AssertionError("server exited with %s on SIGTERM:\n%s" % (code, log))
+
+    def upload(self, name, data, **kw):
+        body = {"name": name, "content_base64": b64(data)}
+        body.update(kw)
+        return self.server.post("/v1/documents", body)
+
+    def assert_error(self, status, body, want):
+        self.assertEqual(status, want, body)
+        self.assertTrue(body["error"]["message"], body)
+
+    def test_upload_retrieve_answer_details(self):
+        s, txt = self.upload("quenton.txt", TXT.encode(), chunk_tokens=32)
+        self.assertEqual(s, 202, txt)
+        self.assertGreaterEqual(txt["n_chunks"], 2)  # three paragraphs, budget 32 tokens
+        s, pdf = self.upload("velmora.pdf", h.make_pdf(PDF_LINES))
+        self.assertEqual(s, 202, pdf)
+        h.wait_documents_ready(self.server)
+
+        s, doc = self.server.get("/v1/documents/" + pdf["id"])
+        self.assertEqual(s, 200, doc)
+        self.assertEqual(doc["status"], "ready")
+        self.assertIn("Velmora lighthouse", doc["chunks"][0]["text"])
+        s, chunks = self.server.get("/v1/knowledge/chunks")
+        mine = [c for c in chunks["data"] if c["document_id"] in (txt["id"], pdf["id"])]
+        self.assertEqual(len(mine), txt["n_chunks"] + pdf["n_chunks"])
+        for c in mine:
+            self.assertEqual(c["state"], "ready", c)
+            self.assertIn(c["cache"], ("disk", "memory"))
+            self.assertGreater(c["n_tokens"], 0)
+            self.assertEqual(len(c["hash"]), 16)
+            self.assertTrue(c["summary"])
+
+        s, r = self.server.post("/v1/retrieve", {"query": "When was the Velmora lighthouse built?", "k": 2})
+        self.assertEqual(s, 200, r)
+        self.assertEqual(r["data"][0]["document_id"], pdf["id"])
+        self.assertGreater(r["data"][0]["score"], 0)
+
+        body = {"model": self.model, "max_tokens": 8, "temperature": 0,
+                "messages": [{"role": "user", "content": "What is the main export of Quenton?"}],
+                "retrieval": {"k": 2}, "fusion": {"method": "qcfuse", "ratio": 0.3}}
+        s, resp = self.server.post("/v1/chat/completions", body)
+        self.assertEqual(s, 200, resp)
+        used = resp["chunkfuse"]["retrieval"]
+        self.assertEqual(len(used), 2)
+        self.assertEqual(used[0]["document_id"], txt["id"])
+        s, d = self.server.get("/v1/details/" + resp["id"])
+        self.assertEqual(s, 200, d)
+        self.assertEqual(d["method"], "qcfuse")
+        self.assertEqual(len(d["chunks"]), 2)
+        recomputed = sum(len(c["recomputed"]) for c in d["chunks"])
+        self.assertEqual(recomputed, d["recomputed_tokens"])
+        self.assertEqual(d["recomputed_tokens"], resp["chunkfuse"]["recomputed_tokens"])
+        self.assertEqual(d["context_tokens"], sum(len(c["tokens"]) for c in d["chunks"]))
+        self.assertEqual(d["recomputed_tokens"], int(0.3 * d["context_tokens"]))
+        self.assertIn("scores", d["chunks"][0])  # QCFuse's own token scores
+        self.assertTrue(all(c["last_layer"] == d["n_layers"] - 1 for c in d["chunks"]))
+        for phase in ("lookup_ms", "load_ms", "selection_ms", "recompute_ms", "ttft_ms"):
+            self.assertGreaterEqual(d["timings"][phase], 0)
+        # Full prefill recomputes every context token.
+        body["fusion"] = {"method": "full"}
+        s, resp = self.server.post("/v1/chat/completions", body)
+        s, d = self.server.get("/v1/details/" + resp["id"])
+        self.assertEqual(d["recomputed_tokens"], d["context_tokens"])
+        # Cache-Craft may stop unfocused chunks early: each chunk says its last layer.
+        body["fusion"] = {"method": "cachecraft", "ratio": 0.3}
+        s, resp = self.server.post("/v1/chat/completions", body)
+        self.assertEqual(s, 200, resp)
+        s, d = self.server.get("/v1/details/" + resp["id"])
+        for c in d["chunks"]:
+            self.assertTrue(0 <= c["last_layer"] < d["n_layers"], c["last_layer"])
+                # Use counts went up.
+        s, doc = self.server.get("/v1/documents/" + txt["id"])
+        self.assertGreater(sum(c["uses"] for c in doc["chunks"]), 0)
+
+        # Deleting a chunk, then the document.
+        cid = doc["chunks"][0]["id"]
+        s, _ = self.server.request("DELETE", "/v1/knowledge/chunks/" + cid)
+        self.assertEqual(s, 200)
+        s, doc = self.server.get("/v1/documents/" + txt["id"])
+        self.assertNotIn(cid, [c["id"] for c in doc["chunks"]])
+        for d_id in (txt["id"], pdf["id"]):
+            s, _ = self.server.request("DELETE", "/v1/documents/" + d_id)
+            self.assertEqual(s, 200)
+            s, err = self.server.get("/v1/documents/" + d_id)
+            self.assert_error(s, err, 404)
+
+    def test_csv_and_jsonl(self):
+        s, d = self.upload("staff.csv", b"name,room\nAda,12\nBob,\"7, east\"\n")
+        self.assertEqual(s, 202, d)
+        s, j = self.upload("faq.jsonl", b'{"title": "Hours", "text": "Open 9 to 5."}\n{"text": "Closed on Sundays."}\n')
+        self.assertEqual(s, 202, j)
+        h.wait_documents_ready(self.server)
+        s, doc = self.server.get("/v1/documents/" + d["id"])
+        self.assertIn("name: Bob; room: 7, east", doc["chunks"][0]["text"])
+        s, doc = self.server.get("/v1/documents/" + j["id"])
+        self.assertIn("Hours\nOpen 9 to 5.", doc["chunks"][0]["text"])
+        for x in (d, j):
+            self.server.request("DELETE", "/v1/documents/" + x["id"])
+
+    def test_pasted_text(self):
+        s, d = self.server.post("/v1/documents", {"name": "note", "text": "A pasted note about otters."})
+        self.assertEqual(s, 202, d)
+        self.assertEqual(d["format"], "txt")
+        self.server.request("DELETE", "/v1/documents/" + d["id"])
+
+    def test_bad_input(self):
+        self.assert_error(*self.upload("empty.txt", b""), 400)
+        s, body = self.upload("fake.pdf", os.urandom(2000))
+        self.assert_error(s, body, 400)
+        self.assertIn("not a PDF", body["error"]["message"])
+        s, body = self.upload("broken.pdf", b"%PDF-1.4\n" + os.urandom(3000))
+        self.assert_error(s, body, 400)
+        self.assert_error(*self.upload("binary.txt", b"\x00\x01\x02\xff" * 100), 400)
+        s, body = self.upload("sheet.xlsx", b"PK\x03\x04 not really")
+        self.assert_error(s, body, 415)
+        self.assertIn("unknown document format", body["error"]["message"])
+        s, body = self.upload("big.txt", b"a " * (2 << 20))  # over --max-body (1 MiB here; 50 MB alike)
+        self.assert_error(s, body, 413)
+        self.assert_error(*self.server.post("/v1/documents", {"name": "x.txt"}), 400)
+        self.assert_error(*self.server.post("/v1/documents", {"name": "x.txt", "text": "hi", "chunk_tokens": 0}), 400)
+        self.assert_error(*self.server.post("/v1/retrieve", {"k": 2}), 400)
+        self.assert_error(*self.server.get("/v1/details/nope"), 404)
+        self.assert_error(*self.server.request("DELETE", "/v1/documents/nope"), 404)
+        both = {"model": self.model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2,
+                "documents": ["x"], "retrieval": {"k": 1}}
+        self.assert_error(*self.server.post("/v1/chat/completions", both), 400)
+        self.assert_error(*self.server.post("/v1/chat/completions", dict(both, documents=[], retrieval=5)), 400)
+        self.assertEqual(self.server.get("/health")[0], 200)
+
+    def test_document_deleted_while_a_request_uses_it(self):
+        s, d = self.server.post("/v1/documents", {"name": "gone.txt", "text": "The Kestrel bridge is made of oak."})
+        self.assertEqual(s, 202, d)
+        h.wait_documents_ready(self.server)
+        out = {}
+
+        def ask():
+            out["r"] = self.server.post("/v1/chat/completions", {
+                "model": self.model, "max_tokens": 24, "messages": [{"role": "user", "content": "What is the Kestrel bridge made of?"}],
+                "retrieval": {"k": 1}, "fusion": {"method": "reuse"}})
+
+        t = threading.Thread(target=ask)
+        t.start()
+        s, _ = self.server.request("DELETE", "/v1/documents/" + d["id"])
+        self.assertEqual(s, 200)
+        t.join(120)
+        # The request took the chunk's text when it was retrieved: it completes.
+        self.assertEqual(out["r"][0], 200, out["r"])
+        self.assertEqual(self.server.get("/health")[0], 200)
+
+
+class KnowledgeAccessTest(unittest.TestCase):
+    def test_page_is_public_and_the_api_needs_the_key(self):
+        server = h.Server("--api-key", "sekrit", api_key=None)
+        try:
+            s, _ = server.request("GET", "/v1/documents")
+            self.assertEqual(s, 401)
+            server.api_key = "sekrit"
+            s, body = server.request("GET", "/v1/documents")
+            self.assertEqual(s, 200, body)
+            server.api_key = None
+            s, page = server.request("GET", "/ui/")
+            self.assertIn(s, (200, 404))  # 404 only when web/ is not built: a page saying so
+            self.assertIn("<", page)
+            # Nothing outside the page's folder, however the path is spelled.
+            for path in ("/ui//etc/passwd", "/ui/../README.md", "/ui/%2e%2e/README.md", "/ui/assets/../../CMakeLists.txt"):
+                s, body = server.request("GET", path)
+                self.assertEqual(s, 404, path)
+                self.assertNotIn("root:", str(body))
+        finally:
+            server.stop()
+
+    def test_isolated_keys_refuse_the_shared_knowledge_base(self):
+        server = h.Server("--api-key", "a", "--api-key", "b", "--isolate-keys", api_key="a")
+        try:
+            s, body = server.post("/v1/documents", {"name": "x.txt", "text": "hello"})
+            self.assertEqual(s, 403, body)
+        finally:
+            server.stop()
+
+
+if __name__ == "__main__":
+    unittest.main()

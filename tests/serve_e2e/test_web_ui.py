@@ -1,0 +1,160 @@
+"""End-to-end: the web page (issue 12) in a real headless browser, Debian's chromium driven
+by Playwright (from .venv-serve; the system browser through executable_path, never a
+downloaded one), against the real server on loopback with an API key on.
+
+A user enters the key, uploads a .txt and a .pdf, waits for the precompute, asks a question
+and sees the answer stream, opens the details and finds as many highlighted recomputed tokens
+as the server reports, runs compare mode, gets a clear message for an empty file, and looks at
+the metrics; the page never requests anything outside the server. Screenshots of each step
+go to $CHUNKFUSE_ARTIFACTS (default build/e2e-artifacts).
+"""
+import os
+import shutil
+import sys
+import tempfile
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import serve_helpers as h  # noqa: E402
+
+CHROMIUM = os.environ.get("CHUNKFUSE_CHROMIUM", shutil.which("chromium") or "/usr/bin/chromium")
+ARTIFACTS = os.environ.get("CHUNKFUSE_ARTIFACTS", os.path.join(h.REPO, "build", "e2e-artifacts"))
+KEY = "page-test-key"
+
+TXT = (
+    "The Zorblat river flows through the city of Quenton. It is famous for its purple water.\n\n"
+    "Quenton was founded in 1412 by traders from the north. The old market still stands.\n\n"
+    "The main export of Quenton is copper wire, shipped down the Zorblat river every spring.\n"
+)
+PDF_LINES = ["The Velmora lighthouse was built in 1887 on the northern cape.",
+             "Its lamp can be seen for forty kilometres on a clear night."]
+
+try:
+    from playwright.sync_api import expect, sync_playwright
+except ImportError:  # scripts/setup.sh installs it into .venv-serve
+    sync_playwright = None
+
+
+@unittest.skipIf(sync_playwright is None, "playwright is not installed (run scripts/setup.sh)")
+@unittest.skipIf(not os.path.exists(CHROMIUM), "chromium is not installed (run scripts/setup.sh)")
+class WebUiTest(unittest.TestCase):
+    def setUp(self):
+        os.makedirs(ARTIFACTS, exist_ok=True)
+        self.files = tempfile.mkdtemp(prefix="chunkfuse-ui-")
+        self.server = h.Server("--api-key", KEY)
+        self.pw = sync_playwright().start()
+        self.browser = self.pw.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
+        self.page = self.browser.new_page(viewport={"width": 1280, "height": 900})
+        self.outside = []
+        self.page.on("request", lambda r: None if r.url.startswith(self.server.url) or r.url.startswith("data:")
+                     else self.outside.append(r.url))
+        self.page.set_default_timeout(60000)
+
+    def tearDown(self):
+        self.browser.close()
+        self.pw.stop()
+        shutil.rmtree(self.files, ignore_errors=True)
+        code, log = self.server.stop()
+        if code != 0:
+            raise AssertionError("server exited with %s on SIGTERM:\n%s" % (code, log))
+
+    def shot(self, name, full_page=True):
+        self.page.screenshot(path=os.path.join(ARTIFACTS, name + ".png"), full_page=full_page)
+
+    def file(self, name, data):
+        path = os.path.join(self.files, name)
+        with open(path, "wb") as f:
+            f.write(data)
+        return path
+
+    def ask(self, question):
+        self.page.get_by_test_id("question").fill(question)
+        # Count the answer's text changes while it streams (a MutationObserver in the page).
+        self.page.evaluate("""() => {
+            window.__pieces = 0;
+            new MutationObserver(() => window.__pieces++).observe(document.querySelector('.turns'),
+                {subtree: true, characterData: true, childList: true});
+        }""")
+        self.page.get_by_test_id("question").press("Enter")
+
+    def test_upload_ask_details_compare(self):
+        p = self.page
+        p.goto(self.server.url + "/")
+        expect(p.get_by_role("heading", name="Knowledge base")).to_be_visible()
+        expect(p.get_by_role("alert")).to_contain_text("API key")  # 401 before the key is entered
+        p.get_by_label("API key").fill(KEY)
+        p.get_by_role("button", name="Use").click()
+        expect(p.get_by_role("alert")).to_have_count(0)
+
+        # Upload a .txt and a .pdf, wait for both caches.
+        p.get_by_label("Chunk size (tokens)").fill("32")
+        p.get_by_test_id("upload").set_input_files([self.file("quenton.txt", TXT.encode()),
+                                                     self.file("velmora.pdf", h.make_pdf(PDF_LINES))])
+        expect(p.locator('[data-testid=document][data-status=ready]')).to_have_count(2, timeout=90000)
+        expect(p.get_by_test_id("chunk").first).to_be_visible()
+        self.assertGreaterEqual(p.get_by_test_id("chunk").count(), 3)
+        self.shot("1-knowledge-base")
+
+        # Ask; the answer streams in.
+        p.get_by_test_id("method").select_option("qcfuse")
+        self.ask("What is the main export of Quenton?")
+        answer = p.locator('[data-testid=answer][data-done=true]').last
+        expect(answer).to_be_visible(timeout=90000)
+        self.assertTrue(answer.locator(".text").inner_text().strip())
+        self.assertGreater(p.evaluate("window.__pieces"), 2)  # more than one piece arrived
+        self.shot("2-answer")
+
+        # Details: after the replay, the highlighted tokens are the server's recomputed ones.
+        p.get_by_test_id("view-details").last.focus()  # by keyboard
+        p.keyboard.press("Enter")
+        details = p.get_by_test_id("details").last
+        expect(details).to_be_visible()
+        server_count = int(details.get_by_test_id("server-recomputed").first.inner_text().split("/")[0])
+        self.assertGreater(server_count, 0)
+        expect(details.locator(".tokens .tok.rec")).to_have_count(server_count, timeout=15000)
+        expect(details.get_by_test_id("highlighted-count")).to_have_text(str(server_count))
+        self.shot("3-details")
+
+        # Compare mode: full prefill and the method side by side.
+        p.get_by_test_id("compare").check()
+        self.ask("When was the Velmora lighthouse built?")
+        turn = p.locator(".turns > li").last
+        expect(turn.locator('[data-testid=answer][data-done=true]')).to_have_count(2, timeout=120000)
+        expect(turn.locator('[data-testid=answer][data-method=full]')).to_be_visible()
+        turn.get_by_test_id("view-details").click()
+        rows = turn.get_by_test_id("server-recomputed")
+        expect(rows).to_have_count(2)
+        full_done = int(rows.nth(0).inner_text().split("/")[0])
+        method_done = int(rows.nth(1).inner_text().split("/")[0])
+        self.assertLess(method_done, full_done)
+        self.shot("4-compare")
+
+        # Bad input gets a clear message in the page; the page keeps working.
+        p.get_by_test_id("upload").set_input_files([self.file("empty.txt", b"")])
+        expect(p.get_by_test_id("kb-error")).to_contain_text("empty")
+        p.get_by_test_id("upload").set_input_files([self.file("fake.pdf", os.urandom(512))])
+        expect(p.get_by_test_id("kb-error")).to_contain_text("not a PDF")
+        p.get_by_test_id("upload").set_input_files([self.file("sheet.xlsx", b"PK\x03\x04 not a sheet")])
+        expect(p.get_by_test_id("kb-error")).to_contain_text("unknown document format")
+        # Over --max-body (8 MiB by default; the API test sends its 50 MB case at a smaller bound).
+        p.get_by_test_id("upload").set_input_files([self.file("big.txt", b"word " * (2 << 20))])
+        expect(p.get_by_test_id("kb-error")).to_contain_text("larger than the limit", timeout=30000)
+        expect(p.locator("[data-testid=document]")).to_have_count(2)  # none of them was added
+
+        # Metrics view, then the phone-sized screen.
+        p.get_by_role("button", name="Metrics").click()
+        expect(p.get_by_test_id("metrics")).to_contain_text("Chunk hit rate")
+        self.shot("5-metrics")
+        p.get_by_role("button", name="Assistant").click()
+        p.set_viewport_size({"width": 390, "height": 844})
+        expect(p.get_by_role("heading", name="Chat")).to_be_visible()
+        # No sideways scrolling once the charts have followed the resize.
+        p.wait_for_function("document.documentElement.scrollWidth <= 391", timeout=10000)
+        self.page.get_by_test_id("answer").last.scroll_into_view_if_needed()
+        self.shot("6-phone", full_page=False)
+
+        self.assertEqual(self.outside, [], "the page requested something outside the server")
+
+
+if __name__ == "__main__":
+    unittest.main()
