@@ -324,17 +324,22 @@ void ChunkStore::report_bad_file(const CacheFileError& e) {
   if (ec) fs::remove(e.path(), ec);
 }
 
+// What a stored entry of `id` must be to be served (file or remote image alike).
+CacheFileExpect ChunkStore::expect_for(const StoreModel& m, const std::string& id) const {
+  CacheFileExpect expect;
+  expect.model_fingerprint = m.fingerprint;
+  expect.hparams = m.hparams;
+  expect.key_id = id;
+  expect.auth = opt_.auth.get();
+  return expect;
+}
+
 std::shared_ptr<const ChunkCache> ChunkStore::read_file(const std::string& id) {
   const StoreModel& m = model();
   const std::string path = path_for(id);
   const double t0 = steady_ms();
   try {
-    CacheFileExpect expect;
-    expect.model_fingerprint = m.fingerprint;
-    expect.hparams = m.hparams;
-    expect.key_id = id;
-    expect.auth = opt_.auth.get();
-    auto c = std::make_shared<const ChunkCache>(read_cache_file(path, expect));
+    auto c = std::make_shared<const ChunkCache>(read_cache_file(path, expect_for(m, id)));
     std::error_code ec;
     const auto bytes = fs::file_size(path, ec);
     std::lock_guard lock(mu_);
@@ -360,12 +365,8 @@ std::shared_ptr<const ChunkCache> ChunkStore::read_remote(const std::string& id)
   if (!image) return nullptr;
   std::shared_ptr<const ChunkCache> c;
   try {
-    CacheFileExpect expect;
-    expect.model_fingerprint = m.fingerprint;
-    expect.hparams = m.hparams;
-    expect.key_id = id;
-    expect.auth = opt_.auth.get();
-    c = std::make_shared<const ChunkCache>(decode_cache_file(image->data(), image->size(), remote_->manifest_key(id), expect));
+    c = std::make_shared<const ChunkCache>(
+        decode_cache_file(image->data(), image->size(), remote_->manifest_key(id), expect_for(m, id)));
   } catch (const CacheFileError& e) {
     remote_->report_bad(id, e.what());
     return nullptr;

@@ -254,6 +254,7 @@ class ChunkStore {
 
   const StoreModel& model() const;
   void report_bad_file(const CacheFileError& e);
+  CacheFileExpect expect_for(const StoreModel& m, const std::string& id) const;
   std::shared_ptr<const ChunkCache> read_file(const std::string& id);  // counted; nullptr: none/bad
   std::shared_ptr<const ChunkCache> read_remote(const std::string& id);  // verified, kept on disk; nullptr: none/bad
   // Disk, then remote; sets load->remote when the remote tier served it.

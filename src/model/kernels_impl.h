@@ -107,6 +107,8 @@ inline size_t float_act_row_stride(size_t nb) { return nb * kQK * 4; }  // a mul
 inline size_t q8k_act_row_stride(size_t nb) { return (nb * kQK + nb / 8 * 4 + nb * 8 + 63) / 64 * 64; }
 // llama.cpp's quantize_row_q8_K (its reference rule, which x86 uses) into a Q8_K record.
 void quantize_q8_k_record(const float* x, size_t cols, uint8_t* out);
+// The same rule for one 256-element block: writes q[256], returns d.
+float quantize_q8_k_block(const float* x, int8_t* q);
 
 // Quantizes one row of `cols` floats into an ActView record at `out` (every field).
 using QuantizeRowFn = void (*)(const float* x, size_t cols, uint8_t* out);
@@ -176,6 +178,16 @@ inline float load_f32(const void* p) {
   float v;
   std::memcpy(&v, p, 4);
   return v;
+}
+// 6-bit scale and min j (of 8) from the 12 packed bytes of Q4_K / Q5_K.
+inline void k_scale_min(int j, const uint8_t* q, uint8_t& sc, uint8_t& m) {
+  if (j < 4) {
+    sc = q[j] & 63;
+    m = q[j + 4] & 63;
+  } else {
+    sc = static_cast<uint8_t>((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4));
+    m = static_cast<uint8_t>((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
+  }
 }
 inline uint16_t load_u16(const void* p) {
   uint16_t v;

@@ -9,33 +9,32 @@
 
 namespace cf::kern {
 
+float quantize_q8_k_block(const float* x, int8_t* q) {
+  float amax = 0.0f, max = 0.0f;  // the value of largest magnitude, with its sign
+  for (size_t j = 0; j < kQK_K; ++j) {
+    const float ax = std::fabs(x[j]);
+    if (ax > amax) {
+      amax = ax;
+      max = x[j];
+    }
+  }
+  if (amax == 0.0f) {
+    std::memset(q, 0, kQK_K);
+    return 0.0f;
+  }
+  const float iscale = -127.0f / max;
+  for (size_t j = 0; j < kQK_K; ++j)
+    q[j] = static_cast<int8_t>(std::min(127, static_cast<int>(std::nearbyint(iscale * x[j]))));
+  return 1.0f / iscale;
+}
+
 void quantize_q8_k_record(const float* x, size_t cols, uint8_t* out) {
-  const size_t nb = cols / kQK, nsb = nb / 8;
+  const size_t nb = cols / kQK;
   const ActView a{out, 0, nb};
   int8_t* qs = reinterpret_cast<int8_t*>(out);
   float* dv = const_cast<float*>(a.kd(0));
   int32_t* bs16 = const_cast<int32_t*>(a.kbs16(0));
-  for (size_t sb = 0; sb < nsb; ++sb) {
-    const float* xb = x + sb * kQK_K;
-    int8_t* q = qs + sb * kQK_K;
-    float amax = 0.0f, max = 0.0f;  // the value of largest magnitude, with its sign
-    for (size_t j = 0; j < kQK_K; ++j) {
-      const float ax = std::fabs(xb[j]);
-      if (ax > amax) {
-        amax = ax;
-        max = xb[j];
-      }
-    }
-    if (amax == 0.0f) {
-      dv[sb] = 0.0f;
-      std::memset(q, 0, kQK_K);
-    } else {
-      const float iscale = -127.0f / max;
-      for (size_t j = 0; j < kQK_K; ++j)
-        q[j] = static_cast<int8_t>(std::min(127, static_cast<int>(std::nearbyint(iscale * xb[j]))));
-      dv[sb] = 1.0f / iscale;
-    }
-  }
+  for (size_t sb = 0; sb < nb / 8; ++sb) dv[sb] = quantize_q8_k_block(x + sb * kQK_K, qs + sb * kQK_K);
   for (size_t i = 0; i < 2 * nb; ++i) {
     int sum = 0;
     for (size_t j = 0; j < 16; ++j) sum += qs[16 * i + j];

@@ -88,19 +88,9 @@ namespace {
 using kern::load_u16;
 using kern::kQK;
 using kern::kQK_K;
+using kern::k_scale_min;
 
 inline float h2f(const uint8_t* p) { return fp16_to_fp32(load_u16(p)); }
-
-// 6-bit scale and min j (of 8) from the 12 packed bytes of Q4_K / Q5_K.
-inline void k_scale_min(int j, const uint8_t* q, uint8_t& sc, uint8_t& m) {
-  if (j < 4) {
-    sc = q[j] & 63;
-    m = q[j + 4] & 63;
-  } else {
-    sc = static_cast<uint8_t>((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4));
-    m = static_cast<uint8_t>((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
-  }
-}
 
 void dequant_q4_0(const uint8_t* b, float* y) {
   const float d = h2f(b);
@@ -383,40 +373,19 @@ const IsaKernels& portable_kernels() {
 
 namespace {
 
-// llama.cpp's quantize_row_q8_K_ref (used on x86): scale from the signed extreme value.
+// The generic path's Q8_K record: qs, d, int16 bsums (llama.cpp's block_q8_K fields).
 void quantize_q8_k(const float* x, size_t cols, uint8_t* out) {
   const size_t nb = cols / kQK_K;
   int8_t* qs = reinterpret_cast<int8_t*>(out);
   float* dv = reinterpret_cast<float*>(out + cols);
   int16_t* bs = reinterpret_cast<int16_t*>(out + cols + nb * 4);
   for (size_t b = 0; b < nb; ++b) {
-    const float* xb = x + b * kQK_K;
-    int8_t* q = qs + b * kQK_K;
-    float amax = 0.0f, max = 0.0f;
-    for (size_t j = 0; j < kQK_K; ++j) {
-      const float ax = std::fabs(xb[j]);
-      if (ax > amax) {
-        amax = ax;
-        max = xb[j];
-      }
-    }
-    if (amax == 0.0f) {
-      dv[b] = 0.0f;
-      std::memset(q, 0, kQK_K);
-      for (int j = 0; j < 16; ++j) bs[b * 16 + j] = 0;
-      continue;
-    }
-    const float iscale = -127.0f / max;
-    for (size_t j = 0; j < kQK_K; ++j) {
-      const int v = static_cast<int>(std::nearbyint(iscale * xb[j]));
-      q[j] = static_cast<int8_t>(std::min(127, v));
-    }
+    dv[b] = quantize_q8_k_block(x + b * kQK_K, qs + b * kQK_K);
     for (int j = 0; j < 16; ++j) {
       int sum = 0;
-      for (int i = 0; i < 16; ++i) sum += q[j * 16 + i];
+      for (int i = 0; i < 16; ++i) sum += qs[b * kQK_K + j * 16 + i];
       bs[b * 16 + j] = static_cast<int16_t>(sum);
     }
-    dv[b] = 1.0f / iscale;
   }
 }
 

@@ -25,17 +25,6 @@ struct Block32 {
 
 inline float h2f(const uint8_t* p) { return fp16_to_fp32(load_u16(p)); }
 
-// 6-bit scale and min j (of 8) from the 12 packed bytes of Q4_K / Q5_K.
-inline void k_scale_min(int j, const uint8_t* q, uint8_t& sc, uint8_t& m) {
-  if (j < 4) {
-    sc = q[j] & 63;
-    m = q[j + 4] & 63;
-  } else {
-    sc = static_cast<uint8_t>((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4));
-    m = static_cast<uint8_t>((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
-  }
-}
-
 // 5-bit value j of a Q5_0/Q5_1 block: low nibble from qs, fifth bit from qh.
 inline int q5_value(const uint8_t* qs, uint32_t qh, int j) {
   return j < 16 ? ((qs[j] & 0xF) | (((qh >> j) & 1) << 4)) : ((qs[j - 16] >> 4) | (((qh >> j) & 1) << 4));
