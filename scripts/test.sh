@@ -84,7 +84,8 @@ serve_e2e() {
   CHUNKFUSE_BIN="$build_dir/chunkfuse" .venv-serve/bin/python -m unittest discover -s tests/serve_e2e -v
 }
 
-run_phase setup scripts/setup.sh || { cf_log "setup failed; cannot continue"; exit 1; }
+# The Gemma 3 file is fetched too: its golden and fusion tests are part of ctest.
+run_phase setup scripts/setup.sh --models gemma3 || { cf_log "setup failed; cannot continue"; exit 1; }
 
 if run_phase build-release cf_build "$build_dir" Release; then
   run_phase ctest-release ctest_in "$build_dir"
