@@ -48,7 +48,7 @@ TEST_F(Gemma3Forward, MovedKeysUseEachLayersRopeBase) {
   const auto& h = shared_gemma3().hparams();
   ASSERT_NE(h.rope_base_of(0), h.rope_base_of(5));
   Forward fwd(shared_gemma3(), shared_pool());
-  const auto ids = gemma_tokens(8);
+  const auto ids = gemma_tokens(4);  // few rows: this one also runs under ASan
   const int32_t delta = 700;
   KvCache at_zero(h), at_delta(h);
   auto p0 = test::iota_positions(ids.size()), pd = test::iota_positions(ids.size(), delta);
