@@ -1,10 +1,13 @@
 // libFuzzer target for the GGUF reader: any input must either parse into a file whose
-// every accessor is safe, or throw GgufError. Crashes, sanitizer reports, other exception
+// every accessor is safe, or throw GgufError. The hyperparameters of a known architecture
+// (llama, qwen2, qwen3, gemma3 with its window pattern) must be read or refused with a
+// std::runtime_error. Crashes, sanitizer reports, other exception
 // types and out-of-memory are all findings.
 #include <cstddef>
 #include <cstdint>
 #include <string>
 
+#include "model/arch.h"
 #include "model/gguf.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -33,6 +36,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     try { (void)file->get_string_array(key); } catch (const cf::GgufError&) {}
     try { (void)file->get_int_array(key); } catch (const cf::GgufError&) {}
     try { (void)file->get_float_array(key); } catch (const cf::GgufError&) {}
+  }
+  try {
+    if (auto arch = file->get_string("general.architecture"))
+      if (const cf::ArchDefinition* def = cf::find_arch(*arch)) (void)cf::read_hparams(*file, *def);
+  } catch (const std::runtime_error&) {
   }
   return 0;
 }

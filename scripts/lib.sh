@@ -3,6 +3,8 @@
 
 CF_REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 CF_DEFAULT_MODEL_FILE="SmolLM2-135M-Instruct.Q4_1.gguf"
+# Optional second real model (scripts/setup.sh --models gemma3), same cache folder.
+CF_GEMMA3_MODEL_FILE="gemma-3-270m-q4_k_m.gguf"
 CF_JOBS="${CHUNKFUSE_JOBS:-2}"
 
 cf_log() { printf '[%s] %s\n' "$(basename "$0")" "$*" >&2; }

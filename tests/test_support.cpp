@@ -1,5 +1,6 @@
 #include "test_support.h"
 
+#include <cstdlib>
 #include <filesystem>
 
 #include "base/paths.h"
@@ -13,5 +14,12 @@ bool have_default_model() { return std::filesystem::exists(default_model_path())
 std::string source_dir() { return CHUNKFUSE_SOURCE_DIR; }
 
 std::string fixture_path(const std::string& name) { return source_dir() + "/tests/golden/" + name; }
+
+std::string gemma3_model_path() {
+  if (const char* env = std::getenv("CHUNKFUSE_GEMMA3_MODEL"); env && *env) return env;
+  return cf::cache_root() + "/models/gemma-3-270m-q4_k_m.gguf";
+}
+
+bool have_gemma3_model() { return std::filesystem::exists(gemma3_model_path()); }
 
 }  // namespace cf::test

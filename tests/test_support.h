@@ -11,7 +11,21 @@ std::string default_model_path();
 bool have_default_model();
 std::string source_dir();             // repository root
 std::string fixture_path(const std::string& name);  // tests/golden/<name>
+// The second real model, Gemma 3 270M Q4_K_M (scripts/setup.sh --models gemma3):
+// $CHUNKFUSE_GEMMA3_MODEL, else <cache_root>/models/gemma-3-270m-q4_k_m.gguf.
+std::string gemma3_model_path();
+bool have_gemma3_model();
 }  // namespace cf::test
+
+// As CF_REQUIRE_MODEL, for the Gemma 3 file.
+#define CF_REQUIRE_GEMMA3()                                                                           \
+  do {                                                                                                \
+    if (!::cf::test::have_gemma3_model()) {                                                           \
+      if (std::getenv("CHUNKFUSE_ALLOW_NO_MODEL")) GTEST_SKIP() << "no Gemma 3 model";                \
+      FAIL() << "Gemma 3 model not found at " << ::cf::test::gemma3_model_path()                      \
+             << " (run scripts/setup.sh --models gemma3 or set CHUNKFUSE_GEMMA3_MODEL)";              \
+    }                                                                                                 \
+  } while (0)
 
 #define CF_REQUIRE_MODEL()                                                        \
   do {                                                                            \

@@ -5,6 +5,12 @@ Run with the reference venv (llama-cpp-python built from source, plus jinja2):
     /opt/cfref/bin/python tools/make_golden.py \
         [--model ~/.cache/chunkfuse/models/SmolLM2-135M-Instruct.Q4_1.gguf] \
         [--out tests/golden/smollm2_q4_1.json]
+    .venv/bin/python tools/make_golden.py --model ~/.cache/chunkfuse/models/gemma-3-270m-q4_k_m.gguf \
+        --out tests/golden/gemma3_270m_q4_k_m.json
+A base model without tokenizer.chat_template (Gemma 3 270M) gets no chat cases; its greedy
+and logits prompts are plain text, and it gets "long" cases (prompts past 512 tokens) so
+that a sliding attention window is exercised; those are evaluated in ONE ubatch
+(n_batch = n_ubatch = 1024), so llama.cpp's cache cells stay in position order.
 The output is deterministic (fixed inputs, greedy decoding, single-batch evaluation,
 sorted keys).
 
@@ -29,13 +35,14 @@ Fixture format (JSON object, format_version 1):
     {name, prompt (text), chat (bool: prompt is a rendered chat), prompt_ids,
      n_predict, output_ids, output_text (detokenize(output_ids, special=True), UTF-8 with
      replacement), margins: [top1 logit - top2 logit at each generated step]}]
-     Prompts are tokenized with add_special=False, parse_special=True.
+     Prompts are tokenized with add_special=False, parse_special=True (base models:
+     add_special=True, since they are trained with BOS and have no template adding it).
   logits: [              one batch evaluation of the whole prompt with logits_all=True
     {name, prompt, prompt_ids, top_k (10),
      positions: [{ids: [top_k ids, best first], logits: [their logits]}] one per prompt token,
      last_top50: {ids: [50], logits: [50]}}]
      Logits are rounded to 5 decimals.
-  eval_settings          {n_ctx, n_threads, n_batch, seed, use_extra_bufts (false: no AMX)}
+  eval_settings          {n_ctx, n_threads, n_batch, n_ubatch, seed, use_extra_bufts (false: no AMX)}
 """
 import argparse
 import hashlib
@@ -87,11 +94,11 @@ def sha256_of(path):
     return h.hexdigest()
 
 
-def long_passage(llm, target_tokens=2000):
-    """About `target_tokens` tokens of retrieved-context text from MuSiQue (first item)."""
+def long_passage(llm, target_tokens=2000, item=0):
+    """About `target_tokens` tokens of retrieved-context text from MuSiQue (item `item`)."""
     with open(MUSIQUE, encoding="utf-8") as f:
         data = json.load(f)
-    text = "\n\n".join(c["text"] for c in data[0]["ctxs"])
+    text = "\n\n".join(c["text"] for c in data[item]["ctxs"])
     ids = llm.tokenize(text.encode(), add_bos=False, special=False)
     if len(ids) > target_tokens:
         # Cut at the last space before the target so the passage ends on a word.
@@ -147,6 +154,12 @@ def tokenize_cases(passage):
     add("mixed_case", "camelCase snake_case SCREAMING_CASE kebab-case PascalCase iPhone eBay")
     add("markdown", "# Title\n\n* item one\n* **bold** and _italic_\n\n```python\nx = 1\n```\n| a | b |\n|---|---|")
     add("musique_passage", passage)
+    # Gemma's control and user-defined tokens (plain text for other vocabularies).
+    add("gemma_turns_parsed", "<start_of_turn>user\nhi<end_of_turn>\n<start_of_turn>model\n", parse_special=True)
+    add("gemma_turns_unparsed", "<start_of_turn>user\nhi<end_of_turn>", parse_special=False)
+    add("gemma_bos_text", "<bos>text<eos> <pad>", parse_special=True)
+    add("html_tags", "<table><tr><td>cell</td></tr></table><br/><div class=\"x\">y</div>")
+    add("newline_runs", "a\n\n\n\n\nb\n\n\n\n\n\n\n\n\n\nc" + " " * 31 + "d")
     return c
 
 
@@ -215,13 +228,14 @@ def main():
 
     # --- chat templates
     model_template = vocab.metadata.get("tokenizer.chat_template")
-    if model_template is None:
-        sys.exit("model has no tokenizer.chat_template")
-    templates = {"model": model_template, "llama3_reference": LLAMA3_TEMPLATE,
-                 "mistral_reference": MISTRAL_TEMPLATE}
-    out["chat_templates"] = templates
+    base_model = model_template is None  # e.g. Gemma 3 270M (pretrained, no template)
+    templates = {"llama3_reference": LLAMA3_TEMPLATE, "mistral_reference": MISTRAL_TEMPLATE}
+    if not base_model:
+        templates["model"] = model_template
+    out["chat_templates"] = {} if base_model else templates
     chats = []
-    for tname, family in (("model", "chatml"), ("llama3_reference", "llama3"), ("mistral_reference", "mistral")):
+    for tname, family in (() if base_model else
+                          (("model", "chatml"), ("llama3_reference", "llama3"), ("mistral_reference", "mistral"))):
         for name, messages in chat_cases():
             for agp in (True, False):
                 if not agp and name not in ("multi_turn", "user_only"):
@@ -233,14 +247,17 @@ def main():
                 chats.append({"name": name, "family": family, "template": tname, "messages": messages,
                               "add_generation_prompt": agp, "text": text})
     out["chat"] = chats
-    del vocab
 
     # --- greedy decoding and logits
-    llm = llama_cpp.Llama(model_path=args.model, n_ctx=N_CTX, n_threads=N_THREADS, n_batch=N_BATCH,
-                          logits_all=True, seed=0, verbose=False)
+    n_batch = 1024 if base_model else N_BATCH
+    out["eval_settings"]["n_batch"] = out["eval_settings"]["n_ubatch"] = n_batch
+    long_text = long_passage(vocab, 700, item=1) if base_model else ""
+    del vocab
+    llm = llama_cpp.Llama(model_path=args.model, n_ctx=N_CTX, n_threads=N_THREADS, n_batch=n_batch,
+                          n_ubatch=n_batch, logits_all=True, seed=0, verbose=False)
 
-    def chat_text(user):
-        return render(model_template, [{"role": "user", "content": user}], True)
+    def chat_text(user):  # base models: the chat prompts are replaced below
+        return "" if base_model else render(model_template, [{"role": "user", "content": user}], True)
 
     greedy_prompts = [
         ("plain_capital", "The capital of France is", False),
@@ -255,9 +272,19 @@ def main():
         ("chat_rag", chat_text("Context: Hannibal crossed the Alps in 218 BC with war elephants.\n\n"
                                "Question: In which year did Hannibal cross the Alps?"), True),
     ]
+    if base_model:  # no chat template: plain-text prompts only, one of them past the window
+        greedy_prompts = greedy_prompts[:5] + [
+            ("plain_history", "The French Revolution began in 1789 when", False),
+            ("plain_science", "Water boils at 100 degrees Celsius at sea level because", False),
+            ("plain_qa", "Question: What is the largest planet in the Solar System?\nAnswer:", False),
+            ("plain_rag", "Context: Hannibal crossed the Alps in 218 BC with war elephants.\n\n"
+                          "Question: In which year did Hannibal cross the Alps?\nAnswer:", False),
+            ("plain_recipe", "To make a simple tomato sauce, first", False),
+            ("long_rag", long_text + "\n\nQuestion: Summarize the passages above in one sentence.\nAnswer:", False),
+        ]
     greedy = []
     for name, prompt, is_chat in greedy_prompts:
-        ids = llm.tokenize(prompt.encode("utf-8"), add_bos=False, special=True)
+        ids = llm.tokenize(prompt.encode("utf-8"), add_bos=base_model, special=True)
         llm.reset()
         llm.eval(ids)
         generated, margins = [], []
@@ -281,10 +308,13 @@ def main():
                         "\"hannibal rising\" with focus on the relationship between fbi special investigator will graham "
                         "and dr. hannibal lecter.\nQuestion: Who developed the series?\nAnswer:"),
     ]
+    if base_model:
+        logit_prompts[1] = ("plain_question", "Which planet is known as the Red Planet, and why? The answer is")
+        logit_prompts.append(("long_passage", long_text))
     logits = []
     for name, prompt in logit_prompts:
-        ids = llm.tokenize(prompt.encode("utf-8"), add_bos=False, special=True)
-        assert len(ids) <= N_BATCH
+        ids = llm.tokenize(prompt.encode("utf-8"), add_bos=base_model, special=True)
+        assert len(ids) <= n_batch
         llm.reset()
         llm.eval(ids)  # one batch: every position's logits come from the same evaluation
         scores = np.asarray(llm.scores[: len(ids)], dtype=np.float32)

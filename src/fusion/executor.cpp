@@ -4,6 +4,29 @@
 #include <chrono>
 #include <stdexcept>
 
+// Sliding-window models (Gemma 3: local layers see the last `window` positions, every
+// sixth layer sees all). The rule, layer by layer, and why it needs no special case here:
+//  - Chunk cache: a chunk prefilled alone at positions 0..n-1, every layer with its own mask.
+//    On a local layer a chunk token sees the chunk tokens of the last `window` positions;
+//    that is exactly the part of its full-prefill window that lies inside its own chunk, so
+//    what the chunk cache lacks on local layers is the same kind of thing it lacks on global
+//    ones (the tokens before the chunk), only bounded by the window. A chunk longer than the
+//    window is computed with the window applied inside it, as full prefill would.
+//  - Moving: keys are re-rotated by the position delta with each layer's own RoPE base
+//    (KvCache::shift: 10000 on local layers, 1e6 on global ones). Relative positions inside a
+//    chunk do not change, so which chunk entries a chunk token sees does not change either.
+//  - Stitching: entries keep one position each; no layer stores a window. Visibility is decided
+//    at attention time by position (runtime/attention.h): entry e is visible to row r on a
+//    local layer iff pos(r) - window < pos(e) <= pos(r). So stale entries further back than the
+//    window are never read on local layers by U or by recomputed rows, and are read on the
+//    global layers exactly as on a model without windows.
+//  - Recomputation: a recomputed row is computed like a full-prefill row (same positions, the
+//    same per-layer windows over the stitched cache, fresh K/V of the other recomputed rows).
+//    Hence rho = 1 equals full prefill on every layer and rho = 0 is pure reuse, as before
+//    (tests/fusion/test_gemma3_fusion.cpp). Selectors that score rows by attention read it
+//    through the same masks (attention_shape(h, layer)), so a local layer cannot credit the
+//    question's attention to tokens outside its window; those rows can still be chosen
+//    through the global layers' scores.
 namespace cf {
 namespace {
 using Clock = std::chrono::steady_clock;

@@ -151,7 +151,6 @@ ProbeResult anchor_probe(Forward& fwd, const KvCache& stitched, size_t context_b
   std::vector<int32_t> key_pos(n_keys);
   std::copy(stitched.positions().begin(), stitched.positions().begin() + static_cast<long>(context_end), key_pos.begin());
   std::copy(pos.begin(), pos.end(), key_pos.begin() + static_cast<long>(context_end));
-  const AttentionShape shape{h.n_heads, h.n_kv_heads, h.head_dim};
   ThreadPool& pool = fwd.pool();
   std::vector<std::vector<double>> partial(pool.size() + 1, std::vector<double>(n));
   std::vector<std::vector<float>> probs(pool.size() + 1, std::vector<float>(static_cast<size_t>(h.n_heads) * n_keys));
@@ -168,9 +167,10 @@ ProbeResult anchor_probe(Forward& fwd, const KvCache& stitched, size_t context_b
     std::memcpy(keys.data(), stitched.k_f16(t.layer, 0), context_end * kvd * KvCache::kValueBytes);
     f32_to_f16(t.k, keys.data() + context_end * kvd, nu * kvd);  // the tap's K is f16-exact: no rounding
     for (auto& p : partial) std::fill(p.begin(), p.end(), 0.0);
+    const AttentionShape shape_of_layer = attention_shape(h, t.layer);  // its window (Gemma 3) included
     pool.parallel_for(nu, [&](size_t r, size_t thread) {
       float* pr = probs[thread].data();
-      attention_probs(shape, t.q + r * static_cast<size_t>(h.q_dim()), pos[r], keys.data(), key_pos.data(), n_keys, pr);
+      attention_probs(shape_of_layer, t.q + r * static_cast<size_t>(h.q_dim()), pos[r], keys.data(), key_pos.data(), n_keys, pr);
       double* acc = partial[thread].data();
       for (int hh = 0; hh < h.n_heads; ++hh) {
         const float* ph = pr + static_cast<size_t>(hh) * n_keys + context_begin;

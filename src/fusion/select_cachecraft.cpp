@@ -244,10 +244,10 @@ VariantBuildReport build_cachecraft_variants(Forward& fwd, ChunkStore& store, co
     if (need[chunk_of[s - ctx_begin]]) hooks.rows.push_back(s);
   // Probabilities row by row from the tapped Q and the layer's finished K, instead of the
   // hook's capture: that buffer (rows x heads x entries) is over 1 GB a layer at 6k tokens.
-  const AttentionShape shape{h.n_heads, h.n_kv_heads, h.head_dim};
   const size_t q_dim = static_cast<size_t>(h.n_heads) * h.head_dim;
   std::vector<std::vector<float>> probs(fwd.pool().size() + 1);
   hooks.on_layer = [&](const LayerTap& t) {
+    const AttentionShape shape = attention_shape(h, t.layer);  // its window (Gemma 3) included
     fwd.pool().parallel_for(t.rows.size(), [&](size_t ri, size_t thread) {
       const size_t slot = t.rows[ri];
       const size_t r = slot - ctx_begin;

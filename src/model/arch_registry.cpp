@@ -9,9 +9,10 @@ namespace cf {
 extern const ArchDefinition kArchLlama;
 extern const ArchDefinition kArchQwen2;
 extern const ArchDefinition kArchQwen3;
+extern const ArchDefinition kArchGemma3;
 
 namespace {
-const ArchDefinition* const kAll[] = {&kArchLlama, &kArchQwen2, &kArchQwen3};
+const ArchDefinition* const kAll[] = {&kArchLlama, &kArchQwen2, &kArchQwen3, &kArchGemma3};
 }
 
 const ArchDefinition* find_arch(std::string_view name) {
@@ -54,6 +55,7 @@ ModelHparams read_hparams(const GgufFile& f, const ArchDefinition& arch) {
   h.activation = arch.activation;
   h.qkv_bias = arch.qkv_bias;
   h.qk_norm = arch.qk_norm;
+  if (arch.read_extra) arch.read_extra(f, h);
 
   auto bad = [&](const std::string& what) { throw std::runtime_error(f.path() + ": " + what); };
   if (h.n_heads % h.n_kv_heads != 0) bad("head_count is not a multiple of head_count_kv");

@@ -104,6 +104,10 @@ std::unique_ptr<Model> Model::load(const std::string& path) {
       w.q_norm = load_vector(f, p + "attn_q_norm.weight", h.head_dim);
       w.k_norm = load_vector(f, p + "attn_k_norm.weight", h.head_dim);
     }
+    if (h.post_norms) {
+      w.attn_post_norm = load_vector(f, p + "post_attention_norm.weight", d);
+      w.ffn_post_norm = load_vector(f, p + "post_ffw_norm.weight", d);
+    }
     m->layers_.push_back(std::move(w));
   }
   return m;

@@ -24,6 +24,9 @@ struct LayerWeights {
   std::vector<float> q_norm, k_norm;      // empty unless hparams.qk_norm ([head_dim])
   std::vector<float> ffn_norm;
   WeightMatrix w_gate, w_up, w_down;
+  // Gemma: RMSNorm of the attention output and of the FFN output before each residual add
+  // (empty unless hparams.post_norms).
+  std::vector<float> attn_post_norm = {}, ffn_post_norm = {};
 };
 
 class Model {

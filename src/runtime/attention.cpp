@@ -1,6 +1,7 @@
 #include "runtime/attention.h"
 
 #include <algorithm>
+#include <cmath>
 #include <stdexcept>
 #include <vector>
 
@@ -8,6 +9,14 @@
 #include "runtime/runtime_kernels.h"
 
 namespace cf {
+
+float AttentionShape::score_scale() const {
+  return scale > 0.f ? 1.0f : 1.0f / std::sqrt(static_cast<float>(head_dim));
+}
+
+AttentionShape attention_shape(const ModelHparams& h, int layer) {
+  return AttentionShape{h.n_heads, h.n_kv_heads, h.head_dim, h.window_of(layer), h.attn_scale};
+}
 
 void attention(const AttentionShape& s, const float* q, const int32_t* row_pos, size_t n_rows,
                const uint16_t* K, const uint16_t* V, const int32_t* entry_pos, size_t n_entries,

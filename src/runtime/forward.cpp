@@ -1,6 +1,7 @@
 #include "runtime/forward.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <stdexcept>
 #include <string>
@@ -115,15 +116,26 @@ std::vector<ForwardOutput> Forward::run_sequences(std::span<const BatchSequence>
   std::vector<float> gate(n * ff), up(n * ff);
 
   pool_.parallel_range(n, [&](size_t b, size_t e, size_t) {
-    for (size_t i = b; i < e; ++i) model_.token_embedding().dequantize_weight_row(tokens[i], &x[i * d]);
+    for (size_t i = b; i < e; ++i) {
+      model_.token_embedding().dequantize_weight_row(tokens[i], &x[i * d]);
+      if (h.embed_scale != 1.f)  // Gemma: embeddings times sqrt(d_model), as ggml_scale
+        for (size_t j = 0; j < d; ++j) x[i * d + j] *= h.embed_scale;
+    }
   });
 
-  const AttentionShape shape{h.n_heads, h.n_kv_heads, h.head_dim};
   std::vector<float> tap_hidden_in, tap_hidden_out, tap_q, tap_k, tap_v, tap_probs;
+  // Gemma's post-norms: RMSNorm in place over the n rows of a block's output.
+  auto post_norm = [&](const std::vector<float>& weight, float* rows, size_t n_rows) {
+    pool_.parallel_range(n_rows, [&](size_t b, size_t e, size_t) {
+      for (size_t i = b; i < e; ++i) rms_norm(&rows[i * d], weight.data(), &rows[i * d], d, h.rms_eps);
+    });
+  };
   const bool any_hook = hooks && hooks->on_layer;
 
   for (int l = 0; l < h.n_layers; ++l) {
     const LayerWeights& w = model_.layers()[l];
+    const AttentionShape shape = attention_shape(h, l);
+    const float rope_base = h.rope_base_of(l);
     const bool tap_here = any_hook && (hooks->layers.empty() ||
                                        std::find(hooks->layers.begin(), hooks->layers.end(), l) != hooks->layers.end());
     if (tap_here) gather_rows(x.data(), d, tap_rows, tap_hidden_in);
@@ -151,8 +163,8 @@ std::vector<ForwardOutput> Forward::run_sequences(std::span<const BatchSequence>
           for (int hh = 0; hh < h.n_kv_heads; ++hh)
             rms_norm(ki + hh * h.head_dim, w.k_norm.data(), ki + hh * h.head_dim, h.head_dim, h.rms_eps);
         }
-        rope_rotate(qi, h.n_heads, h.head_dim, positions[i], h.rope_base, h.rope_style, h.rope_factors());
-        rope_rotate(ki, h.n_kv_heads, h.head_dim, positions[i], h.rope_base, h.rope_style, h.rope_factors());
+        rope_rotate(qi, h.n_heads, h.head_dim, positions[i], rope_base, h.rope_style, h.rope_factors());
+        rope_rotate(ki, h.n_kv_heads, h.head_dim, positions[i], rope_base, h.rope_style, h.rope_factors());
         // Rounded here too (not only in the cache) so that hooks see the K/V attention uses.
         round_to_f16(ki, kvd);
         round_to_f16(vi, kvd);
@@ -189,6 +201,7 @@ std::vector<ForwardOutput> Forward::run_sequences(std::span<const BatchSequence>
 
     // Output projection and residual; xn is free again and takes the projection.
     w.wo.multiply(attn.data(), n, qd, xn.data(), d, pool_);
+    if (h.post_norms) post_norm(w.attn_post_norm, xn.data(), n);
     add_inplace(x.data(), xn.data(), n * d);
 
     pool_.parallel_range(n, [&](size_t b, size_t e, size_t) {
@@ -203,6 +216,7 @@ std::vector<ForwardOutput> Forward::run_sequences(std::span<const BatchSequence>
         gelu_mul(&gate[b * ff], &up[b * ff], (e - b) * ff);
     });
     w.w_down.multiply(gate.data(), n, ff, xn.data(), d, pool_);
+    if (h.post_norms) post_norm(w.ffn_post_norm, xn.data(), n);
     add_inplace(x.data(), xn.data(), n * d);
 
     if (tap_here) {
@@ -270,6 +284,10 @@ std::vector<ForwardOutput> Forward::run_sequences(std::span<const BatchSequence>
       rms_norm(&x[logit_rows[i] * d], model_.output_norm().data(), &normed[i * d], d, h.rms_eps);
     std::vector<float> logits(nl * h.vocab_size);
     model_.output().multiply(normed.data(), nl, d, logits.data(), h.vocab_size, pool_);
+    if (h.final_logit_softcap > 0.f) {  // as llama.cpp: scale by 1/cap, tanh, scale by cap
+      const float cap = h.final_logit_softcap, inv = 1.0f / cap;
+      for (float& z : logits) z = std::tanh(z * inv) * cap;
+    }
     if (seqs.size() == 1) {
       outs.front().logits = std::move(logits);
       return outs;

@@ -53,7 +53,7 @@ void KvCache::shift(size_t begin, size_t end, int32_t delta) {
     positions_[s] += delta;
     for (int l = 0; l < n_layers_; ++l) {
       read_k(l, s, 1, row.data());
-      rope_rotate(row.data(), h_.n_kv_heads, h_.head_dim, delta, h_.rope_base, h_.rope_style, h_.rope_factors());
+      rope_rotate(row.data(), h_.n_kv_heads, h_.head_dim, delta, h_.rope_base_of(l), h_.rope_style, h_.rope_factors());
       write_k(l, s, 1, row.data());
     }
   }

@@ -1,6 +1,7 @@
 // The KV cache the forward pass reads and writes: per layer, one K and one V row per
 // entry, plus the position of every entry. Entries need not be in position order; the
-// attention mask is by position (an entry is visible to a row iff entry.pos <= row.pos).
+// attention mask is by position (an entry is visible to a row iff entry.pos <= row.pos,
+// and on a sliding-window layer also entry.pos > row.pos - window).
 //
 // K and V are stored as IEEE f16 (uint16_t bit patterns), the precision of llama.cpp's
 // default cache, so that both engines attend over the same numbers. Writers hand over
@@ -9,7 +10,8 @@
 // against keeping the f16-exact values as float, while halving the memory and the bytes
 // decode reads per token. Rows of one layer are contiguous ([slot][kv_dim]).
 // Keys are stored AFTER RoPE (as llama.cpp does), so attention reads them directly.
-// Moving entries to other positions rotates the stored keys by the position delta
+// Moving entries to other positions rotates the stored keys by the position delta (with
+// each layer's RoPE base: Gemma 3's local and global layers differ)
 // (RoPE(p + d) = RoPE(d) * RoPE(p)) in float and rounds them back to f16; values do not
 // depend on position. The composition is exact in real arithmetic; in float it differs
 // from direct computation by rounding only (tests/runtime/test_forward.cpp measures it).

@@ -13,6 +13,12 @@ inline const Model& shared_model() {
   return *m;
 }
 
+// Gemma 3 270M (sliding-window attention), loaded once per test binary.
+inline const Model& shared_gemma3() {
+  static std::unique_ptr<Model> m = Model::load(gemma3_model_path());
+  return *m;
+}
+
 inline ThreadPool& shared_pool() {
   static ThreadPool pool(2);
   return pool;

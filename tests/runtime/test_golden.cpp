@@ -35,28 +35,52 @@ constexpr double kMinTop1Agreement = 1.0;
 // A greedy continuation may part only at a near-tie (llama.cpp's top-1 margin there).
 constexpr double kNearTieMargin = 0.05;
 
+json load_fixture(const std::string& name) {
+  std::ifstream in(test::fixture_path(name));
+  if (!in) throw std::runtime_error("missing fixture tests/golden/" + name);
+  return json::parse(in);
+}
+
 const json& fixture() {
-  static json j = [] {
-    std::ifstream in(test::fixture_path("smollm2_q4_1.json"));
-    if (!in) throw std::runtime_error("missing fixture tests/golden/smollm2_q4_1.json");
-    return json::parse(in);
-  }();
+  static json j = load_fixture("smollm2_q4_1.json");
   return j;
 }
 
-TEST(Golden, FixtureMatchesTheModelFile) {
-  CF_REQUIRE_MODEL();
-  EXPECT_EQ(fixture()["model"]["size"].get<uint64_t>(), test::shared_model().file().file_size())
-      << "the fixture was made from another model file; regenerate it with tools/make_golden.py";
+// Gemma 3 270M Q4_K_M: prompts start with BOS (a base model); one logits prompt (700
+// tokens) and one greedy prompt (715) reach past the 512-position window of the local
+// layers. Not yet bit-exact, and the bounds say so: its matrices are Q4_K / Q5_0 / Q6_K,
+// which run through the reference kernels (src/model/kernels_ref.cpp), whose float sums
+// over blocks run in another order than llama.cpp's SIMD dot products; Gemma amplifies
+// that (norm weights up to 585, 18 layers). Everything else is op for op llama.cpp's: the
+// BOS row (attention over one entry) matches to all 5 decimals, and so do rows whose
+// attention is saturated by BOS. Measured (2 threads, AVX-512): top-10 logit diff median
+// 0.31, max 1.16; top-1 equal at 777 of 811 positions, and where it differs llama.cpp's own
+// top-1 margin is at most 0.59; greedy identical on 5 of 11, each parting at a margin <= 0.103.
+// When the fast K-quant kernels reproduce llama.cpp's order, tighten these to the SmolLM2
+// bounds (the bar: top-1 everywhere, greedy 9 of 10).
+struct Bounds {
+  float max_diff, median_diff;
+  double min_top1;        // fraction of positions with the same top-1
+  float top1_margin;      // where llama.cpp's top-1 leads by more than this, ours must agree
+  double near_tie;        // a greedy continuation may part only where llama.cpp's margin is below
+  int max_parted;         // greedy continuations allowed to part (of the fixture's)
+};
+constexpr Bounds kSmolBounds{kMaxLogitDiff, kMedianLogitDiff, kMinTop1Agreement, 0.f, kNearTieMargin, 1};
+constexpr Bounds kGemmaBounds{2.0f, 0.5f, 0.94, 1.0f, 0.25, 7};
+
+const json& gemma3_fixture() {
+  static json j = load_fixture("gemma3_270m_q4_k_m.json");
+  return j;
 }
 
-TEST(Golden, PromptLogitsMatchLlamaCpp) {
-  CF_REQUIRE_MODEL();
-  const Model& m = test::shared_model();
+// Full prefill of every logits prompt: top-1 equal at every position, top-10 logits within
+// the bounds above.
+void check_prompt_logits(const Model& m, const json& fx, const Bounds& b) {
   Forward fwd(m, test::shared_pool());
   std::vector<float> diffs;
   size_t top1_same = 0;
-  for (const auto& c : fixture()["logits"]) {
+  float worst_margin = 0;  // llama.cpp's top-1 margin where our top-1 differs
+  for (const auto& c : fx["logits"]) {
     const auto ids = c["prompt_ids"].get<std::vector<TokenId>>();
     KvCache cache(m.hparams());
     auto pos = test::iota_positions(ids.size());
@@ -69,7 +93,12 @@ TEST(Golden, PromptLogitsMatchLlamaCpp) {
       const auto ref_ids = positions[i]["ids"].get<std::vector<int>>();
       const auto ref_logits = positions[i]["logits"].get<std::vector<float>>();
       const float* ours = out.row_logits(i);
-      top1_same += argmax(ours, out.vocab) == ref_ids[0];
+      const bool same = argmax(ours, out.vocab) == ref_ids[0];
+      top1_same += same;
+      const float margin = ref_logits[0] - ref_logits[1];
+      if (!same) worst_margin = std::max(worst_margin, margin);
+      EXPECT_TRUE(same || margin <= b.top1_margin)
+          << c["name"] << " position " << i << ": top-1 differs where llama.cpp leads by " << margin;
       float here = 0;
       for (size_t k = 0; k < ref_ids.size(); ++k) here = std::max(here, std::fabs(ours[ref_ids[k]] - ref_logits[k]));
       if (std::getenv("CF_GOLDEN_VERBOSE")) std::printf("%s pos %zu diff %.4f\n", c["name"].get<std::string>().c_str(), i, here);
@@ -79,19 +108,20 @@ TEST(Golden, PromptLogitsMatchLlamaCpp) {
   std::sort(diffs.begin(), diffs.end());
   const float median = diffs[diffs.size() / 2], worst = diffs.back();
   const double agree = static_cast<double>(top1_same) / diffs.size();
-  std::printf("top-10 |logit diff| vs llama.cpp over %zu positions: median %.3f, max %.3f; top-1 equal at %zu (%.1f%%)\n",
-              diffs.size(), median, worst, top1_same, 100 * agree);
-  EXPECT_LT(worst, kMaxLogitDiff);
-  EXPECT_LT(median, kMedianLogitDiff);
-  EXPECT_GE(agree, kMinTop1Agreement);
+  std::printf("top-10 |logit diff| vs llama.cpp over %zu positions: median %.3f, max %.3f; top-1 equal at %zu (%.1f%%)"
+              ", largest llama.cpp margin where it differs %.3f\n",
+              diffs.size(), median, worst, top1_same, 100 * agree, worst_margin);
+  EXPECT_LT(worst, b.max_diff);
+  EXPECT_LT(median, b.median_diff);
+  EXPECT_GE(agree, b.min_top1);
 }
 
-TEST(Golden, GreedyContinuationsMatchLlamaCpp) {
-  CF_REQUIRE_MODEL();
-  const Model& m = test::shared_model();
+// Prefill then token-by-token greedy decoding: identical continuations on all prompts but
+// at most one, which may part only at a near-tie.
+void check_greedy(const Model& m, const json& fx, const Bounds& b) {
   Forward fwd(m, test::shared_pool());
   int identical = 0, total = 0;
-  for (const auto& c : fixture()["greedy"]) {
+  for (const auto& c : fx["greedy"]) {
     const auto prompt = c["prompt_ids"].get<std::vector<TokenId>>();
     const auto want = c["output_ids"].get<std::vector<TokenId>>();
     KvCache cache(m.hparams());
@@ -116,12 +146,53 @@ TEST(Golden, GreedyContinuationsMatchLlamaCpp) {
       const double margin = c["margins"][at].get<double>();
       std::printf("%s: first difference at step %zu (llama.cpp top-1 margin there %.4f)\n",
                   c["name"].get<std::string>().c_str(), at, margin);
-      EXPECT_LT(margin, kNearTieMargin) << c["name"] << " parts from llama.cpp where its choice was clear";
+      EXPECT_LT(margin, b.near_tie) << c["name"] << " parts from llama.cpp where its choice was clear";
     }
   }
   std::printf("identical greedy continuations: %d of %d\n", identical, total);
   EXPECT_GE(total, 10);
-  EXPECT_GE(identical, total - 1);
+  EXPECT_GE(identical, total - b.max_parted);
+}
+
+TEST(Golden, FixtureMatchesTheModelFile) {
+  CF_REQUIRE_MODEL();
+  EXPECT_EQ(fixture()["model"]["size"].get<uint64_t>(), test::shared_model().file().file_size())
+      << "the fixture was made from another model file; regenerate it with tools/make_golden.py";
+}
+
+TEST(Golden, PromptLogitsMatchLlamaCpp) {
+  CF_REQUIRE_MODEL();
+  check_prompt_logits(test::shared_model(), fixture(), kSmolBounds);
+}
+
+TEST(Golden, GreedyContinuationsMatchLlamaCpp) {
+  CF_REQUIRE_MODEL();
+  check_greedy(test::shared_model(), fixture(), kSmolBounds);
+}
+
+TEST(GoldenGemma3, FixtureMatchesTheModelFile) {
+  CF_REQUIRE_GEMMA3();
+  EXPECT_EQ(gemma3_fixture()["model"]["size"].get<uint64_t>(), test::shared_gemma3().file().file_size())
+      << "the fixture was made from another model file; regenerate it with tools/make_golden.py";
+  const ModelHparams& h = test::shared_gemma3().hparams();
+  EXPECT_EQ(h.arch, "gemma3");
+  EXPECT_EQ(h.sliding_window, 512);
+  std::string globals;
+  for (int l = 0; l < h.n_layers; ++l)
+    if (!h.is_local(l)) globals += std::to_string(l) + " ";
+  EXPECT_EQ(globals, "5 11 17 ");  // llama.cpp's default period 6 (the file has no pattern key)
+}
+
+// Slow: a 700-token prefill through the generic K-quant path with logits of every row over
+// 262k tokens; skipped under ASan.
+TEST(GoldenGemma3, PromptLogitsMatchLlamaCppSlow) {
+  CF_REQUIRE_GEMMA3();
+  check_prompt_logits(test::shared_gemma3(), gemma3_fixture(), kGemmaBounds);
+}
+
+TEST(GoldenGemma3, GreedyContinuationsMatchLlamaCppSlow) {
+  CF_REQUIRE_GEMMA3();
+  check_greedy(test::shared_gemma3(), gemma3_fixture(), kGemmaBounds);
 }
 
 }  // namespace
