@@ -92,7 +92,7 @@ int run_perf(const PerfArgs& a) {
       const int32_t p = a.decode_context + i;
       const size_t row = 0;
       ForwardInput in{std::span<const TokenId>(&t, 1), std::span<const int32_t>(&p, 1), {},
-                      std::span<const size_t>(&row, 1)};
+                      std::span<const size_t>(&row, 1), WeightMatrix::KQuantOrder::PerRow};
       auto o = fwd.run(cache, in);
       t = argmax(o.logits.data(), o.vocab);
     }

@@ -146,10 +146,8 @@ uint8_t* act_scratch(size_t bytes) {
 }
 
 // The tile kernel of a repacked weight type (kernels_impl.h lists which type has which).
-// n: activation rows of the multiply (the K-quants take llama.cpp's batched order from
-// kKQuantBatchedRows rows on, as llama.cpp does).
-kern::TileKernelFn tile_kernel(const kern::IsaKernels& k, GgmlType t, size_t n) {
-  const bool batched = n >= kern::kKQuantBatchedRows;
+// batched: the K-quants' tiled-GEMM order (WeightMatrix::KQuantOrder).
+kern::TileKernelFn tile_kernel(const kern::IsaKernels& k, GgmlType t, bool batched) {
   switch (t) {
     case GgmlType::Q4_1: return k.q4_1;
     case GgmlType::Q4_0: return k.q4_0;
@@ -219,12 +217,12 @@ void WeightMatrix::dequantize_weight_row(size_t o, float* dst) const {
 }
 
 void WeightMatrix::multiply(const float* x, size_t n, size_t x_stride, float* y, size_t y_stride,
-                            ThreadPool& pool) const {
-  multiply_rows(x, n, x_stride, y, y_stride, 0, rows_, pool);
+                            ThreadPool& pool, KQuantOrder order) const {
+  multiply_rows(x, n, x_stride, y, y_stride, 0, rows_, pool, order);
 }
 
 void WeightMatrix::multiply_rows(const float* x, size_t n, size_t x_stride, float* y, size_t y_stride,
-                                 size_t o_begin, size_t o_end, ThreadPool& pool) const {
+                                 size_t o_begin, size_t o_end, ThreadPool& pool, KQuantOrder order) const {
   if (o_end > rows_ || o_begin > o_end) throw std::out_of_range("WeightMatrix::multiply_rows: bad row range");
   if (n == 0 || o_begin == o_end) return;
   const Impl& m = *impl_;
@@ -254,7 +252,9 @@ void WeightMatrix::multiply_rows(const float* x, size_t n, size_t x_stride, floa
   }
 
   const kern::IsaKernels& k = kernels_for(active_isa());
-  const kern::TileKernelFn tile_fn = tile_kernel(k, type_, n);
+  const bool batched = order == KQuantOrder::Batched ||
+                       (order == KQuantOrder::ByRowCount && n >= kern::kKQuantBatchedRows);
+  const kern::TileKernelFn tile_fn = tile_kernel(k, type_, batched);
   // The activation record each layout reads: floats for F16/BF16, Q8_K for the K-quants,
   // per-32 Q8 for the rest.
   const bool half = m.layout == kern::TileLayout::Half, kq = m.layout == kern::TileLayout::KSuper;

@@ -44,13 +44,20 @@ class WeightMatrix {
   size_t rows() const { return rows_; }
   size_t cols() const { return cols_; }
 
+  // Which of llama.cpp's two orders K-quant weights follow (model/kernels_impl.h): its
+  // vec-dot (PerRow) or its tiled GEMM (Batched). ByRowCount is llama.cpp's own rule (tiled
+  // from 8 activation rows on). Other types have one order and ignore this.
+  enum class KQuantOrder { ByRowCount, PerRow, Batched };
+
   // y[r * y_stride + o] = sum_k W[o][k] * x[r * x_stride + k] for r < n, o < rows.
-  // The result of each element does not depend on the thread count.
-  void multiply(const float* x, size_t n, size_t x_stride, float* y, size_t y_stride,
-                ThreadPool& pool) const;
+  // The result of each element does not depend on the thread count, nor on the other rows
+  // (for K-quants, given the order).
+  void multiply(const float* x, size_t n, size_t x_stride, float* y, size_t y_stride, ThreadPool& pool,
+                KQuantOrder order = KQuantOrder::ByRowCount) const;
   // Only output rows [o_begin, o_end) (used for a slice of the vocabulary).
   void multiply_rows(const float* x, size_t n, size_t x_stride, float* y, size_t y_stride,
-                     size_t o_begin, size_t o_end, ThreadPool& pool) const;
+                     size_t o_begin, size_t o_end, ThreadPool& pool,
+                     KQuantOrder order = KQuantOrder::ByRowCount) const;
   // Row o of W as floats (the embedding lookup when W is tied to the token embedding).
   void dequantize_weight_row(size_t o, float* dst) const;
 

@@ -74,6 +74,9 @@ std::vector<ForwardOutput> Forward::run_sequences(std::span<const BatchSequence>
     for (size_t r : hooks->rows)
       if (r >= offset.back()) throw std::invalid_argument("forward: hook row " + std::to_string(r) + " out of range");
   const std::vector<size_t> input_offset = offset;
+  auto order = seqs.empty() ? WeightMatrix::KQuantOrder::Batched : seqs.front().input.kquant_order;
+  for (const BatchSequence& s : seqs)
+    if (s.input.kquant_order != order) order = WeightMatrix::KQuantOrder::Batched;
   size_t n = offset.back();  // live rows; rows retired by a hook leave (single sequence only)
   const size_t n_input = n;
   const size_t d = h.d_model, qd = h.q_dim(), kvd = h.kv_dim(), ff = h.d_ff;
@@ -143,9 +146,9 @@ std::vector<ForwardOutput> Forward::run_sequences(std::span<const BatchSequence>
     pool_.parallel_range(n, [&](size_t b, size_t e, size_t) {
       for (size_t i = b; i < e; ++i) rms_norm(&x[i * d], w.attn_norm.data(), &xn[i * d], d, h.rms_eps);
     });
-    w.wq.multiply(xn.data(), n, d, q.data(), qd, pool_);
-    w.wk.multiply(xn.data(), n, d, k.data(), kvd, pool_);
-    w.wv.multiply(xn.data(), n, d, v.data(), kvd, pool_);
+    w.wq.multiply(xn.data(), n, d, q.data(), qd, pool_, order);
+    w.wk.multiply(xn.data(), n, d, k.data(), kvd, pool_, order);
+    w.wv.multiply(xn.data(), n, d, v.data(), kvd, pool_, order);
 
     pool_.parallel_range(n, [&](size_t b, size_t e, size_t) {
       for (size_t i = b; i < e; ++i) {
@@ -200,22 +203,22 @@ std::vector<ForwardOutput> Forward::run_sequences(std::span<const BatchSequence>
     }
 
     // Output projection and residual; xn is free again and takes the projection.
-    w.wo.multiply(attn.data(), n, qd, xn.data(), d, pool_);
+    w.wo.multiply(attn.data(), n, qd, xn.data(), d, pool_, order);
     if (h.post_norms) post_norm(w.attn_post_norm, xn.data(), n);
     add_inplace(x.data(), xn.data(), n * d);
 
     pool_.parallel_range(n, [&](size_t b, size_t e, size_t) {
       for (size_t i = b; i < e; ++i) rms_norm(&x[i * d], w.ffn_norm.data(), &xn[i * d], d, h.rms_eps);
     });
-    w.w_gate.multiply(xn.data(), n, d, gate.data(), ff, pool_);
-    w.w_up.multiply(xn.data(), n, d, up.data(), ff, pool_);
+    w.w_gate.multiply(xn.data(), n, d, gate.data(), ff, pool_, order);
+    w.w_up.multiply(xn.data(), n, d, up.data(), ff, pool_, order);
     pool_.parallel_range(n, [&](size_t b, size_t e, size_t) {
       if (h.activation == FfnActivation::SiLU)
         silu_mul(&gate[b * ff], &up[b * ff], (e - b) * ff);
       else
         gelu_mul(&gate[b * ff], &up[b * ff], (e - b) * ff);
     });
-    w.w_down.multiply(gate.data(), n, ff, xn.data(), d, pool_);
+    w.w_down.multiply(gate.data(), n, ff, xn.data(), d, pool_, order);
     if (h.post_norms) post_norm(w.ffn_post_norm, xn.data(), n);
     add_inplace(x.data(), xn.data(), n * d);
 
@@ -283,6 +286,7 @@ std::vector<ForwardOutput> Forward::run_sequences(std::span<const BatchSequence>
     for (size_t i = 0; i < nl; ++i)
       rms_norm(&x[logit_rows[i] * d], model_.output_norm().data(), &normed[i * d], d, h.rms_eps);
     std::vector<float> logits(nl * h.vocab_size);
+    // The logits rows: llama.cpp's own rule by row count (it multiplies only its output rows).
     model_.output().multiply(normed.data(), nl, d, logits.data(), h.vocab_size, pool_);
     if (h.final_logit_softcap > 0.f) {  // as llama.cpp: scale by 1/cap, tanh, scale by cap
       const float cap = h.final_logit_softcap, inv = 1.0f / cap;

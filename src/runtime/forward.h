@@ -28,6 +28,14 @@ struct ForwardInput {
   std::span<const int32_t> positions;     // one per token
   std::span<const size_t> slots;          // empty: append new entries in row order
   std::span<const size_t> logit_rows;     // rows (indices into tokens) whose logits we want
+  // Which of llama.cpp's two orders K-quant weights follow in this pass (WeightMatrix::
+  // KQuantOrder). Batched (its tiled GEMM) by default, whatever the number of rows, so that
+  // every way of splitting a prompt (prefix cache, chunk caches, recomputation) gives the
+  // same bits as one full prefill. A generation step takes PerRow (its vec-dot, what it
+  // uses for one token), a whole prompt may take ByRowCount (its own rule) to equal
+  // llama.cpp's prompt evaluation also below 8 tokens. A pass of several sequences takes
+  // their common order, or Batched when they differ.
+  WeightMatrix::KQuantOrder kquant_order = WeightMatrix::KQuantOrder::Batched;
 };
 
 // What a hook sees at one layer, for the rows it asked for. Pointers are valid only

@@ -122,7 +122,8 @@ GenerateResult Generator::generate(KvCache& cache, const std::vector<TokenId>& p
   std::vector<int32_t> pos(prompt.size());
   for (size_t i = 0; i < pos.size(); ++i) pos[i] = start_pos + static_cast<int32_t>(i);
   const size_t last = prompt.size() - 1;
-  ForwardInput in{prompt, pos, {}, std::span<const size_t>(&last, 1)};
+  // The whole prompt in one pass, in llama.cpp's own order for it (also below 8 tokens).
+  ForwardInput in{prompt, pos, {}, std::span<const size_t>(&last, 1), WeightMatrix::KQuantOrder::ByRowCount};
   ForwardOutput fo = fwd_.run(cache, in);
   const double prefill = ms_since(t0);
   GenerateResult r = continue_from(cache, std::move(fo.logits), start_pos + static_cast<int32_t>(prompt.size()),
@@ -154,7 +155,7 @@ GenerateResult Generator::continue_from(KvCache& cache, std::vector<float> logit
     const TokenId t = session.last_token();
     const int32_t p = next_pos++;
     ForwardInput in{std::span<const TokenId>(&t, 1), std::span<const int32_t>(&p, 1), {},
-                    std::span<const size_t>(&row, 1)};
+                    std::span<const size_t>(&row, 1), WeightMatrix::KQuantOrder::PerRow};
     logits = std::move(fwd_.run(cache, in).logits);
   }
   r.stop_reason = session.stop_reason();

@@ -152,7 +152,7 @@ void Scheduler::decode_step() {
     positions[i] = j.next_position++;
     seqs[i].cache = &*j.cache;
     seqs[i].input = ForwardInput{std::span<const TokenId>(&tokens[i], 1), std::span<const int32_t>(&positions[i], 1),
-                                 {}, std::span<const size_t>(&kRow0, 1)};
+                                 {}, std::span<const size_t>(&kRow0, 1), WeightMatrix::KQuantOrder::PerRow};
   }
   std::vector<ForwardOutput> outs;
   ++decode_steps_;

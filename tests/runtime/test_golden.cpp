@@ -122,7 +122,7 @@ void check_greedy(const Model& m, const json& fx, const Bounds& b) {
     KvCache cache(m.hparams());
     auto pos = test::iota_positions(prompt.size());
     const size_t last = prompt.size() - 1;
-    auto out = fwd.run(cache, {prompt, pos, {}, std::span<const size_t>(&last, 1)});
+    auto out = fwd.run(cache, {prompt, pos, {}, std::span<const size_t>(&last, 1), WeightMatrix::KQuantOrder::ByRowCount});
     std::vector<TokenId> got;
     for (size_t step = 0; step < want.size(); ++step) {
       TokenId t = argmax(out.logits.data(), out.vocab);
@@ -130,7 +130,7 @@ void check_greedy(const Model& m, const json& fx, const Bounds& b) {
       const int32_t p = static_cast<int32_t>(prompt.size() + step);
       const size_t row = 0;
       out = fwd.run(cache, {std::span<const TokenId>(&t, 1), std::span<const int32_t>(&p, 1), {},
-                            std::span<const size_t>(&row, 1)});
+                            std::span<const size_t>(&row, 1), WeightMatrix::KQuantOrder::PerRow});
     }
     ++total;
     if (got == want) {
