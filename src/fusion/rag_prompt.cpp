@@ -55,7 +55,7 @@ RagRequest build_rag_request(const Model& model, const std::vector<Passage>& pas
   const Tokenizer& tok = model.tokenizer();
   std::string before, after;
   const std::string question_text = "Question: " + question;
-  if (opt.use_chat_template) {
+  if (opt.use_chat_template && model.chat_template().from_file()) {  // a base model: plain text
     std::vector<ChatMessage> msgs;
     if (!opt.system.empty()) msgs.push_back({"system", opt.system});
     msgs.push_back({"user", ""});

@@ -19,7 +19,7 @@ struct Passage {
 struct RagPromptOptions {
   std::string system = "You are a helpful assistant. Answer the question using the passages. Answer briefly.";
   std::string passage_separator = "\n\n";  // appended to every passage
-  bool use_chat_template = true;
+  bool use_chat_template = true;  // when the model file has one (else plain text)
 };
 
 struct RagRequest {

@@ -88,7 +88,11 @@ std::optional<ChatTemplate> ChatTemplate::from_template_text(std::string_view ji
 
 ChatTemplate ChatTemplate::from_gguf(const GgufFile& file) {
   const auto text = file.get_string("tokenizer.chat_template");
-  if (!text) return ChatTemplate(ChatFamily::ChatML);
+  if (!text) {
+    ChatTemplate stand_in(ChatFamily::ChatML);
+    stand_in.from_file_ = false;
+    return stand_in;
+  }
   if (auto t = from_template_text(*text)) return *t;
   std::string shown(text->substr(0, 120));
   throw std::runtime_error("chat template of " + file.path() +

@@ -30,12 +30,16 @@ class ChatTemplate {
 
   ChatFamily family() const { return family_; }
   std::string_view name() const;
+  // False for the ChatML stand-in of a file without a template (a base model such as
+  // Gemma 3 270M): RAG prompts for it are plain text instead.
+  bool from_file() const { return from_file_; }
   // The prompt text (special tokens as text; encode with parse_special = true).
   std::string apply(const std::vector<ChatMessage>& messages, bool add_generation_prompt) const;
 
  private:
   ChatFamily family_;
   std::string default_system_;  // injected when the first message is not a system one
+  bool from_file_ = true;
 };
 
 }  // namespace cf
