@@ -5,11 +5,15 @@
 #include <cmath>
 
 #include "../runtime/model_fixture.h"
+#include "fusion_invariants.h"
 #include "fusion/executor.h"
 #include "runtime/sampler.h"
 
 namespace cf {
 namespace {
+
+using test::max_diff;
+using test::memory_store;
 
 std::vector<Passage> passages() {
   return {
@@ -18,18 +22,6 @@ std::vector<Passage> passages() {
       {"Warsaw", "Warsaw is the capital and largest city of Poland. Marie Curie was born there in 1867."},
       {"Sorbonne", "The Sorbonne in Paris is where Curie studied and later became the first woman professor."},
   };
-}
-
-ChunkStore memory_store(const Model& m) {
-  ChunkStoreOptions o;
-  o.model = StoreModel{m.fingerprint(), m.hparams()};
-  return ChunkStore(o);
-}
-
-float max_diff(const std::vector<float>& a, const std::vector<float>& b) {
-  float d = 0;
-  for (size_t i = 0; i < a.size(); ++i) d = std::max(d, std::fabs(a[i] - b[i]));
-  return d;
 }
 
 class Fusion : public ::testing::Test {
@@ -42,16 +34,7 @@ TEST_F(Fusion, RatioOneReproducesFullPrefillForEverySelector) {
   Forward fwd(m, test::shared_pool());
   ChunkStore store = memory_store(m);
   FusionExecutor ex(fwd, store);
-  const RagRequest req = build_rag_request(m, passages(), "Where was Marie Curie born?");
-  const FusionResult full = ex.prefill(req, {"full", 1.0, 0});
-  for (const std::string& method : selector_names()) {
-    if (method == "reuse") continue;  // defined at rho = 0 only
-    const FusionResult r = ex.prefill(req, {method, 1.0, 0});
-    EXPECT_EQ(r.recomputed.size(), req.context_tokens()) << method;
-    EXPECT_LE(max_diff(r.logits, full.logits), 1e-4f) << method;
-    EXPECT_EQ(argmax(r.logits.data(), r.logits.size()), argmax(full.logits.data(), full.logits.size())) << method;
-    EXPECT_EQ(r.cache.size(), full.cache.size());
-  }
+  test::expect_ratio_one_is_full_prefill(ex, build_rag_request(m, passages(), "Where was Marie Curie born?"));
 }
 
 TEST_F(Fusion, RatioZeroIsFullReuseForEverySelector) {
@@ -59,17 +42,7 @@ TEST_F(Fusion, RatioZeroIsFullReuseForEverySelector) {
   Forward fwd(m, test::shared_pool());
   ChunkStore store = memory_store(m);
   FusionExecutor ex(fwd, store);
-  const RagRequest req = build_rag_request(m, passages(), "Where was Marie Curie born?");
-  const FusionResult reuse = ex.prefill(req, {"reuse", 0.0, 0});
-  EXPECT_TRUE(reuse.recomputed.empty());
-  const FusionResult full = ex.prefill(req, {"full", 1.0, 0});
-  EXPECT_GT(max_diff(reuse.logits, full.logits), 1e-3f) << "reuse should differ from full prefill";
-  for (const std::string& method : selector_names()) {
-    const FusionResult r = ex.prefill(req, {method, 0.0, 0});
-    EXPECT_TRUE(r.recomputed.empty()) << method;
-    if (method == "cacheblend") continue;  // refreshes its first layers for every token by design
-    EXPECT_LE(max_diff(r.logits, reuse.logits), 1e-5f) << method;
-  }
+  test::expect_ratio_zero_is_reuse(ex, build_rag_request(m, passages(), "Where was Marie Curie born?"));
 }
 
 TEST_F(Fusion, SelectorsRespectTheBudgetAndStayInTheContext) {

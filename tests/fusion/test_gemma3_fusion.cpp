@@ -9,11 +9,15 @@
 #include <cmath>
 
 #include "../runtime/model_fixture.h"
+#include "fusion_invariants.h"
 #include "fusion/executor.h"
 #include "runtime/sampler.h"
 
 namespace cf {
 namespace {
+
+using test::max_diff;
+using test::memory_store;
 
 // A short first passage, then four of about 130 tokens: the first passage ends more than
 // 512 positions before the question, with as few tokens as that takes (the K-quant weights
@@ -42,18 +46,6 @@ RagRequest request(const Model& m, const std::vector<Passage>& passages) {
   return build_rag_request(m, passages, "How thick is the ice above Lake Vostok?", opt);
 }
 
-ChunkStore memory_store(const Model& m) {
-  ChunkStoreOptions o;
-  o.model = StoreModel{m.fingerprint(), m.hparams()};
-  return ChunkStore(o);
-}
-
-float max_diff(const std::vector<float>& a, const std::vector<float>& b) {
-  float d = 0;
-  for (size_t i = 0; i < a.size(); ++i) d = std::max(d, std::fabs(a[i] - b[i]));
-  return d;
-}
-
 class Gemma3Fusion : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -71,15 +63,7 @@ TEST_F(Gemma3Fusion, RatioOneReproducesFullPrefillForEverySelectorSlow) {
   Forward fwd(m, test::shared_pool());
   ChunkStore store = memory_store(m);
   FusionExecutor ex(fwd, store);
-  const FusionResult full = ex.prefill(req_, {"full", 1.0, 0});
-  for (const std::string& method : selector_names()) {
-    if (method == "reuse") continue;  // defined at rho = 0 only
-    const FusionResult r = ex.prefill(req_, {method, 1.0, 0});
-    EXPECT_EQ(r.recomputed.size(), req_.context_tokens()) << method;
-    EXPECT_LE(max_diff(r.logits, full.logits), 1e-4f) << method;
-    EXPECT_EQ(argmax(r.logits.data(), r.logits.size()), argmax(full.logits.data(), full.logits.size())) << method;
-    EXPECT_EQ(r.cache.size(), full.cache.size()) << method;
-  }
+  test::expect_ratio_one_is_full_prefill(ex, req_);
 }
 
 TEST_F(Gemma3Fusion, RatioZeroIsFullReuseForEverySelectorSlow) {
@@ -87,16 +71,7 @@ TEST_F(Gemma3Fusion, RatioZeroIsFullReuseForEverySelectorSlow) {
   Forward fwd(m, test::shared_pool());
   ChunkStore store = memory_store(m);
   FusionExecutor ex(fwd, store);
-  const FusionResult reuse = ex.prefill(req_, {"reuse", 0.0, 0});
-  EXPECT_TRUE(reuse.recomputed.empty());
-  const FusionResult full = ex.prefill(req_, {"full", 1.0, 0});
-  EXPECT_GT(max_diff(reuse.logits, full.logits), 1e-3f) << "reuse should differ from full prefill";
-  for (const std::string& method : selector_names()) {
-    const FusionResult r = ex.prefill(req_, {method, 0.0, 0});
-    EXPECT_TRUE(r.recomputed.empty()) << method;
-    if (method == "cacheblend") continue;  // refreshes its first layers for every token by design
-    EXPECT_LE(max_diff(r.logits, reuse.logits), 1e-5f) << method;
-  }
+  test::expect_ratio_zero_is_reuse(ex, req_);
 }
 
 // A small RAG request (inside one window) at rho = 0.3: every selector runs on Gemma 3.
