@@ -94,7 +94,7 @@ def run_setup(setup, args, passages, workload):
     extra = ["--http-threads", str(max(32, 2 * args.clients)), "--max-queue", str(max(64, 4 * args.clients)),
              "--mem-budget", args.mem_budget]
     if redis:
-        extra += ["--remote", redis.url]
+        extra += list(redis.replica_args())
     n = 1 if setup == "single" else 2
     servers = [h.Server(*extra, binary=args.bin, model=args.model, n_threads=args.threads) for _ in range(n)]
     proxy = HAProxy([s.url for s in servers]) if n > 1 else None

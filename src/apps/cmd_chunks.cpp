@@ -49,6 +49,7 @@ struct PrecomputeArgs {
   std::string passages_file;
   std::string store_dir = default_store_dir();
   std::string dtype = "f16";
+  std::string store_key_file;
   RemoteArgs remote;
 };
 
@@ -60,6 +61,7 @@ int run_precompute(const PrecomputeArgs& a) {
   Forward fwd(*model, pool);
   // Write-through only: nothing here reads the caches back.
   ChunkStoreOptions store_opt = writing_store(*model, a.store_dir, dtype, 0);
+  store_opt.auth = EntryAuth::optional_from_key_file(a.store_key_file);
   store_opt.remote = remote_tier_options(a.remote);  // fills the shared tier too (issue 13)
   ChunkStore store(store_opt);
 
@@ -122,6 +124,7 @@ struct EnrichArgs {
   std::string dtype = "f16";
   size_t neighbours = kFusionRagDefaultNeighbours;
   size_t limit = 0;  // 0: every passage
+  std::string store_key_file;
 };
 
 int run_enrich(const EnrichArgs& a) {
@@ -131,7 +134,9 @@ int run_enrich(const EnrichArgs& a) {
   ThreadPool pool(a.model.threads);
   Forward fwd(*model, pool);
   // Neighbours are read again and again: keep them in memory.
-  ChunkStore store(writing_store(*model, a.store_dir, dtype, size_t{1} << 30));
+  ChunkStoreOptions store_opt = writing_store(*model, a.store_dir, dtype, size_t{1} << 30);
+  store_opt.auth = EntryAuth::optional_from_key_file(a.store_key_file);
+  ChunkStore store(store_opt);
 
   EnrichOptions eo;
   eo.neighbours = a.neighbours;
@@ -247,7 +252,7 @@ int run_verify(const StoreArgs& a) {
     auto model = load_model(mo);
     o.model = StoreModel{model->fingerprint(), model->hparams()};
   }
-  if (!a.key_file.empty()) o.auth = std::make_shared<const EntryAuth>(EntryAuth::from_key_file(a.key_file));
+  o.auth = EntryAuth::optional_from_key_file(a.key_file);
   const ChunkStore store(o);
   const VerifyReport r = store.verify();
   for (const auto& b : r.bad) std::printf("BAD %s\n", b.message.c_str());
@@ -271,6 +276,7 @@ void add_chunks_command(CLI::App& app, CommandRunner& run) {
       ->check(CLI::ExistingFile);
   pre->add_option("--store", p->store_dir, "store directory")->capture_default_str();
   pre->add_option("--dtype", p->dtype, "K/V type on disk")->check(CLI::IsMember({"f16", "bf16", "f32"}))->capture_default_str();
+  add_store_key_option(*pre, p->store_key_file);
   add_remote_options(*pre, p->remote);
   pre->callback([&run, p] { run = [p] { return run_precompute(*p); }; });
 
@@ -290,6 +296,7 @@ void add_chunks_command(CLI::App& app, CommandRunner& run) {
       ->capture_default_str();
   enr->add_option("--store", e->store_dir, "store directory")->capture_default_str();
   enr->add_option("--dtype", e->dtype, "K/V type on disk")->check(CLI::IsMember({"f16", "bf16", "f32"}))->capture_default_str();
+  add_store_key_option(*enr, e->store_key_file);
   enr->callback([&run, e] { run = [e] { return run_enrich(*e); }; });
 
   auto s = std::make_shared<StoreArgs>();

@@ -104,10 +104,7 @@ void add_serve_command(CLI::App& app, CommandRunner& run) {
                   "require 'Authorization: Bearer <key>' (repeatable; every route but GET /health)");
   cmd->add_option("--api-key-file", a->api_key_files, "file of API keys, one per line ('#' comments)")
       ->check(CLI::ExistingFile);
-  cmd->add_option("--store-key-file", a->engine.store_key_file,
-                  "secret key (file, >= 16 bytes): cache entries carry an HMAC-SHA256 and entries without a valid "
-                  "one are never served")
-      ->check(CLI::ExistingFile);
+  add_store_key_option(*cmd, a->engine.store_key_file);
   cmd->add_flag("--isolate-keys", a->http.isolate_keys,
                 "each API key sees only the chunks it registered, and no cache-hit figures (needs keys)");
   cmd->add_flag("--metrics-public", a->http.access.metrics_public, "serve GET /metrics without an API key");

@@ -4,7 +4,8 @@ namespace cf::apps {
 
 void add_remote_options(CLI::App& cmd, RemoteArgs& a) {
   cmd.add_option("--remote", a.url,
-                 "shared chunk-cache tier below memory and disk: redis://host:port[/db] (Redis, Valkey)");
+                 "shared chunk-cache tier below memory and disk: redis://host:port[/db] (Redis, Valkey); needs "
+                 "--store-key-file");
   cmd.add_option("--remote-connect-timeout-ms", a.tier.connect_timeout_ms, "connect timeout of the remote tier")
       ->check(CLI::Range(1, 600000))
       ->capture_default_str();
@@ -21,6 +22,14 @@ void add_remote_options(CLI::App& cmd, RemoteArgs& a) {
   cmd.add_option("--remote-queue", a.tier.queue_entries, "pending remote writes at most; more are dropped")
       ->check(CLI::Range(size_t{1}, size_t{1} << 20))
       ->capture_default_str();
+}
+
+void add_store_key_option(CLI::App& cmd, std::string& key_file) {
+  cmd.add_option("--store-key-file", key_file,
+                 "secret key (file, >= 16 bytes; the same on every replica and for `chunks precompute`): cache "
+                 "entries carry an HMAC-SHA256 and entries without a valid one are never served; required with "
+                 "--remote")
+      ->check(CLI::ExistingFile);
 }
 
 std::optional<RemoteTierOptions> remote_tier_options(const RemoteArgs& a) {

@@ -1,5 +1,6 @@
-// `--remote redis://host:port[/db]` and its knobs, shared by `serve` and `chunks precompute`
-// (issue 13; the tier itself is kv/remote_tier.h).
+// `--remote redis://host:port[/db]` and its knobs, and `--store-key-file`, shared by `serve`
+// and the `chunks` commands that write (issue 13; the tier itself is kv/remote_tier.h; the
+// key, kv/entry_auth.h, is required with a remote tier: the store refuses one without it).
 #pragma once
 #include <CLI/CLI.hpp>
 #include <optional>
@@ -15,6 +16,9 @@ struct RemoteArgs {
 };
 
 void add_remote_options(CLI::App& cmd, RemoteArgs& a);
+// --store-key-file: every cache entry written carries an HMAC tag under this key, and entries
+// without a valid one are never served.
+void add_store_key_option(CLI::App& cmd, std::string& key_file);
 // The tier's options, or none without --remote; std::invalid_argument on a bad url.
 std::optional<RemoteTierOptions> remote_tier_options(const RemoteArgs& a);
 

@@ -84,6 +84,12 @@ ChunkStore::ChunkStore(ChunkStoreOptions opt) : opt_(std::move(opt)) {
     scan_dir();
   }
   if (opt_.remote) {
+    // Whoever can write to a shared tier could otherwise have garbage served to every replica
+    // (issue 17, item 6): a remote tier is only used with keyed entries.
+    if (!opt_.auth)
+      throw std::invalid_argument(
+          "the remote chunk tier needs a store key (--store-key-file, the same file on every replica): entries "
+          "in a shared cache must carry an HMAC tag");
     if (!opt_.remote->report) opt_.remote->report = opt_.report;
     remote_ = std::make_unique<RemoteTier>(*opt_.remote);
   }

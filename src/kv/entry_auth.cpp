@@ -29,6 +29,11 @@ EntryAuth EntryAuth::from_key_file(const std::string& path) {
   return EntryAuth(std::move(key));
 }
 
+std::shared_ptr<const EntryAuth> EntryAuth::optional_from_key_file(const std::string& path) {
+  if (path.empty()) return nullptr;
+  return std::make_shared<const EntryAuth>(from_key_file(path));
+}
+
 EntryAuth::Tag EntryAuth::tag(const uint8_t* data, size_t n) const {
   Tag t{};
   unsigned int len = 0;

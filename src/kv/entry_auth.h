@@ -13,6 +13,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -31,6 +32,8 @@ class EntryAuth {
   // The whole file is the key (one trailing newline dropped, so `head -c 32 /dev/urandom |
   // base64 > key` works). std::runtime_error if unreadable or too short.
   static EntryAuth from_key_file(const std::string& path);
+  // from_key_file for a store's options: nullptr for an empty path (no keyed integrity).
+  static std::shared_ptr<const EntryAuth> optional_from_key_file(const std::string& path);
 
   Tag tag(const uint8_t* data, size_t n) const;
   // Constant-time comparison of tag(data, n) with `tag`.

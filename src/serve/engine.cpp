@@ -133,7 +133,7 @@ struct Engine::Impl {
       throw std::runtime_error("unknown chunk eviction policy \"" + opt.chunk_eviction + "\" (lru, cachecraft)");
     so.disk_budget_bytes = opt.chunk_disk_bytes;
     so.max_entries = opt.max_chunk_entries;
-    if (!opt.store_key_file.empty()) so.auth = std::make_shared<const EntryAuth>(EntryAuth::from_key_file(opt.store_key_file));
+    so.auth = EntryAuth::optional_from_key_file(opt.store_key_file);
     so.remote = opt.remote;
     return so;
   }

@@ -56,12 +56,30 @@ ChunkStoreOptions store_options(const RedisServer& r, const std::string& dir, Re
   o.dir = dir;
   o.durable = false;
   o.model = StoreModel{test::kTinyFingerprint, tiny_hparams()};
+  o.auth = std::make_shared<const EntryAuth>(std::vector<uint8_t>(32, 0x5a));  // a remote tier needs a key
   o.remote = remote_options(r);
   if (reports) o.report = [reports](const std::string& s) { reports->add(s); };
   return o;
 }
 
 ChunkCache tiny_cache(const ChunkKey& k) { return synthetic_cache(k, tiny_hparams()); }
+
+// Whoever can write to Redis must not be able to have entries served (issue 17, item 6): a
+// store with a remote tier and no key is refused at construction, with the option to set.
+TEST(RemoteTier, StoreRefusesARemoteTierWithoutAKey) {
+  test::TempDir dir;
+  ChunkStoreOptions o;
+  o.dir = dir.path();
+  o.model = StoreModel{test::kTinyFingerprint, tiny_hparams()};
+  o.remote = RemoteTierOptions{};
+  o.remote->url = "redis://127.0.0.1:1";
+  try {
+    ChunkStore store(o);
+    FAIL() << "a remote tier without a store key was accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("--store-key-file"), std::string::npos) << e.what();
+  }
+}
 
 // Puts `keys` through a store of its own (like replica A) and waits until they are in Redis.
 void fill_remote(const RedisServer& r, const std::vector<ChunkKey>& keys) {

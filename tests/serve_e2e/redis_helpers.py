@@ -25,6 +25,20 @@ class Redis:
     def url(self):
         return "redis://127.0.0.1:%d" % self.port
 
+    @property
+    def store_key_file(self):
+        """The store key every replica of this tier shares (a remote tier needs one, issue 17)."""
+        path = os.path.join(self.tmp, "store.key")
+        if not os.path.exists(path):
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "wb") as f:
+                f.write(os.urandom(32))
+        return path
+
+    def replica_args(self):
+        """`chunkfuse serve` / `chunks precompute` arguments for a replica of this tier."""
+        return ("--remote", self.url, "--store-key-file", self.store_key_file)
+
     def start(self):
         self.proc = subprocess.Popen(
             ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",

@@ -30,7 +30,7 @@ def passage(tag, words=40):
 
 
 def remote_args(redis):
-    return ("--remote", redis.url, "--remote-retry-ms", "200", "--remote-timeout-ms", "1000")
+    return (*redis.replica_args(), "--remote-retry-ms", "200", "--remote-timeout-ms", "1000")
 
 
 class RemoteTierTest(unittest.TestCase):
@@ -191,6 +191,35 @@ class RemoteTierTest(unittest.TestCase):
         self.assertEqual(self.metric(self.b, "chunkfuse_store_computes_total"), computes + 2)
         self.assertIn("checksum differs", self.b.log_text())
         self.assertIn("key mismatch", self.b.log_text())
+
+    def test_a_remote_tier_needs_a_store_key_and_a_wrong_key_is_never_served(self):
+        # Without a key, whoever can write to Redis could poison every replica: refused at start.
+        proc = h.subprocess.run([h.binary_path(), "serve", "-m", h.model_path(), "--port", "0",
+                                 "--remote", self.redis.url], capture_output=True, text=True, timeout=120)
+        self.assertNotEqual(proc.returncode, 0)
+        self.assertIn("--store-key-file", proc.stderr + proc.stdout)
+        # A writer with another key (an attacker with Redis access, or a misconfigured replica):
+        # its entries fail B's HMAC check, are counted, and B recomputes.
+        other_key = os.path.join(self.redis.tmp, "other.key")
+        with open(other_key, "wb") as f:
+            f.write(os.urandom(32))
+        intruder = h.Server("--remote", self.redis.url, "--store-key-file", other_key)
+        docs = [passage("intruder")]
+        try:
+            before = set(self.redis.manifests())
+            want = self.ask(intruder, docs)
+            deadline = time.time() + 30
+            while not set(self.redis.manifests()) - before and time.time() < deadline:
+                time.sleep(0.05)
+            self.assertTrue(set(self.redis.manifests()) - before, "the intruder's entry never reached Redis")
+        finally:
+            intruder.stop()
+        corrupt = self.metric(self.b, "chunkfuse_remote_corrupt_total")
+        computes = self.metric(self.b, "chunkfuse_store_computes_total")
+        self.assertEqual(self.ask(self.b, docs), want)
+        self.assertEqual(self.metric(self.b, "chunkfuse_remote_corrupt_total"), corrupt + 1)
+        self.assertEqual(self.metric(self.b, "chunkfuse_store_computes_total"), computes + 1)
+        self.assertIn("HMAC tag does not match", self.b.log_text())
 
     def test_replica_killed_while_writing_leaves_no_partial_entry(self):
         c = h.Server(*remote_args(self.redis))
