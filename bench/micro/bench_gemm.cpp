@@ -1,4 +1,5 @@
-// GEMM throughput on the default model's shapes (Q4_1 layer matrices, Q8_0 output).
+// GEMM throughput on the default model's shapes (Q4_1 layer matrices, Q8_0 output) and on
+// Llama-3.2-1B's (Q4_K / Q6_K, the types of a Q4_K_M file).
 // Reports GMAC/s as the "MAC/s" counter. Args: rows, cols, n (activation rows), threads.
 // CHUNKFUSE_ISA=portable|avx2|avx512 caps the ISA.
 #include <benchmark/benchmark.h>
@@ -19,8 +20,9 @@ std::vector<uint8_t> random_weights(cf::GgmlType t, size_t rows, size_t cols) {
   const size_t bb = cf::ggml_type_info(t).block_bytes;
   for (size_t i = 0; i < w.size(); i += bb) {
     const uint16_t d = cf::fp32_to_fp16(0.01f), m = cf::fp32_to_fp16(-0.05f);
-    std::memcpy(&w[i], &d, 2);
-    if (t == cf::GgmlType::Q4_1) std::memcpy(&w[i + 2], &m, 2);
+    if (t != cf::GgmlType::Q6_K) std::memcpy(&w[i], &d, 2);
+    if (t == cf::GgmlType::Q4_1 || t == cf::GgmlType::Q4_K) std::memcpy(&w[i + 2], &m, 2);  // d, m / dmin
+    if (t == cf::GgmlType::Q6_K) std::memcpy(&w[i + bb - 2], &d, 2);  // d last
   }
   return w;
 }
@@ -44,6 +46,14 @@ void run(benchmark::State& state, cf::GgmlType t) {
 
 void q4_1(benchmark::State& s) { run(s, cf::GgmlType::Q4_1); }
 void q8_0(benchmark::State& s) { run(s, cf::GgmlType::Q8_0); }
+void q4_k(benchmark::State& s) { run(s, cf::GgmlType::Q4_K); }
+void q6_k(benchmark::State& s) { run(s, cf::GgmlType::Q6_K); }
+
+// Llama-3.2-1B: attention (2048 x 2048) and MLP (8192 x 2048) matrices, decode and prefill.
+void llama_1b_shapes(benchmark::internal::Benchmark* b) {
+  for (int n : {1, 512})
+    for (auto [rows, cols] : {std::pair{2048, 2048}, {8192, 2048}}) b->Args({rows, cols, n, 1});
+}
 
 void layer_shapes(benchmark::internal::Benchmark* b) {
   for (int threads : {1, 2})
@@ -57,4 +67,6 @@ void layer_shapes(benchmark::internal::Benchmark* b) {
 BENCHMARK(q4_1)->Apply(layer_shapes)->UseRealTime()->MinTime(0.2);
 BENCHMARK(q8_0)->Args({49152, 576, 1, 1})->Args({49152, 576, 1, 2})->Args({49152, 576, 16, 2})
     ->UseRealTime()->MinTime(0.2);
+BENCHMARK(q4_k)->Apply(llama_1b_shapes)->UseRealTime()->MinTime(0.2);
+BENCHMARK(q6_k)->Apply(llama_1b_shapes)->UseRealTime()->MinTime(0.2);
 BENCHMARK_MAIN();

@@ -187,6 +187,11 @@ inline __m256i scales8(const uint8_t* p, bool is_signed) {
   const __m128i v = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
   return is_signed ? _mm256_cvtepi8_epi32(v) : _mm256_cvtepu8_epi32(v);
 }
+// A 32-bit lane's scale in both of its 16-bit halves: vpmaddwd with the vpmaddubsw pairs
+// then gives scale * (4-element sum) exactly, without a vpmulld.
+inline __m256i scale_pairs8(__m256i s) {
+  return _mm256_or_si256(_mm256_and_si256(s, _mm256_set1_epi32(0xFFFF)), _mm256_slli_epi32(s, 16));
+}
 
 template <KQuant Q, bool Batched, int R>
 void k_half(const uint8_t* tile, size_t nb, const ActView& a, size_t r0, int h, float* out) {
@@ -198,7 +203,6 @@ void k_half(const uint8_t* tile, size_t nb, const ActView& a, size_t r0, int h, 
     summs[r] = acc[r] = _mm256_setzero_ps();
   }
   const __m256i low4 = _mm256_set1_epi8(0x0F);
-  const __m256i ones = _mm256_set1_epi16(1);
   for (size_t sb = 0; sb < nb / 8; ++sb) {
     const uint8_t* t = tile + sb * G.bytes;
     __m256i S[R][8];
@@ -226,14 +230,13 @@ void k_half(const uint8_t* tile, size_t nb, const ActView& a, size_t r0, int h, 
         for (int g = 0; g < 8; ++g)
           w[g] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(t + 512 * c + 64 * g + 32 * h));
       }
-      const __m256i sc_lo = scales8(t + G.sc + 16 * c + 8 * h, Q == KQuant::Q6);
-      const __m256i sc_hi = Q == KQuant::Q6 ? scales8(t + G.sc_hi + 16 * c + 8 * h, true) : sc_lo;
+      const __m256i sc_lo = scale_pairs8(scales8(t + G.sc + 16 * c + 8 * h, Q == KQuant::Q6));
+      const __m256i sc_hi = Q == KQuant::Q6 ? scale_pairs8(scales8(t + G.sc_hi + 16 * c + 8 * h, true)) : sc_lo;
       for (int r = 0; r < R; ++r) {
         const int8_t* q = a.qs(r0 + r) + b * kQK;
-        for (int g = 0; g < 8; ++g) {
-          const __m256i s = _mm256_madd_epi16(_mm256_maddubs_epi16(w[g], bcast32(q + 4 * g)), ones);
-          S[r][g] = _mm256_add_epi32(S[r][g], _mm256_mullo_epi32(s, g < 4 ? sc_lo : sc_hi));
-        }
+        for (int g = 0; g < 8; ++g)
+          S[r][g] = _mm256_add_epi32(S[r][g], _mm256_madd_epi16(_mm256_maddubs_epi16(w[g], bcast32(q + 4 * g)),
+                                                                g < 4 ? sc_lo : sc_hi));
       }
     }
     const __m256 dw = _mm256_loadu_ps(reinterpret_cast<const float*>(t + G.d + 32 * h));

@@ -184,89 +184,101 @@ inline void half_rows(const uint8_t* tile, size_t nb, const ActView& a, size_t r
 
 using RowsFn = void (*)(const uint8_t*, size_t, const ActView&, size_t, float*, size_t, __mmask16);
 
+inline __mmask16 lane_mask(unsigned o_lo, unsigned o_hi) {
+  return static_cast<__mmask16>(((1u << o_hi) - 1) & ~((1u << o_lo) - 1));
+}
+
 template <RowsFn F1, RowsFn F2>
 void run_rows(const uint8_t* tile, size_t nb, const ActView& a, size_t r0, size_t nr, float* y, size_t y_stride,
               unsigned o_lo, unsigned o_hi) {
-  const auto mask = static_cast<__mmask16>(((1u << o_hi) - 1) & ~((1u << o_lo) - 1));
+  const __mmask16 mask = lane_mask(o_lo, o_hi);
   size_t r = 0;
   // Each lane's arithmetic is the same whatever the group size.
   for (; r + 2 <= nr; r += 2) F2(tile, nb, a, r0 + r, y + r * y_stride, y_stride, mask);
   if (r < nr) F1(tile, nb, a, r0 + r, y + r * y_stride, y_stride, mask);
 }
 
-// K super-tiles (kernels_impl.h), R activation rows: per super-block, exact integer group
-// sums times the sub-block scales (vpmulld) accumulate in S; one fma per lane per
-// super-block, as llama.cpp's Q8_K dot.
+template <RowsFn F1, RowsFn F2, RowsFn F4>
+void run_rows4(const uint8_t* tile, size_t nb, const ActView& a, size_t r0, size_t nr, float* y, size_t y_stride,
+               unsigned o_lo, unsigned o_hi) {
+  const __mmask16 mask = lane_mask(o_lo, o_hi);
+  size_t r = 0;
+  for (; r + 4 <= nr; r += 4) F4(tile, nb, a, r0 + r, y + r * y_stride, y_stride, mask);
+  for (; r + 2 <= nr; r += 2) F2(tile, nb, a, r0 + r, y + r * y_stride, y_stride, mask);
+  if (r < nr) F1(tile, nb, a, r0 + r, y + r * y_stride, y_stride, mask);
+}
+
+// K super-tiles (kernels_impl.h), R activation rows. Integer sums are exact, so each order
+// may group them as is cheapest; only the float steps follow llama.cpp's:
+// - vec-dot order keeps one integer sum per lane group g (its float accumulator): vpmaddubsw
+//   pairs the unsigned weights with the activation bytes (|pair| <= 2 * 63 * 128, no
+//   saturation), vpdpwssd multiplies by the sub-block scale held in both 16-bit halves and
+//   accumulates, 2 instructions per group;
+// - the tiled-GEMM order needs only a lane's super-block total: vpdpbusd chains the groups
+//   of a 32-block and one vpmulld scales them (two for Q6_K's 16-element scales).
 inline __m512i scales16(const uint8_t* p, bool is_signed) {
   const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
   return is_signed ? _mm512_cvtepi8_epi32(v) : _mm512_cvtepu8_epi32(v);
 }
+// A 32-bit lane's scale in both of its 16-bit halves (the vpdpwssd operand).
+inline __m512i scale_pairs(__m512i s) {
+  return _mm512_or_si512(_mm512_and_si512(s, _mm512_set1_epi32(0xFFFF)), _mm512_slli_epi32(s, 16));
+}
 
-template <KQuant Q, bool Batched, int R>
-inline void k_rows(const uint8_t* tile, size_t nb, const ActView& a, size_t r0, float* y, size_t y_stride,
-                   __mmask16 store_mask) {
+// The 8 groups of weight bytes (16 rows x 4 elements each) of 32-block c of a super-tile.
+template <KQuant Q>
+inline void load_k_block(const uint8_t* t, size_t c, __m512i w[8]) {
+  if constexpr (Q == KQuant::Q4) {
+    const __m512i low4 = _mm512_set1_epi8(0x0F);
+    for (int g = 0; g < 4; ++g) {
+      const __m512i v = _mm512_loadu_si512(t + 256 * c + 64 * g);
+      w[g] = _mm512_and_si512(v, low4);
+      w[g + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+    }
+  } else {
+    for (int g = 0; g < 8; ++g) w[g] = _mm512_loadu_si512(t + 512 * c + 64 * g);
+  }
+}
+
+// Q6_K's -32 offset for one row of super-block sb, lane group g taking 32-block g's share
+// (the sums of 16 activations, bs16, times the signed scales).
+inline __m512i q6_offset(const uint8_t* t, const int32_t* bs16, int g) {
+  constexpr KTileGeom G = ktile_geom(KQuant::Q6);
+  const __m512i lo = _mm512_mullo_epi32(scales16(t + G.sc + 16 * g, true), _mm512_set1_epi32(bs16[2 * g]));
+  const __m512i hi = _mm512_mullo_epi32(scales16(t + G.sc_hi + 16 * g, true), _mm512_set1_epi32(bs16[2 * g + 1]));
+  return _mm512_mullo_epi32(_mm512_add_epi32(lo, hi), _mm512_set1_epi32(-32));
+}
+
+template <KQuant Q, int R>
+inline void k_rows_vecdot(const uint8_t* tile, size_t nb, const ActView& a, size_t r0, float* y, size_t y_stride,
+                          __mmask16 store_mask) {
   constexpr KTileGeom G = ktile_geom(Q);
-  __m512 lane[R][8], accm[R][4], summs[R], acc[R];
+  __m512 lane[R][8], accm[R][4], summs[R];
   for (int r = 0; r < R; ++r) {
     for (int g = 0; g < 8; ++g) lane[r][g] = _mm512_setzero_ps();
     for (int i = 0; i < 4; ++i) accm[r][i] = _mm512_setzero_ps();
-    summs[r] = acc[r] = _mm512_setzero_ps();
+    summs[r] = _mm512_setzero_ps();
   }
-  const __m512i low4 = _mm512_set1_epi8(0x0F);
   for (size_t sb = 0; sb < nb / 8; ++sb) {
     const uint8_t* t = tile + sb * G.bytes;
     __m512i S[R][8];
-    for (int r = 0; r < R; ++r) {
-      const int32_t* bs16 = a.kbs16(r0 + r) + 16 * sb;
-      for (int g = 0; g < 8; ++g) {
-        S[r][g] = _mm512_setzero_si512();
-        if constexpr (Q == KQuant::Q6) {  // the -32 offset, lane g taking block g's share
-          const __m512i lo = _mm512_mullo_epi32(scales16(t + G.sc + 16 * g, true), _mm512_set1_epi32(bs16[2 * g]));
-          const __m512i hi = _mm512_mullo_epi32(scales16(t + G.sc_hi + 16 * g, true), _mm512_set1_epi32(bs16[2 * g + 1]));
-          S[r][g] = _mm512_mullo_epi32(_mm512_add_epi32(lo, hi), _mm512_set1_epi32(-32));
-        }
-      }
-    }
+    for (int r = 0; r < R; ++r)
+      for (int g = 0; g < 8; ++g)
+        S[r][g] = Q == KQuant::Q6 ? q6_offset(t, a.kbs16(r0 + r) + 16 * sb, g) : _mm512_setzero_si512();
     for (size_t c = 0; c < 8; ++c) {
-      const size_t b = sb * 8 + c;
       __m512i w[8];
-      if constexpr (Q == KQuant::Q4) {
-        for (int g = 0; g < 4; ++g) {
-          const __m512i v = _mm512_loadu_si512(t + 256 * c + 64 * g);
-          w[g] = _mm512_and_si512(v, low4);
-          w[g + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
-        }
-      } else {
-        for (int g = 0; g < 8; ++g) w[g] = _mm512_loadu_si512(t + 512 * c + 64 * g);
-      }
-      const __m512i sc_lo = scales16(t + G.sc + 16 * c, Q == KQuant::Q6);
-      const __m512i sc_hi = Q == KQuant::Q6 ? scales16(t + G.sc_hi + 16 * c, true) : sc_lo;
+      load_k_block<Q>(t, c, w);
+      const __m512i sc_lo = scale_pairs(scales16(t + G.sc + 16 * c, Q == KQuant::Q6));
+      const __m512i sc_hi = Q == KQuant::Q6 ? scale_pairs(scales16(t + G.sc_hi + 16 * c, true)) : sc_lo;
       for (int r = 0; r < R; ++r) {
-        const int8_t* q = a.qs(r0 + r) + b * kQK;
-        for (int g = 0; g < 8; ++g) {
-          const __m512i s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[g], bcast32(q + 4 * g));
-          S[r][g] = _mm512_add_epi32(S[r][g], _mm512_mullo_epi32(s, g < 4 ? sc_lo : sc_hi));
-        }
+        const int8_t* q = a.qs(r0 + r) + (sb * 8 + c) * kQK;
+        for (int g = 0; g < 8; ++g)
+          S[r][g] = _mm512_dpwssd_epi32(S[r][g], _mm512_maddubs_epi16(w[g], bcast32(q + 4 * g)), g < 4 ? sc_lo : sc_hi);
       }
     }
     const __m512 dw = _mm512_loadu_ps(t + G.d);
     for (int r = 0; r < R; ++r) {
       const float xd = a.kd(r0 + r)[sb];
-      if constexpr (Batched) {  // llama.cpp's tiled GEMM
-        __m512i s1 = S[r][0];
-        for (int g = 1; g < 8; ++g) s1 = _mm512_add_epi32(s1, S[r][g]);
-        __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(s1), dw);
-        if constexpr (Q != KQuant::Q6) {
-          const int32_t* bs16 = a.kbs16(r0 + r) + 16 * sb;
-          __m512i s2 = _mm512_setzero_si512();
-          for (int j = 0; j < 8; ++j)
-            s2 = _mm512_add_epi32(s2, _mm512_mullo_epi32(scales16(t + G.m + 16 * j, false),
-                                                         _mm512_set1_epi32(bs16[2 * j] + bs16[2 * j + 1])));
-          v = _mm512_fnmadd_ps(_mm512_loadu_ps(t + G.dmin), _mm512_cvtepi32_ps(s2), v);
-        }
-        acc[r] = _mm512_fmadd_ps(v, _mm512_set1_ps(xd), acc[r]);
-        continue;
-      }
       const __m512 dd = _mm512_mul_ps(_mm512_set1_ps(xd), dw);
       for (int g = 0; g < 8; ++g) lane[r][g] = _mm512_fmadd_ps(dd, _mm512_cvtepi32_ps(S[r][g]), lane[r][g]);
       if constexpr (Q != KQuant::Q6) {
@@ -287,10 +299,6 @@ inline void k_rows(const uint8_t* tile, size_t nb, const ActView& a, size_t r0, 
     }
   }
   for (int r = 0; r < R; ++r) {
-    if constexpr (Batched) {
-      _mm512_mask_storeu_ps(y + r * y_stride, store_mask, acc[r]);
-      continue;
-    }
     __m512 out = hsum8_lanes(lane[r]);
     if constexpr (Q == KQuant::Q4)
       out = _mm512_add_ps(out, _mm512_add_ps(_mm512_add_ps(accm[r][0], accm[r][2]), _mm512_add_ps(accm[r][1], accm[r][3])));
@@ -299,10 +307,61 @@ inline void k_rows(const uint8_t* tile, size_t nb, const ActView& a, size_t r0, 
   }
 }
 
+template <KQuant Q, int R>
+inline void k_rows_gemm(const uint8_t* tile, size_t nb, const ActView& a, size_t r0, float* y, size_t y_stride,
+                        __mmask16 store_mask) {
+  constexpr KTileGeom G = ktile_geom(Q);
+  __m512 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  for (size_t sb = 0; sb < nb / 8; ++sb) {
+    const uint8_t* t = tile + sb * G.bytes;
+    __m512i S[R];
+    for (int r = 0; r < R; ++r) {
+      S[r] = _mm512_setzero_si512();
+      if constexpr (Q == KQuant::Q6)
+        for (int g = 0; g < 8; ++g) S[r] = _mm512_add_epi32(S[r], q6_offset(t, a.kbs16(r0 + r) + 16 * sb, g));
+    }
+    for (size_t c = 0; c < 8; ++c) {
+      __m512i w[8];
+      load_k_block<Q>(t, c, w);
+      const __m512i sc_lo = scales16(t + G.sc + 16 * c, Q == KQuant::Q6);
+      for (int r = 0; r < R; ++r) {
+        const int8_t* q = a.qs(r0 + r) + (sb * 8 + c) * kQK;
+        __m512i lo = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[0], bcast32(q));
+        __m512i hi = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[4], bcast32(q + 16));
+        for (int g = 1; g < 4; ++g) {
+          lo = _mm512_dpbusd_epi32(lo, w[g], bcast32(q + 4 * g));
+          hi = _mm512_dpbusd_epi32(hi, w[g + 4], bcast32(q + 16 + 4 * g));
+        }
+        if constexpr (Q == KQuant::Q6)
+          S[r] = _mm512_add_epi32(S[r], _mm512_add_epi32(_mm512_mullo_epi32(lo, sc_lo),
+                                                         _mm512_mullo_epi32(hi, scales16(t + G.sc_hi + 16 * c, true))));
+        else
+          S[r] = _mm512_add_epi32(S[r], _mm512_mullo_epi32(_mm512_add_epi32(lo, hi), sc_lo));
+      }
+    }
+    // llama.cpp's tiled GEMM: (total * d - mins * dmin) * xd, one fma per super-block.
+    const __m512 dw = _mm512_loadu_ps(t + G.d);
+    for (int r = 0; r < R; ++r) {
+      __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(S[r]), dw);
+      if constexpr (Q != KQuant::Q6) {
+        const int32_t* bs16 = a.kbs16(r0 + r) + 16 * sb;
+        __m512i s2 = _mm512_setzero_si512();
+        for (int j = 0; j < 8; ++j)
+          s2 = _mm512_add_epi32(s2, _mm512_mullo_epi32(scales16(t + G.m + 16 * j, false),
+                                                       _mm512_set1_epi32(bs16[2 * j] + bs16[2 * j + 1])));
+        v = _mm512_fnmadd_ps(_mm512_loadu_ps(t + G.dmin), _mm512_cvtepi32_ps(s2), v);
+      }
+      acc[r] = _mm512_fmadd_ps(v, _mm512_set1_ps(a.kd(r0 + r)[sb]), acc[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(y + r * y_stride, store_mask, acc[r]);
+}
+
 template <bool BF16>
 void half_tile(const uint8_t* tile, size_t nb, const ActView& a, size_t r0, size_t nr, float* y, size_t y_stride,
                unsigned o_lo, unsigned o_hi) {
-  const auto mask = static_cast<__mmask16>(((1u << o_hi) - 1) & ~((1u << o_lo) - 1));
+  const __mmask16 mask = lane_mask(o_lo, o_hi);
   size_t r = 0;
   for (; r + 4 <= nr; r += 4) half_rows<BF16, 4>(tile, nb, a, r0 + r, y + r * y_stride, y_stride, mask);
   for (; r < nr; ++r) half_rows<BF16, 1>(tile, nb, a, r0 + r, y + r * y_stride, y_stride, mask);
@@ -315,8 +374,11 @@ constexpr TileKernelFn kByteTile = run_rows<byte_rows<Q51, 1>, byte_rows<Q51, 2>
 
 }  // namespace
 
+// Vec-dot order: two rows share each unpacked block (16 integer accumulators per row).
+// GEMM order: one accumulator per row, so four rows share it.
 template <KQuant Q, bool Batched>
-constexpr TileKernelFn kKTile = run_rows<k_rows<Q, Batched, 1>, k_rows<Q, Batched, 2>>;
+constexpr TileKernelFn kKTile = Batched ? run_rows4<k_rows_gemm<Q, 1>, k_rows_gemm<Q, 2>, k_rows_gemm<Q, 4>>
+                                        : run_rows<k_rows_vecdot<Q, 1>, k_rows_vecdot<Q, 2>>;
 
 TileKernelFn kquant_tile_avx512(KQuant q, bool batched) {
   switch (q) {
