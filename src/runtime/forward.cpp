@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <stdexcept>
 #include <string>
 
@@ -47,8 +48,47 @@ void gather_rows(const float* src, size_t dim, std::span<const size_t> rows, std
 Forward::Forward(const Model& model, ThreadPool& pool) : model_(model), pool_(pool) {}
 
 ForwardOutput Forward::run(KvCache& cache, const ForwardInput& in, const ForwardHooks* hooks) {
+  if (!hooks && in.slots.empty() && in.tokens.size() > kMaxPassRows) {
+    check_input(model_.hparams(), cache, in);  // all of it, before a first pass touches the cache
+    if (std::adjacent_find(in.positions.begin(), in.positions.end(), std::greater_equal<>()) == in.positions.end())
+      return run_in_passes(cache, in);
+  }
   const BatchSequence seq{&cache, in};
   return std::move(run_sequences(std::span<const BatchSequence>(&seq, 1), hooks).front());
+}
+
+// A long append with increasing positions (a prompt, a chunk) as consecutive passes of at
+// most kMaxPassRows rows, as llama.cpp's micro-batches (n_ubatch 512). Each row's result is
+// the same as in one pass: attention reads K/V from the cache, where every earlier row's
+// entry already is, and no row sees a later one (causal by position); the matrix kernels are
+// batch-invariant (a ByRowCount order is then decided per pass, as llama.cpp decides per
+// micro-batch). What it buys is bounded scratch memory: activations for kMaxPassRows rows
+// (about 100 MB less for a 2048-token prompt on Qwen2.5-0.5B).
+ForwardOutput Forward::run_in_passes(KvCache& cache, const ForwardInput& in) {
+  const size_t n = in.tokens.size();
+  ForwardOutput out;
+  out.vocab = static_cast<size_t>(model_.hparams().vocab_size);
+  out.slots.reserve(n);
+  out.logits.resize(in.logit_rows.size() * out.vocab);
+  for (size_t begin = 0; begin < n; begin += kMaxPassRows) {
+    const size_t end = std::min(n, begin + kMaxPassRows);
+    ForwardInput part = in;
+    part.tokens = in.tokens.subspan(begin, end - begin);
+    part.positions = in.positions.subspan(begin, end - begin);
+    std::vector<size_t> rows, where;  // this pass's logit rows and their place in the output
+    for (size_t i = 0; i < in.logit_rows.size(); ++i)
+      if (in.logit_rows[i] >= begin && in.logit_rows[i] < end) {
+        rows.push_back(in.logit_rows[i] - begin);
+        where.push_back(i);
+      }
+    part.logit_rows = rows;
+    const BatchSequence seq{&cache, part};
+    ForwardOutput o = std::move(run_sequences(std::span<const BatchSequence>(&seq, 1), nullptr).front());
+    out.slots.insert(out.slots.end(), o.slots.begin(), o.slots.end());
+    for (size_t i = 0; i < where.size(); ++i)
+      std::copy_n(o.row_logits(i), out.vocab, out.logits.begin() + static_cast<std::ptrdiff_t>(where[i] * out.vocab));
+  }
+  return out;
 }
 
 std::vector<ForwardOutput> Forward::run_batch(std::span<const BatchSequence> sequences) {

@@ -84,8 +84,10 @@ class Forward {
  public:
   Forward(const Model& model, ThreadPool& pool);
   // Throws std::invalid_argument on inconsistent input (sizes, token ids out of range,
-  // slots out of range, negative positions).
+  // slots out of range, negative positions). An append of more than kMaxPassRows rows with
+  // increasing positions and no hooks runs as several passes (same results, bounded memory).
   ForwardOutput run(KvCache& cache, const ForwardInput& in, const ForwardHooks* hooks = nullptr);
+  static constexpr size_t kMaxPassRows = 512;
   // Several independent sequences in one pass (continuous batching of decode steps): the
   // matrix products run over all rows together, attention per sequence over its own cache.
   // Each sequence's output equals what run() gives it alone (the kernels are batch-invariant).
@@ -96,6 +98,7 @@ class Forward {
 
  private:
   std::vector<ForwardOutput> run_sequences(std::span<const BatchSequence> sequences, const ForwardHooks* hooks);
+  ForwardOutput run_in_passes(KvCache& cache, const ForwardInput& in);
   const Model& model_;
   ThreadPool& pool_;
 };

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <numeric>
 #include <random>
 
@@ -73,6 +74,35 @@ TEST(Forward, LaterRowsAgainstPrefixCacheMatchFullPass) {
   auto part = fwd.run(cache, {std::span(ids).subspan(k), later, {}, want});
   for (size_t i = 0; i < want.size(); ++i)
     EXPECT_LE(max_abs_diff(part.row_logits(i), full.row_logits(k + want[i]), full.vocab), 1e-5f) << "row " << k + want[i];
+}
+
+// A prompt longer than kMaxPassRows runs as several passes (bounded scratch memory, as
+// llama.cpp's micro-batches): the same bits as one pass over all rows, logits in the order
+// asked for, and the same cache.
+TEST(Forward, LongAppendInPassesEqualsOnePass) {
+  CF_REQUIRE_MODEL();
+  const size_t n = 2 * Forward::kMaxPassRows + 77;
+  const auto ids = sample_tokens(n);
+  const auto pos = iota_positions(n);
+  const std::vector<size_t> rows = {n - 1, 0, Forward::kMaxPassRows - 1, Forward::kMaxPassRows, 700, 3};
+  Forward fwd(shared_model(), shared_pool());
+  KvCache in_passes(shared_model().hparams()), one_pass(shared_model().hparams());
+  const ForwardOutput a = fwd.run(in_passes, {ids, pos, {}, rows});
+  const BatchSequence seq{&one_pass, {ids, pos, {}, rows}};
+  const ForwardOutput b = fwd.run_batch(std::span(&seq, 1)).front();  // never split
+  ASSERT_EQ(a.logits.size(), rows.size() * a.vocab);
+  EXPECT_EQ(a.slots, b.slots);
+  EXPECT_EQ(0, std::memcmp(a.logits.data(), b.logits.data(), a.logits.size() * sizeof(float)));
+  for (int l : {0, shared_model().hparams().n_layers - 1}) {
+    EXPECT_EQ(k_rows(in_passes, l, 0, n), k_rows(one_pass, l, 0, n)) << "layer " << l;
+    EXPECT_EQ(v_rows(in_passes, l, 0, n), v_rows(one_pass, l, 0, n)) << "layer " << l;
+  }
+  // Bad input anywhere leaves the cache untouched, also when the bad row is in a later pass.
+  auto bad = ids;
+  bad[n - 2] = -1;
+  KvCache untouched(shared_model().hparams());
+  EXPECT_THROW(fwd.run(untouched, {bad, pos, {}, {}}), std::invalid_argument);
+  EXPECT_EQ(untouched.size(), 0u);
 }
 
 // Rows in any order: the mask is by position, not by row order. Sums over entries then run
