@@ -93,6 +93,7 @@ class KnowledgeApiTest(unittest.TestCase):
         self.assertEqual(d["context_tokens"], sum(len(c["tokens"]) for c in d["chunks"]))
         self.assertEqual(d["recomputed_tokens"], int(0.3 * d["context_tokens"]))
         self.assertIn("scores", d["chunks"][0])  # QCFuse's own token scores
+        self.assertIn("critical layers", d["score_kind"])
         self.assertTrue(all(c["last_layer"] == d["n_layers"] - 1 for c in d["chunks"]))
         for phase in ("lookup_ms", "load_ms", "selection_ms", "recompute_ms", "ttft_ms"):
             self.assertGreaterEqual(d["timings"][phase], 0)
@@ -123,6 +124,55 @@ class KnowledgeApiTest(unittest.TestCase):
             self.assertEqual(s, 200)
             s, err = self.server.get("/v1/documents/" + d_id)
             self.assert_error(s, err, 404)
+
+    def test_every_selector_shows_its_token_scores(self):
+        """Each selector's own per-token score reaches the details for every retrieved chunk's
+        tokens; a score-ranked selector recomputes exactly the global top floor(rho N) of its
+        scores, a per-chunk one (EPIC, Cache-Craft) the top of each chunk's."""
+        s, doc = self.upload("ferns.txt", (
+            "Tree ferns of the Kallis valley grow ten metres tall and live for five centuries.\n\n"
+            "The valley floods each autumn; the ferns survive because their roots hold air pockets.\n\n"
+            "Botanists from Orlen first described the Kallis tree fern in 1903.\n").encode(), chunk_tokens=24)
+        self.assertEqual(s, 202, doc)
+        h.wait_documents_ready(self.server)
+        ratio = 0.25
+        global_top = ("qcfuse", "prophet", "cacheblend", "fusionrag")
+        per_chunk = ("epic", "cachecraft")
+        unscored = ("random", "reuse", "full")
+        try:
+            for method in global_top + per_chunk + unscored:
+                with self.subTest(method=method):
+                    body = {"model": self.model, "max_tokens": 2, "temperature": 0,
+                            "messages": [{"role": "user", "content": "How tall do Kallis tree ferns grow?"}],
+                            "retrieval": {"k": 3, "query": "Kallis tree ferns valley"},
+                            "fusion": {"method": method, "ratio": ratio}}
+                    s, resp = self.server.post("/v1/chat/completions", body)
+                    self.assertEqual(s, 200, resp)
+                    s, d = self.server.get("/v1/details/" + resp["id"])
+                    self.assertEqual(s, 200, d)
+                    self.assertTrue(d["score_kind"], d)
+                    self.assertGreaterEqual(len(d["chunks"]), 2)
+                    if method in unscored:
+                        self.assertTrue(d["score_kind"].startswith("none"), d["score_kind"])
+                        self.assertTrue(all("scores" not in c for c in d["chunks"]))
+                        continue
+                    for c in d["chunks"]:
+                        self.assertEqual(len(c["scores"]), len(c["tokens"]), c)
+                        self.assertTrue(all(0 <= x <= 1 for x in c["scores"]))
+                    if method in global_top:
+                        # (score, global position) of every context token; ties go to the lower slot.
+                        flat = [(-x, c["begin"] + i) for c in d["chunks"] for i, x in enumerate(c["scores"])]
+                        want = sorted(p for _, p in sorted(flat)[:int(ratio * len(flat))])
+                        got = sorted(c["begin"] + i for c in d["chunks"] for i in c["recomputed"])
+                        self.assertEqual(got, want)
+                    else:
+                        for c in d["chunks"]:
+                            chosen = [c["scores"][i] for i in c["recomputed"]]
+                            rest = [x for i, x in enumerate(c["scores"]) if i not in set(c["recomputed"])]
+                            if chosen and rest:
+                                self.assertGreaterEqual(min(chosen), max(rest))
+        finally:
+            self.server.request("DELETE", "/v1/documents/" + doc["id"])
 
     def test_csv_and_jsonl(self):
         s, d = self.upload("staff.csv", b"name,room\nAda,12\nBob,\"7, east\"\n")

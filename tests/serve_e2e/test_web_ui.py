@@ -113,6 +113,7 @@ class WebUiTest(unittest.TestCase):
         self.assertGreater(server_count, 0)
         expect(details.locator(".tokens .tok.rec")).to_have_count(server_count, timeout=15000)
         expect(details.get_by_test_id("highlighted-count")).to_have_text(str(server_count))
+        expect(details.get_by_test_id("score-kind")).to_contain_text("critical layers")  # QCFuse's own scores
         self.shot("3-details")
 
         # Compare mode: full prefill and the method side by side.

@@ -124,6 +124,7 @@ export interface Detail {
   recomputed_share: number;
   retrieval: Retrieved[];
   selection: Record<string, unknown>;
+  score_kind: string; // what the selector's per-token scores are, or "none: ..." and why
   timings: Timings;
   usage: Record<string, unknown>;
 }
