@@ -448,7 +448,7 @@ CompletionResult Engine::Impl::complete(const CompletionRequest& req,
     };
   job.history = rr.flatten();
 
-  FusionResult fr_stats{{}, KvCache(model->hparams()), 0, {}, 0, 0, 0, false, 0, {}, {}};
+  FusionResult fr_stats{{}, KvCache(model->hparams()), 0, {}, 0, 0, 0, false, 0, {}, {}, {}, {}};
   PrefixSource* source = f.prefix_cache ? static_cast<PrefixSource*>(&prefixes) : (fused ? &uncached : nullptr);
   job.prefill = [&](Forward& fw) {
     FusionExecutor executor(fw, store, source);
@@ -607,6 +607,8 @@ std::optional<ChunkInfo> Engine::chunk(const std::string& id) const {
   if (it == impl_->registered.end()) return std::nullopt;
   return ChunkInfo{id, it->second.tokens.size(), impl_->store.contains(impl_->key_of(it->second.tokens)), it->second.text};
 }
+
+const ChunkStore& Engine::chunk_store() const { return impl_->store; }
 
 bool Engine::remove_chunk(const std::string& id) {
   bool known = false;

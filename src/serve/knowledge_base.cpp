@@ -9,6 +9,7 @@
 
 #include "fusion/bm25.h"
 #include "model/tokenizer.h"
+#include "serve/chunk_cache_state.h"
 #include "serve/chunking.h"
 
 namespace cf {
@@ -129,19 +130,16 @@ void KnowledgeBase::wait_idle() {
 
 json KnowledgeBase::chunk_json_locked(const Chunk& c, bool with_text) const {
   std::string cache = "none";
+  json state = nullptr;
   if (!c.cache_id.empty()) {
-    auto info = engine_.chunk(c.cache_id);
-    if (info && info->cached) {
-      const std::string path = engine_.options().cache_dir + "/" + c.cache_id.substr(0, 2) + "/" + c.cache_id + ".cfkv";
-      std::error_code ec;
-      cache = std::filesystem::exists(path, ec) ? "disk" : "memory";
-    }
+    state = chunk_cache_state(engine_.chunk_store(), c.cache_id);
+    cache = state["disk"] ? "disk" : state["memory"] ? "memory" : "none";
   }
   const auto d = documents_.find(c.document_id);
   json j{{"id", c.id},       {"document_id", c.document_id}, {"source", d != documents_.end() ? d->second.name : ""},
          {"index", c.index}, {"n_tokens", c.n_tokens},       {"summary", c.summary},
          {"hash", c.hash},   {"cache_id", c.cache_id},       {"state", c.state},
-         {"cache", cache},   {"uses", c.uses}};
+         {"cache", cache},   {"cache_state", state},         {"uses", c.uses}};
   if (!c.error.empty()) j["error"] = c.error;
   if (with_text) j["text"] = c.text;
   return j;

@@ -171,6 +171,16 @@ class KnowledgeApiTest(unittest.TestCase):
                             rest = [x for i, x in enumerate(c["scores"]) if i not in set(c["recomputed"])]
                             if chosen and rest:
                                 self.assertGreaterEqual(min(chosen), max(rest))
+            # The chunks' cache state shows the offline work those requests left: QCFuse's
+            # anchors and Cache-Craft's variants (one per chunk and prefix seen).
+            _, chunks = self.server.get("/v1/knowledge/chunks")
+            used = [c for c in chunks["data"] if c["document_id"] == doc["id"] and c["uses"] > 0]
+            self.assertGreaterEqual(len(used), 2)
+            for c in used:
+                st = c["cache_state"]
+                self.assertTrue(st["memory"] and st["disk"] and st["anchors"], c)
+                self.assertGreaterEqual(st["variants"], 1, c)
+                self.assertIsNone(st["remote"])
         finally:
             self.server.request("DELETE", "/v1/documents/" + doc["id"])
 
