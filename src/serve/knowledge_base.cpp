@@ -32,6 +32,7 @@ json RetrievedChunk::to_json() const {
 }
 
 KnowledgeBase::KnowledgeBase(Engine& engine, KnowledgeBaseOptions opt) : engine_(engine), opt_(std::move(opt)) {
+  load();
   thread_ = std::thread([this] { worker(); });
 }
 
@@ -85,6 +86,7 @@ json KnowledgeBase::add_document(const std::string& name, const std::string& for
     chunks_.emplace(c.id, std::move(c));
   }
   auto [it, _] = documents_.emplace(d.id, std::move(d));
+  save_locked();
   cv_.notify_all();
   return document_json_locked(it->second);
 }
@@ -115,6 +117,7 @@ void KnowledgeBase::worker() {
       it->second.cache_id = cache_id;
       it->second.error = error;
       it->second.state = error.empty() ? "ready" : "failed";
+      if (queue_.empty()) save_locked();  // once per batch of uploads, not per chunk
     } else if (!cache_id.empty()) {  // deleted while computing: drop the cache unless shared
       const bool shared = std::any_of(chunks_.begin(), chunks_.end(), [&](const auto& kv) { return kv.second.cache_id == cache_id; });
       if (!shared) engine_.remove_chunk(cache_id);
@@ -209,6 +212,7 @@ bool KnowledgeBase::remove_document(const std::string& id) {
   if (it == documents_.end()) return false;
   for (const auto& cid : it->second.chunk_ids) drop_chunk_locked(cid);
   documents_.erase(it);
+  save_locked();
   return true;
 }
 
@@ -223,6 +227,7 @@ bool KnowledgeBase::remove_chunk(const std::string& chunk_id) {
     ids.erase(std::remove(ids.begin(), ids.end(), chunk_id), ids.end());
     if (ids.empty()) documents_.erase(d);  // its last chunk: the document goes too
   }
+  save_locked();
   return true;
 }
 
@@ -252,6 +257,7 @@ void KnowledgeBase::note_used(const std::vector<RetrievedChunk>& used) {
     auto it = chunks_.find(r.chunk_id);
     if (it != chunks_.end()) ++it->second.uses;
   }
+  save_locked();
 }
 
 }  // namespace cf

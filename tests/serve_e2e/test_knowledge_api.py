@@ -7,7 +7,9 @@ a request uses it; each gets a clear 4xx and the server keeps serving.
 """
 import base64
 import os
+import shutil
 import sys
+import tempfile
 import threading
 import unittest
 
@@ -246,6 +248,87 @@ class KnowledgeApiTest(unittest.TestCase):
         # The request took the chunk's text when it was retrieved: it completes.
         self.assertEqual(out["r"][0], 200, out["r"])
         self.assertEqual(self.server.get("/health")[0], 200)
+
+
+class KnowledgePersistenceTest(unittest.TestCase):
+    """The knowledge base outlives the server: a real restart on the same store folder lists
+    the same documents, chunks and use counts; a damaged file is set aside, not a crash."""
+
+    def setUp(self):
+        self.store = tempfile.mkdtemp(prefix="chunkfuse-kb-")
+        self.addCleanup(shutil.rmtree, self.store, True)
+
+    def start(self):
+        server = h.Server(cache_dir=self.store)
+        self.addCleanup(lambda: server.proc.poll() is None and server.stop())
+        return server
+
+    def test_documents_survive_a_restart(self):
+        server = self.start()
+        s, doc = server.post("/v1/documents", {"name": "moons.txt", "text": "Tavrin has three moons.\n\nThe largest moon is Ossel."})
+        self.assertEqual(s, 202, doc)
+        h.wait_documents_ready(server)
+        _, models = server.get("/v1/models")
+        s, resp = server.post("/v1/chat/completions", {
+            "model": models["data"][0]["id"], "max_tokens": 2, "messages": [{"role": "user", "content": "How many moons has Tavrin?"}],
+            "retrieval": {"k": 1}, "fusion": {"method": "qcfuse", "ratio": 0.2}})
+        self.assertEqual(s, 200, resp)
+        _, before = server.get("/v1/knowledge/chunks")
+        self.assertEqual(sum(c["uses"] for c in before["data"]), 1)
+        self.assertTrue(any(c["cache_state"]["anchors"] for c in before["data"]))  # QCFuse prepared its anchors
+        code, log = server.stop()
+        self.assertEqual(code, 0, log)
+        path = os.path.join(self.store, "knowledge-base.json")
+        self.assertEqual(os.stat(path).st_mode & 0o777, 0o600)
+
+        server = self.start()
+        self.assertRegex(server.log_text(), r"knowledge base: loaded 1 documents, \d+ chunks \(0 to precompute\)")
+        _, docs = server.get("/v1/documents")
+        self.assertEqual([(d["id"], d["name"], d["status"]) for d in docs["data"]], [(doc["id"], "moons.txt", "ready")])
+        _, after = server.get("/v1/knowledge/chunks")
+        keep = ("id", "text", "summary", "hash", "cache_id", "uses", "n_tokens")
+        self.assertEqual([{k: c.get(k) for k in keep} for c in after["data"]],
+                         [{k: c.get(k) for k in keep} for c in before["data"]])
+        for c in after["data"]:
+            self.assertTrue(c["cache_state"]["disk"], c)
+            self.assertIsNone(c["cache_state"]["remote"])  # no remote tier configured
+        s, r = server.post("/v1/retrieve", {"query": "largest moon", "k": 1})
+        self.assertEqual(r["data"][0]["document_id"], doc["id"])
+        # New uploads do not reuse an old id.
+        s, doc2 = server.post("/v1/documents", {"name": "b.txt", "text": "Another note."})
+        self.assertNotEqual(doc2["id"], doc["id"])
+
+    def test_a_damaged_file_is_set_aside(self):
+        path = os.path.join(self.store, "knowledge-base.json")
+        os.makedirs(self.store, exist_ok=True)
+        with open(path, "w") as f:
+            f.write('{"version": 1, "documents": [{"id": ')
+        server = self.start()
+        self.assertIn("knowledge-base.json is damaged", server.log_text())
+        self.assertTrue(os.path.exists(path + ".damaged"))
+        _, docs = server.get("/v1/documents")
+        self.assertEqual(docs["data"], [])
+        s, d = server.post("/v1/documents", {"name": "ok.txt", "text": "Still serving."})
+        self.assertEqual(s, 202, d)
+        self.assertTrue(os.path.exists(path))  # a fresh file
+
+    def test_a_link_in_place_of_the_file_is_never_followed(self):
+        os.makedirs(self.store, exist_ok=True)
+        outside = os.path.join(tempfile.mkdtemp(prefix="chunkfuse-kb-outside-"), "kb.json")
+        self.addCleanup(shutil.rmtree, os.path.dirname(outside), True)
+        original = '{"version": 1, "next_document": 0, "documents": []}'
+        with open(outside, "w") as f:
+            f.write(original)
+        path = os.path.join(self.store, "knowledge-base.json")
+        os.symlink(outside, path)
+        server = self.start()
+        self.assertIn("not a regular file", server.log_text())
+        s, d = server.post("/v1/documents", {"name": "ok.txt", "text": "Written beside the link, not through it."})
+        self.assertEqual(s, 202, d)
+        self.assertFalse(os.path.islink(path))
+        self.assertEqual(os.stat(path).st_mode & 0o777, 0o600)
+        with open(outside) as f:
+            self.assertEqual(f.read(), original)
 
 
 class KnowledgeAccessTest(unittest.TestCase):
