@@ -6,6 +6,7 @@ binary file named .pdf, an upload over --max-body, an unknown format, a document
 a request uses it; each gets a clear 4xx and the server keeps serving.
 """
 import base64
+import json
 import os
 import shutil
 import sys
@@ -247,7 +248,34 @@ class KnowledgeApiTest(unittest.TestCase):
         t.join(120)
         # The request took the chunk's text when it was retrieved: it completes.
         self.assertEqual(out["r"][0], 200, out["r"])
+        # The document itself is gone: a clear 404 to whoever still names it (the page's Delete).
+        s, err = self.server.request("DELETE", "/v1/documents/" + d["id"])
+        self.assert_error(s, err, 404)
+        self.assertIn("no document '%s'" % d["id"], err["error"]["message"])
+        self.assert_error(*self.server.get("/v1/documents/" + d["id"]), 404)
         self.assertEqual(self.server.get("/health")[0], 200)
+
+
+class KnowledgeDefaultLimitTest(unittest.TestCase):
+    def test_a_50_mb_upload_at_the_default_limit(self):
+        # The issue's case at the server's own default --max-body (8 MiB), not a lowered one.
+        server = h.Server()
+        try:
+            body = json.dumps({"name": "big.txt", "content_base64": b64(b"word " * (10 << 20))}).encode()
+            self.assertGreater(len(body), 50 << 20)
+            try:
+                s, err = server.request("POST", "/v1/documents", raw=body)
+            except (BrokenPipeError, ConnectionResetError) as e:
+                # The server answers 413 from the headers and closes before the body is sent.
+                self.fail("no 413 answer: %r" % e)
+            self.assertEqual(s, 413, err)
+            self.assertIn("larger than the limit of 8388608 bytes", err["error"]["message"])
+            self.assertEqual(server.get("/health")[0], 200)
+            _, docs = server.get("/v1/documents")
+            self.assertEqual(docs["data"], [])
+        finally:
+            code, log = server.stop()
+            self.assertEqual(code, 0, log)
 
 
 class KnowledgePersistenceTest(unittest.TestCase):

@@ -137,10 +137,18 @@ class WebUiTest(unittest.TestCase):
         expect(p.get_by_test_id("kb-error")).to_contain_text("not a PDF")
         p.get_by_test_id("upload").set_input_files([self.file("sheet.xlsx", b"PK\x03\x04 not a sheet")])
         expect(p.get_by_test_id("kb-error")).to_contain_text("unknown document format")
-        # Over --max-body (8 MiB by default; the API test sends its 50 MB case at a smaller bound).
-        p.get_by_test_id("upload").set_input_files([self.file("big.txt", b"word " * (2 << 20))])
+        # The 50 MB upload, at the server's default --max-body (8 MiB).
+        p.get_by_test_id("upload").set_input_files([self.file("big.txt", b"word " * (10 << 20))])
         expect(p.get_by_test_id("kb-error")).to_contain_text("larger than the limit", timeout=30000)
         expect(p.locator("[data-testid=document]")).to_have_count(2)  # none of them was added
+        # A document deleted elsewhere (another tab, the API) while the page still lists it.
+        self.server.api_key = KEY
+        _, docs = self.server.get("/v1/documents")
+        pdf = next(d for d in docs["data"] if d["name"] == "velmora.pdf")
+        self.assertEqual(self.server.request("DELETE", "/v1/documents/" + pdf["id"])[0], 200)
+        p.get_by_role("button", name="Delete velmora.pdf").click()
+        expect(p.get_by_test_id("kb-error")).to_contain_text("no document '%s'" % pdf["id"])
+        expect(p.locator("[data-testid=document]")).to_have_count(1)  # the list caught up
 
         # Metrics view, then the phone-sized screen.
         p.get_by_role("button", name="Metrics").click()
