@@ -6,11 +6,16 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 
 #include "fusion/bm25.h"
+#include "kv/cache_file.h"
+#include "kv/store_paths.h"
 #include "model/tokenizer.h"
 #include "serve/chunk_cache_state.h"
 #include "serve/chunking.h"
+#include "serve/knowledge_base_file.h"
 
 namespace cf {
 
@@ -258,6 +263,98 @@ void KnowledgeBase::note_used(const std::vector<RetrievedChunk>& used) {
     if (it != chunks_.end()) ++it->second.uses;
   }
   save_locked();
+}
+
+}  // namespace cf
+
+// ---- persistence (knowledge_base_file.h): written with the chunk store's atomic writer (a
+// private temp file created with O_EXCL, then rename, which replaces a link at the name
+// instead of following it); read only when the name is a regular file itself (store_paths.h).
+namespace cf {
+
+std::string KnowledgeBase::file_path() const { return engine_.options().cache_dir + "/knowledge-base.json"; }
+
+void KnowledgeBase::save_locked() const {
+  SavedKnowledgeBase kb;
+  kb.next_document = next_document_;
+  for (const auto& [id, d] : documents_) {
+    SavedDocument sd{d.id, d.name, d.format, d.bytes, d.chunk_tokens, d.created, {}};
+    for (const auto& cid : d.chunk_ids) {
+      const Chunk& c = chunks_.at(cid);
+      sd.chunks.push_back({c.id, c.text, c.summary, c.hash, c.cache_id, c.state, c.error, c.index, c.n_tokens, c.uses});
+    }
+    kb.documents.push_back(std::move(sd));
+  }
+  const std::string text = knowledge_base_file_text(kb);
+  try {
+    write_cache_bytes(file_path(), std::vector<uint8_t>(text.begin(), text.end()), /*durable=*/true);
+  } catch (const std::exception& e) {
+    // The knowledge base keeps working in memory; the next change tries again.
+    std::fprintf(stderr, "chunkfuse serve: knowledge base not saved: %s\n", e.what());
+  }
+}
+
+void KnowledgeBase::load() {
+  const std::string path = file_path();
+  std::error_code ec;
+  if (!std::filesystem::exists(std::filesystem::symlink_status(path, ec))) {
+    std::fprintf(stderr, "chunkfuse serve: knowledge base: new, will be saved to %s\n", path.c_str());
+    return;
+  }
+  SavedKnowledgeBase saved;
+  try {
+    if (!is_real_file(path)) throw std::runtime_error("not a regular file (a link or a folder)");
+    std::ifstream in(path, std::ios::binary);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    if (!in) throw std::runtime_error("cannot read it");
+    saved = parse_knowledge_base_file(ss.str(), opt_.max_documents, opt_.max_chunks);
+  } catch (const std::exception& e) {
+    const std::string aside = path + ".damaged";
+    std::filesystem::rename(path, aside, ec);  // renames a link itself, never its target
+    const std::string where = ec ? path + " stays (could not move it: " + ec.message() + ")" : "moved aside to " + aside;
+    std::fprintf(stderr, "chunkfuse serve: knowledge base %s is damaged (%s); %s, starting with an empty knowledge base\n",
+                 path.c_str(), e.what(), where.c_str());
+    return;
+  }
+  std::lock_guard lk(mu_);
+  next_document_ = saved.next_document;
+  size_t requeued = 0;
+  for (auto& sd : saved.documents) {
+    unsigned long long number = 0;  // ids never handed out twice, whatever next_document says
+    if (std::sscanf(sd.id.c_str(), "doc-%llu", &number) == 1) next_document_ = std::max<uint64_t>(next_document_, number);
+    Document d{sd.id, sd.name, sd.format, sd.bytes, sd.chunk_tokens, sd.created, {}};
+    for (auto& sc : sd.chunks) {
+      Chunk c;
+      c.id = sc.id;
+      c.document_id = d.id;
+      c.text = std::move(sc.text);
+      c.summary = std::move(sc.summary);
+      c.hash = std::move(sc.hash);
+      c.cache_id = std::move(sc.cache_id);
+      c.error = std::move(sc.error);
+      c.state = std::move(sc.state);
+      c.index = sc.index;
+      c.n_tokens = sc.n_tokens;
+      c.uses = sc.uses;
+      c.terms = bm25_terms(c.text);
+      // A chunk whose cache the engine does not hold (another model, a cleared store, a
+      // failed or unfinished precompute) is computed again.
+      const auto info = c.cache_id.empty() ? std::nullopt : engine_.chunk(c.cache_id);
+      if (c.state != "ready" || !info || !info->cached) {
+        c.state = "queued";
+        c.cache_id.clear();
+        c.error.clear();
+        queue_.push_back(c.id);
+        ++requeued;
+      }
+      d.chunk_ids.push_back(c.id);
+      chunks_.emplace(c.id, std::move(c));
+    }
+    documents_.emplace(d.id, std::move(d));
+  }
+  std::fprintf(stderr, "chunkfuse serve: knowledge base: loaded %zu documents, %zu chunks (%zu to precompute) from %s\n",
+               documents_.size(), chunks_.size(), requeued, path.c_str());
 }
 
 }  // namespace cf

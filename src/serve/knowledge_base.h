@@ -7,7 +7,7 @@
 // the one chunk store and a request that retrieves them hits them. The cache state
 // (chunk_cache_state.h) says which tiers hold a chunk and which methods' offline work it has.
 //
-// Persistence (knowledge_base_file.cpp): documents, chunks (text, summary, hash, cache id)
+// Persistence (knowledge_base_file.h): documents, chunks (text, summary, hash, cache id)
 // and use counts are saved to <store folder>/knowledge-base.json after every change (written
 // atomically, 0600, never through a symlink) and read back when the server starts; a chunk
 // whose cache the engine no longer holds is queued again. A damaged file is reported in one
