@@ -137,17 +137,11 @@ void KnowledgeBase::wait_idle() {
 }
 
 json KnowledgeBase::chunk_json_locked(const Chunk& c, bool with_text) const {
-  std::string cache = "none";
-  json state = nullptr;
-  if (!c.cache_id.empty()) {
-    state = chunk_cache_state(engine_.chunk_store(), c.cache_id);
-    cache = state["disk"] ? "disk" : state["memory"] ? "memory" : "none";
-  }
   const auto d = documents_.find(c.document_id);
   json j{{"id", c.id},       {"document_id", c.document_id}, {"source", d != documents_.end() ? d->second.name : ""},
          {"index", c.index}, {"n_tokens", c.n_tokens},       {"summary", c.summary},
          {"hash", c.hash},   {"cache_id", c.cache_id},       {"state", c.state},
-         {"cache", cache},   {"cache_state", state},         {"uses", c.uses}};
+         {"cache", "none"},  {"cache_state", nullptr},       {"uses", c.uses}};
   if (!c.error.empty()) j["error"] = c.error;
   if (with_text) j["text"] = c.text;
   return j;
@@ -182,21 +176,40 @@ json KnowledgeBase::list_documents() const {
   return {{"object", "list"}, {"data", data}};
 }
 
+// The cache state asks the chunk store (and Redis, with a remote tier): done after the
+// knowledge base's lock is released, so a slow answer never holds up uploads or retrieval.
+void KnowledgeBase::fill_cache_states(json& chunks) const {
+  for (auto& c : chunks) {
+    const std::string cache_id = c["cache_id"];
+    if (cache_id.empty() || c["state"] != "ready") continue;
+    json state = chunk_cache_state(engine_.chunk_store(), cache_id);
+    c["cache"] = state["disk"] ? "disk" : state["memory"] ? "memory" : "none";
+    c["cache_state"] = std::move(state);
+  }
+}
+
 std::optional<json> KnowledgeBase::document(const std::string& id) const {
-  std::lock_guard lk(mu_);
-  auto it = documents_.find(id);
-  if (it == documents_.end()) return std::nullopt;
-  json j = document_json_locked(it->second);
-  j["chunks"] = json::array();
-  for (const auto& cid : it->second.chunk_ids) j["chunks"].push_back(chunk_json_locked(chunks_.at(cid), true));
+  json j;
+  {
+    std::lock_guard lk(mu_);
+    auto it = documents_.find(id);
+    if (it == documents_.end()) return std::nullopt;
+    j = document_json_locked(it->second);
+    j["chunks"] = json::array();
+    for (const auto& cid : it->second.chunk_ids) j["chunks"].push_back(chunk_json_locked(chunks_.at(cid), true));
+  }
+  fill_cache_states(j["chunks"]);
   return j;
 }
 
 json KnowledgeBase::list_chunks() const {
-  std::lock_guard lk(mu_);
   json data = json::array();
-  for (const auto& [did, d] : documents_)
-    for (const auto& cid : d.chunk_ids) data.push_back(chunk_json_locked(chunks_.at(cid), false));
+  {
+    std::lock_guard lk(mu_);
+    for (const auto& [did, d] : documents_)
+      for (const auto& cid : d.chunk_ids) data.push_back(chunk_json_locked(chunks_.at(cid), false));
+  }
+  fill_cache_states(data);
   return {{"object", "list"}, {"data", data}};
 }
 

@@ -89,7 +89,8 @@ class KnowledgeBase {
   std::string file_path() const;  // <store folder>/knowledge-base.json
   void load();                    // constructor: reads the file (if any)
   void save_locked() const;       // after every change; failures are reported, not thrown
-  nlohmann::json chunk_json_locked(const Chunk& c, bool with_text) const;
+  nlohmann::json chunk_json_locked(const Chunk& c, bool with_text) const;  // cache state left to:
+  void fill_cache_states(nlohmann::json& chunks) const;                     // without the lock
   void drop_chunk_locked(const std::string& chunk_id);
   void worker();
 
