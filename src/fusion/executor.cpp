@@ -78,7 +78,7 @@ FusionResult FusionExecutor::prefill(const RagRequest& req, const FusionOptions&
   const size_t context_end = context_begin + req.context_tokens();
 
   const auto t0 = Clock::now();
-  FusionResult r{{}, KvCache(h, tokens.size() + 256), 0, {}, req.context_tokens(), 0, 0, false, 0, {}, {}};
+  FusionResult r{{}, KvCache(h, tokens.size() + 256), 0, {}, req.context_tokens(), 0, 0, false, 0, {}, {}, {}, {}};
   r.next_position = static_cast<int32_t>(tokens.size());
 
   if (opt.method == "full") {  // the reference: one plain prefill of the whole request
@@ -176,6 +176,8 @@ FusionResult FusionExecutor::prefill(const RagRequest& req, const FusionOptions&
   r.logits = std::move(out.logits);
   r.recomputed = std::move(sel.slots);
   r.selection_details = std::move(sel.details);
+  r.token_scores = std::move(sel.scores);
+  r.score_kind = std::move(sel.score_kind);
   r.timings.lookup_ms = ms_between(t_lookup, t_stitch) - offline;
   r.timings.offline_ms = offline;
   r.timings.load_ms = ms_between(t_stitch, t_select);

@@ -58,6 +58,8 @@ struct FusionResult {
   size_t prefix_hit_tokens = 0;
   FusionTimings timings;
   nlohmann::json selection_details;
+  std::vector<double> token_scores;  // Selection::scores (per context token; empty: none)
+  std::string score_kind;            // Selection::score_kind
 };
 
 class FusionExecutor {

@@ -50,6 +50,47 @@ std::vector<std::string> render_chat_around(const ChatTemplate& tmpl, std::vecto
   return pieces;
 }
 
+namespace {
+// The plain-text conversation, with the generation prompt ("\nAnswer:" after the last user
+// turn, already there when it is the last message).
+std::string render_plain(const std::vector<ChatMessage>& messages) {
+  std::string s;
+  for (const auto& m : messages) {
+    if (m.role == "system") s += m.content + "\n\n";
+    else if (m.role == "assistant") s += " " + m.content + "\n\n";
+    else s += m.content + "\nAnswer:";
+  }
+  return s;
+}
+}  // namespace
+
+std::vector<std::string> render_prompt_around(const ChatTemplate& tmpl, std::vector<ChatMessage> messages,
+                                              const std::vector<size_t>& split_at) {
+  if (tmpl.from_file()) return render_chat_around(tmpl, std::move(messages), split_at);
+  std::vector<std::string> pieces(1);
+  size_t k = 0;
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const bool split = k < split_at.size() && split_at[k] == i;
+    if (!split) {
+      pieces.back() += render_plain({messages[i]});
+      continue;
+    }
+    // The text around the content: render with an empty content, cut where it would be.
+    const std::string empty = render_plain({{messages[i].role, ""}});
+    const size_t at = messages[i].role == "assistant" ? 1 : 0;  // render_plain's " " before an answer
+    pieces.back() += empty.substr(0, at);
+    pieces.push_back(empty.substr(at));
+    ++k;
+  }
+  if (k != split_at.size()) throw std::invalid_argument("render_prompt_around: split indices out of range or not ascending");
+  return pieces;
+}
+
+std::vector<std::string> default_chat_stops(const ChatTemplate& tmpl) {
+  if (tmpl.from_file()) return {};
+  return {"\n\n"};
+}
+
 RagRequest build_rag_request(const Model& model, const std::vector<Passage>& passages, const std::string& question,
                              const RagPromptOptions& opt) {
   const Tokenizer& tok = model.tokenizer();

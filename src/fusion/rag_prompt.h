@@ -40,6 +40,16 @@ std::string passage_text(const Passage& p, const RagPromptOptions& opt);
 std::vector<std::string> render_chat_around(const ChatTemplate& tmpl, std::vector<ChatMessage> messages,
                                             const std::vector<size_t>& split_at);
 
+// The same for the server's chat requests, whatever the model file: its own template, or for
+// a file without one (a base model such as Gemma 3 270M) the plain-text conversation of
+// build_rag_request's fallback: "<system>\n\n", then per turn "<user>\nAnswer:" and
+// " <assistant>\n\n" (the passages go before the last user text, as in every layout).
+std::vector<std::string> render_prompt_around(const ChatTemplate& tmpl, std::vector<ChatMessage> messages,
+                                              const std::vector<size_t>& split_at);
+// Where a chat answer ends when the request names no stop: nothing for a template with its
+// own end-of-turn token; the blank line that ends a plain-text answer otherwise.
+std::vector<std::string> default_chat_stops(const ChatTemplate& tmpl);
+
 RagRequest build_rag_request(const Model& model, const std::vector<Passage>& passages, const std::string& question,
                              const RagPromptOptions& opt = {});
 

@@ -52,6 +52,8 @@ class CacheBlendSelector final : public Selector {
       dev[i] = d;
     }
     sel.slots = top_k_slots(dev, in.context_begin, k);
+    sel.scores = std::move(dev);
+    sel.score_kind = "squared deviation of fresh from reused keys at layer " + std::to_string(layer);
     return sel;
   }
 

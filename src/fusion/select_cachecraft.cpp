@@ -391,6 +391,16 @@ class CacheCraftSelector final : public Selector {
                            {"recomputed", counts[i]}});
     }
     std::sort(sel.slots.begin(), sel.slots.end());
+    // Its two metrics as one score: the chunk's penalty CCI·(1-β') scaled down along the
+    // chunk's stored token ranking (attention to the old prefix), so each chunk's chosen
+    // tokens are its top-scored ones.
+    for (size_t i = 0; i < k; ++i) {
+      std::vector<double> s(sizes[i], 0.0);
+      for (size_t r = 0; r < rank[i].size() && r < sizes[i]; ++r)
+        if (rank[i][r] < sizes[i]) s[rank[i][r]] = penalty[i] * (1.0 - static_cast<double>(r) / static_cast<double>(sizes[i]));
+      sel.scores.insert(sel.scores.end(), s.begin(), s.end());
+    }
+    sel.score_kind = "chunk penalty CCI*(1-beta') x the token's place in its stored ranking";
     sel.details = {{"chunks", per_chunk},
                    {"alpha", opt_.alpha},
                    {"alpha_used", std::isfinite(alpha_used) ? nlohmann::json(alpha_used) : nlohmann::json("inf")},

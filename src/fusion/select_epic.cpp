@@ -31,6 +31,10 @@ class EpicSelector final : public Selector {
     for (size_t i = 0; i < in.chunks.size(); ++i)
       for (size_t t = 0; t < take[i]; ++t) sel.slots.push_back(in.chunks[i].begin + t);
     sel.details["per_chunk"] = take;
+    // EPIC's rule as a score: a token's worth falls with its place in its chunk.
+    for (const ChunkPlacement& c : in.chunks)
+      for (size_t t = 0; t < c.n_tokens; ++t) sel.scores.push_back(1.0 / static_cast<double>(t + 1));
+    sel.score_kind = "1 / (position in its chunk + 1): EPIC recomputes chunk starts";
     return sel;
   }
 };

@@ -87,6 +87,8 @@ class FusionRagSelector final : public Selector {
     }
     in.cache.truncate(before);
     sel.slots = top_k_slots(score, in.context_begin, k);
+    sel.scores = std::move(score);
+    sel.score_kind = "final-layer attention of the question, summed over its rows and heads";
     return sel;
   }
 

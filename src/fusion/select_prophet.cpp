@@ -37,6 +37,8 @@ class ProphetSelector final : public Selector {
     fwd.run(in.cache, {suffix, pos, {}, {}}, &probe);
     in.cache.truncate(before);
     sel.slots = top_k_slots(score, in.context_begin, k);
+    sel.scores = std::move(score);
+    sel.score_kind = "attention of the question's tokens, summed over all layers and heads";
     return sel;
   }
 };

@@ -157,7 +157,8 @@ class QcfuseSelector final : public Selector {
     sel.details["anchors_computed_online"] = computed_online;
     sel.details["probe_ms"] = pr.probe_ms;
     sel.details["score_ms"] = pr.score_ms;
-    sel.details["scores"] = score;  // per context token (from context_begin): the web page's highlight
+    sel.scores = std::move(score);
+    sel.score_kind = "question-to-key attention at the critical layers, summed (Eq. 20)";
     return sel;
   }
 

@@ -18,7 +18,8 @@ class RandomSelector final : public Selector {
     std::shuffle(all.begin(), all.end(), rng);
     all.resize(recompute_budget(in.ratio, all.size()));
     std::sort(all.begin(), all.end());
-    return {std::move(all), {}};
+    Selection sel{std::move(all), {}, {}, "none: random draws tokens uniformly, it scores nothing"};
+    return sel;
   }
 };
 }  // namespace

@@ -8,7 +8,9 @@ namespace {
 class ReuseSelector final : public Selector {
  public:
   std::string_view name() const override { return "reuse"; }
-  Selection select(Forward&, FusionInputs&) override { return {}; }
+  Selection select(Forward&, FusionInputs&) override {
+    return {{}, {}, {}, "none: reuse recomputes nothing"};
+  }
 };
 }  // namespace
 

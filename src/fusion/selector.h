@@ -44,7 +44,13 @@ struct FusionInputs {
 
 struct Selection {
   std::vector<size_t> slots;  // context slots to recompute, ascending
-  nlohmann::json details;     // method-specific facts for reports (scores, layers, ...)
+  nlohmann::json details;     // method-specific facts for reports (layers, budgets, ...)
+  // The method's own score of each context token (index i = slot context_begin + i), higher =
+  // more worth recomputing; what the web page highlights as "query-relevant" (issue 12).
+  // Empty: the method scores nothing (random, reuse). A score-ranked method's slots are the
+  // top floor(rho N) of these; a per-chunk method's (EPIC, Cache-Craft) the top of each chunk.
+  std::vector<double> scores;
+  std::string score_kind;     // what the score is, one line for people
 };
 
 class ChunkStore;

@@ -473,6 +473,7 @@ CacheFileInfo read_cache_file_info(const std::string& path) {
   try {
     info.offline_ms = r.meta.value("offline_ms", 0.0);
     info.created_unix_ms = r.meta.value("created_unix_ms", int64_t{0});
+    if (auto e = r.meta.find("extra"); e != r.meta.end() && e->is_object()) info.extra = *e;
   } catch (const std::exception& e) {
     throw CacheFileError(CacheFileDefect::bad_metadata, path, e.what());
   }

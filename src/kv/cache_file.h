@@ -105,6 +105,7 @@ struct CacheFileInfo {
   ContextKind kind = ContextKind::pic;
   double offline_ms = 0;
   int64_t created_unix_ms = 0;
+  nlohmann::json extra = nlohmann::json::object();  // the methods' metadata (ChunkCache::extra)
 };
 
 // The complete file image of `c` in `dtype`.

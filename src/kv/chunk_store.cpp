@@ -485,6 +485,27 @@ bool ChunkStore::contains(const ChunkKey& key) const {
   return !opt_.dir.empty() && fs::is_regular_file(path_for(key.id()), ec);
 }
 
+ChunkTiers ChunkStore::tiers(const std::string& id) const {
+  ChunkTiers t;
+  {
+    std::lock_guard lock(mu_);
+    if (auto it = index_.find(id); it != index_.end()) {
+      t.memory = true;
+      t.extra = it->second->cache->extra;
+    }
+  }
+  const std::string path = opt_.dir.empty() ? "" : path_for(id);
+  t.disk = !path.empty() && is_real_file(path);
+  if (t.disk && !t.memory) {
+    try {
+      t.extra = read_cache_file_info(path).extra;
+    } catch (const std::exception&) {  // a bad file is reported when it is loaded
+    }
+  }
+  if (remote_) t.remote = remote_->exists(id);
+  return t;
+}
+
 void ChunkStore::prefetch(const std::vector<ChunkKey>& keys) {
   const StoreModel& m = model();
   if (opt_.dir.empty() && !remote_) return;

@@ -156,6 +156,14 @@ struct ChunkStoreStats {
   RemoteTierStats remote;                   // the remote tier's own counters (when has_remote)
 };
 
+// Where one entry is, for listings (the web page's cache state): no load, no promotion.
+struct ChunkTiers {
+  bool memory = false;               // in the memory tier
+  bool disk = false;                 // its file exists
+  std::optional<bool> remote;        // nullopt: no remote tier, or Redis could not be asked
+  nlohmann::json extra = nlohmann::json::object();  // the methods' metadata (memory copy, else the file's header)
+};
+
 struct ChunkListEntry {
   std::string id;
   std::string path;
@@ -198,6 +206,8 @@ class ChunkStore {
   std::shared_ptr<const ChunkCache> get(const ChunkKey& key);
   // In memory, or a file of that name exists (not validated): for "skip if present".
   bool contains(const ChunkKey& key) const;
+  // Where `id` is held (asks Redis when a remote tier is configured).
+  ChunkTiers tiers(const std::string& id) const;
   // Validates the cache against the store's model (std::invalid_argument), rounds it to the
   // disk dtype, inserts it in memory, writes its file. A failed write throws
   // CacheFileError(io_error) after the memory insert.

@@ -238,6 +238,17 @@ std::optional<RemoteManifest> parse_remote_manifest(const std::string& text) {
   }
 }
 
+std::optional<bool> RemoteTier::exists(const std::string& id) {
+  redisContext* c = acquire();
+  if (!c) return std::nullopt;
+  Reply r = command(c, {"EXISTS", manifest_key(id)});
+  const bool ok = !r.error() && r.r->type == REDIS_REPLY_INTEGER;
+  if (!ok) note_error("EXISTS " + manifest_key(id) + ": " + (r.r ? r.text() : std::string(c->errstr)), !r.r);
+  release(c, ok);
+  if (!ok) return std::nullopt;
+  return r.r->integer > 0;
+}
+
 std::optional<std::vector<uint8_t>> RemoteTier::get(const std::string& id) {
   redisContext* c = acquire();
   if (!c) {

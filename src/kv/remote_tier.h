@@ -112,6 +112,9 @@ class RemoteTier {
   std::optional<std::vector<uint8_t>> get(const std::string& id);
   // Queues the image for writing; false when dropped (queue full or stopping).
   bool put_async(const std::string& id, std::vector<uint8_t> image);
+  // Whether Redis holds an entry for `id` (its manifest; pieces are not checked). nullopt:
+  // Redis could not be asked (down, error). For listings, not on a request's path.
+  std::optional<bool> exists(const std::string& id);
   // The store found the image of `id` bad (`why`): counted, reported, deleted (queued, in
   // order with writes, so a fresh put queued after it lands after the delete).
   void report_bad(const std::string& id, const std::string& why);

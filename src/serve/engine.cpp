@@ -287,7 +287,7 @@ struct Engine::Impl {
     if (!req.fusion.conversation_id.empty()) history = continued_conversation(req);
     if (history) {
       // kept tokens, then the template's text between the answer and the new user content
-      const auto pieces = render_chat_around(model->chat_template(), req.messages, {last - 1, last});
+      const auto pieces = render_prompt_around(model->chat_template(), req.messages, {last - 1, last});
       l.system = history->tokens;
       l.history_tokens = l.system.size();
       const auto between = tok.encode(pieces[1], false, true);
@@ -296,7 +296,7 @@ struct Engine::Impl {
       const auto after = tok.encode(pieces[2], false, true);
       l.suffix.insert(l.suffix.end(), after.begin(), after.end());
     } else {
-      const auto pieces = render_chat_around(model->chat_template(), req.messages, {last});
+      const auto pieces = render_prompt_around(model->chat_template(), req.messages, {last});
       l.system = tok.encode(pieces[0], true, true);
       // User text is never parsed for special tokens: a message cannot forge a turn.
       l.suffix = tok.encode(question, false, false);
@@ -438,7 +438,7 @@ CompletionResult Engine::Impl::complete(const CompletionRequest& req,
   job.generate.sampling.top_k = 0;    // OpenAI's API has neither top-k nor min-p
   job.generate.sampling.min_p = 0.0f;
   job.generate.sampling.seed = req.seed ? *req.seed : std::random_device{}();
-  job.generate.stop = req.stop;
+  job.generate.stop = req.stop.empty() && req.chat ? default_chat_stops(model->chat_template()) : req.stop;
   bool cancelled = false;
   if (on_text)
     job.generate.on_text = [&](std::string_view s) {
@@ -448,7 +448,7 @@ CompletionResult Engine::Impl::complete(const CompletionRequest& req,
     };
   job.history = rr.flatten();
 
-  FusionResult fr_stats{{}, KvCache(model->hparams()), 0, {}, 0, 0, 0, false, 0, {}, {}};
+  FusionResult fr_stats{{}, KvCache(model->hparams()), 0, {}, 0, 0, 0, false, 0, {}, {}, {}, {}};
   PrefixSource* source = f.prefix_cache ? static_cast<PrefixSource*>(&prefixes) : (fused ? &uncached : nullptr);
   job.prefill = [&](Forward& fw) {
     FusionExecutor executor(fw, store, source);
@@ -607,6 +607,8 @@ std::optional<ChunkInfo> Engine::chunk(const std::string& id) const {
   if (it == impl_->registered.end()) return std::nullopt;
   return ChunkInfo{id, it->second.tokens.size(), impl_->store.contains(impl_->key_of(it->second.tokens)), it->second.text};
 }
+
+const ChunkStore& Engine::chunk_store() const { return impl_->store; }
 
 bool Engine::remove_chunk(const std::string& id) {
   bool known = false;

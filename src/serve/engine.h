@@ -145,6 +145,7 @@ class Engine {
   std::vector<ChunkInfo> register_chunks(const std::vector<std::string>& texts);
   std::optional<ChunkInfo> chunk(const std::string& id) const;
   bool remove_chunk(const std::string& id);
+  const ChunkStore& chunk_store() const;  // for listings (serve/chunk_cache_state.h)
 
   EngineMetrics metrics() const;
   std::string model_name() const;  // GGUF general.name or the file stem

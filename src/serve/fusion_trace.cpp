@@ -14,6 +14,8 @@ FusionTrace make_fusion_trace(const std::string& method, int n_layers, const Rag
   t.method = method;
   t.n_layers = n_layers;
   t.selection = fr.selection_details;
+  t.scores = fr.token_scores;
+  t.score_kind = method == "full" ? "none: full prefill recomputes every token" : fr.score_kind;
   const bool fused = method != "full";
   size_t k = 0;
   for (const auto& [b, e] : exact_spans) {

@@ -1,7 +1,7 @@
 // What one completion's prefill did, for the web page's "View details" (issue 12, item 4;
 // QCFuse demo paper §4, Figure 4): where each retrieved chunk sat in the prompt, which of its
-// tokens were recomputed, and the selector's own facts (QCFuse: its per-token scores at the
-// critical layers, in `selection.scores`).
+// tokens were recomputed, the selector's own facts, and its per-token scores (Selection::scores:
+// QCFuse's at its critical layers, every other selector's own score, none for random/reuse).
 //
 // The executor recomputes the same rows P at every layer (QCFuse Eq. 7); only Cache-Craft
 // stops the rows of unfocused chunks after its focus layer (Alg. 1), which the details read
@@ -31,7 +31,9 @@ struct FusionTrace {
   int n_layers = 0;
   std::vector<Chunk> chunks;       // prompt order
   std::vector<size_t> recomputed;  // prompt positions of context tokens recomputed, ascending
-  nlohmann::json selection;        // the selector's details (scores, critical layers, ...)
+  nlohmann::json selection;        // the selector's details (critical layers, budgets, ...)
+  std::vector<double> scores;      // the selector's score per fused context token, from the first fused chunk
+  std::string score_kind;          // what the scores are, or why there are none
 };
 
 // exact_spans: [begin, end) of the chunks that joined S' (the first of `chunk_order`), the

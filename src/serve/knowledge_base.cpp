@@ -6,10 +6,16 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 
 #include "fusion/bm25.h"
+#include "kv/cache_file.h"
+#include "kv/store_paths.h"
 #include "model/tokenizer.h"
+#include "serve/chunk_cache_state.h"
 #include "serve/chunking.h"
+#include "serve/knowledge_base_file.h"
 
 namespace cf {
 
@@ -31,6 +37,7 @@ json RetrievedChunk::to_json() const {
 }
 
 KnowledgeBase::KnowledgeBase(Engine& engine, KnowledgeBaseOptions opt) : engine_(engine), opt_(std::move(opt)) {
+  load();
   thread_ = std::thread([this] { worker(); });
 }
 
@@ -84,6 +91,7 @@ json KnowledgeBase::add_document(const std::string& name, const std::string& for
     chunks_.emplace(c.id, std::move(c));
   }
   auto [it, _] = documents_.emplace(d.id, std::move(d));
+  save_locked();
   cv_.notify_all();
   return document_json_locked(it->second);
 }
@@ -114,6 +122,7 @@ void KnowledgeBase::worker() {
       it->second.cache_id = cache_id;
       it->second.error = error;
       it->second.state = error.empty() ? "ready" : "failed";
+      if (queue_.empty()) save_locked();  // once per batch of uploads, not per chunk
     } else if (!cache_id.empty()) {  // deleted while computing: drop the cache unless shared
       const bool shared = std::any_of(chunks_.begin(), chunks_.end(), [&](const auto& kv) { return kv.second.cache_id == cache_id; });
       if (!shared) engine_.remove_chunk(cache_id);
@@ -128,20 +137,11 @@ void KnowledgeBase::wait_idle() {
 }
 
 json KnowledgeBase::chunk_json_locked(const Chunk& c, bool with_text) const {
-  std::string cache = "none";
-  if (!c.cache_id.empty()) {
-    auto info = engine_.chunk(c.cache_id);
-    if (info && info->cached) {
-      const std::string path = engine_.options().cache_dir + "/" + c.cache_id.substr(0, 2) + "/" + c.cache_id + ".cfkv";
-      std::error_code ec;
-      cache = std::filesystem::exists(path, ec) ? "disk" : "memory";
-    }
-  }
   const auto d = documents_.find(c.document_id);
   json j{{"id", c.id},       {"document_id", c.document_id}, {"source", d != documents_.end() ? d->second.name : ""},
          {"index", c.index}, {"n_tokens", c.n_tokens},       {"summary", c.summary},
          {"hash", c.hash},   {"cache_id", c.cache_id},       {"state", c.state},
-         {"cache", cache},   {"uses", c.uses}};
+         {"cache", "none"},  {"cache_state", nullptr},       {"uses", c.uses}};
   if (!c.error.empty()) j["error"] = c.error;
   if (with_text) j["text"] = c.text;
   return j;
@@ -176,21 +176,40 @@ json KnowledgeBase::list_documents() const {
   return {{"object", "list"}, {"data", data}};
 }
 
+// The cache state asks the chunk store (and Redis, with a remote tier): done after the
+// knowledge base's lock is released, so a slow answer never holds up uploads or retrieval.
+void KnowledgeBase::fill_cache_states(json& chunks) const {
+  for (auto& c : chunks) {
+    const std::string cache_id = c["cache_id"];
+    if (cache_id.empty() || c["state"] != "ready") continue;
+    json state = chunk_cache_state(engine_.chunk_store(), cache_id);
+    c["cache"] = state["disk"] ? "disk" : state["memory"] ? "memory" : "none";
+    c["cache_state"] = std::move(state);
+  }
+}
+
 std::optional<json> KnowledgeBase::document(const std::string& id) const {
-  std::lock_guard lk(mu_);
-  auto it = documents_.find(id);
-  if (it == documents_.end()) return std::nullopt;
-  json j = document_json_locked(it->second);
-  j["chunks"] = json::array();
-  for (const auto& cid : it->second.chunk_ids) j["chunks"].push_back(chunk_json_locked(chunks_.at(cid), true));
+  json j;
+  {
+    std::lock_guard lk(mu_);
+    auto it = documents_.find(id);
+    if (it == documents_.end()) return std::nullopt;
+    j = document_json_locked(it->second);
+    j["chunks"] = json::array();
+    for (const auto& cid : it->second.chunk_ids) j["chunks"].push_back(chunk_json_locked(chunks_.at(cid), true));
+  }
+  fill_cache_states(j["chunks"]);
   return j;
 }
 
 json KnowledgeBase::list_chunks() const {
-  std::lock_guard lk(mu_);
   json data = json::array();
-  for (const auto& [did, d] : documents_)
-    for (const auto& cid : d.chunk_ids) data.push_back(chunk_json_locked(chunks_.at(cid), false));
+  {
+    std::lock_guard lk(mu_);
+    for (const auto& [did, d] : documents_)
+      for (const auto& cid : d.chunk_ids) data.push_back(chunk_json_locked(chunks_.at(cid), false));
+  }
+  fill_cache_states(data);
   return {{"object", "list"}, {"data", data}};
 }
 
@@ -211,6 +230,7 @@ bool KnowledgeBase::remove_document(const std::string& id) {
   if (it == documents_.end()) return false;
   for (const auto& cid : it->second.chunk_ids) drop_chunk_locked(cid);
   documents_.erase(it);
+  save_locked();
   return true;
 }
 
@@ -225,6 +245,7 @@ bool KnowledgeBase::remove_chunk(const std::string& chunk_id) {
     ids.erase(std::remove(ids.begin(), ids.end(), chunk_id), ids.end());
     if (ids.empty()) documents_.erase(d);  // its last chunk: the document goes too
   }
+  save_locked();
   return true;
 }
 
@@ -254,6 +275,99 @@ void KnowledgeBase::note_used(const std::vector<RetrievedChunk>& used) {
     auto it = chunks_.find(r.chunk_id);
     if (it != chunks_.end()) ++it->second.uses;
   }
+  save_locked();
+}
+
+}  // namespace cf
+
+// ---- persistence (knowledge_base_file.h): written with the chunk store's atomic writer (a
+// private temp file created with O_EXCL, then rename, which replaces a link at the name
+// instead of following it); read only when the name is a regular file itself (store_paths.h).
+namespace cf {
+
+std::string KnowledgeBase::file_path() const { return engine_.options().cache_dir + "/knowledge-base.json"; }
+
+void KnowledgeBase::save_locked() const {
+  SavedKnowledgeBase kb;
+  kb.next_document = next_document_;
+  for (const auto& [id, d] : documents_) {
+    SavedDocument sd{d.id, d.name, d.format, d.bytes, d.chunk_tokens, d.created, {}};
+    for (const auto& cid : d.chunk_ids) {
+      const Chunk& c = chunks_.at(cid);
+      sd.chunks.push_back({c.id, c.text, c.summary, c.hash, c.cache_id, c.state, c.error, c.index, c.n_tokens, c.uses});
+    }
+    kb.documents.push_back(std::move(sd));
+  }
+  const std::string text = knowledge_base_file_text(kb);
+  try {
+    write_cache_bytes(file_path(), std::vector<uint8_t>(text.begin(), text.end()), /*durable=*/true);
+  } catch (const std::exception& e) {
+    // The knowledge base keeps working in memory; the next change tries again.
+    std::fprintf(stderr, "chunkfuse serve: knowledge base not saved: %s\n", e.what());
+  }
+}
+
+void KnowledgeBase::load() {
+  const std::string path = file_path();
+  std::error_code ec;
+  if (!std::filesystem::exists(std::filesystem::symlink_status(path, ec))) {
+    std::fprintf(stderr, "chunkfuse serve: knowledge base: new, will be saved to %s\n", path.c_str());
+    return;
+  }
+  SavedKnowledgeBase saved;
+  try {
+    if (!is_real_file(path)) throw std::runtime_error("not a regular file (a link or a folder)");
+    std::ifstream in(path, std::ios::binary);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    if (!in) throw std::runtime_error("cannot read it");
+    saved = parse_knowledge_base_file(ss.str(), opt_.max_documents, opt_.max_chunks);
+  } catch (const std::exception& e) {
+    const std::string aside = path + ".damaged";
+    std::filesystem::rename(path, aside, ec);  // renames a link itself, never its target
+    const std::string where = ec ? path + " stays (could not move it: " + ec.message() + ")" : "moved aside to " + aside;
+    std::fprintf(stderr, "chunkfuse serve: knowledge base %s is damaged (%s); %s, starting with an empty knowledge base\n",
+                 path.c_str(), e.what(), where.c_str());
+    return;
+  }
+  std::lock_guard lk(mu_);
+  next_document_ = saved.next_document;
+  size_t requeued = 0;
+  for (auto& sd : saved.documents) {
+    unsigned long long number = 0;  // ids never handed out twice, whatever next_document says
+    if (std::sscanf(sd.id.c_str(), "doc-%llu", &number) == 1) next_document_ = std::max<uint64_t>(next_document_, number);
+    Document d{sd.id, sd.name, sd.format, sd.bytes, sd.chunk_tokens, sd.created, {}};
+    for (auto& sc : sd.chunks) {
+      Chunk c;
+      c.id = sc.id;
+      c.document_id = d.id;
+      c.text = std::move(sc.text);
+      c.summary = std::move(sc.summary);
+      c.hash = std::move(sc.hash);
+      c.cache_id = std::move(sc.cache_id);
+      c.error = std::move(sc.error);
+      c.state = std::move(sc.state);
+      c.index = sc.index;
+      c.n_tokens = sc.n_tokens;
+      c.uses = sc.uses;
+      c.terms = bm25_terms(c.text);
+      // A chunk whose cache the engine does not hold (another model, a cleared store, a
+      // failed or unfinished precompute) is computed again.
+      const auto info = c.cache_id.empty() ? std::nullopt : engine_.chunk(c.cache_id);
+      if (c.state != "ready" || !info || !info->cached) {
+        c.state = "queued";
+        c.cache_id.clear();
+        c.error.clear();
+        queue_.push_back(c.id);
+        ++requeued;
+      }
+      d.chunk_ids.push_back(c.id);
+      chunks_.emplace(c.id, std::move(c));
+    }
+    documents_.emplace(d.id, std::move(d));
+  }
+  std::fprintf(stderr, "chunkfuse serve: knowledge base: loaded %zu documents, %zu chunks (%zu to precompute) from %s\n",
+               documents_.size(), chunks_.size(), requeued, path.c_str());
 }
 
 }  // namespace cf

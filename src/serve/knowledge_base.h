@@ -4,10 +4,15 @@
 // retrieval over the chunks (fusion/bm25.h) and per-chunk use counts.
 //
 // Chunks are registered with the engine like POST /v1/chunks does, so their caches live in
-// the one chunk store and a request that retrieves them hits them. Deviations: the list of
-// documents lives in memory (after a restart the caches are still on disk, the documents
-// must be uploaded again, which then finds every cache present); the cache state says
-// "disk" when the chunk's file exists, "memory" when only the memory tier holds it.
+// the one chunk store and a request that retrieves them hits them. The cache state
+// (chunk_cache_state.h) says which tiers hold a chunk and which methods' offline work it has.
+//
+// Persistence (knowledge_base_file.h): documents, chunks (text, summary, hash, cache id)
+// and use counts are saved to <store folder>/knowledge-base.json after every change (written
+// atomically, 0600, never through a symlink) and read back when the server starts; a chunk
+// whose cache the engine no longer holds is queued again. A damaged file is reported in one
+// line, renamed aside to knowledge-base.json.damaged and the server starts with an empty
+// knowledge base.
 #pragma once
 #include <condition_variable>
 #include <cstdint>
@@ -81,7 +86,11 @@ class KnowledgeBase {
     std::vector<std::string> chunk_ids;
   };
   nlohmann::json document_json_locked(const Document& d) const;
-  nlohmann::json chunk_json_locked(const Chunk& c, bool with_text) const;
+  std::string file_path() const;  // <store folder>/knowledge-base.json
+  void load();                    // constructor: reads the file (if any)
+  void save_locked() const;       // after every change; failures are reported, not thrown
+  nlohmann::json chunk_json_locked(const Chunk& c, bool with_text) const;  // cache state left to:
+  void fill_cache_states(nlohmann::json& chunks) const;                     // without the lock
   void drop_chunk_locked(const std::string& chunk_id);
   void worker();
 

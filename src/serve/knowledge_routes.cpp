@@ -119,13 +119,10 @@ json request_detail_json(const std::string& id, const CompletionRequest& req, co
   if (r.trace) {
     const FusionTrace& t = *r.trace;
     j["n_layers"] = t.n_layers;
-    json selection = t.selection;
-    std::vector<double> scores;
-    if (selection.contains("scores") && selection["scores"].is_array()) {
-      scores = selection["scores"].get<std::vector<double>>();
-      selection.erase("scores");
-    }
+    const json& selection = t.selection;
+    const std::vector<double>& scores = t.scores;
     j["selection"] = selection;
+    j["score_kind"] = t.score_kind;
     // The selector's scores index the fused context, which starts at the first fused chunk.
     size_t fused_begin = 0;
     for (const auto& c : t.chunks)
@@ -152,10 +149,11 @@ json request_detail_json(const std::string& id, const CompletionRequest& req, co
       for (auto it = lo; it != hi; ++it) rec.push_back(*it - c.begin);
       recomputed += static_cast<size_t>(hi - lo);
       context += c.tokens.size();
-      if (!scores.empty() && !c.exact && max_score > 0)
+      // Scaled to [0, 1] by the largest (the page's highlight strength); order kept.
+      if (!scores.empty() && !c.exact)
         for (size_t i = 0; i < c.tokens.size(); ++i) {
           const size_t k = c.begin - fused_begin + i;
-          sc.push_back(k < scores.size() ? std::round(scores[k] / max_score * 1000) / 1000 : 0.0);
+          sc.push_back(k < scores.size() ? (max_score > 0 ? scores[k] / max_score : scores[k]) : 0.0);
         }
       // The last layer that recomputes this chunk's rows.
       int last_layer = t.n_layers - 1;

@@ -13,6 +13,7 @@
 #include "serve/document_text.h"
 #include "serve/fusion_trace.h"
 #include "serve/knowledge_base.h"
+#include "serve/knowledge_base_file.h"
 #include "serve/knowledge_routes.h"
 #include "test_support.h"
 
@@ -131,6 +132,40 @@ TEST(DocumentText, PdfThroughPdftotext) {
   EXPECT_NE(text.find("The lighthouse was built in 1887."), std::string::npos) << text;
   // Damaged after the header: pdftotext fails, a 400 says so.
   EXPECT_EQ(status_of([] { extract_document_text("pdf", "%PDF-1.4\ngarbage garbage"); }), 400);
+}
+
+TEST(KnowledgeBaseFile, RoundTripsAndRefusesDamage) {
+  SavedKnowledgeBase kb;
+  kb.next_document = 3;
+  kb.documents.push_back({"doc-000003", "a.txt", "txt", 12, 200, 1700000000, {}});
+  kb.documents[0].chunks.push_back({"doc-000003-0", "Hello there.", "Hello there.", "0011", "abcd", "ready", "", 0, 3, 7});
+  const std::string text = knowledge_base_file_text(kb);
+  const SavedKnowledgeBase back = parse_knowledge_base_file(text, 10, 10);
+  ASSERT_EQ(back.documents.size(), 1u);
+  ASSERT_EQ(back.documents[0].chunks.size(), 1u);
+  EXPECT_EQ(back.next_document, 3u);
+  EXPECT_EQ(back.documents[0].chunks[0].text, "Hello there.");
+  EXPECT_EQ(back.documents[0].chunks[0].uses, 7u);
+  EXPECT_EQ(knowledge_base_file_text(back), text);
+
+  auto refused = [](const std::string& t, const std::string& why) {
+    try {
+      parse_knowledge_base_file(t, 10, 10);
+      ADD_FAILURE() << "accepted: " << t;
+    } catch (const std::runtime_error& e) {
+      EXPECT_NE(std::string(e.what()).find(why), std::string::npos) << e.what();
+    }
+  };
+  refused(text.substr(0, text.size() / 2), "parse");
+  refused(R"({"version": 2, "next_document": 0, "documents": []})", "version 2");
+  refused(R"([1, 2])", "not a JSON object");
+  std::string twice = text;  // the same document twice
+  const auto docs = twice.find("[{");
+  const std::string doc = text.substr(docs + 1, text.rfind("]") - docs - 1);
+  twice.insert(text.rfind("]"), "," + doc);
+  refused(twice, "repeated");
+  EXPECT_THROW(parse_knowledge_base_file(text, 0, 10), std::runtime_error);  // over the limits
+  EXPECT_THROW(parse_knowledge_base_file(text, 10, 0), std::runtime_error);
 }
 
 std::string store_dir() {

@@ -6,8 +6,11 @@ binary file named .pdf, an upload over --max-body, an unknown format, a document
 a request uses it; each gets a clear 4xx and the server keeps serving.
 """
 import base64
+import json
 import os
+import shutil
 import sys
+import tempfile
 import threading
 import unittest
 
@@ -93,6 +96,7 @@ class KnowledgeApiTest(unittest.TestCase):
         self.assertEqual(d["context_tokens"], sum(len(c["tokens"]) for c in d["chunks"]))
         self.assertEqual(d["recomputed_tokens"], int(0.3 * d["context_tokens"]))
         self.assertIn("scores", d["chunks"][0])  # QCFuse's own token scores
+        self.assertIn("critical layers", d["score_kind"])
         self.assertTrue(all(c["last_layer"] == d["n_layers"] - 1 for c in d["chunks"]))
         for phase in ("lookup_ms", "load_ms", "selection_ms", "recompute_ms", "ttft_ms"):
             self.assertGreaterEqual(d["timings"][phase], 0)
@@ -123,6 +127,65 @@ class KnowledgeApiTest(unittest.TestCase):
             self.assertEqual(s, 200)
             s, err = self.server.get("/v1/documents/" + d_id)
             self.assert_error(s, err, 404)
+
+    def test_every_selector_shows_its_token_scores(self):
+        """Each selector's own per-token score reaches the details for every retrieved chunk's
+        tokens; a score-ranked selector recomputes exactly the global top floor(rho N) of its
+        scores, a per-chunk one (EPIC, Cache-Craft) the top of each chunk's."""
+        s, doc = self.upload("ferns.txt", (
+            "Tree ferns of the Kallis valley grow ten metres tall and live for five centuries.\n\n"
+            "The valley floods each autumn; the ferns survive because their roots hold air pockets.\n\n"
+            "Botanists from Orlen first described the Kallis tree fern in 1903.\n").encode(), chunk_tokens=24)
+        self.assertEqual(s, 202, doc)
+        h.wait_documents_ready(self.server)
+        ratio = 0.25
+        global_top = ("qcfuse", "prophet", "cacheblend", "fusionrag")
+        per_chunk = ("epic", "cachecraft")
+        unscored = ("random", "reuse", "full")
+        try:
+            for method in global_top + per_chunk + unscored:
+                with self.subTest(method=method):
+                    body = {"model": self.model, "max_tokens": 2, "temperature": 0,
+                            "messages": [{"role": "user", "content": "How tall do Kallis tree ferns grow?"}],
+                            "retrieval": {"k": 3, "query": "Kallis tree ferns valley"},
+                            "fusion": {"method": method, "ratio": ratio}}
+                    s, resp = self.server.post("/v1/chat/completions", body)
+                    self.assertEqual(s, 200, resp)
+                    s, d = self.server.get("/v1/details/" + resp["id"])
+                    self.assertEqual(s, 200, d)
+                    self.assertTrue(d["score_kind"], d)
+                    self.assertGreaterEqual(len(d["chunks"]), 2)
+                    if method in unscored:
+                        self.assertTrue(d["score_kind"].startswith("none"), d["score_kind"])
+                        self.assertTrue(all("scores" not in c for c in d["chunks"]))
+                        continue
+                    for c in d["chunks"]:
+                        self.assertEqual(len(c["scores"]), len(c["tokens"]), c)
+                        self.assertTrue(all(0 <= x <= 1 for x in c["scores"]))
+                    if method in global_top:
+                        # (score, global position) of every context token; ties go to the lower slot.
+                        flat = [(-x, c["begin"] + i) for c in d["chunks"] for i, x in enumerate(c["scores"])]
+                        want = sorted(p for _, p in sorted(flat)[:int(ratio * len(flat))])
+                        got = sorted(c["begin"] + i for c in d["chunks"] for i in c["recomputed"])
+                        self.assertEqual(got, want)
+                    else:
+                        for c in d["chunks"]:
+                            chosen = [c["scores"][i] for i in c["recomputed"]]
+                            rest = [x for i, x in enumerate(c["scores"]) if i not in set(c["recomputed"])]
+                            if chosen and rest:
+                                self.assertGreaterEqual(min(chosen), max(rest))
+            # The chunks' cache state shows the offline work those requests left: QCFuse's
+            # anchors and Cache-Craft's variants (one per chunk and prefix seen).
+            _, chunks = self.server.get("/v1/knowledge/chunks")
+            used = [c for c in chunks["data"] if c["document_id"] == doc["id"] and c["uses"] > 0]
+            self.assertGreaterEqual(len(used), 2)
+            for c in used:
+                st = c["cache_state"]
+                self.assertTrue(st["memory"] and st["disk"] and st["anchors"], c)
+                self.assertGreaterEqual(st["variants"], 1, c)
+                self.assertIsNone(st["remote"])
+        finally:
+            self.server.request("DELETE", "/v1/documents/" + doc["id"])
 
     def test_csv_and_jsonl(self):
         s, d = self.upload("staff.csv", b"name,room\nAda,12\nBob,\"7, east\"\n")
@@ -185,7 +248,115 @@ class KnowledgeApiTest(unittest.TestCase):
         t.join(120)
         # The request took the chunk's text when it was retrieved: it completes.
         self.assertEqual(out["r"][0], 200, out["r"])
+        # The document itself is gone: a clear 404 to whoever still names it (the page's Delete).
+        s, err = self.server.request("DELETE", "/v1/documents/" + d["id"])
+        self.assert_error(s, err, 404)
+        self.assertIn("no document '%s'" % d["id"], err["error"]["message"])
+        self.assert_error(*self.server.get("/v1/documents/" + d["id"]), 404)
         self.assertEqual(self.server.get("/health")[0], 200)
+
+
+class KnowledgeDefaultLimitTest(unittest.TestCase):
+    def test_a_50_mb_upload_at_the_default_limit(self):
+        # The issue's case at the server's own default --max-body (8 MiB), not a lowered one.
+        server = h.Server()
+        try:
+            body = json.dumps({"name": "big.txt", "content_base64": b64(b"word " * (10 << 20))}).encode()
+            self.assertGreater(len(body), 50 << 20)
+            try:
+                s, err = server.request("POST", "/v1/documents", raw=body)
+            except (BrokenPipeError, ConnectionResetError) as e:
+                # The server answers 413 from the headers and closes before the body is sent.
+                self.fail("no 413 answer: %r" % e)
+            self.assertEqual(s, 413, err)
+            self.assertIn("larger than the limit of 8388608 bytes", err["error"]["message"])
+            self.assertEqual(server.get("/health")[0], 200)
+            _, docs = server.get("/v1/documents")
+            self.assertEqual(docs["data"], [])
+        finally:
+            code, log = server.stop()
+            self.assertEqual(code, 0, log)
+
+
+class KnowledgePersistenceTest(unittest.TestCase):
+    """The knowledge base outlives the server: a real restart on the same store folder lists
+    the same documents, chunks and use counts; a damaged file is set aside, not a crash."""
+
+    def setUp(self):
+        self.store = tempfile.mkdtemp(prefix="chunkfuse-kb-")
+        self.addCleanup(shutil.rmtree, self.store, True)
+
+    def start(self):
+        server = h.Server(cache_dir=self.store)
+        self.addCleanup(lambda: server.proc.poll() is None and server.stop())
+        return server
+
+    def test_documents_survive_a_restart(self):
+        server = self.start()
+        s, doc = server.post("/v1/documents", {"name": "moons.txt", "text": "Tavrin has three moons.\n\nThe largest moon is Ossel."})
+        self.assertEqual(s, 202, doc)
+        h.wait_documents_ready(server)
+        _, models = server.get("/v1/models")
+        s, resp = server.post("/v1/chat/completions", {
+            "model": models["data"][0]["id"], "max_tokens": 2, "messages": [{"role": "user", "content": "How many moons has Tavrin?"}],
+            "retrieval": {"k": 1}, "fusion": {"method": "qcfuse", "ratio": 0.2}})
+        self.assertEqual(s, 200, resp)
+        _, before = server.get("/v1/knowledge/chunks")
+        self.assertEqual(sum(c["uses"] for c in before["data"]), 1)
+        self.assertTrue(any(c["cache_state"]["anchors"] for c in before["data"]))  # QCFuse prepared its anchors
+        code, log = server.stop()
+        self.assertEqual(code, 0, log)
+        path = os.path.join(self.store, "knowledge-base.json")
+        self.assertEqual(os.stat(path).st_mode & 0o777, 0o600)
+
+        server = self.start()
+        self.assertRegex(server.log_text(), r"knowledge base: loaded 1 documents, \d+ chunks \(0 to precompute\)")
+        _, docs = server.get("/v1/documents")
+        self.assertEqual([(d["id"], d["name"], d["status"]) for d in docs["data"]], [(doc["id"], "moons.txt", "ready")])
+        _, after = server.get("/v1/knowledge/chunks")
+        keep = ("id", "text", "summary", "hash", "cache_id", "uses", "n_tokens")
+        self.assertEqual([{k: c.get(k) for k in keep} for c in after["data"]],
+                         [{k: c.get(k) for k in keep} for c in before["data"]])
+        for c in after["data"]:
+            self.assertTrue(c["cache_state"]["disk"], c)
+            self.assertIsNone(c["cache_state"]["remote"])  # no remote tier configured
+        s, r = server.post("/v1/retrieve", {"query": "largest moon", "k": 1})
+        self.assertEqual(r["data"][0]["document_id"], doc["id"])
+        # New uploads do not reuse an old id.
+        s, doc2 = server.post("/v1/documents", {"name": "b.txt", "text": "Another note."})
+        self.assertNotEqual(doc2["id"], doc["id"])
+
+    def test_a_damaged_file_is_set_aside(self):
+        path = os.path.join(self.store, "knowledge-base.json")
+        os.makedirs(self.store, exist_ok=True)
+        with open(path, "w") as f:
+            f.write('{"version": 1, "documents": [{"id": ')
+        server = self.start()
+        self.assertIn("knowledge-base.json is damaged", server.log_text())
+        self.assertTrue(os.path.exists(path + ".damaged"))
+        _, docs = server.get("/v1/documents")
+        self.assertEqual(docs["data"], [])
+        s, d = server.post("/v1/documents", {"name": "ok.txt", "text": "Still serving."})
+        self.assertEqual(s, 202, d)
+        self.assertTrue(os.path.exists(path))  # a fresh file
+
+    def test_a_link_in_place_of_the_file_is_never_followed(self):
+        os.makedirs(self.store, exist_ok=True)
+        outside = os.path.join(tempfile.mkdtemp(prefix="chunkfuse-kb-outside-"), "kb.json")
+        self.addCleanup(shutil.rmtree, os.path.dirname(outside), True)
+        original = '{"version": 1, "next_document": 0, "documents": []}'
+        with open(outside, "w") as f:
+            f.write(original)
+        path = os.path.join(self.store, "knowledge-base.json")
+        os.symlink(outside, path)
+        server = self.start()
+        self.assertIn("not a regular file", server.log_text())
+        s, d = server.post("/v1/documents", {"name": "ok.txt", "text": "Written beside the link, not through it."})
+        self.assertEqual(s, 202, d)
+        self.assertFalse(os.path.islink(path))
+        self.assertEqual(os.stat(path).st_mode & 0o777, 0o600)
+        with open(outside) as f:
+            self.assertEqual(f.read(), original)
 
 
 class KnowledgeAccessTest(unittest.TestCase):

@@ -97,6 +97,18 @@ class RemoteTierTest(unittest.TestCase):
         self.assertGreater(self.metric(self.a, "chunkfuse_remote_written_bytes_total"), 0)
         self.assertEqual(self.ask(self.a, docs), answer_b)
 
+    def test_knowledge_base_lists_the_remote_tier(self):
+        # The page's cache state (GET /v1/knowledge/chunks) says when Redis holds a chunk.
+        s, d = self.a.post("/v1/documents", {"name": "remote.txt", "text": passage("kb-remote")})
+        self.assertEqual(s, 202, d)
+        h.wait_documents_ready(self.a)
+        mine = lambda: [c for c in self.a.get("/v1/knowledge/chunks")[1]["data"] if c["document_id"] == d["id"]]
+        self.wait_in_redis([c["cache_id"] for c in mine()])
+        for c in mine():
+            self.assertIs(c["cache_state"]["remote"], True, c)
+            self.assertTrue(c["cache_state"]["disk"], c)
+        self.a.request("DELETE", "/v1/documents/" + d["id"])
+
     def test_redis_stopped_mid_run_then_back(self):
         failures, answers = [], []
         stop = threading.Event()

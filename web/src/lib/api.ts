@@ -69,6 +69,13 @@ export interface DocumentInfo {
   status: "precomputing" | "ready" | "failed";
   progress: Progress;
 }
+export interface CacheState {
+  memory: boolean;
+  disk: boolean;
+  remote: boolean | null; // null: no remote tier (or Redis did not answer)
+  variants: number; // Cache-Craft variants of the chunk
+  anchors: boolean; // QCFuse anchors stored with it
+}
 export interface ChunkInfo {
   id: string;
   document_id: string;
@@ -80,6 +87,7 @@ export interface ChunkInfo {
   cache_id: string;
   state: string;
   cache: "disk" | "memory" | "none";
+  cache_state: CacheState | null; // null until precomputed
   uses: number;
   error?: string;
 }
@@ -124,6 +132,7 @@ export interface Detail {
   recomputed_share: number;
   retrieval: Retrieved[];
   selection: Record<string, unknown>;
+  score_kind: string; // what the selector's per-token scores are, or "none: ..." and why
   timings: Timings;
   usage: Record<string, unknown>;
 }
