@@ -7,7 +7,7 @@
 # need it are skipped.
 #
 # Environment: CHUNKFUSE_BUILD_DIR (default build), CHUNKFUSE_ASAN_BUILD_DIR (default
-# build-asan), CHUNKFUSE_JOBS (default 2), CHUNKFUSE_FUZZ_SECONDS (default 60),
+# build-asan), CHUNKFUSE_JOBS (default 2), CHUNKFUSE_FUZZ_SECONDS (default 40 per target),
 # CHUNKFUSE_ASAN_EXCLUDE (ctest -E regex of tests left out under ASan; default: names
 # containing "Slow", "Timing" or "Milliseconds", i.e. slow model runs and wall-clock
 # budgets, which sanitizers slow down 3-10x), CHUNKFUSE_SKIP_ASAN=1 / CHUNKFUSE_SKIP_FUZZ=1
@@ -18,7 +18,7 @@ cd "$CF_REPO_ROOT"
 
 build_dir="${CHUNKFUSE_BUILD_DIR:-build}"
 asan_dir="${CHUNKFUSE_ASAN_BUILD_DIR:-build-asan}"
-fuzz_seconds="${CHUNKFUSE_FUZZ_SECONDS:-60}"
+fuzz_seconds="${CHUNKFUSE_FUZZ_SECONDS:-40}"
 asan_exclude="${CHUNKFUSE_ASAN_EXCLUDE:-Slow|Timing|Milliseconds}"
 
 declare -a phase_names=() phase_results=() phase_secs=()
