@@ -429,6 +429,7 @@ CompletionResult Engine::Impl::complete(const CompletionRequest& req,
   FusionOptions fo;
   fo.method = f.method;
   fo.ratio = f.ratio;
+  fo.method_options = f.options;
   fo.seed = req.seed.value_or(0);
   SchedulerJob job;
   const auto ctx = static_cast<size_t>(model->hparams().context_length);
