@@ -7,11 +7,13 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <sstream>
 #include <stdexcept>
 
 #include "apps/app_common.h"
 #include "eval/runner.h"
+#include "fusion/selector.h"
 
 namespace cf::apps {
 namespace {
@@ -36,6 +38,10 @@ struct BenchArgs {
   bool peer = false;
   std::string peer_python;
   std::string method_options;
+  std::string variants;
+  std::string ablation;
+  std::string jaccard_ref;
+  size_t chunks = 0;
 };
 
 std::vector<std::string> split_list(const std::string& s) {
@@ -90,6 +96,10 @@ void record_command(const BenchArgs& a) {
   if (!a.shard.empty()) c << " --shard " << a.shard;
   if (a.chunk_tokens) c << " --chunk-tokens " << a.chunk_tokens;
   if (!a.method_options.empty()) c << " --method-options '" << a.method_options << "'";
+  if (!a.variants.empty()) c << " --variants '" << a.variants << "'";
+  if (!a.ablation.empty()) c << " --ablation " << a.ablation;
+  if (!a.jaccard_ref.empty()) c << " --jaccard-ref " << a.jaccard_ref;
+  if (a.chunks) c << " --chunks " << a.chunks;
   if (a.peer) c << " --peer";
   if (!a.peer_python.empty()) c << " --peer-python " << a.peer_python;
   c << " --max-tokens " << a.max_tokens << " --seed " << a.seed << " -t " << a.model.threads;
@@ -104,7 +114,39 @@ int run_bench(const BenchArgs& a) {
   eval::BenchConfig cfg;
   cfg.methods = split_list(a.methods);
   cfg.ratios = parse_ratios(a.ratios);
-  eval::expand_runs(cfg.methods, cfg.ratios);  // reject bad methods before loading anything
+  if (!a.variants.empty()) {
+    std::string text = a.variants;
+    if (std::filesystem::exists(text)) {  // a file, else inline JSON
+      std::ifstream in(text);
+      text.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    }
+    try {
+      cfg.variants = nlohmann::json::parse(text);
+    } catch (const nlohmann::json::exception& e) {
+      throw std::runtime_error(std::string("--variants: not JSON (nor a file): ") + e.what());
+    }
+  }
+  if (!a.ablation.empty()) {  // the issue-16 ablation: its variants join the plan after --methods
+    if (a.ablation != "qcfuse") throw std::runtime_error("--ablation: unknown ablation '" + a.ablation + "' (known: qcfuse)");
+    if (!cfg.variants.is_object()) cfg.variants = nlohmann::json::object();
+    const nlohmann::json ablation = eval::qcfuse_ablation_variants();
+    for (auto it = ablation.begin(); it != ablation.end(); ++it) {
+      cfg.variants[it.key()] = it.value();
+      cfg.methods.push_back(it.key());
+    }
+    for (const char* m : {"prophet", "qcfuse"})
+      if (std::find(cfg.methods.begin(), cfg.methods.end(), m) == cfg.methods.end()) cfg.methods.insert(cfg.methods.begin(), m);
+  }
+  cfg.jaccard_reference = !a.jaccard_ref.empty() ? a.jaccard_ref : (!a.ablation.empty() ? "prophet" : "");
+  if (cfg.jaccard_reference == "none") cfg.jaccard_reference.clear();
+  cfg.chunks_per_request = a.chunks;
+  try {
+    eval::check_variants(cfg.variants);
+    eval::expand_runs(cfg.methods, cfg.ratios, cfg.variants);  // reject bad methods before loading anything
+    if (!cfg.jaccard_reference.empty()) eval::expand_runs({cfg.jaccard_reference}, {0.5}, cfg.variants);
+  } catch (const std::invalid_argument& e) {
+    throw std::runtime_error(e.what());
+  }
   if (!parse_dtype(a.dtype, cfg.disk_dtype)) throw std::runtime_error("unknown --dtype " + a.dtype);
   cfg.limit = a.limit;
   if (!a.shard.empty() && !parse_shard(a.shard, cfg.shard_index, cfg.shard_count))
@@ -125,6 +167,14 @@ int run_bench(const BenchArgs& a) {
     }
     if (!cfg.method_options.is_object())
       throw std::runtime_error("--method-options: expected an object {\"method\": {options}}");
+    // Judged now, by each selector's own configure(), so a typo fails before any model work.
+    for (const auto& [method, options] : cfg.method_options.items()) {
+      try {
+        make_selector(method)->configure(options);
+      } catch (const std::invalid_argument& e) {
+        throw std::runtime_error(std::string("--method-options: ") + e.what());
+      }
+    }
   }
 
   auto model = load_model(a.model);  // first: RULER tasks are generated with its tokenizer
@@ -194,6 +244,19 @@ void add_bench_command(CLI::App& app, CommandRunner& run) {
                   "JSON object of per-method options, e.g. '{\"cachecraft\": {\"create_variants\": true}}' "
                   "(default: cachecraft runs without creating variants online, since a variant made by one run of "
                   "an example would be an exact match for its runs at other ratios)");
+  cmd->add_option("--variants", a->variants,
+                  "named method variants, JSON (inline or a file): {\"name\": {\"method\": \"qcfuse\", \"options\": "
+                  "{...}}}; list the names in --methods; rows carry the name as their method");
+  cmd->add_option("--ablation", a->ablation,
+                  "add a predefined ablation to the plan: qcfuse (issue 16: anchor ratio, layer view, probe rows, "
+                  "anchor rule, profile target; implies --jaccard-ref prophet)");
+  cmd->add_option("--jaccard-ref", a->jaccard_ref,
+                  "method or variant whose recomputed positions every selector row is compared with (jaccard_ref "
+                  "column); none to turn off");
+  cmd->add_option("--chunks", a->chunks,
+                  "exactly N chunks per request: passages of the following examples are added as distractors "
+                  "until there are enough (with --chunk-tokens 512 --chunks 20: the QCFuse paper's setting)")
+      ->capture_default_str();
   cmd->add_option("--out", a->out, "output folder (results.jsonl, report.md, summary.csv, plots)")->required();
   cmd->add_option("--store", a->store, "chunk-cache store folder (default: <out>/store)");
   cmd->add_flag("--memory-store", a->memory_store, "keep chunk caches in memory only (no disk tier)");

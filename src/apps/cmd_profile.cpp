@@ -19,6 +19,10 @@ struct ProfileArgs {
   std::string out;
   double anchor_ratio = qcfuse::kDefaultAnchorRatio;
   int layers = qcfuse::kDefaultCriticalLayers;
+  std::string target = "prophet";
+  std::string probe_rows = "question";
+  std::string anchors = "per_layer";
+  bool anchor_sinks = true;
 };
 
 int run_profile(const ProfileArgs& a) {
@@ -37,11 +41,18 @@ int run_profile(const ProfileArgs& a) {
 
   std::vector<qcfuse::CalibrationExample> examples = qcfuse::read_nq_calibration(nq, a.limit);
   for (auto& ex : qcfuse::read_hotpot_calibration(hotpot, a.limit)) examples.push_back(std::move(ex));
-  std::fprintf(stderr, "profiling %d layers on %zu calibration examples (Recall@10%%, anchors r_a = %.2f)\n",
-               model->hparams().n_layers, examples.size(), a.anchor_ratio);
+  std::fprintf(stderr,
+               "profiling %d layers on %zu calibration examples (Recall@10%% of the %s set, anchors r_a = %.2f %s%s, "
+               "probe rows: %s)\n",
+               model->hparams().n_layers, examples.size(), a.target == "evidence" ? "gold evidence" : "ProphetKV top-10%",
+               a.anchor_ratio, a.anchors.c_str(), a.anchor_sinks ? " with sinks" : "", a.probe_rows.c_str());
 
   qcfuse::ProfileOptions opt;
   opt.anchor_ratio = a.anchor_ratio;
+  opt.target = a.target == "evidence" ? qcfuse::ProfileTarget::evidence : qcfuse::ProfileTarget::prophet;
+  qcfuse::parse_probe_rows(a.probe_rows, opt.probe_rows);
+  opt.anchor_rule.per_layer = a.anchors == "per_layer";
+  opt.anchor_rule.sinks = a.anchor_sinks;
   opt.critical_layers = a.layers;
   const double t0 = now_ms();
   opt.progress = [&](size_t done, size_t total, const qcfuse::CalibrationExample& ex, size_t n) {
@@ -57,8 +68,8 @@ int run_profile(const ProfileArgs& a) {
   for (size_t l = 0; l < p.recall.size(); ++l) std::printf("%5zu  %.3f\n", l, p.recall[l]);
   std::printf("critical layers:");
   for (int l : p.critical_layers) std::printf(" %d (%.3f)", l, p.recall[l]);
-  std::printf("\nset recall %.3f, all-layer recall %.3f, %.1f s; written to %s\n", p.critical_set_recall,
-              p.all_layers_recall, p.seconds, out.c_str());
+  std::printf("\ntarget %s: set recall %.3f, all-layer recall %.3f, %.1f s; written to %s\n", p.target.c_str(),
+              p.critical_set_recall, p.all_layers_recall, p.seconds, out.c_str());
   return 0;
 }
 
@@ -74,6 +85,19 @@ void add_profile_command(CLI::App& app, CommandRunner& run) {
   cmd->add_option("--out", a->out, "profile file (default: <cache>/profiles/<model fingerprint>.qcfuse.json)");
   cmd->add_option("--anchor-ratio", a->anchor_ratio, "anchor ratio r_a")->check(CLI::Range(0.0, 1.0))->capture_default_str();
   cmd->add_option("--layers", a->layers, "critical layers to keep")->check(CLI::Range(1, 1000))->capture_default_str();
+  cmd->add_option("--target", a->target,
+                  "what a layer's top-10% set is judged against: prophet (the full-view selector's top-10% set, no "
+                  "labels) or evidence (gold answer/supporting-fact tokens)")
+      ->check(CLI::IsMember({"prophet", "evidence"}))
+      ->capture_default_str();
+  cmd->add_option("--probe-rows", a->probe_rows, "probe query rows: question (question tokens only) or suffix (all of U)")
+      ->check(CLI::IsMember({"question", "suffix"}))
+      ->capture_default_str();
+  cmd->add_option("--anchors", a->anchors, "anchor sets: per_layer or shared (one set, summed over layers)")
+      ->check(CLI::IsMember({"per_layer", "shared"}))
+      ->capture_default_str();
+  cmd->add_option("--anchor-sinks", a->anchor_sinks, "system-prefix sink keys in the KVzip softmax (true/false)")
+      ->capture_default_str();
   cmd->callback([&run, a] { run = [a] { return run_profile(*a); }; });
 }
 

@@ -23,4 +23,21 @@ RagRequest build_example_request(const Model& model, const QaExample& example, c
   return r;
 }
 
+RagRequest build_example_request_filled(const Model& model, const Dataset& dataset, size_t index,
+                                        const RagPromptOptions& prompt, size_t chunk_tokens, size_t n_chunks) {
+  if (n_chunks == 0) throw std::invalid_argument("chunks per request must be positive");
+  if (index >= dataset.examples.size()) throw std::invalid_argument("example index out of range");
+  QaExample ex = dataset.examples[index];
+  RagRequest r = build_example_request(model, ex, prompt, chunk_tokens);
+  for (size_t d = 1; r.chunks.size() < n_chunks && d < dataset.examples.size(); ++d) {
+    const QaExample& other = dataset.examples[(index + d) % dataset.examples.size()];
+    ex.passages.insert(ex.passages.end(), other.passages.begin(), other.passages.end());
+    r = build_example_request(model, ex, prompt, chunk_tokens);
+  }
+  if (r.chunks.size() < n_chunks)
+    throw std::invalid_argument("the dataset holds fewer than " + std::to_string(n_chunks) + " chunks");
+  r.chunks.resize(n_chunks);
+  return r;
+}
+
 }  // namespace cf::eval

@@ -25,4 +25,11 @@ std::vector<std::vector<TokenId>> split_tokens(const std::vector<TokenId>& token
 RagRequest build_example_request(const Model& model, const QaExample& example, const RagPromptOptions& prompt,
                                  size_t chunk_tokens = 0);
 
+// Exactly `n_chunks` chunks for example `index` (the paper's 20 chunks a request, §4.1): its
+// passages, then those of the following examples (wrapping around) as distractors, until
+// the layout above yields n_chunks; the rest is cut off. Throws std::invalid_argument when
+// the whole dataset is too short or n_chunks is 0.
+RagRequest build_example_request_filled(const Model& model, const Dataset& dataset, size_t index,
+                                        const RagPromptOptions& prompt, size_t chunk_tokens, size_t n_chunks);
+
 }  // namespace cf::eval

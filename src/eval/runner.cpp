@@ -10,6 +10,8 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
+#include <map>
 #include <optional>
 #include <set>
 #include <stdexcept>
@@ -79,7 +81,56 @@ nlohmann::json bench_default_method_options(const std::string& method) {
   return nlohmann::json::object();
 }
 
-std::vector<BenchRun> expand_runs(const std::vector<std::string>& methods, const std::vector<double>& ratios) {
+void check_variants(const nlohmann::json& variants) {
+  if (!variants.is_object()) throw std::invalid_argument("variants must be a JSON object {name: {method, options}}");
+  const auto known = selector_names();
+  for (const auto& [name, v] : variants.items()) {
+    if (name.empty() || name == "full" || name == "reuse" || std::find(known.begin(), known.end(), name) != known.end())
+      throw std::invalid_argument("variant '" + name + "': the name must differ from every method");
+    if (!v.is_object() || !v.contains("method") || !v["method"].is_string())
+      throw std::invalid_argument("variant '" + name + "': expected {\"method\": \"<selector>\", \"options\": {...}}");
+    for (const auto& [key, _] : v.items())
+      if (key != "method" && key != "options")
+        throw std::invalid_argument("variant '" + name + "': unknown field '" + key + "' (known: method, options)");
+    std::unique_ptr<Selector> sel;
+    try {
+      sel = make_selector(v["method"].get<std::string>());
+      sel->configure(v.contains("options") ? v.at("options") : nlohmann::json::object());
+    } catch (const std::invalid_argument& e) {
+      throw std::invalid_argument("variant '" + name + "': " + e.what());
+    }
+  }
+}
+
+nlohmann::json qcfuse_ablation_variants() {
+  using J = nlohmann::json;
+  return J{
+      {"prophet:suffix_rows", {{"method", "prophet"}, {"options", {{"probe_rows", "suffix"}}}}},
+      {"qcfuse:a1_all", {{"method", "qcfuse"}, {"options", {{"anchor_ratio", 1.0}, {"layers", "all"}}}}},
+      {"qcfuse:a1_critical", {{"method", "qcfuse"}, {"options", {{"anchor_ratio", 1.0}}}}},
+      {"qcfuse:a0.1_all", {{"method", "qcfuse"}, {"options", {{"layers", "all"}}}}},
+      {"qcfuse:middle", {{"method", "qcfuse"}, {"options", {{"layers", "middle"}}}}},
+      {"qcfuse:top1", {{"method", "qcfuse"}, {"options", {{"layers", "top1"}}}}},
+      {"qcfuse:last", {{"method", "qcfuse"}, {"options", {{"layers", "last"}}}}},
+      {"qcfuse:suffix_rows", {{"method", "qcfuse"}, {"options", {{"probe_rows", "suffix"}}}}},
+      {"qcfuse:shared_anchors", {{"method", "qcfuse"}, {"options", {{"anchors", "shared"}}}}},
+      {"qcfuse:no_sinks", {{"method", "qcfuse"}, {"options", {{"anchor_sinks", false}}}}},
+      {"qcfuse:evidence_profile", {{"method", "qcfuse"}, {"options", {{"profile", "evidence"}}}}},
+      {"qcfuse:before_issue16",
+       {{"method", "qcfuse"},
+        {"options", {{"probe_rows", "suffix"}, {"anchors", "shared"}, {"anchor_sinks", false}, {"profile", "evidence"}}}}},
+  };
+}
+
+double jaccard(const std::vector<size_t>& a, const std::vector<size_t>& b) {
+  if (a.empty() && b.empty()) return 1.0;
+  std::vector<size_t> both;
+  std::set_intersection(a.begin(), a.end(), b.begin(), b.end(), std::back_inserter(both));
+  return static_cast<double>(both.size()) / static_cast<double>(a.size() + b.size() - both.size());
+}
+
+std::vector<BenchRun> expand_runs(const std::vector<std::string>& methods, const std::vector<double>& ratios,
+                                  const nlohmann::json& variants) {
   const auto known = selector_names();
   std::vector<BenchRun> runs;
   std::set<std::string> seen;
@@ -90,9 +141,11 @@ std::vector<BenchRun> expand_runs(const std::vector<std::string>& methods, const
     } else if (m == "reuse") {
       runs.push_back({m, 0.0});
     } else {
-      if (std::find(known.begin(), known.end(), m) == known.end()) {
+      if (std::find(known.begin(), known.end(), m) == known.end() && !(variants.is_object() && variants.contains(m))) {
         std::string names = "full";
         for (const auto& k : known) names += ", " + k;
+        if (variants.is_object())
+          for (const auto& [k, _] : variants.items()) names += ", " + k;
         throw std::invalid_argument("unknown method '" + m + "' (known: " + names + ")");
       }
       if (ratios.empty()) throw std::invalid_argument("method '" + m + "' needs at least one --ratios value");
@@ -113,8 +166,10 @@ std::string row_key(const std::string& dataset, uint64_t model_fingerprint, cons
          ratio_text(ratio);
 }
 
-std::string dataset_label(const std::string& dataset_name, size_t chunk_tokens) {
-  return chunk_tokens ? dataset_name + "@" + std::to_string(chunk_tokens) + "tok" : dataset_name;
+std::string dataset_label(const std::string& dataset_name, size_t chunk_tokens, size_t chunks_per_request) {
+  std::string label = chunk_tokens ? dataset_name + "@" + std::to_string(chunk_tokens) + "tok" : dataset_name;
+  if (chunks_per_request) label += " x" + std::to_string(chunks_per_request);
+  return label;
 }
 
 std::string results_line(const json& row) { return row.dump(-1, ' ', false, json::error_handler_t::replace); }
@@ -158,13 +213,14 @@ BenchRunner::BenchRunner(Forward& fwd, BenchConfig cfg) : fwd_(fwd), cfg_(std::m
 
 BenchSummary BenchRunner::run(const Dataset& dataset) {
   const double t_start = now_ms();
-  const std::vector<BenchRun> runs = expand_runs(cfg_.methods, cfg_.ratios);
+  check_variants(cfg_.variants);
+  const std::vector<BenchRun> runs = expand_runs(cfg_.methods, cfg_.ratios, cfg_.variants);
   const Model& model = fwd_.model();
   const uint64_t fp = model.fingerprint();
   fs::create_directories(cfg_.out_dir);
   BenchSummary sum;
   sum.results_path = (fs::path(cfg_.out_dir) / "results.jsonl").string();
-  const std::string label = dataset_label(dataset.name, cfg_.chunk_tokens);
+  const std::string label = dataset_label(dataset.name, cfg_.chunk_tokens, cfg_.chunks_per_request);
 
   // What is already there.
   std::set<std::string> done;
@@ -242,7 +298,10 @@ BenchSummary BenchRunner::run(const Dataset& dataset) {
     const QaExample& ex = dataset.examples[e];
     const std::string prompt_key = label + "\x1f" + fingerprint_hex(fp) + "\x1f" + ex.id;
     if (todo[e].empty() && prompt_done.count(prompt_key)) continue;
-    const RagRequest req = build_example_request(model, ex, cfg_.prompt, cfg_.chunk_tokens);
+    const RagRequest req = cfg_.chunks_per_request
+                               ? build_example_request_filled(model, dataset, e, cfg_.prompt, cfg_.chunk_tokens,
+                                                              cfg_.chunks_per_request)
+                               : build_example_request(model, ex, cfg_.prompt, cfg_.chunk_tokens);
     const std::vector<TokenId> prompt = req.flatten();
     if (static_cast<long>(prompt.size()) + cfg_.max_tokens > model.hparams().context_length) {
       if (todo[e].empty()) continue;
@@ -313,19 +372,48 @@ BenchSummary BenchRunner::run(const Dataset& dataset) {
     if (getloadavg(load_avg, 1) != 1) load_avg[0] = -1;
     const uint64_t example_seed = cfg_.seed * 1000003ull + e;
 
-    // (3) Every method x ratio still to do.
+    // (3) Every method x ratio still to do; the Jaccard reference first, so its selections
+    // are at hand for the others.
+    std::stable_partition(todo[e].begin(), todo[e].end(),
+                          [&](const BenchRun& r) { return r.method == cfg_.jaccard_reference; });
+    std::map<std::string, std::vector<size_t>> reference_slots;  // by ratio text
+    auto options_of = [&](const std::string& method, std::string& base) {
+      base = method;
+      nlohmann::json options = cfg_.method_options.contains(method) ? cfg_.method_options.at(method)
+                                                                     : bench_default_method_options(method);
+      if (cfg_.variants.is_object() && cfg_.variants.contains(method)) {
+        const json& v = cfg_.variants.at(method);
+        base = v.at("method").get<std::string>();
+        options = cfg_.method_options.contains(base) ? cfg_.method_options.at(base) : bench_default_method_options(base);
+        if (!options.is_object()) options = json::object();
+        if (v.contains("options"))
+          for (auto it = v.at("options").begin(); it != v.at("options").end(); ++it) options[it.key()] = it.value();
+      }
+      return options;
+    };
     for (const BenchRun& run : todo[e]) {
       progress.update(units, ex.id + " " + run.method + "@" + ratio_text(run.ratio));
       std::optional<FusionResult> own;
       const FusionResult* r = &full;
       Decoded dec = full_dec;
+      std::string base = run.method;
+      nlohmann::json options = json::object();
+      std::optional<double> jac;
       if (run.method != "full") {
-        const nlohmann::json options = cfg_.method_options.contains(run.method)
-                                           ? cfg_.method_options.at(run.method)
-                                           : bench_default_method_options(run.method);
-        own.emplace(executor.prefill(req, {run.method, run.ratio, example_seed, options}));
+        options = options_of(run.method, base);
+        own.emplace(executor.prefill(req, {base, run.ratio, example_seed, options}));
         r = &*own;
         dec = decode(fwd_, *own, prompt, cfg_.max_tokens);
+        if (!cfg_.jaccard_reference.empty() && run.method != "reuse") {
+          const std::string rk = ratio_text(run.ratio);
+          if (run.method == cfg_.jaccard_reference) reference_slots[rk] = own->recomputed;
+          if (!reference_slots.count(rk)) {  // untimed, not recorded
+            std::string ref_base;
+            const json ref_options = options_of(cfg_.jaccard_reference, ref_base);
+            reference_slots[rk] = executor.prefill(req, {ref_base, run.ratio, example_seed, ref_options}).recomputed;
+          }
+          jac = jaccard(own->recomputed, reference_slots[rk]);
+        }
       }
       const FusionTimings& t = r->timings;
       json row{{"dataset", label},
@@ -367,6 +455,17 @@ BenchSummary BenchRunner::run(const Dataset& dataset) {
                {"threads", cfg_.threads},
                {"store", cfg_.memory_only_store ? "memory" : std::string("disk-") + dtype_name(cfg_.disk_dtype)},
                {"load_avg_1m", load_avg[0]}};
+      if (base != run.method) {
+        row["base_method"] = base;
+        row["method_options"] = options;
+      }
+      if (jac) {
+        row["jaccard_ref"] = *jac;
+        row["jaccard_reference"] = cfg_.jaccard_reference;
+      }
+      if (base == "qcfuse" || base == "prophet")  // what the ablation attributes to each part
+        for (const char* k : {"critical_layers", "anchors", "anchor_rule", "probe_rows", "probe_depth", "probe_ms", "score_ms"})
+          if (r->selection_details.is_object() && r->selection_details.contains(k)) row[k] = r->selection_details[k];
       if (run.method == "fusionrag") {
         row["enriched_chunks"] = r->selection_details.value("enriched_chunks", 0);
         fusionrag_offline_ms = 0;  // counted once per example

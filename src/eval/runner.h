@@ -57,6 +57,19 @@ struct BenchConfig {
   // Selector::configure options per method name ({"qcfuse": {...}}). Methods not named get
   // bench_default_method_options(method).
   nlohmann::json method_options = nlohmann::json::object();
+  // Named variants of a method ({"qcfuse:top1": {"method": "qcfuse", "options": {...}}}): a
+  // name listed in `methods` that is a variant runs its method with its options (over the
+  // method's --method-options) and its rows carry the variant name as "method" (issue 16's
+  // ablation: one code path per idea, the options select among them).
+  nlohmann::json variants = nlohmann::json::object();
+  // Non-empty ("prophet"): each selector row also gets "jaccard_ref", the Jaccard overlap of
+  // its recomputed positions with this method's at the same ratio (run untimed when the
+  // method is not itself in the plan or its rows were written by an earlier run).
+  std::string jaccard_reference;
+  // > 0: exactly this many chunks per request (with chunk_tokens, the paper's 20 x 512):
+  // passages of the following examples are appended as distractors until there are enough,
+  // the rest is cut off. Rows are labelled "<dataset>@<N>tok x<chunks>".
+  size_t chunks_per_request = 0;
 };
 
 // The bench's defaults: Cache-Craft without online variant creation, because a variant that
@@ -71,7 +84,18 @@ struct BenchRun {
 };
 // full -> (full, 1) and reuse -> (reuse, 0) once; every other method once per ratio.
 // Throws std::invalid_argument on an unknown method, a ratio outside [0, 1], or an empty plan.
-std::vector<BenchRun> expand_runs(const std::vector<std::string>& methods, const std::vector<double>& ratios);
+// Names in `variants` are accepted as methods too (see BenchConfig::variants).
+std::vector<BenchRun> expand_runs(const std::vector<std::string>& methods, const std::vector<double>& ratios,
+                                  const nlohmann::json& variants = nlohmann::json::object());
+// Checks a variants object ({name: {"method": selector, "options": {...}}}); throws
+// std::invalid_argument naming the bad entry (unknown method, bad option: the selector's own
+// configure() judges them).
+void check_variants(const nlohmann::json& variants);
+// The issue-16 ablation of QCFuse as variants: anchor ratio 1 / 0.1 with all or the critical
+// layers, single layers (floor(L/2), profiled top-1, last), and each paper option off
+// (probe rows, per-layer anchors, sinks, profile target), plus ProphetKV with all suffix
+// rows; every name starts with "qcfuse:" or "prophet:".
+nlohmann::json qcfuse_ablation_variants();
 
 struct BenchSummary {
   std::string results_path;
@@ -92,7 +116,9 @@ std::string results_line(const nlohmann::json& row);
 std::string row_key(const std::string& dataset, uint64_t model_fingerprint, const std::string& example_id,
                     const std::string& method, double ratio);
 // The dataset name the rows carry: the dataset's own, or "<name>@<N>tok" when re-chunked.
-std::string dataset_label(const std::string& dataset_name, size_t chunk_tokens);
+std::string dataset_label(const std::string& dataset_name, size_t chunk_tokens, size_t chunks_per_request = 0);
+// Jaccard overlap |a & b| / |a | b| of two ascending position lists (1 when both are empty).
+double jaccard(const std::vector<size_t>& a, const std::vector<size_t>& b);
 
 class BenchRunner {
  public:

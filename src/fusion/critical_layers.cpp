@@ -1,6 +1,11 @@
 // QCFuse critical-layer profiling (§3.2.3 Eq. 12-13, §3.4 Eq. 18-19): once per model,
-// every layer's anchor-conditioned score I_l (Eq. 18) is judged by Recall@10% against gold
-// evidence positions, and the top-3 layers by their individual recall become L*.
+// every layer's anchor-conditioned score I_l (Eq. 18) is judged by Recall@10% and the top-3
+// layers by their individual recall become L*. Two targets for the recall:
+//  - evidence: gold evidence positions (Eq. 13);
+//  - prophet: the full-view selector's own top-10% set (ProphetKV, all layers, same probe
+//    rows), the agreement §3.2.2 / Fig. 5 measures; it needs no labels.
+// The probe uses the serving defaults (per-layer KVzip anchors with sink keys, question rows),
+// so what is profiled is what is served; each is a ProfileOptions field.
 // Deviations:
 //  - calibration data: Natural Questions (oracle passage + other examples' passages as
 //    distractors, gold = answer occurrences) and HotpotQA (gold = supporting sentences),
@@ -94,6 +99,7 @@ nlohmann::json profile_to_json(const LayerProfile& p) {
           {"critical_set_recall", p.critical_set_recall},
           {"all_layers_recall", p.all_layers_recall},
           {"anchor_ratio", p.anchor_ratio},
+          {"target", p.target},
           {"seconds", p.seconds},
           {"data", p.data}};
 }
@@ -109,6 +115,8 @@ LayerProfile profile_from_json(const nlohmann::json& j) {
     p.critical_set_recall = j.value("critical_set_recall", 0.0);
     p.all_layers_recall = j.value("all_layers_recall", 0.0);
     p.anchor_ratio = j.at("anchor_ratio").get<double>();
+    p.target = j.value("target", "evidence");
+    if (p.target != "evidence" && p.target != "prophet") throw std::runtime_error("unknown profile target " + p.target);
     p.seconds = j.value("seconds", 0.0);
     p.data = j.value("data", nlohmann::json::object());
     for (int l : p.critical_layers)
@@ -146,17 +154,25 @@ std::optional<LayerProfile> load_profile(const std::string& path) {
   return profile_from_json(j);
 }
 
-std::optional<LayerProfile> bundled_profile(const std::string& fp, std::string* source) {
+void check_profile_model(const LayerProfile& p, const std::string& fp, const std::string& where) {
+  if (p.model_fingerprint != fp)
+    throw std::runtime_error(where + " is a profile of model " + p.model_fingerprint + ", not of this model (" + fp +
+                             "); it is not used. Run chunkfuse profile-layers for this model");
+}
+
+std::optional<LayerProfile> bundled_profile(const std::string& fp, std::string* source, const std::string& target) {
+  const std::string key = target.empty() ? fp : fp + "." + target;
   for (const BundledProfile* b = kBundledProfiles; b->fingerprint; ++b) {
-    if (fp != b->fingerprint) continue;
+    if (key != b->fingerprint) continue;
     LayerProfile p;
     try {
       p = profile_from_json(nlohmann::json::parse(b->json));
     } catch (const std::exception& e) {  // a bad file in data/ is a build defect; say which
       throw std::runtime_error(std::string(b->file) + ": " + e.what());
     }
-    if (p.model_fingerprint != fp)
-      throw std::runtime_error(std::string(b->file) + ": names model " + p.model_fingerprint + ", not " + fp);
+    check_profile_model(p, fp, b->file);
+    if (!target.empty() && p.target != target)
+      throw std::runtime_error(std::string(b->file) + ": made with target " + p.target + ", not " + target);
     if (source) *source = b->file;
     return p;
   }
@@ -307,7 +323,8 @@ LayerProfile profile_critical_layers(Forward& fwd, ChunkStore& store, const std:
     }
     const size_t n = req.context_tokens();
     const size_t k = recompute_budget(kProfileBudget, n);
-    if (!ok || gold.empty() || k == 0 || static_cast<int>(req.flatten().size()) > h.context_length) {
+    const bool by_evidence = opt.target == ProfileTarget::evidence;
+    if ((by_evidence && (!ok || gold.empty())) || k == 0 || static_cast<int>(req.flatten().size()) > h.context_length) {
       ++skipped;
       ++done;
       if (opt.progress) opt.progress(done, examples.size(), ex, n);
@@ -324,27 +341,36 @@ LayerProfile profile_critical_layers(Forward& fwd, ChunkStore& store, const std:
     }
     KvCache stitched(h, req.flatten().size());
     stitched.append_from(pit->second, 0, pit->second.size(), 0);
-    std::vector<size_t> anchor_slots;
+    ProbeView view;
+    view.anchors.resize(opt.anchor_rule.per_layer ? static_cast<size_t>(L) : 1);
     for (const auto& toks : req.chunks) {
       ChunkKey key(m.fingerprint(), toks);
       const auto tc = Clock::now();
       auto c = store.get_or_compute(key, [&] { return compute_chunk_cache(fwd, key); });
       pic_ms += std::chrono::duration<double, std::milli>(Clock::now() - tc).count();
-      if (!stored_anchors(*c, opt.anchor_ratio)) {
+      if (opt.anchor_ratio > 0 && !stored_anchors(*c, opt.anchor_ratio, opt.anchor_rule, 0)) {
         const auto ta = Clock::now();
         ChunkCache prepared = *c;
-        prepare_anchors(fwd, prepared, opt.anchor_ratio);
+        prepare_anchors(fwd, prepared, opt.anchor_rule);
         anchors_ms += std::chrono::duration<double, std::milli>(Clock::now() - ta).count();
         ++anchors_chunks;
         c = store.put(std::move(prepared));
       }
       const size_t begin = stitched.size();
       stitched.append_from(c->kv, 0, c->kv.size(), static_cast<int32_t>(begin) - c->kv.position(0));
-      const std::vector<uint32_t> anchors = stored_anchors(*c, opt.anchor_ratio).value();
-      for (uint32_t a : anchors) anchor_slots.push_back(begin + a);
+      const auto sets = chunk_anchor_sets(fwd, *c, opt.anchor_ratio, opt.anchor_rule, L, nullptr);
+      for (size_t l = 0; l < view.anchors.size(); ++l)
+        for (uint32_t a : sets[l]) view.anchors[l].push_back(begin + a);
     }
     const size_t cb = req.system.size(), ce = cb + n;
-    ProbeResult pr = anchor_probe(fwd, stitched, cb, ce, anchor_slots, req.suffix, all_layers);
+    const auto [rb, re] = probe_row_range(req, opt.probe_rows);
+    ProbeResult pr = query_probe(fwd, stitched, cb, ce, view, req.suffix, rb, re, all_layers);
+    if (!by_evidence) {  // the target: ProphetKV's top-10% set (full view, all layers, same rows)
+      ProbeView full;
+      full.full = true;
+      gold = top_k_slots(sum_layers(query_probe(fwd, stitched, cb, ce, full, req.suffix, rb, re, all_layers)), cb, k);
+    }
+    std::sort(gold.begin(), gold.end());
 
     auto recall_of = [&](const std::vector<double>& score) {
       const auto top = top_k_slots(score, cb, k);
@@ -375,6 +401,7 @@ LayerProfile profile_critical_layers(Forward& fwd, ChunkStore& store, const std:
   LayerProfile p;
   p.model_fingerprint = m.fingerprint_hex();
   p.anchor_ratio = opt.anchor_ratio;
+  p.target = opt.target == ProfileTarget::evidence ? "evidence" : "prophet";
   p.recall.assign(L, 0.0);
   nlohmann::json per_dataset = nlohmann::json::object();
   for (const auto& [name, idx] : by_dataset) {
@@ -420,7 +447,8 @@ LayerProfile profile_critical_layers(Forward& fwd, ChunkStore& store, const std:
             {"skipped", skipped},
             {"budget", kProfileBudget},
             {"softmax_denominator", "S + context + U keys (causal), as the artifact's kernel"},
-            {"query_rows", "all tokens of the question suffix U"},
+            {"probe_rows", probe_rows_name(opt.probe_rows)},
+            {"anchor_rule", opt.anchor_rule.name() + (opt.anchor_rule.per_layer ? "_per_layer" : "_shared")},
             {"pic_ms", pic_ms},
             {"anchor_ms", anchors_ms},
             {"anchor_chunks", anchors_chunks}};

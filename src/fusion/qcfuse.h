@@ -29,10 +29,29 @@ namespace cf::qcfuse {
 
 inline constexpr double kDefaultAnchorRatio = 0.1;  // the paper's r_a (the artifact uses 0.15)
 inline constexpr size_t kForcedAnchors = 4;         // the artifact's n_sink: first chunk tokens always kept
+inline constexpr size_t kSinkKeys = 4;              // the artifact's system-prompt sink keys in the KVzip softmax
 inline constexpr const char* kRepeatPrompt = "\n\nRepeat the previous context exactly.";
 inline constexpr const char* kExtraKey = "qcfuse";   // ChunkCache::extra["qcfuse"]
 inline constexpr int kDefaultCriticalLayers = 3;      // L* = L_3 (Implication 3)
 inline constexpr double kProfileBudget = 0.1;         // Recall@10% (Eq. 12)
+
+// How anchors are built (§3.3.1, Eq. 14). Defaults: the authors' artifact (digest [C]).
+struct AnchorRule {
+  bool sinks = true;      // the first kSinkKeys tokens of a system prefix are keys in the KVzip softmax
+  bool per_layer = true;  // one anchor set per layer, ranked by that layer's scores; else one set
+                          // per chunk ranked by the sum over all layers
+  std::string name() const;  // "sink" / "plain" (+ the layer mode is a field of the stored entry)
+};
+
+// Which rows of U are the probe's queries (§3.3.2 [C]) and how much of U is run.
+enum class ProbeRows {
+  question,  // the question's tokens score; "Question: " is keys only; the template tail is not run
+  suffix,    // every row of U scores (question and chat-template tail)
+};
+bool parse_probe_rows(const std::string& s, ProbeRows& out);
+const char* probe_rows_name(ProbeRows r);
+// The rows [begin, end) of request.suffix that score under `rows`; U is run up to `end`.
+std::pair<size_t, size_t> probe_row_range(const RagRequest& request, ProbeRows rows);
 
 // ceil(ratio * n), at most n.
 size_t anchor_count(size_t n, double ratio);
@@ -45,35 +64,62 @@ std::vector<uint32_t> anchor_order(const std::vector<double>& score, size_t forc
 // of them and return them ascending.
 std::vector<uint32_t> rank_anchors(const std::vector<double>& score, double ratio, size_t forced = kForcedAnchors);
 
-// KVzip-style score of every entry of a chunk cache (entries in token order at consecutive
-// positions): the repeat prompt runs after the chunk's cached K/V (the chunk is not
-// recomputed), and each entry scores the sum over layers of the max over heads and prompt
-// tokens of the attention it receives.
+// KVzip-style scores of every entry of a chunk cache (entries in token order at consecutive
+// positions), per layer: the repeat prompt runs after the chunk's cached K/V (the chunk is
+// not recomputed); `sinks` (nullable) are extra keys before it at their own positions (the
+// artifact's system-prompt sinks); each entry scores, per layer, the max over heads and
+// prompt tokens of the attention it receives. [layer][entry].
+std::vector<std::vector<double>> kvzip_layer_scores(Forward& fwd, const KvCache& chunk_kv, const KvCache* sinks);
+// The sum over layers of kvzip_layer_scores without sinks.
 std::vector<double> kvzip_scores(Forward& fwd, const KvCache& chunk_kv);
+// The sink keys of `rule`: the first kSinkKeys tokens of the model's default RAG system
+// prefix, computed exactly at positions 0.. (once per model); nullptr when !rule.sinks.
+const KvCache* sink_keys(Forward& fwd, const AnchorRule& rule);
 
-// Computes the anchor ranking of `chunk` and stores it in chunk.extra["qcfuse"]
-// ({"ranking": all positions in anchor order, "anchors": those at `ratio`, "ratio", "rule", "ms"}).
-void prepare_anchors(Forward& fwd, ChunkCache& chunk, double ratio = kDefaultAnchorRatio);
-// The anchors at `ratio` from the stored ranking (sorted), else nullopt.
-std::optional<std::vector<uint32_t>> stored_anchors(const ChunkCache& chunk, double ratio = kDefaultAnchorRatio);
+// Computes the anchor rankings of `chunk` under rule.sinks and stores them in
+// chunk.extra["qcfuse"][rule.name()] = {"layers": [ranking per layer], "sum": ranking,
+// "ms"}: both layer modes, every ratio (a ranking is all positions in anchor order).
+void prepare_anchors(Forward& fwd, ChunkCache& chunk, const AnchorRule& rule = {});
+// The anchors at `ratio` from the stored rankings (sorted): of `layer` when rule.per_layer,
+// else the summed ranking; nullopt when missing or damaged.
+std::optional<std::vector<uint32_t>> stored_anchors(const ChunkCache& chunk, double ratio, const AnchorRule& rule = {},
+                                                    int layer = 0);
+
+// What the probe's U attends to besides S: the full stitched context (ProphetKV's full view,
+// Eq. 9), or anchors (Eq. 15-17): slots of the stitched cache, ascending, one set for all
+// layers (anchors.size() == 1) or one per layer 0.. (at least up to the deepest scored layer).
+struct ProbeView {
+  bool full = false;
+  std::vector<std::vector<size_t>> anchors;
+};
 
 struct ProbeResult {
   std::vector<std::vector<double>> scores;  // per requested layer: score of each context slot
-  size_t anchor_entries = 0;                // anchors in the compact cache (S not counted)
+  size_t anchor_entries = 0;                // distinct anchors in the compact cache (S not counted)
   double probe_ms = 0;                      // compact cache + forward pass of U
   double score_ms = 0;                      // scoring against the full keys (inside the pass)
 };
 
-// The anchor-conditioned probe. `stitched` holds S at slots [0, context_begin) and the
-// context at [context_begin, context_end), slot == position; `anchor_slots` are slots of it
-// (ascending). U runs over a scratch cache (S + anchors, copied at their positions) up to
-// the deepest of `layers`; at each requested layer every U token's query is scored against
-// the stitched keys of S + context plus U's own keys (causal): the softmax denominator
-// covers all of them, as the artifact's kernel does. Scores are sums over heads and U
-// tokens. `stitched` is not changed.
-ProbeResult anchor_probe(Forward& fwd, const KvCache& stitched, size_t context_begin, size_t context_end,
-                         std::span<const size_t> anchor_slots, std::span<const TokenId> suffix,
-                         const std::vector<int>& layers);
+// The query probe shared by ProphetKV (full view) and QCFuse (anchor view). `stitched` holds
+// S at slots [0, context_begin) and the context at [context_begin, context_end), slot ==
+// position. U[0, rows_end) runs over S + the view (anchors keep their positions, U sits
+// after the full context) up to the deepest of `layers`; at each requested layer the
+// queries of rows [rows_begin, rows_end) are scored against the stitched keys of S + context
+// plus U's own (causal): the softmax denominator covers all of them, as the artifact's
+// kernel does. Scores are sums over heads and rows, added in a fixed order (deterministic).
+// `stitched` is left as it was (a full-view probe appends U and removes it again).
+ProbeResult query_probe(Forward& fwd, KvCache& stitched, size_t context_begin, size_t context_end, const ProbeView& view,
+                        std::span<const TokenId> suffix, size_t rows_begin, size_t rows_end,
+                        const std::vector<int>& layers);
+
+// Sum of a probe's per-layer scores in the order of its layers (Eq. 10 / Eq. 20).
+std::vector<double> sum_layers(const ProbeResult& r);
+
+// The anchor sets of one chunk (chunk-local positions, ascending): one set (rule.per_layer
+// false) or one per layer 0..n_layers-1, from the stored rankings, else computed now
+// (*computed_online = true then; the stored cache is not changed).
+std::vector<std::vector<uint32_t>> chunk_anchor_sets(Forward& fwd, const ChunkCache& chunk, double ratio,
+                                                     const AnchorRule& rule, int n_layers, bool* computed_online);
 
 // ---- critical-layer profile ----
 
@@ -84,6 +130,7 @@ struct LayerProfile {
   double critical_set_recall = 0;           // Recall@10% of the summed critical layers (Eq. 20)
   double all_layers_recall = 0;             // the all-layer reference
   double anchor_ratio = kDefaultAnchorRatio;
+  std::string target = "evidence";          // what Recall@10% is measured against: "evidence" or "prophet"
   double seconds = 0;                       // time the profiling took
   nlohmann::json data = nlohmann::json::object();  // datasets, examples, per-dataset recalls
 };
@@ -94,9 +141,15 @@ LayerProfile profile_from_json(const nlohmann::json& j);  // throws std::runtime
 void save_profile(const LayerProfile& p, const std::string& path);  // atomic (temp file + rename)
 // nullopt when the file does not exist; throws std::runtime_error when it is unreadable.
 std::optional<LayerProfile> load_profile(const std::string& path);
-// The profile shipped with the project for this model (data/qcfuse_profiles, compiled in),
-// nullopt when there is none; `source` gets its repository path.
-std::optional<LayerProfile> bundled_profile(const std::string& model_fingerprint_hex, std::string* source = nullptr);
+// The profile shipped with the project for this model (data/qcfuse_profiles, compiled in):
+// <fingerprint>.qcfuse.json (the default, the one that measured best) or, with a `target`,
+// <fingerprint>.<target>.qcfuse.json; nullopt when there is none; `source` gets its
+// repository path. A shipped file naming another model throws.
+std::optional<LayerProfile> bundled_profile(const std::string& model_fingerprint_hex, std::string* source = nullptr,
+                                            const std::string& target = "");
+// Throws std::runtime_error unless `p` was made for the model `fingerprint_hex` (a profile of
+// another model would name layers that mean nothing here).
+void check_profile_model(const LayerProfile& p, const std::string& fingerprint_hex, const std::string& where);
 
 // One span-labelled calibration example: passages, question, and the gold evidence as byte
 // spans [begin, end) of each passage's chunk text (passage_text(p, RagPromptOptions{})).
@@ -117,8 +170,16 @@ std::vector<CalibrationExample> read_nq_calibration(const std::string& path, siz
 // supporting-fact sentences.
 std::vector<CalibrationExample> read_hotpot_calibration(const std::string& path, size_t limit);
 
+// What a layer's top-10% set is judged against (§3.2.3 Eq. 13 / §3.4.1): the gold evidence
+// tokens, or the full-view selector's own top-10% set (ProphetKV, all layers, the same probe
+// rows; needs no labels, §3.2.2's single-layer agreement).
+enum class ProfileTarget { evidence, prophet };
+
 struct ProfileOptions {
   double anchor_ratio = kDefaultAnchorRatio;
+  AnchorRule anchor_rule;
+  ProbeRows probe_rows = ProbeRows::question;
+  ProfileTarget target = ProfileTarget::evidence;
   int critical_layers = kDefaultCriticalLayers;
   // Called after each example: done, total, the example, its context tokens.
   std::function<void(size_t, size_t, const CalibrationExample&, size_t)> progress;

@@ -3,6 +3,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
+#include <tuple>
 
 namespace cf {
 
@@ -25,6 +26,24 @@ std::string passage_text(const Passage& p, const RagPromptOptions& opt) {
   s += p.text;
   s += opt.passage_separator;
   return s;
+}
+
+std::pair<size_t, size_t> rows_spelling(const Tokenizer& tok, std::span<const TokenId> tokens, const std::string& text,
+                                        size_t byte_begin, size_t byte_end) {
+  if (byte_begin >= byte_end || byte_end > text.size()) return {0, 0};
+  size_t at = 0, first = tokens.size(), last = 0;
+  for (size_t t = 0; t < tokens.size() && at < byte_end; ++t) {
+    const std::string piece = tok.token_to_piece(tokens[t], false);
+    const size_t n = std::min(piece.size(), byte_end - at);
+    if (text.compare(at, n, piece, 0, n) != 0) return {0, 0};
+    if (at < byte_end && at + piece.size() > byte_begin) {
+      first = std::min(first, t);
+      last = t + 1;
+    }
+    at += piece.size();
+  }
+  if (at < byte_end || first >= last) return {0, 0};
+  return {first, last};
 }
 
 std::vector<std::string> render_chat_around(const ChatTemplate& tmpl, std::vector<ChatMessage> messages,
@@ -112,6 +131,8 @@ RagRequest build_rag_request(const Model& model, const std::vector<Passage>& pas
   r.system = tok.encode(before, /*add_special=*/true, /*parse_special=*/true);
   for (const auto& p : passages) r.chunks.push_back(tok.encode(passage_text(p, opt), false, false));
   r.suffix = tok.encode(question_text + after, false, true);
+  const size_t q_at = question_text.size() - question.size();
+  std::tie(r.question_begin, r.question_end) = rows_spelling(tok, r.suffix, question_text + after, q_at, question_text.size());
   return r;
 }
 

@@ -4,7 +4,9 @@
 // the question and the template text after it. Each passage is tokenized on its own, so
 // a chunk's tokens never depend on its neighbours and its cache can be reused anywhere.
 #pragma once
+#include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "model/model.h"
@@ -26,12 +28,21 @@ struct RagRequest {
   std::vector<TokenId> system;              // S
   std::vector<std::vector<TokenId>> chunks; // c1..cm
   std::vector<TokenId> suffix;              // U
+  // Rows of U that spell the question itself (not "Question: ", not the template tail):
+  // the probe rows of QCFuse's artifact (§3.3.2 [C]). question_end == 0: not known (a
+  // suffix built elsewhere, e.g. a chat), then selectors probe with all of U.
+  size_t question_begin = 0, question_end = 0;
   std::vector<TokenId> flatten() const;     // S c1 .. cm U, the full-prefill prompt
   size_t context_tokens() const;            // sum of |ci|
 };
 
 // Text of a passage as it goes into its chunk ("Title: ...\n<text>" + separator).
 std::string passage_text(const Passage& p, const RagPromptOptions& opt);
+
+// Token rows [begin, end) of `tokens` whose bytes overlap bytes [byte_begin, byte_end) of the
+// text they spell; (0, 0) when the tokens do not spell text[0, byte_end) exactly.
+std::pair<size_t, size_t> rows_spelling(const Tokenizer& tok, std::span<const TokenId> tokens, const std::string& text,
+                                        size_t byte_begin, size_t byte_end);
 
 // Renders `messages` with the generation prompt, leaving out the content of the messages at
 // `split_at` (ascending indices), and returns the template text around them: pieces[0]

@@ -1,21 +1,35 @@
 // QCFuse selection (arXiv 2606.05875 §3.3-3.5, Eq. 15-20; digest-qcfuse.md §2.2-2.4):
-//  offline: per chunk, KVzip anchors at r_a = 0.1 (prepare_chunk, kept in
-//           ChunkCache::extra["qcfuse"]); per model, the critical layers L* (chunkfuse
-//           profile-layers writes <cache_root>/profiles/<fingerprint>.qcfuse.json).
+//  offline: per chunk, KVzip anchor rankings (prepare_chunk, kept in
+//           ChunkCache::extra["qcfuse"]); per model, the critical layers L* (a profile:
+//           chunkfuse profile-layers, or the one shipped in data/qcfuse_profiles).
 //  online:  U runs over S + every chunk's anchors (request positions kept, U after the full
-//           context) up to the deepest critical layer; U's queries at each layer of L* are
-//           scored against the stitched cache's full keys; the scores are summed over L*,
-//           heads and U tokens (Eq. 20) and the global top floor(rho N) context positions
-//           are recomputed (Eq. 11). The stitched cache is never written: the probe runs in a
-//           scratch cache.
+//           context) up to the deepest critical layer; the question rows' queries at each
+//           layer of L* are scored against the stitched cache's full keys; the scores are
+//           summed over L*, heads and rows (Eq. 20) and the global top floor(rho N) context
+//           positions are recomputed (Eq. 11). The stitched cache is never written: the probe
+//           runs in a scratch cache (qcfuse::query_probe, shared with ProphetKV).
+//
+// Options (--method-options '{"qcfuse": {...}}' or the request's fusion.options); the
+// default of each is the paper's / the authors' artifact's reading (issue 16):
+//   anchor_ratio  r_a in [0, 1] (0.1, §3.3.3 Implication 2; 0 = query-only probing, §4.6.1)
+//   anchors       "per_layer" (artifact: each layer its own set) | "shared" (one set, summed layers)
+//   anchor_sinks  true (artifact: 4 system-prefix sink keys in the KVzip softmax) | false
+//   probe_rows    "question" (artifact: question tokens only) | "suffix" (all of U)
+//   layers        "profile" (L*, §3.4.3) | "all" | "top1" (profiled Top-1, §4.6.2) | "middle"
+//                 (floor(L/2)) | "last" | [l, ...]
+//   profile       "default" (cached profile, else the shipped default) | "evidence" | "prophet"
+//                 (the shipped profile of that target) | a profile file; one made for another
+//                 model is refused
 // Deviations (besides those of qcfuse_anchors.cpp):
-//  - profile lookup: the cache's, else the one bundled for the model (data/qcfuse_profiles);
-//    without either, L* = {floor(L/2)} (the paper's best fixed layer, §4.6.2), said in
+//  - the shipped default profile is the one that measured best on our calibration split
+//    (BENCHMARKS.md, issue 16), whichever target made it; the paper profiles gold answer spans;
+//  - without any profile, L* = {floor(L/2)} (the paper's best fixed layer, §4.6.2), said in
 //    Selection::details and printed by `chunkfuse ask`;
 //  - the artifact's budget is max(1, int(rho N)); we use floor(rho N) (the paper's Eq. 11),
 //    so rho = 0 recomputes nothing;
 //  - the paper overlaps loading critical-layer keys with the probe; here all PIC K/V are
-//    already in memory (stitched), so there is nothing to overlap.
+//    already in memory (stitched), so there is nothing to overlap;
+//  - a chat request's suffix (the server) has no known question span: all of U probes there.
 #include <chrono>
 #include <filesystem>
 #include <mutex>
@@ -33,9 +47,16 @@ struct CriticalLayers {
   std::string source;  // profile path, or why the fallback is used
 };
 
-// The profile of the model, re-read only when its file changes (the executor makes one
-// selector per request).
-CriticalLayers critical_layers_for(const Model& m) {
+std::vector<int> layers_of(const qcfuse::LayerProfile& p, int n_layers) {
+  std::vector<int> out;
+  for (int l : p.critical_layers)
+    if (l >= 0 && l < n_layers) out.push_back(l);
+  return out;
+}
+
+// The default profile of the model: the cache's (re-read only when its file changes; the
+// executor makes one selector per request), else the shipped one, else floor(L/2).
+CriticalLayers default_critical_layers(const Model& m) {
   static std::mutex mu;
   static std::string cached_path;
   static std::filesystem::file_time_type cached_time;
@@ -49,21 +70,21 @@ CriticalLayers critical_layers_for(const Model& m) {
   CriticalLayers out;
   std::string why = "no profile at " + path;
   auto take = [&](const qcfuse::LayerProfile& p, const std::string& where) {
-    for (int l : p.critical_layers)
-      if (l >= 0 && l < n_layers) out.layers.push_back(l);
+    out.layers = layers_of(p, n_layers);
     if (out.layers.empty()) why = "profile " + where + " names no layer of this model";
     else out.source = where;
   };
   if (!ec) {
     try {
-      if (auto p = qcfuse::load_profile(path)) take(*p, path);
+      if (auto p = qcfuse::load_profile(path)) {
+        qcfuse::check_profile_model(*p, m.fingerprint_hex(), path);  // a copied file of another model: refused
+        take(*p, path);
+      }
     } catch (const std::exception& e) {
-      why = std::string("unreadable profile: ") + e.what();
+      why = std::string("refused profile: ") + e.what();
       out.layers.clear();
     }
   }
-  // A fresh install has no cached profile: the one shipped for this model is what the
-  // benchmarks ran with (data/qcfuse_profiles).
   if (out.layers.empty()) {
     std::string where;
     if (auto p = qcfuse::bundled_profile(m.fingerprint_hex(), &where)) take(*p, "bundled " + where);
@@ -80,38 +101,97 @@ CriticalLayers critical_layers_for(const Model& m) {
   return out;
 }
 
+// `choice`: "default", a shipped target ("evidence", "prophet") or a profile file.
+CriticalLayers profile_layers(const Model& m, const std::string& choice) {
+  if (choice == "default") return default_critical_layers(m);
+  const std::string fp = m.fingerprint_hex();
+  std::string where;
+  std::optional<qcfuse::LayerProfile> p;
+  if (choice == "evidence" || choice == "prophet") {
+    p = qcfuse::bundled_profile(fp, &where, choice);
+    if (!p) {  // the shipped default may itself be of that target
+      p = qcfuse::bundled_profile(fp, &where);
+      if (p && p->target != choice) p.reset();
+    }
+    if (!p) throw std::invalid_argument("qcfuse profile '" + choice + "': none shipped for model " + fp);
+    where = "bundled " + where;
+  } else {
+    try {
+      p = qcfuse::load_profile(choice);
+    } catch (const std::exception& e) {
+      throw std::invalid_argument(std::string("qcfuse profile: ") + e.what());
+    }
+    if (!p)
+      throw std::invalid_argument("qcfuse profile '" + choice +
+                                  "': no such file (known: default, evidence, prophet, or a profile file)");
+    where = choice;
+  }
+  try {
+    qcfuse::check_profile_model(*p, fp, where);
+  } catch (const std::runtime_error& e) {
+    throw std::invalid_argument(e.what());
+  }
+  CriticalLayers out{layers_of(*p, m.hparams().n_layers), where};
+  if (out.layers.empty()) throw std::invalid_argument("qcfuse profile " + where + " names no layer of this model");
+  return out;
+}
+
 class QcfuseSelector final : public Selector {
  public:
-  explicit QcfuseSelector(double anchor_ratio = qcfuse::kDefaultAnchorRatio) : anchor_ratio_(anchor_ratio) {}
   std::string_view name() const override { return "qcfuse"; }
 
-  // {"anchor_ratio": r_a} (0: query-only probing, the §4.6.1 ablation) and
-  // {"layers": [l, ...]} (a fixed layer view instead of the profile, §4.6.2).
   void configure(const nlohmann::json& options) override {
     if (options.is_null()) return;
     if (!options.is_object()) throw std::invalid_argument("qcfuse options must be a JSON object");
+    auto bad = [](const std::string& key, const std::string& what) {
+      throw std::invalid_argument("qcfuse option '" + key + "': " + what);
+    };
     for (const auto& [key, value] : options.items()) {
       if (key == "anchor_ratio") {
         if (!value.is_number() || !(value.get<double>() >= 0.0 && value.get<double>() <= 1.0))
-          throw std::invalid_argument("qcfuse anchor_ratio must be a number in [0, 1]");
+          bad(key, "must be a number in [0, 1], got " + value.dump());
         anchor_ratio_ = value.get<double>();
+      } else if (key == "anchors") {
+        if (value == "per_layer") rule_.per_layer = true;
+        else if (value == "shared") rule_.per_layer = false;
+        else bad(key, "must be \"per_layer\" or \"shared\", got " + value.dump());
+      } else if (key == "anchor_sinks") {
+        if (!value.is_boolean()) bad(key, "must be true or false, got " + value.dump());
+        rule_.sinks = value.get<bool>();
+      } else if (key == "probe_rows") {
+        if (!value.is_string() || !qcfuse::parse_probe_rows(value.get<std::string>(), rows_))
+          bad(key, "must be \"question\" or \"suffix\", got " + value.dump());
       } else if (key == "layers") {
-        if (!value.is_array() || value.empty()) throw std::invalid_argument("qcfuse layers must be a non-empty array");
         fixed_layers_.clear();
-        for (const auto& l : value) {
-          if (!l.is_number_integer()) throw std::invalid_argument("qcfuse layers must be integers");
-          fixed_layers_.push_back(l.get<int>());
+        if (value.is_string()) {
+          const std::string v = value.get<std::string>();
+          if (v != "profile" && v != "all" && v != "top1" && v != "middle" && v != "last")
+            bad(key, "must be \"profile\", \"all\", \"top1\", \"middle\", \"last\" or a list of layers, got " + value.dump());
+          layer_mode_ = v;
+        } else if (value.is_array() && !value.empty()) {
+          for (const auto& l : value) {
+            if (!l.is_number_integer() || l.get<long long>() < 0 || l.get<long long>() > 100000)
+              bad(key, "layers must be non-negative integers, got " + l.dump());
+            fixed_layers_.push_back(l.get<int>());
+          }
+          layer_mode_ = "list";
+        } else {
+          bad(key, "must be a non-empty list of layers or a name, got " + value.dump());
         }
+      } else if (key == "profile") {
+        if (!value.is_string() || value.get<std::string>().empty()) bad(key, "must be a name or a file, got " + value.dump());
+        profile_ = value.get<std::string>();
       } else {
-        throw std::invalid_argument("qcfuse has no option '" + key + "' (known: anchor_ratio, layers)");
+        throw std::invalid_argument("qcfuse has no option '" + key +
+                                    "' (known: anchor_ratio, anchors, anchor_sinks, probe_rows, layers, profile)");
       }
     }
   }
 
   bool needs_preparation(const ChunkCache& chunk) const override {
-    return anchor_ratio_ > 0 && !qcfuse::stored_anchors(chunk, anchor_ratio_).has_value();
+    return anchor_ratio_ > 0 && !qcfuse::stored_anchors(chunk, anchor_ratio_, rule_, 0).has_value();
   }
-  void prepare_chunk(Forward& fwd, ChunkCache& chunk) override { qcfuse::prepare_anchors(fwd, chunk, anchor_ratio_); }
+  void prepare_chunk(Forward& fwd, ChunkCache& chunk) override { qcfuse::prepare_anchors(fwd, chunk, rule_); }
 
   Selection select(Forward& fwd, FusionInputs& in) override {
     const size_t n = in.context_tokens();
@@ -119,42 +199,35 @@ class QcfuseSelector final : public Selector {
     Selection sel;
     sel.details["anchor_ratio"] = anchor_ratio_;
     if (k == 0 || n == 0) return sel;
-    CriticalLayers cl;
-    if (fixed_layers_.empty()) {
-      cl = critical_layers_for(fwd.model());
-    } else {
-      for (int l : fixed_layers_)
-        if (l < 0 || l >= fwd.model().hparams().n_layers)
-          throw std::invalid_argument("qcfuse layer " + std::to_string(l) + " is not a layer of the model");
-      cl = {fixed_layers_, "method option"};
-    }
+    const CriticalLayers cl = layers_for(fwd.model());
+    const int deepest = *std::max_element(cl.layers.begin(), cl.layers.end());
 
-    // Anchors of every chunk as slots of the stitched cache.
-    std::vector<size_t> anchor_slots;
+    // Anchors of every chunk as slots of the stitched cache, per layer up to the deepest.
+    qcfuse::ProbeView view;
+    view.anchors.resize(rule_.per_layer ? static_cast<size_t>(deepest) + 1 : 1);
     size_t computed_online = 0;
     for (const ChunkPlacement& c : in.chunks) {
-      std::optional<std::vector<uint32_t>> a;
-      if (c.cache) a = qcfuse::stored_anchors(*c.cache, anchor_ratio_);
-      if (!a && c.cache && anchor_ratio_ > 0) {  // not prepared offline: compute now (counts as selection time)
-        a = qcfuse::rank_anchors(qcfuse::kvzip_scores(fwd, c.cache->kv), anchor_ratio_);
-        ++computed_online;
-      }
-      if (a)
-        for (uint32_t x : *a)
-          if (x < c.n_tokens) anchor_slots.push_back(c.begin + x);
+      if (!c.cache) continue;
+      bool online = false;
+      const auto sets = qcfuse::chunk_anchor_sets(fwd, *c.cache, anchor_ratio_, rule_, deepest + 1, &online);
+      computed_online += online ? 1 : 0;
+      for (size_t l = 0; l < view.anchors.size(); ++l)
+        for (uint32_t x : sets[l])
+          if (x < c.n_tokens) view.anchors[l].push_back(c.begin + x);
     }
-
-    const qcfuse::ProbeResult pr = qcfuse::anchor_probe(fwd, in.cache, in.context_begin, in.context_end, anchor_slots,
-                                                        in.suffix_tokens(), cl.layers);
-    std::vector<double> score(n, 0.0);
-    for (const auto& s : pr.scores)
-      for (size_t i = 0; i < n; ++i) score[i] += s[i];
+    const RagRequest& req = in.request;
+    const auto [rb, re] = qcfuse::probe_row_range(req, rows_);
+    const qcfuse::ProbeResult pr =
+        qcfuse::query_probe(fwd, in.cache, in.context_begin, in.context_end, view, in.suffix_tokens(), rb, re, cl.layers);
+    const std::vector<double> score = qcfuse::sum_layers(pr);
     sel.slots = top_k_slots(score, in.context_begin, k);
     sel.details["critical_layers"] = cl.layers;
     sel.details["layers_source"] = cl.source;
-    sel.details["probe_depth"] = *std::max_element(cl.layers.begin(), cl.layers.end()) + 1;
+    sel.details["probe_depth"] = deepest + 1;
     sel.details["anchors"] = pr.anchor_entries;
+    sel.details["anchor_rule"] = rule_.name() + (rule_.per_layer ? "_per_layer" : "_shared");
     sel.details["anchors_computed_online"] = computed_online;
+    sel.details["probe_rows"] = re - rb == req.suffix.size() ? "suffix" : "question";
     sel.details["probe_ms"] = pr.probe_ms;
     sel.details["score_ms"] = pr.score_ms;
     sel.scores = std::move(score);
@@ -163,8 +236,36 @@ class QcfuseSelector final : public Selector {
   }
 
  private:
-  double anchor_ratio_;
-  std::vector<int> fixed_layers_;  // empty: the profile's critical layers
+  CriticalLayers layers_for(const Model& m) const {
+    const int L = m.hparams().n_layers;
+    if (layer_mode_ == "list") {
+      for (int l : fixed_layers_)
+        if (l < 0 || l >= L)
+          throw std::invalid_argument("qcfuse option 'layers': " + std::to_string(l) + " is not a layer of the model (0.." +
+                                      std::to_string(L - 1) + ")");
+      return {fixed_layers_, "method option"};
+    }
+    if (layer_mode_ == "all") {
+      std::vector<int> all(static_cast<size_t>(L));
+      for (int l = 0; l < L; ++l) all[static_cast<size_t>(l)] = l;
+      return {all, "all layers"};
+    }
+    if (layer_mode_ == "middle") return {{L / 2}, "floor(L/2)"};
+    if (layer_mode_ == "last") return {{L - 1}, "last layer"};
+    CriticalLayers p = profile_layers(m, profile_);
+    if (layer_mode_ == "top1") {
+      p.layers.resize(1);
+      p.source += " (top-1)";
+    }
+    return p;
+  }
+
+  double anchor_ratio_ = qcfuse::kDefaultAnchorRatio;
+  qcfuse::AnchorRule rule_;
+  qcfuse::ProbeRows rows_ = qcfuse::ProbeRows::question;
+  std::string layer_mode_ = "profile";
+  std::vector<int> fixed_layers_;
+  std::string profile_ = "default";
 };
 }  // namespace
 

@@ -217,12 +217,14 @@ std::vector<ForwardOutput> Forward::run_sequences(std::span<const BatchSequence>
       }
     });
 
+    const int32_t* masked_positions = hooks && hooks->mask_positions ? hooks->mask_positions(l) : nullptr;
     for (size_t s = 0; s < seqs.size(); ++s) {
       const size_t ns = offset[s + 1] - offset[s];
       if (ns == 0) continue;
       const KvCache& cache = *seqs[s].cache;
       attention(shape, &q[offset[s] * qd], &positions[offset[s]], ns, cache.k_f16(l, 0), cache.v_f16(l, 0),
-                cache.positions().data(), cache.size(), &attn[offset[s] * qd], pool_);
+                masked_positions ? masked_positions : cache.positions().data(), cache.size(), &attn[offset[s] * qd],
+                pool_);
     }
     const size_t n_entries = seqs.front().cache->size();
 
@@ -236,7 +238,8 @@ std::vector<ForwardOutput> Forward::run_sequences(std::span<const BatchSequence>
         tap_probs.assign(tap_rows.size() * per_row, 0.f);
         pool_.parallel_for(tap_rows.size(), [&](size_t i, size_t) {
           const size_t r = tap_rows[i];
-          attention_probs(shape, &q[r * qd], positions[r], cache.k_f16(l, 0), cache.positions().data(), n_entries,
+          attention_probs(shape, &q[r * qd], positions[r], cache.k_f16(l, 0),
+                          masked_positions ? masked_positions : cache.positions().data(), n_entries,
                           &tap_probs[i * per_row]);
         });
       }

@@ -64,6 +64,12 @@ struct ForwardHooks {
   // computed further (Cache-Craft's focused-chunk early stop). Rows asked for logits or
   // captured by `rows` cannot leave (std::invalid_argument).
   std::function<std::vector<size_t>(int layer)> retire_after_layer;
+  // Per-layer visibility (QCFuse's per-layer anchor sets): when set and it returns non-null
+  // for a layer, those positions (one per cache entry) replace the cache's in that layer's
+  // causal mask; kHiddenEntry hides an entry there. Keys keep their rotation. Single-sequence
+  // passes only.
+  static constexpr int32_t kHiddenEntry = INT32_MAX;
+  std::function<const int32_t*(int layer)> mask_positions;
 };
 
 struct ForwardOutput {

@@ -1,10 +1,12 @@
 // Request parsing and response formatting of the OpenAI-compatible API (see server.h).
 // Field rules follow OpenAI's API reference: null means "not given", unknown fields are
 // ignored, a known field of the wrong type is a 400 that names it.
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <sstream>
 
+#include "fusion/selector.h"
 #include "serve/server.h"
 #include "serve/store_metrics.h"
 
@@ -170,6 +172,26 @@ FusionSpec parse_fusion(const json* v, const std::string& default_method) {
   if (const json* x = field(*v, "conversation_id")) f.conversation_id = get_string(*x, "fusion.conversation_id");
   if (const json* x = field(*v, "prefix_cache")) f.prefix_cache = get_bool(*x, "fusion.prefix_cache");
   if (f.method.empty()) bad("fusion.method", "'fusion.method' must not be empty");
+  if (const json* x = field(*v, "options")) {
+    if (!x->is_object()) bad("fusion.options", "'fusion.options' must be an object");
+    // Judged by the method itself (an unknown name or a value out of range names the option);
+    // an unknown method is the engine's to report, under fusion.method.
+    const auto names = selector_names();
+    if (std::find(names.begin(), names.end(), f.method) != names.end()) {
+      try {
+        make_selector(f.method)->configure(*x);
+      } catch (const std::invalid_argument& e) {
+        bad("fusion.options", std::string("fusion.options: ") + e.what());
+      }
+    } else if (!x->empty() && (f.method == "full" || f.method == "reuse")) {
+      bad("fusion.options", "fusion method '" + f.method + "' takes no options");
+    }
+    // A request must not make the server read files: only the shipped profiles by name.
+    if (const auto p = x->find("profile"); p != x->end() && p->is_string() && *p != "default" && *p != "evidence" &&
+                                           *p != "prophet")
+      bad("fusion.options", "fusion.options.profile: only default, evidence or prophet over the API");
+    f.options = *x;
+  }
   return f;
 }
 

@@ -185,6 +185,11 @@ struct Engine::Impl {
         for (const auto& n : names) known += ", " + n;
         throw invalid("unknown fusion method \"" + f.method + "\" (known: " + known + ")", "fusion.method");
       }
+      try {  // the method judges its options (api_json.cpp does too; this covers direct callers)
+        make_selector(f.method)->configure(f.options);
+      } catch (const std::invalid_argument& e) {
+        throw invalid(std::string("fusion.options: ") + e.what(), "fusion.options");
+      }
     }
     if (!(f.ratio >= 0.0 && f.ratio <= 1.0))
       throw invalid("fusion.ratio must be in [0, 1], got " + std::to_string(f.ratio), "fusion.ratio");
@@ -429,6 +434,7 @@ CompletionResult Engine::Impl::complete(const CompletionRequest& req,
   FusionOptions fo;
   fo.method = f.method;
   fo.ratio = f.ratio;
+  fo.method_options = f.options;
   fo.seed = req.seed.value_or(0);
   SchedulerJob job;
   const auto ctx = static_cast<size_t>(model->hparams().context_length);

@@ -51,6 +51,7 @@ struct FusionSpec {
   bool reorder = false;         // CRAFT reordering (can change answers: off by default)
   std::string conversation_id;  // CRAFT conversation-scoped dedup; empty: none
   bool prefix_cache = true;     // use the shared exact prefix cache
+  nlohmann::json options = nlohmann::json::object();  // the method's options (Selector::configure)
 };
 
 struct CompletionRequest {

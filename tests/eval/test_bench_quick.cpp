@@ -59,6 +59,61 @@ TEST(BenchPlan, FullAndReuseOnceOthersPerRatio) {
   EXPECT_THROW(expand_runs({}, {0.1}), std::invalid_argument);
 }
 
+// Issue 16: variants are methods with options; bad ones are refused naming the entry.
+TEST(BenchPlan, VariantsAreMethodsWithOptionsAndAreChecked) {
+  const nlohmann::json v = {{"qc_top1", {{"method", "qcfuse"}, {"options", {{"layers", "top1"}}}}}};
+  EXPECT_NO_THROW(check_variants(v));
+  const auto runs = expand_runs({"full", "qc_top1"}, {0.15, 0.3}, v);
+  ASSERT_EQ(runs.size(), 3u);
+  EXPECT_EQ(runs[1].method, "qc_top1");
+  EXPECT_THROW(expand_runs({"qc_top1"}, {0.15}), std::invalid_argument) << "not a method without the variants";
+  auto refused = [](const nlohmann::json& bad, const std::string& needle) {
+    try {
+      check_variants(bad);
+      ADD_FAILURE() << "accepted " << bad.dump();
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  refused({{"x", {{"method", "qcfuse"}, {"options", {{"anchor_ratio", 2}}}}}}, "anchor_ratio");
+  refused({{"x", {{"method", "qcfuse"}, {"options", {{"speed", 1}}}}}}, "speed");
+  refused({{"x", {{"method", "magic"}}}}, "magic");
+  refused({{"x", {{"method", "qcfuse"}, {"opts", {}}}}}, "opts");
+  refused({{"qcfuse", {{"method", "qcfuse"}}}}, "qcfuse");
+  // The predefined ablation is valid and covers what issue 16 lists.
+  const nlohmann::json ab = qcfuse_ablation_variants();
+  EXPECT_NO_THROW(check_variants(ab));
+  for (const char* name : {"qcfuse:a1_all", "qcfuse:a1_critical", "qcfuse:a0.1_all", "qcfuse:middle", "qcfuse:top1",
+                           "qcfuse:last", "qcfuse:suffix_rows", "qcfuse:shared_anchors", "qcfuse:no_sinks",
+                           "qcfuse:evidence_profile", "prophet:suffix_rows"})
+    EXPECT_TRUE(ab.contains(name)) << name;
+  EXPECT_DOUBLE_EQ(jaccard({1, 2, 3}, {2, 3, 4}), 0.5);
+  EXPECT_DOUBLE_EQ(jaccard({}, {}), 1.0);
+  EXPECT_EQ(dataset_label("musique_s", 512, 20), "musique_s@512tok x20");
+}
+
+// The paper's 20 chunks a request: the example's own text first, then the next examples'.
+TEST(BenchPlan, ChunksPerRequestFillsFromTheFollowingExamples) {
+  CF_REQUIRE_MODEL();
+  const Model& m = test::shared_model();
+  Dataset d;
+  for (int i = 0; i < 3; ++i) {
+    QaExample ex;
+    ex.id = std::to_string(i);
+    ex.question = "Question " + ex.id + "?";
+    for (int p = 0; p < 2; ++p)
+      ex.passages.push_back({"T" + ex.id, std::string(400, static_cast<char>('a' + i)) + " passage " + std::to_string(p)});
+    d.examples.push_back(std::move(ex));
+  }
+  const RagRequest own = build_example_request(m, d.examples[1], {}, 64);
+  const RagRequest r = build_example_request_filled(m, d, 1, {}, 64, own.chunks.size() + 3);
+  ASSERT_EQ(r.chunks.size(), own.chunks.size() + 3);
+  for (size_t i = 0; i + 1 < own.chunks.size(); ++i) EXPECT_EQ(r.chunks[i], own.chunks[i]);
+  EXPECT_EQ(r.suffix, own.suffix);
+  EXPECT_EQ(build_example_request_filled(m, d, 1, {}, 64, 2).chunks.size(), 2u) << "cut to N";
+  EXPECT_THROW(build_example_request_filled(m, d, 1, {}, 64, 10000), std::invalid_argument);
+}
+
 TEST(BenchQuick, TwoMusiqueExamples) {
   CF_REQUIRE_MODEL();
   Dataset data = load_dataset("musique_s");  // fails if ../shared/datasets is missing

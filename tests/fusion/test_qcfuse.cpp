@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <numeric>
+#include <set>
 
 #include "../runtime/model_fixture.h"
 #include "fusion/executor.h"
@@ -78,6 +79,15 @@ TEST(QcfuseAnchors, RankingKeepsCeilRatioForcesTheFirstFourAndIsAscending) {
   EXPECT_THROW(qcfuse::anchor_count(10, 1.5), std::invalid_argument);
 }
 
+// The shared (one set per chunk) view holds exactly ceil(0.1 n) anchors of each chunk.
+void o_shared_check(FusionExecutor& ex, const RagRequest& req, size_t expect_anchors) {
+  FusionOptions o{"qcfuse", 0.15, 0};
+  o.method_options = {{"anchors", "shared"}};
+  const FusionResult r = ex.prefill(req, o);
+  EXPECT_EQ(r.selection_details.at("anchors").get<size_t>(), expect_anchors);
+  EXPECT_EQ(r.selection_details.at("anchor_rule"), "sink_shared");
+}
+
 class Qcfuse : public ::testing::Test {
  protected:
   void SetUp() override { CF_REQUIRE_MODEL(); }
@@ -95,23 +105,44 @@ TEST_F(Qcfuse, AnchorsOfARealChunkAreStoredAndRecognised) {
   for (double x : s) EXPECT_TRUE(x >= 0.0 && x <= m.hparams().n_layers);
   EXPECT_GT(*std::max_element(s.begin(), s.end()), *std::min_element(s.begin(), s.end()));
 
-  EXPECT_FALSE(qcfuse::stored_anchors(c).has_value());
-  qcfuse::prepare_anchors(fwd, c);
-  const auto a = qcfuse::stored_anchors(c);
+  EXPECT_FALSE(qcfuse::stored_anchors(c, 0.1).has_value());
+  const qcfuse::AnchorRule plain_shared{false, false};
+  qcfuse::prepare_anchors(fwd, c, plain_shared);
+  const auto a = qcfuse::stored_anchors(c, 0.1, plain_shared);
   ASSERT_TRUE(a.has_value());
   EXPECT_EQ(a->size(), static_cast<size_t>(std::ceil(0.1 * static_cast<double>(n))));
   EXPECT_TRUE(std::is_sorted(a->begin(), a->end()));
   EXPECT_EQ(std::adjacent_find(a->begin(), a->end()), a->end());
   for (uint32_t i = 0; i < 4; ++i) EXPECT_EQ((*a)[i], i);
   EXPECT_EQ(*a, qcfuse::rank_anchors(s, 0.1));
-  const auto a2 = qcfuse::stored_anchors(c, 0.2);
+  const auto a2 = qcfuse::stored_anchors(c, 0.2, plain_shared);
   ASSERT_TRUE(a2.has_value()) << "other ratios come from the stored ranking";
   EXPECT_EQ(*a2, qcfuse::rank_anchors(s, 0.2));
   EXPECT_TRUE(std::includes(a2->begin(), a2->end(), a->begin(), a->end()));
-  EXPECT_EQ(c.extra["qcfuse"]["anchors"].get<std::vector<uint32_t>>(), *a);
+  EXPECT_FALSE(qcfuse::stored_anchors(c, 0.1).has_value()) << "the default rule (sinks) was not prepared";
+
+  // The default rule: sink keys in the softmax, one set per layer from that layer's scores.
+  qcfuse::prepare_anchors(fwd, c);
+  const KvCache* sinks = qcfuse::sink_keys(fwd, qcfuse::AnchorRule{});
+  ASSERT_NE(sinks, nullptr);
+  EXPECT_EQ(sinks->size(), qcfuse::kSinkKeys);
+  const auto by_layer = qcfuse::kvzip_layer_scores(fwd, c.kv, sinks);
+  ASSERT_EQ(by_layer.size(), static_cast<size_t>(m.hparams().n_layers));
+  EXPECT_NE(by_layer[3], qcfuse::kvzip_layer_scores(fwd, c.kv, nullptr)[3]) << "sink keys take attention mass";
+  std::set<std::vector<uint32_t>> distinct;
+  for (int l = 0; l < m.hparams().n_layers; ++l) {
+    const auto al = qcfuse::stored_anchors(c, 0.1, {}, l);
+    ASSERT_TRUE(al.has_value()) << "layer " << l;
+    EXPECT_EQ(*al, qcfuse::rank_anchors(by_layer[static_cast<size_t>(l)], 0.1)) << "layer " << l;
+    for (uint32_t i = 0; i < 4; ++i) EXPECT_EQ((*al)[i], i);
+    distinct.insert(*al);
+  }
+  EXPECT_GT(distinct.size(), 1u) << "layers rank differently";
+  EXPECT_FALSE(qcfuse::stored_anchors(c, 0.1, {}, m.hparams().n_layers).has_value());
+  ASSERT_TRUE(qcfuse::stored_anchors(c, 0.1, plain_shared).has_value()) << "preparing one rule keeps the other";
   ChunkCache damaged = c;
-  damaged.extra["qcfuse"]["ranking"].erase(0);
-  EXPECT_FALSE(qcfuse::stored_anchors(damaged).has_value()) << "a ranking of the wrong length is not served";
+  damaged.extra["qcfuse"]["sink"]["layers"][2].erase(0);
+  EXPECT_FALSE(qcfuse::stored_anchors(damaged, 0.1, {}, 2).has_value()) << "a ranking of the wrong length is not served";
 
   // The selector asks for them exactly when they are missing.
   auto sel = make_selector("qcfuse");
@@ -131,7 +162,10 @@ TEST_F(Qcfuse, ProbeLeavesTheStitchedCacheUntouchedAndScoresEveryPosition) {
   fwd.run(stitched, {std::span<const TokenId>(all).first(ce), pos, {}, {}});
   const KvCache before = stitched;
   const std::vector<size_t> anchors{cb, cb + 1, cb + 2, cb + 7, ce - 3};
-  const auto r = qcfuse::anchor_probe(fwd, stitched, cb, ce, anchors, req.suffix, {4, 11});
+  qcfuse::ProbeView view;
+  view.anchors = {anchors};
+  const size_t nu = req.suffix.size();
+  const auto r = qcfuse::query_probe(fwd, stitched, cb, ce, view, req.suffix, 0, nu, {4, 11});
   ASSERT_EQ(r.scores.size(), 2u);
   EXPECT_EQ(r.anchor_entries, anchors.size());
   ASSERT_EQ(stitched.size(), before.size());
@@ -142,11 +176,122 @@ TEST_F(Qcfuse, ProbeLeavesTheStitchedCacheUntouchedAndScoresEveryPosition) {
     // Summed over heads and U tokens: each (token, head) spreads at most 1 over the context.
     const double total = std::accumulate(s.begin(), s.end(), 0.0);
     EXPECT_GT(total, 0.0);
-    EXPECT_LE(total, static_cast<double>(req.suffix.size() * m.hparams().n_heads) + 1e-6);
+    EXPECT_LE(total, static_cast<double>(nu * m.hparams().n_heads) + 1e-6);
     for (double x : s) EXPECT_GE(x, 0.0);
   }
   EXPECT_NE(r.scores[0], r.scores[1]);
-  EXPECT_THROW(qcfuse::anchor_probe(fwd, stitched, cb, ce, anchors, req.suffix, {99}), std::invalid_argument);
+  EXPECT_THROW(qcfuse::query_probe(fwd, stitched, cb, ce, view, req.suffix, 0, nu, {99}), std::invalid_argument);
+
+  // Per-layer sets: the same set at every layer is the shared view; another set at one layer
+  // changes the probe from that layer on, not before.
+  qcfuse::ProbeView same;
+  same.anchors.assign(12, anchors);
+  EXPECT_EQ(qcfuse::query_probe(fwd, stitched, cb, ce, same, req.suffix, 0, nu, {4, 11}).scores, r.scores);
+  qcfuse::ProbeView other = same;
+  other.anchors[6] = {cb, cb + 1, cb + 2, cb + 3, cb + 20};
+  const auto ro = qcfuse::query_probe(fwd, stitched, cb, ce, other, req.suffix, 0, nu, {4, 11});
+  EXPECT_EQ(ro.scores[0], r.scores[0]) << "layer 4 is before the changed layer";
+  EXPECT_NE(ro.scores[1], r.scores[1]);
+  EXPECT_EQ(ro.anchor_entries, 7u);
+
+  // Question rows: U is cut after the question; the rows score alone.
+  ASSERT_GT(req.question_end, req.question_begin);
+  const auto rq = qcfuse::query_probe(fwd, stitched, cb, ce, view, req.suffix, req.question_begin, req.question_end, {4});
+  EXPECT_LE(std::accumulate(rq.scores[0].begin(), rq.scores[0].end(), 0.0),
+            static_cast<double>((req.question_end - req.question_begin) * m.hparams().n_heads) + 1e-6);
+  EXPECT_NE(rq.scores[0], r.scores[0]);
+  EXPECT_EQ(stitched.size(), before.size());
+}
+
+TEST_F(Qcfuse, QuestionRowsSpellTheQuestionOnly) {
+  const Model& m = test::shared_model();
+  const std::string q = "Where was Marie Curie born?";
+  const RagRequest req = build_rag_request(m, passages(), q);
+  ASSERT_LT(req.question_begin, req.question_end);
+  ASSERT_LT(req.question_end, req.suffix.size()) << "the template tail follows the question";
+  std::string spelled;
+  for (size_t t = req.question_begin; t < req.question_end; ++t) spelled += m.tokenizer().token_to_piece(req.suffix[t], false);
+  EXPECT_NE(spelled.find("Marie Curie born?"), std::string::npos) << spelled;
+  EXPECT_EQ(spelled.find("Question"), std::string::npos) << spelled;
+  EXPECT_LE(spelled.size(), q.size() + 1) << spelled;
+  EXPECT_EQ(qcfuse::probe_row_range(req, qcfuse::ProbeRows::suffix), std::make_pair(size_t{0}, req.suffix.size()));
+  RagRequest chat = req;
+  chat.question_begin = chat.question_end = 0;  // a suffix built elsewhere: all of U
+  EXPECT_EQ(qcfuse::probe_row_range(chat, qcfuse::ProbeRows::question), std::make_pair(size_t{0}, req.suffix.size()));
+}
+
+// Issue 16: QCFuse with anchor ratio 1 and all layers is the full-view selector, so it must
+// choose exactly ProphetKV's positions, on real multi-hop examples, both probe-row modes.
+TEST_F(Qcfuse, AnchorRatioOneWithAllLayersSelectsExactlyProphetsPositionsSlow) {
+  const Model& m = test::shared_model();
+  Forward fwd(m, test::shared_pool());
+  ChunkStore store = memory_store(m);
+  FusionExecutor ex(fwd, store);
+  std::vector<std::pair<std::vector<Passage>, std::string>> cases{{passages(), "Which prizes did Curie win?"}};
+  std::string hotpot = std::string(CHUNKFUSE_SOURCE_DIR) + "/../shared/datasets/hotpotqa_dev200.jsonl";
+  if (!fs::exists(hotpot))  // a worktree under /work/wt/<name>
+    hotpot = std::string(CHUNKFUSE_SOURCE_DIR) + "/../../shared/datasets/hotpotqa_dev200.jsonl";
+  if (fs::exists(hotpot))
+    for (auto& e : qcfuse::read_hotpot_calibration(hotpot, 2)) cases.emplace_back(e.passages, e.question);
+  for (const auto& [ps, q] : cases) {
+    const RagRequest req = build_rag_request(m, ps, q);
+    for (const char* rows : {"question", "suffix"})
+      for (double ratio : {0.3}) {
+        FusionOptions p{"prophet", ratio, 0};
+        p.method_options = {{"probe_rows", rows}};
+        FusionOptions c{"qcfuse", ratio, 0};
+        c.method_options = {{"anchor_ratio", 1.0}, {"layers", "all"}, {"probe_rows", rows}};
+        const FusionResult rp = ex.prefill(req, p), rc = ex.prefill(req, c);
+        EXPECT_EQ(rc.recomputed, rp.recomputed) << q << " rows " << rows << " ratio " << ratio;
+        EXPECT_EQ(rc.recomputed.size(), recompute_budget(ratio, req.context_tokens()));
+        EXPECT_EQ(rc.logits, rp.logits);
+      }
+    FusionOptions c{"qcfuse", 0.3, 0};  // the compressed view does differ
+    const FusionResult rd = ex.prefill(req, c), rp = ex.prefill(req, {"prophet", 0.3, 0});
+    EXPECT_NE(rd.recomputed, rp.recomputed) << q;
+  }
+  if (fs::exists(hotpot)) {
+    EXPECT_EQ(cases.size(), 3u);
+  }
+}
+
+// A profile made for another model is refused, never used: by name of file (an error naming
+// it) and in the cache (the shipped profile is used instead, and details say why).
+TEST_F(Qcfuse, AProfileOfAnotherModelIsRefused) {
+  const Model& m = test::shared_model();
+  Forward fwd(m, test::shared_pool());
+  ChunkStore store = memory_store(m);
+  FusionExecutor ex(fwd, store);
+  const RagRequest req = build_rag_request(m, passages(), "Which prizes did Curie win?");
+  ScopedCacheHome home;
+  qcfuse::LayerProfile p;
+  p.model_fingerprint = "0123456789abcdef";
+  p.recall.assign(m.hparams().n_layers, 0.1);
+  p.critical_layers = {7, 3, 12};
+  const std::string file = (home.dir() / "other.qcfuse.json").string();
+  qcfuse::save_profile(p, file);
+  FusionOptions o{"qcfuse", 0.15, 0};
+  o.method_options = {{"profile", file}};
+  try {
+    ex.prefill(req, o);
+    ADD_FAILURE() << "a profile of another model was used";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("0123456789abcdef"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("not of this model"), std::string::npos) << e.what();
+  }
+  qcfuse::save_profile(p, qcfuse::default_profile_path(m.fingerprint_hex()));
+  const FusionResult r = ex.prefill(req, {"qcfuse", 0.15, 0});
+  EXPECT_NE(r.selection_details.at("critical_layers"), nlohmann::json({7, 3, 12}));
+  EXPECT_EQ(r.selection_details.at("layers_source").get<std::string>().rfind("bundled ", 0), 0u)
+      << r.selection_details.at("layers_source");
+  p.model_fingerprint = m.fingerprint_hex();
+  qcfuse::save_profile(p, file);
+  EXPECT_EQ(ex.prefill(req, o).selection_details.at("critical_layers"), nlohmann::json({7, 3, 12}));
+  // The shipped targets are reachable by name.
+  o.method_options = {{"profile", "evidence"}};
+  const auto ev = qcfuse::bundled_profile(m.fingerprint_hex(), nullptr, "evidence");
+  ASSERT_TRUE(ev.has_value());
+  EXPECT_EQ(ex.prefill(req, o).selection_details.at("critical_layers"), nlohmann::json(ev->critical_layers));
 }
 
 // A fresh install (empty cache) runs with the profile shipped for the model
@@ -174,7 +319,10 @@ TEST_F(Qcfuse, SelectorUsesTheCachedProfileElseTheBundledOne) {
   EXPECT_EQ(fb.selection_details.at("layers_source").get<std::string>(), "bundled " + where);
   size_t expect_anchors = 0;
   for (const auto& c : req.chunks) expect_anchors += qcfuse::anchor_count(c.size(), 0.1);
-  EXPECT_EQ(fb.selection_details.at("anchors").get<size_t>(), expect_anchors);
+  // Per-layer sets: their union is in the compact cache, each layer sees ceil(0.1 n) per chunk.
+  EXPECT_GE(fb.selection_details.at("anchors").get<size_t>(), expect_anchors);
+  EXPECT_EQ(fb.selection_details.at("anchor_rule"), "sink_per_layer");
+  o_shared_check(ex, req, expect_anchors);
   EXPECT_EQ(fb.selection_details.at("anchors_computed_online").get<size_t>(), 0u) << "prepared offline";
 
   qcfuse::LayerProfile p;
@@ -205,11 +353,43 @@ TEST_F(Qcfuse, MethodOptionsSetTheLayersAndTheAnchorRatio) {
   const FusionResult r3 = ex.prefill(req, o);
   size_t expect = 0;
   for (const auto& c : req.chunks) expect += qcfuse::anchor_count(c.size(), 0.3);
-  EXPECT_EQ(r3.selection_details.at("anchors").get<size_t>(), expect);
-  o.method_options = {{"layers", {99}}};
-  EXPECT_THROW(ex.prefill(req, o), std::invalid_argument);
-  o.method_options = {{"depth", 3}};
-  EXPECT_THROW(ex.prefill(req, o), std::invalid_argument);
+  EXPECT_GE(r3.selection_details.at("anchors").get<size_t>(), expect);
+  o.method_options = {{"anchor_ratio", 0.3}, {"anchors", "shared"}};
+  EXPECT_EQ(ex.prefill(req, o).selection_details.at("anchors").get<size_t>(), expect) << "one set per chunk";
+  // Bad options: an error naming the option, for every option of both selectors.
+  const std::vector<std::pair<std::string, nlohmann::json>> bad{
+      {"qcfuse", {{"layers", {99}}}},
+      {"qcfuse", {{"depth", 3}}},
+      {"qcfuse", {{"anchor_ratio", 1.5}}},
+      {"qcfuse", {{"anchor_ratio", "lots"}}},
+      {"qcfuse", {{"anchors", "per_chunk"}}},
+      {"qcfuse", {{"anchor_sinks", 1}}},
+      {"qcfuse", {{"probe_rows", "template"}}},
+      {"qcfuse", {{"layers", "first"}}},
+      {"qcfuse", {{"layers", {-1}}}},
+      {"qcfuse", {{"profile", ""}}},
+      {"qcfuse", {{"profile", "/nonexistent/profile.json"}}},
+      {"prophet", {{"probe_rows", "all"}}},
+      {"prophet", {{"anchor_ratio", 0.1}}},
+  };
+  for (const auto& [method, opts] : bad) {
+    FusionOptions b{method, 0.2, 0};
+    b.method_options = opts;
+    const std::string name = opts.begin().key();
+    try {
+      ex.prefill(req, b);
+      ADD_FAILURE() << method << " accepted " << opts.dump();
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find(name), std::string::npos) << method << " " << opts.dump() << ": " << e.what();
+    }
+  }
+  // Named layer views.
+  const int L = m.hparams().n_layers;
+  for (const auto& [view, expect] : std::vector<std::pair<std::string, nlohmann::json>>{
+           {"middle", {L / 2}}, {"last", {L - 1}}, {"top1", {qcfuse::bundled_profile(m.fingerprint_hex())->critical_layers[0]}}}) {
+    o.method_options = {{"layers", view}};
+    EXPECT_EQ(ex.prefill(req, o).selection_details.at("critical_layers"), expect) << view;
+  }
 }
 
 TEST(QcfuseProfile, JsonRoundTripAndRejectsBadFiles) {
@@ -250,8 +430,9 @@ TEST_F(Qcfuse, GoldSpansMapToTheTokensThatSpellThem) {
   EXPECT_FALSE(qcfuse::gold_token_positions(m.tokenizer(), toks, text + "x", {{at, at + 5}}, gold));
 }
 
-TEST_F(Qcfuse, ProfileFromCalibrationDataRoundTrips) {
-  const std::string dir = std::string(CHUNKFUSE_SOURCE_DIR) + "/../shared/datasets";
+TEST_F(Qcfuse, ProfileFromCalibrationDataRoundTripsSlow) {
+  std::string dir = std::string(CHUNKFUSE_SOURCE_DIR) + "/../shared/datasets";
+  if (!fs::exists(dir)) dir = std::string(CHUNKFUSE_SOURCE_DIR) + "/../../shared/datasets";  // a worktree
   if (!fs::exists(dir + "/hotpotqa_dev200.jsonl") || !fs::exists(dir + "/nq_open_oracle.jsonl.gz"))
     GTEST_SKIP() << "calibration data not found in " << dir;
   const Model& m = test::shared_model();
@@ -291,6 +472,18 @@ TEST_F(Qcfuse, ProfileFromCalibrationDataRoundTrips) {
   ASSERT_TRUE(q.has_value());
   EXPECT_EQ(q->critical_layers, p.critical_layers);
   EXPECT_EQ(qcfuse::profile_to_json(*q), qcfuse::profile_to_json(p));
+  EXPECT_EQ(q->target, "evidence");
+
+  // Against ProphetKV's own top-10% set (no labels): the anchor view at all layers finds
+  // most of it, and the target is recorded.
+  opt.target = qcfuse::ProfileTarget::prophet;
+  const qcfuse::LayerProfile pp = qcfuse::profile_critical_layers(fwd, store, examples, opt);
+  EXPECT_EQ(pp.target, "prophet");
+  ASSERT_EQ(pp.critical_layers.size(), 3u);
+  for (double r : pp.recall) EXPECT_TRUE(r >= 0.0 && r <= 1.0);
+  EXPECT_GT(pp.all_layers_recall, 0.5);
+  EXPECT_GE(pp.all_layers_recall, *std::min_element(pp.recall.begin(), pp.recall.end()));
+  EXPECT_EQ(qcfuse::profile_from_json(qcfuse::profile_to_json(pp)).target, "prophet");
 }
 
 }  // namespace

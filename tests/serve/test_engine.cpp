@@ -2,6 +2,7 @@
 // blocks (Generator, FusionExecutor) on the same prompt, caches hit where they should,
 // batching and cancellation do not disturb other requests, bad requests get clear errors.
 #include "serve/engine.h"
+#include "serve/fusion_trace.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -343,6 +344,19 @@ void expect_error(Engine& e, const CompletionRequest& r, int status, const std::
   }
 }
 
+// Issue 16: a request's fusion.options reach the selector (here QCFuse's layer view).
+TEST(Engine, FusionOptionsReachTheSelector) {
+  CF_REQUIRE_MODEL();
+  Engine& e = shared_engine();
+  CompletionRequest r = chat("Where does the ferry go?", {"The ferry from Ardmore crosses to Islay twice a day."},
+                             "qcfuse", 2);
+  r.fusion.ratio = 0.3;
+  r.fusion.options = {{"layers", {2, 5}}};
+  const CompletionResult res = e.complete(r);
+  ASSERT_TRUE(res.trace);
+  EXPECT_EQ(res.trace->selection.at("critical_layers"), nlohmann::json({2, 5}));
+}
+
 TEST(Engine, BadRequestsGetClearErrors) {
   CF_REQUIRE_MODEL();
   Engine& e = shared_engine();
@@ -351,6 +365,10 @@ TEST(Engine, BadRequestsGetClearErrors) {
   CompletionRequest r = base();
   r.fusion.method = "magic";
   expect_error(e, r, 400, "fusion.method");
+  r = base();
+  r.fusion.method = "qcfuse";
+  r.fusion.options = {{"anchor_ratio", 7}};
+  expect_error(e, r, 400, "fusion.options");
   r = base();
   r.fusion.ratio = 1.5;
   expect_error(e, r, 400, "fusion.ratio");
@@ -391,7 +409,7 @@ TEST(Engine, BadRequestsGetClearErrors) {
   r.chat = false;
   r.prompt.clear();
   expect_error(e, r, 400, "prompt");
-  EXPECT_EQ(e.metrics().errors, errors_before + 14);
+  EXPECT_EQ(e.metrics().errors, errors_before + 15);
   // Still serving.
   EXPECT_FALSE(e.complete(base()).text.empty());
 }

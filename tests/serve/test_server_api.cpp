@@ -71,6 +71,16 @@ TEST(ServerApi, ChatBodyWithAllKnownFieldsParses) {
   EXPECT_TRUE(r.fusion.reorder);
   EXPECT_EQ(r.fusion.conversation_id, "c1");
   EXPECT_FALSE(r.fusion.prefix_cache);
+
+  // Method options (issue 16) reach the engine as given; bad ones are refused naming them.
+  b["fusion"] = {{"method", "qcfuse"}, {"options", {{"probe_rows", "suffix"}, {"layers", "top1"}}}};
+  EXPECT_EQ(chat(b).request.fusion.options, json({{"probe_rows", "suffix"}, {"layers", "top1"}}));
+  b["fusion"] = {{"method", "qcfuse"}, {"options", {{"anchor_ratio", 3}}}};
+  const RequestError e = refusal(b);
+  EXPECT_EQ(e.param, "fusion.options");
+  EXPECT_NE(std::string(e.what()).find("anchor_ratio"), std::string::npos) << e.what();
+  b["fusion"] = {{"method", "qcfuse"}, {"options", {{"anchors_ratio", 0.1}}}};
+  EXPECT_NE(std::string(refusal(b).what()).find("anchors_ratio"), std::string::npos);
 }
 
 TEST(ServerApi, DefaultsAndNullsMeanNotGiven) {
@@ -152,6 +162,12 @@ TEST(ServerApi, WrongTypesAndValuesAre400NamingTheField) {
       {"fusion", json{{"method", 1}}, "fusion.method"},
       {"fusion", json{{"reorder", "true"}}, "fusion.reorder"},
       {"fusion", json{{"prefix_cache", 0}}, "fusion.prefix_cache"},
+      {"fusion", json{{"method", "qcfuse"}, {"options", {{"depth", 3}}}}, "fusion.options"},
+      {"fusion", json{{"method", "qcfuse"}, {"options", {{"anchor_ratio", 2}}}}, "fusion.options"},
+      {"fusion", json{{"method", "qcfuse"}, {"options", {{"profile", "/etc/passwd"}}}}, "fusion.options"},
+      {"fusion", json{{"method", "prophet"}, {"options", {{"probe_rows", "tail"}}}}, "fusion.options"},
+      {"fusion", json{{"method", "epic"}, {"options", {{"x", 1}}}}, "fusion.options"},
+      {"fusion", json{{"method", "qcfuse"}, {"options", "fast"}}, "fusion.options"},
       {"messages", "hi", "messages"},
       {"messages", json::array(), "messages"},
       {"messages", json::array({{{"role", "tool"}, {"content", "x"}}}), "messages[0].role"},
