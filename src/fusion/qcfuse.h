@@ -84,6 +84,9 @@ void prepare_anchors(Forward& fwd, ChunkCache& chunk, const AnchorRule& rule = {
 // else the summed ranking; nullopt when missing or damaged.
 std::optional<std::vector<uint32_t>> stored_anchors(const ChunkCache& chunk, double ratio, const AnchorRule& rule = {},
                                                     int layer = 0);
+// Whether a chunk's metadata (ChunkCache::extra) holds anchor rankings of any rule (the web
+// app's cache state).
+bool has_stored_anchors(const nlohmann::json& extra);
 
 // What the probe's U attends to besides S: the full stitched context (ProphetKV's full view,
 // Eq. 9), or anchors (Eq. 15-17): slots of the stitched cache, ascending, one set for all

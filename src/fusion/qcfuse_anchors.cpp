@@ -160,6 +160,14 @@ void prepare_anchors(Forward& fwd, ChunkCache& chunk, const AnchorRule& rule) {
                         {"ms", ms_since(t0)}};
 }
 
+bool has_stored_anchors(const nlohmann::json& extra) {
+  const auto it = extra.find(kExtraKey);
+  if (it == extra.end() || !it->is_object()) return false;
+  for (const auto& rule : *it)
+    if (rule.is_object() && rule.contains("sum") && rule["sum"].is_array()) return true;
+  return false;
+}
+
 std::optional<std::vector<uint32_t>> stored_anchors(const ChunkCache& chunk, double ratio, const AnchorRule& rule,
                                                     int layer) {
   const size_t n = chunk.n_tokens();

@@ -11,9 +11,7 @@ nlohmann::json chunk_cache_state(const ChunkStore& store, const std::string& cac
   // Cache-Craft's index of a chunk's variants: extra["cachecraft"]["variants"] of its PIC entry.
   if (auto c = t.extra.find("cachecraft"); c != t.extra.end() && c->is_object())
     if (auto v = c->find("variants"); v != c->end() && v->is_array()) variants = v->size();
-  bool anchors = false;
-  if (auto q = t.extra.find(qcfuse::kExtraKey); q != t.extra.end() && q->is_object())
-    anchors = q->contains("ranking") && (*q)["ranking"].is_array();
+  const bool anchors = qcfuse::has_stored_anchors(t.extra);
   return {{"memory", t.memory},
           {"disk", t.disk},
           {"remote", t.remote ? nlohmann::json(*t.remote) : nlohmann::json(nullptr)},
