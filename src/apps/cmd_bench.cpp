@@ -4,6 +4,7 @@
 // report, CSV and plots with tools/bench_report.py. With --peer it first times llama.cpp's
 // full prefill of the same prompt ids (bench/llamacpp_peer.py), so the report can give every
 // speed as a ratio to llama.cpp too.
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -36,6 +37,7 @@ struct BenchArgs {
   bool peer = false;
   std::string peer_python;
   std::string method_options;
+  std::string chunk_variants = "alone";
 };
 
 std::vector<std::string> split_list(const std::string& s) {
@@ -90,6 +92,7 @@ void record_command(const BenchArgs& a) {
   if (!a.shard.empty()) c << " --shard " << a.shard;
   if (a.chunk_tokens) c << " --chunk-tokens " << a.chunk_tokens;
   if (!a.method_options.empty()) c << " --method-options '" << a.method_options << "'";
+  if (a.chunk_variants != "alone") c << " --chunk-variants " << a.chunk_variants;
   if (a.peer) c << " --peer";
   if (!a.peer_python.empty()) c << " --peer-python " << a.peer_python;
   c << " --max-tokens " << a.max_tokens << " --seed " << a.seed << " -t " << a.model.threads;
@@ -117,6 +120,14 @@ int run_bench(const BenchArgs& a) {
   cfg.memory_budget_bytes = a.memory_mb << 20;
   cfg.model_name = std::filesystem::path(a.model.model_path).filename().string();
   cfg.chunk_tokens = a.chunk_tokens;
+  cfg.chunk_variants.clear();
+  for (const auto& name : split_list(a.chunk_variants)) {
+    ChunkVariant v;
+    if (!parse_chunk_variant(name, v)) throw std::runtime_error("--chunk-variants: '" + name + "' is not alone or prefixed");
+    if (std::find(cfg.chunk_variants.begin(), cfg.chunk_variants.end(), v) == cfg.chunk_variants.end())
+      cfg.chunk_variants.push_back(v);
+  }
+  if (cfg.chunk_variants.empty()) throw std::runtime_error("--chunk-variants: give alone, prefixed or both");
   if (!a.method_options.empty()) {
     try {
       cfg.method_options = nlohmann::json::parse(a.method_options);
@@ -194,6 +205,11 @@ void add_bench_command(CLI::App& app, CommandRunner& run) {
                   "JSON object of per-method options, e.g. '{\"cachecraft\": {\"create_variants\": true}}' "
                   "(default: cachecraft runs without creating variants online, since a variant made by one run of "
                   "an example would be an exact match for its runs at other ratios)");
+  cmd->add_option("--chunk-variants", a->chunk_variants,
+                  "comma-separated chunk-cache variants every method but full runs on: alone (each chunk computed "
+                  "from position 0) and/or prefixed (after the system prefix S, FusionRAG eq. 5); prefixed rows "
+                  "carry chunk_variant and the report compares them with alone, paired")
+      ->capture_default_str();
   cmd->add_option("--out", a->out, "output folder (results.jsonl, report.md, summary.csv, plots)")->required();
   cmd->add_option("--store", a->store, "chunk-cache store folder (default: <out>/store)");
   cmd->add_flag("--memory-store", a->memory_store, "keep chunk caches in memory only (no disk tier)");

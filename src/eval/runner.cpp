@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <optional>
 #include <set>
 #include <stdexcept>
@@ -108,9 +109,9 @@ std::vector<BenchRun> expand_runs(const std::vector<std::string>& methods, const
 }
 
 std::string row_key(const std::string& dataset, uint64_t model_fingerprint, const std::string& example_id,
-                    const std::string& method, double ratio) {
+                    const std::string& method, double ratio, ChunkVariant variant) {
   return dataset + "\x1f" + fingerprint_hex(model_fingerprint) + "\x1f" + example_id + "\x1f" + method + "\x1f" +
-         ratio_text(ratio);
+         ratio_text(ratio) + (variant == ChunkVariant::prefixed && method != "full" ? "\x1fprefixed" : "");
 }
 
 std::string dataset_label(const std::string& dataset_name, size_t chunk_tokens) {
@@ -158,7 +159,14 @@ BenchRunner::BenchRunner(Forward& fwd, BenchConfig cfg) : fwd_(fwd), cfg_(std::m
 
 BenchSummary BenchRunner::run(const Dataset& dataset) {
   const double t_start = now_ms();
-  const std::vector<BenchRun> runs = expand_runs(cfg_.methods, cfg_.ratios);
+  std::vector<BenchRun> runs;  // every run once per chunk variant, full once
+  if (cfg_.chunk_variants.empty()) throw std::invalid_argument("bench: no chunk variant to run");
+  for (size_t v = 0; v < cfg_.chunk_variants.size(); ++v)
+    for (BenchRun r : expand_runs(cfg_.methods, cfg_.ratios)) {
+      if (r.method == "full" && v > 0) continue;
+      r.variant = r.method == "full" ? ChunkVariant::alone : cfg_.chunk_variants[v];
+      runs.push_back(r);
+    }
   const Model& model = fwd_.model();
   const uint64_t fp = model.fingerprint();
   fs::create_directories(cfg_.out_dir);
@@ -176,8 +184,10 @@ BenchSummary BenchRunner::run(const Dataset& dataset) {
       throw std::runtime_error(sum.results_path + " holds rows of this dataset and model made with max_tokens " +
                                std::to_string(row.value("max_tokens", 0)) + "; use a fresh --out or the same settings");
     uint64_t row_fp = std::strtoull(row.value("model_fingerprint", "0").c_str(), nullptr, 16);
+    ChunkVariant variant = ChunkVariant::alone;
+    parse_chunk_variant(row.value("chunk_variant", "alone"), variant);
     done.insert(row_key(row["dataset"].get<std::string>(), row_fp, row["example"].get<std::string>(),
-                        row["method"].get<std::string>(), row["ratio"].get<double>()));
+                        row["method"].get<std::string>(), row["ratio"].get<double>(), variant));
   }
 
   const size_t n_examples = cfg_.limit ? std::min(cfg_.limit, dataset.examples.size()) : dataset.examples.size();
@@ -190,7 +200,7 @@ BenchSummary BenchRunner::run(const Dataset& dataset) {
     if (e % cfg_.shard_count != cfg_.shard_index) continue;  // another shard's example
     ++sum.examples;
     for (const auto& r : runs) {
-      if (done.count(row_key(label, fp, dataset.examples[e].id, r.method, r.ratio)))
+      if (done.count(row_key(label, fp, dataset.examples[e].id, r.method, r.ratio, r.variant)))
         ++sum.rows_already_present;
       else
         todo[e].push_back(r);
@@ -267,20 +277,27 @@ BenchSummary BenchRunner::run(const Dataset& dataset) {
     // (1) Chunk caches, untimed: what a deployment computes when a passage is indexed.
     double chunk_offline_ms = 0;
     size_t chunks_computed = 0;
-    for (const auto& chunk : req.chunks) {
-      ChunkKey key(fp, chunk);
-      store.get_or_compute(key, [&] {
-        ChunkCache c = compute_chunk_cache(fwd_, key);
-        chunk_offline_ms += c.offline_ms;
-        ++chunks_computed;
-        return c;
-      });
+    for (const ChunkVariant v : cfg_.chunk_variants) {
+      if (std::none_of(todo[e].begin(), todo[e].end(), [&](const BenchRun& r) { return r.variant == v; })) continue;
+      for (const auto& chunk : req.chunks) {
+        const ChunkKey key = base_chunk_key(fp, chunk, v, req.system);
+        store.get_or_compute(key, [&] {
+          ChunkCache c = compute_chunk_cache(fwd_, key, base_chunk_prefix(v, req.system));
+          chunk_offline_ms += c.offline_ms;
+          ++chunks_computed;
+          return c;
+        });
+      }
     }
-    // FusionRAG's offline enrichment of this example's chunks (eq. 10), untimed like the
-    // chunk caches; its cost goes to the example's first FusionRAG row. PIC caches of
+    // FusionRAG's offline enrichment of this example's chunks (eq. 10), per chunk variant
+    // (its base caches and neighbours are of that variant), untimed like the chunk caches;
+    // its cost goes to the example's first FusionRAG row of that variant. Base caches of
     // neighbours from other examples count as chunk caches (a deployment has them all).
-    double fusionrag_offline_ms = 0;
-    if (has_method(todo[e], "fusionrag")) {
+    std::map<ChunkVariant, double> fusionrag_offline_ms;
+    for (const ChunkVariant v : cfg_.chunk_variants) {
+      if (std::none_of(todo[e].begin(), todo[e].end(),
+                       [&](const BenchRun& r) { return r.variant == v && r.method == "fusionrag"; }))
+        continue;
       std::vector<CorpusChunk> corpus;
       std::set<std::string> own_ids;
       for (const auto& c : req.chunks) {
@@ -290,12 +307,13 @@ BenchSummary BenchRunner::run(const Dataset& dataset) {
       corpus.insert(corpus.end(), fusionrag_kb.begin(), fusionrag_kb.end());
       EnrichOptions eo;
       eo.system = req.system;
+      eo.variant = v;
       eo.limit = own_ids.size();  // enrich_corpus keeps first occurrences: this example's chunks
       const EnrichReport rep = enrich_corpus(fwd_, store, corpus, eo);
       chunk_offline_ms += rep.pic_ms;
       chunks_computed += rep.pic_computed;
-      fusionrag_offline_ms = rep.similarity_ms;
-      for (double ms : rep.enrich_ms) fusionrag_offline_ms += ms;
+      fusionrag_offline_ms[v] = rep.similarity_ms;
+      for (double ms : rep.enrich_ms) fusionrag_offline_ms[v] += ms;
     }
     // The first timed run of a process would pay for page faults of the weights and the
     // prefix cache of S: a reuse prefill (every weight, S cached) takes them first.
@@ -315,7 +333,8 @@ BenchSummary BenchRunner::run(const Dataset& dataset) {
 
     // (3) Every method x ratio still to do.
     for (const BenchRun& run : todo[e]) {
-      progress.update(units, ex.id + " " + run.method + "@" + ratio_text(run.ratio));
+      progress.update(units, ex.id + " " + run.method + "@" + ratio_text(run.ratio) +
+                                 (run.variant == ChunkVariant::prefixed ? " prefixed" : ""));
       std::optional<FusionResult> own;
       const FusionResult* r = &full;
       Decoded dec = full_dec;
@@ -323,7 +342,7 @@ BenchSummary BenchRunner::run(const Dataset& dataset) {
         const nlohmann::json options = cfg_.method_options.contains(run.method)
                                            ? cfg_.method_options.at(run.method)
                                            : bench_default_method_options(run.method);
-        own.emplace(executor.prefill(req, {run.method, run.ratio, example_seed, options}));
+        own.emplace(executor.prefill(req, {run.method, run.ratio, example_seed, options, run.variant}));
         r = &*own;
         dec = decode(fwd_, *own, prompt, cfg_.max_tokens);
       }
@@ -351,7 +370,7 @@ BenchSummary BenchRunner::run(const Dataset& dataset) {
                {"load_ms", t.load_ms},
                {"selection_ms", t.selection_ms},
                {"recompute_ms", t.recompute_ms},
-               {"method_offline_ms", t.offline_ms + (run.method == "fusionrag" ? fusionrag_offline_ms : 0.0)},
+               {"method_offline_ms", t.offline_ms + (run.method == "fusionrag" ? fusionrag_offline_ms[run.variant] : 0.0)},
                {"chunk_offline_ms", chunk_offline_ms},
                {"chunks", req.chunks.size()},
                {"chunk_tokens", cfg_.chunk_tokens},
@@ -367,9 +386,10 @@ BenchSummary BenchRunner::run(const Dataset& dataset) {
                {"threads", cfg_.threads},
                {"store", cfg_.memory_only_store ? "memory" : std::string("disk-") + dtype_name(cfg_.disk_dtype)},
                {"load_avg_1m", load_avg[0]}};
+      if (run.method != "full") row["chunk_variant"] = chunk_variant_name(run.variant);
       if (run.method == "fusionrag") {
         row["enriched_chunks"] = r->selection_details.value("enriched_chunks", 0);
-        fusionrag_offline_ms = 0;  // counted once per example
+        fusionrag_offline_ms[run.variant] = 0;  // counted once per example and variant
       }
       out << results_line(row) << '\n';
       out.flush();

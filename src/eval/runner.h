@@ -57,6 +57,9 @@ struct BenchConfig {
   // Selector::configure options per method name ({"qcfuse": {...}}). Methods not named get
   // bench_default_method_options(method).
   nlohmann::json method_options = nlohmann::json::object();
+  // The chunk-cache variants every method but full runs on (issue 14): rows of prefixed
+  // runs carry "chunk_variant": "prefixed" and are keyed apart; full runs once.
+  std::vector<ChunkVariant> chunk_variants = {ChunkVariant::alone};
 };
 
 // The bench's defaults: Cache-Craft without online variant creation, because a variant that
@@ -68,6 +71,7 @@ nlohmann::json bench_default_method_options(const std::string& method);
 struct BenchRun {
   std::string method;
   double ratio = 0;
+  ChunkVariant variant = ChunkVariant::alone;  // set by the runner per configured variant
 };
 // full -> (full, 1) and reuse -> (reuse, 0) once; every other method once per ratio.
 // Throws std::invalid_argument on an unknown method, a ratio outside [0, 1], or an empty plan.
@@ -89,8 +93,9 @@ std::vector<nlohmann::json> read_results(const std::string& path);
 // (the token limit cut it, or the model emitted a lone byte token); such bytes are written as
 // U+FFFD instead of failing the run. The metrics were computed on the raw bytes before.
 std::string results_line(const nlohmann::json& row);
+// Rows of alone runs (and full) keep the key they had before chunk variants existed.
 std::string row_key(const std::string& dataset, uint64_t model_fingerprint, const std::string& example_id,
-                    const std::string& method, double ratio);
+                    const std::string& method, double ratio, ChunkVariant variant = ChunkVariant::alone);
 // The dataset name the rows carry: the dataset's own, or "<name>@<N>tok" when re-chunked.
 std::string dataset_label(const std::string& dataset_name, size_t chunk_tokens);
 

@@ -238,7 +238,7 @@ EnrichReport enrich_corpus(Forward& fwd, ChunkStore& store, const std::vector<Co
       ++rep.duplicates_or_empty;
       continue;
     }
-    ChunkKey k(fp, c.tokens);
+    ChunkKey k = base_chunk_key(fp, c.tokens, opt.variant, opt.system);
     if (!seen.emplace(k.id(), keys.size()).second) {
       ++rep.duplicates_or_empty;
       continue;
@@ -257,7 +257,7 @@ EnrichReport enrich_corpus(Forward& fwd, ChunkStore& store, const std::vector<Co
   rep.similarity_ms = steady_ms() - t_sim;
 
   auto compute_pic = [&](const ChunkKey& k) {
-    ChunkCache c = compute_chunk_cache(fwd, k);
+    ChunkCache c = compute_chunk_cache(fwd, k, base_chunk_prefix(opt.variant, opt.system));
     rep.pic_ms += c.offline_ms;
     ++rep.pic_computed;
     return c;
