@@ -4,7 +4,6 @@
 // report, CSV and plots with tools/bench_report.py. With --peer it first times llama.cpp's
 // full prefill of the same prompt ids (bench/llamacpp_peer.py), so the report can give every
 // speed as a ratio to llama.cpp too.
-#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -39,32 +38,6 @@ struct BenchArgs {
   std::string method_options;
   std::string chunk_variants = "alone";
 };
-
-std::vector<std::string> split_list(const std::string& s) {
-  std::vector<std::string> out;
-  std::stringstream ss(s);
-  std::string item;
-  while (std::getline(ss, item, ','))
-    if (!item.empty()) out.push_back(item);
-  return out;
-}
-
-std::vector<double> parse_ratios(const std::string& s) {
-  std::vector<double> out;
-  for (const auto& item : split_list(s)) {
-    size_t used = 0;
-    double r = 0;
-    try {
-      r = std::stod(item, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    if (used != item.size() || !(r >= 0.0 && r <= 1.0))
-      throw std::runtime_error("--ratios: '" + item + "' is not a number in [0, 1]");
-    out.push_back(r);
-  }
-  return out;
-}
 
 // "K/N" -> (K, N) with 0 <= K < N.
 bool parse_shard(const std::string& s, size_t& index, size_t& count) {
@@ -106,7 +79,7 @@ void record_command(const BenchArgs& a) {
 int run_bench(const BenchArgs& a) {
   eval::BenchConfig cfg;
   cfg.methods = split_list(a.methods);
-  cfg.ratios = parse_ratios(a.ratios);
+  cfg.ratios = parse_ratio_list(a.ratios);
   eval::expand_runs(cfg.methods, cfg.ratios);  // reject bad methods before loading anything
   if (!parse_dtype(a.dtype, cfg.disk_dtype)) throw std::runtime_error("unknown --dtype " + a.dtype);
   cfg.limit = a.limit;
@@ -120,14 +93,7 @@ int run_bench(const BenchArgs& a) {
   cfg.memory_budget_bytes = a.memory_mb << 20;
   cfg.model_name = std::filesystem::path(a.model.model_path).filename().string();
   cfg.chunk_tokens = a.chunk_tokens;
-  cfg.chunk_variants.clear();
-  for (const auto& name : split_list(a.chunk_variants)) {
-    ChunkVariant v;
-    if (!parse_chunk_variant(name, v)) throw std::runtime_error("--chunk-variants: '" + name + "' is not alone or prefixed");
-    if (std::find(cfg.chunk_variants.begin(), cfg.chunk_variants.end(), v) == cfg.chunk_variants.end())
-      cfg.chunk_variants.push_back(v);
-  }
-  if (cfg.chunk_variants.empty()) throw std::runtime_error("--chunk-variants: give alone, prefixed or both");
+  cfg.chunk_variants = parse_chunk_variant_list(a.chunk_variants, "--chunk-variants");
   if (!a.method_options.empty()) {
     try {
       cfg.method_options = nlohmann::json::parse(a.method_options);

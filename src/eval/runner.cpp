@@ -229,16 +229,12 @@ BenchSummary BenchRunner::run(const Dataset& dataset) {
   std::ofstream prompts_out(prompts_path, std::ios::app | std::ios::binary);
   if (!prompts_out) throw std::runtime_error("cannot append to " + prompts_path);
 
-  // FusionRAG's knowledge base (§3.1): every chunk of every example of the dataset, also
-  // beyond --limit, so a chunk's neighbours come from the whole corpus as in the paper's
-  // offline stage, not only from the passages retrieved with it.
+  // FusionRAG's knowledge base (§3.1): every chunk of the dataset (dataset_knowledge_base).
   const bool wants_fusionrag =
       std::any_of(todo.begin(), todo.end(), [](const std::vector<BenchRun>& t) { return has_method(t, "fusionrag"); });
   std::vector<CorpusChunk> fusionrag_kb;
   if (wants_fusionrag) {
-    for (const QaExample& ex : dataset.examples)
-      for (auto& c : build_example_request(model, ex, cfg_.prompt, cfg_.chunk_tokens).chunks)
-        fusionrag_kb.push_back({model.tokenizer().decode(c, false), std::move(c)});
+    fusionrag_kb = dataset_knowledge_base(model, dataset, cfg_.prompt, cfg_.chunk_tokens);
     std::fprintf(stderr, "bench: FusionRAG knowledge base: %zu chunks of %zu examples\n", fusionrag_kb.size(),
                  dataset.examples.size());
   }
@@ -298,18 +294,7 @@ BenchSummary BenchRunner::run(const Dataset& dataset) {
       if (std::none_of(todo[e].begin(), todo[e].end(),
                        [&](const BenchRun& r) { return r.variant == v && r.method == "fusionrag"; }))
         continue;
-      std::vector<CorpusChunk> corpus;
-      std::set<std::string> own_ids;
-      for (const auto& c : req.chunks) {
-        corpus.push_back({model.tokenizer().decode(c, false), c});
-        if (!c.empty()) own_ids.insert(ChunkKey(fp, c).id());
-      }
-      corpus.insert(corpus.end(), fusionrag_kb.begin(), fusionrag_kb.end());
-      EnrichOptions eo;
-      eo.system = req.system;
-      eo.variant = v;
-      eo.limit = own_ids.size();  // enrich_corpus keeps first occurrences: this example's chunks
-      const EnrichReport rep = enrich_corpus(fwd_, store, corpus, eo);
+      const EnrichReport rep = enrich_request_chunks(fwd_, store, req, fusionrag_kb, v);
       chunk_offline_ms += rep.pic_ms;
       chunks_computed += rep.pic_computed;
       fusionrag_offline_ms[v] = rep.similarity_ms;
@@ -404,24 +389,30 @@ BenchSummary BenchRunner::run(const Dataset& dataset) {
   return sum;
 }
 
-int run_report(const std::string& out_dir, std::string& how_to) {
+int run_tool_script(const std::string& relative_script, const std::string& out_dir, std::string& how_to,
+                    const std::string& python) {
   const auto root = find_repo_root();
-  const std::string script = root ? (fs::path(*root) / "tools" / "bench_report.py").string() : "tools/bench_report.py";
+  const std::string script = root ? (fs::path(*root) / relative_script).string() : relative_script;
   std::error_code ec;
   if (!root || !fs::exists(script, ec)) {
-    how_to = "report script not found; from the repository root run: python3 tools/bench_report.py " + out_dir;
+    how_to = "script not found; from the repository root run: python3 " + relative_script + " " + out_dir;
     return -1;
   }
   // The bench venv of scripts/setup.sh --bench has matplotlib for the plots.
   const fs::path venv_python = fs::path(*root) / ".venv" / "bin" / "python";
-  std::string python = fs::exists(venv_python, ec) ? venv_python.string() : "python3";
-  how_to = python + " " + script + " " + out_dir;
-  if (python == "python3" && std::system("command -v python3 >/dev/null 2>&1") != 0) {
+  std::string interpreter = !python.empty() ? python : fs::exists(venv_python, ec) ? venv_python.string() : "python3";
+  how_to = interpreter + " " + script + " " + out_dir;
+  if (interpreter == "python3" && std::system("command -v python3 >/dev/null 2>&1") != 0) {
     how_to = "python3 not found; with Python 3 run: " + how_to;
     return -1;
   }
-  const int rc = std::system((shell_quote(python) + " " + shell_quote(script) + " " + shell_quote(out_dir)).c_str());
+  const int rc =
+      std::system((shell_quote(interpreter) + " " + shell_quote(script) + " " + shell_quote(out_dir)).c_str());
   return rc == -1 ? -1 : WEXITSTATUS(rc);
+}
+
+int run_report(const std::string& out_dir, std::string& how_to) {
+  return run_tool_script("tools/bench_report.py", out_dir, how_to);
 }
 
 int run_peer(const std::string& out_dir, const std::string& model_path, int threads, const std::string& python,

@@ -112,6 +112,10 @@ class BenchRunner {
 // Runs tools/bench_report.py on `out_dir` with python3. Returns its exit status, or -1 when
 // python3 or the script cannot be found; `how_to` then says how to run it by hand.
 int run_report(const std::string& out_dir, std::string& how_to);
+// Runs <repo>/`relative_script` OUT_DIR with `python` (empty: <repo>/.venv/bin/python, else
+// python3); same return convention as run_report.
+int run_tool_script(const std::string& relative_script, const std::string& out_dir, std::string& how_to,
+                    const std::string& python = "");
 
 // Runs bench/llamacpp_peer.py on `out_dir` (reads prompts.jsonl, appends peer.jsonl) with
 // `python` (empty: <repo>/.venv/bin/python), the same GGUF and thread count. Returns its

@@ -12,6 +12,7 @@
 #include <mutex>
 #include <numeric>
 #include <random>
+#include <set>
 #include <sstream>
 #include <stdexcept>
 #include <unordered_map>
@@ -332,6 +333,22 @@ EnrichReport enrich_corpus(Forward& fwd, ChunkStore& store, const std::vector<Co
   if (const std::string index = fusionrag_index_path(store); !index.empty() && !links.empty())
     merge_fusionrag_index(index, links);
   return rep;
+}
+
+EnrichReport enrich_request_chunks(Forward& fwd, ChunkStore& store, const RagRequest& request,
+                                   const std::vector<CorpusChunk>& knowledge_base, ChunkVariant variant) {
+  std::vector<CorpusChunk> corpus;
+  std::set<std::string> own_ids;
+  for (const auto& c : request.chunks) {
+    corpus.push_back({fwd.model().tokenizer().decode(c, false), c});
+    if (!c.empty()) own_ids.insert(ChunkKey(fwd.model().fingerprint(), c).id());
+  }
+  corpus.insert(corpus.end(), knowledge_base.begin(), knowledge_base.end());
+  EnrichOptions eo;
+  eo.system = request.system;
+  eo.variant = variant;
+  eo.limit = own_ids.size();  // enrich_corpus keeps first occurrences: the request's chunks
+  return enrich_corpus(fwd, store, corpus, eo);
 }
 
 }  // namespace cf

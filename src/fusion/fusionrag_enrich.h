@@ -129,4 +129,10 @@ struct EnrichReport {
 EnrichReport enrich_corpus(Forward& fwd, ChunkStore& store, const std::vector<CorpusChunk>& corpus,
                            const EnrichOptions& opt);
 
+// The offline stage for one request's chunks (bench, deviation tool): its chunks enriched
+// (eq. 10, n = 10) with the request's S, their neighbours searched among the chunks
+// themselves and `knowledge_base`, base caches of `variant`.
+EnrichReport enrich_request_chunks(Forward& fwd, ChunkStore& store, const RagRequest& request,
+                                   const std::vector<CorpusChunk>& knowledge_base, ChunkVariant variant);
+
 }  // namespace cf
