@@ -43,7 +43,7 @@ TEST(ServerApi, ChatBodyWithAllKnownFieldsParses) {
   b["stream_options"] = {{"include_usage", true}};
   b["documents"] = json::array({"passage one", {{"id", "abc"}}, {{"text", "passage three"}}});
   b["fusion"] = {{"method", "epic"}, {"ratio", 0.3}, {"reorder", true}, {"conversation_id", "c1"},
-                 {"prefix_cache", false}};
+                 {"prefix_cache", false}, {"chunk_variant", "prefixed"}};
   b["frequency_penalty"] = 0;  // unknown to us: ignored, as OpenAI ignores unknown fields
   b["user"] = "someone";
   const auto pc = chat(b);
@@ -71,6 +71,7 @@ TEST(ServerApi, ChatBodyWithAllKnownFieldsParses) {
   EXPECT_TRUE(r.fusion.reorder);
   EXPECT_EQ(r.fusion.conversation_id, "c1");
   EXPECT_FALSE(r.fusion.prefix_cache);
+  EXPECT_EQ(r.fusion.chunk_variant, "prefixed");
 }
 
 TEST(ServerApi, DefaultsAndNullsMeanNotGiven) {
@@ -152,6 +153,8 @@ TEST(ServerApi, WrongTypesAndValuesAre400NamingTheField) {
       {"fusion", json{{"method", 1}}, "fusion.method"},
       {"fusion", json{{"reorder", "true"}}, "fusion.reorder"},
       {"fusion", json{{"prefix_cache", 0}}, "fusion.prefix_cache"},
+      {"fusion", json{{"chunk_variant", "pic"}}, "fusion.chunk_variant"},
+      {"fusion", json{{"chunk_variant", 1}}, "fusion.chunk_variant"},
       {"messages", "hi", "messages"},
       {"messages", json::array(), "messages"},
       {"messages", json::array({{{"role", "tool"}, {"content", "x"}}}), "messages[0].role"},
