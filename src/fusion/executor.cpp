@@ -12,6 +12,8 @@
 //    what the chunk cache lacks on local layers is the same kind of thing it lacks on global
 //    ones (the tokens before the chunk), only bounded by the window. A chunk longer than the
 //    window is computed with the window applied inside it, as full prefill would.
+//    A prefixed chunk cache (computed after S, issue 14) is the same with S before it: its
+//    local layers see the part of S inside the window, as full prefill's first chunk does.
 //  - Moving: keys are re-rotated by the position delta with each layer's own RoPE base
 //    (KvCache::shift: 10000 on local layers, 1e6 on global ones). Relative positions inside a
 //    chunk do not change, so which chunk entries a chunk token sees does not change either.
