@@ -61,6 +61,13 @@ def main(argv):
         if k[:4] not in runs:
             runs.append(k[:4])
     runs.sort(key=lambda r: (r[3], r[0], r[1] != "reuse", r[1], r[2]))
+
+    def same_as_reuse(run):
+        ref = (run[0], "reuse", 0.0, run[3])
+        return run[1] != "reuse" and all(mean.get(run + (l,), (None,))[:2] == mean.get(ref + (l,), (None,))[:2]
+                                         for l in layers)
+    # A selector at ratio 0 serves the base caches unchanged: identical to reuse, one line is enough.
+    runs = [r for r in runs if not same_as_reuse(r)]
     lines = [f"# Layer-wise K/V deviation from full prefill ({len(examples)} examples)", "",
              "Relative L2 distance ||X - X_full|| / ||X_full|| over the slots of the part, mean over examples. "
              "Layers are 0-based (the papers' \"layer 2\" is layer 1 here). \"vs reuse\" is the change against "
