@@ -18,7 +18,8 @@ Chunk-cache variants (bench --chunk-variants, issue 14): rows of prefixed runs a
 as their own dataset "<name> [prefixed]" (with full prefill's rows, shared); then two more
 paired sections (DIR/paired_more.csv): every method x ratio on prefixed minus the same on
 alone caches, and at ratio 0 every method minus reuse on the same variant (FusionRAG's
-enriched caches against plain reuse), same bootstrap.
+enriched caches against plain reuse), same bootstrap; selectors whose ratio-0 rows equal
+reuse's (all but FusionRAG, by construction) are left out at ratio 0.
 
 Standard library only, matplotlib optional. Usage: bench_report.py DIR
 Aggregates: means over examples, except TTFT and phases (median; p90 by linear
@@ -242,9 +243,14 @@ def paired_more(rows):
                             ("d_first_token", mean(d_tok)), ("d_kl", mean(d_kl)), ("d_kl_lo", kl_lo),
                             ("d_kl_hi", kl_hi)])
 
+    def is_reuse(ds, model, variant, method):  # a selector at ratio 0 that served plain reuse
+        a, b = cell.get((ds, model, variant, method, 0.0), {}), cell.get((ds, model, variant, "reuse", 0.0), {})
+        return method != "reuse" and bool(a) and all(
+            e in b and a[e]["kl"] == b[e]["kl"] and a[e]["fidelity_f1"] == b[e]["fidelity_f1"] for e in a)
+
     out = []
     for (ds, model, variant, method, ratio), a in sorted(cell.items()):
-        if method == "full":
+        if method == "full" or (ratio == 0 and is_reuse(ds, model, variant, method)):
             continue
         if variant == "prefixed" and (ds, model, "alone", method, ratio) in cell:
             d = compare("prefixed - alone", (ds, model), a, cell[(ds, model, "alone", method, ratio)], method, ratio)
@@ -253,8 +259,7 @@ def paired_more(rows):
         if ratio == 0 and method != "reuse" and (ds, model, variant, "reuse", 0.0) in cell:
             d = compare(f"{method} - reuse ({variant})", (ds, model), a, cell[(ds, model, variant, "reuse", 0.0)],
                         method, ratio)
-            # Selectors at ratio 0 are reuse by construction: only differing ones are worth a line.
-            if d and (d["d_fidelity"] or d["d_kl"] or d["d_first_token"] or d["d_kl_lo"] or d["d_kl_hi"]):
+            if d:
                 out.append(d)
     out.sort(key=lambda d: (d["dataset"], d["comparison"] == "prefixed - alone", d["method"], d["ratio"]))
     return out
