@@ -23,6 +23,10 @@
 //    "alone": the enriched cache's first row is replaced by the chunk's first token computed
 //    alone at position 0 (moved to its place) -- the attention sink every alone cache has
 //    and eq. 10's caches lack. Not in the paper; it answers issue 14's sink question.
+//  - enriched_layers: [a, b] (default: every layer): a diagnostic, not the method. Layers
+//    outside [a, b) serve the base cache's rows instead of the enriched ones (moved to the
+//    same positions), so a bench run shows which layers' enrichment helps or hurts the
+//    answer (issue 14: "where the gain is lost").
 // Deviations from the paper:
 //  - similarity is BM25 over lowercase words (bm25.h), not BGE-M3 embeddings; self and
 //    exact duplicates are excluded, and a chunk sharing no word with another gets fewer
@@ -41,6 +45,7 @@
 // in TTFT (probe as selection).
 #include <cmath>
 #include <cstring>
+#include <utility>
 
 #include "fusion/fusionrag_enrich.h"
 #include "fusion/selector.h"
@@ -71,6 +76,22 @@ std::shared_ptr<const ChunkCache> with_alone_sink(Forward& fwd, const ChunkCache
   return out;
 }
 
+// A copy of `enriched` whose layers outside [first, last) hold the base cache's rows.
+std::shared_ptr<const ChunkCache> with_base_layers(const ChunkCache& enriched, const ChunkCache& base, int first,
+                                                   int last) {
+  const ModelHparams& h = enriched.kv.hparams();
+  KvCache moved(h, base.n_tokens());
+  moved.append_from(base.kv, 0, base.n_tokens(), enriched.kv.position(0) - base.kv.position(0));
+  auto out = std::make_shared<ChunkCache>(enriched);
+  const size_t bytes = base.n_tokens() * static_cast<size_t>(h.kv_dim()) * KvCache::kValueBytes;
+  for (int l = 0; l < h.n_layers; ++l)
+    if (l < first || l >= last) {
+      std::memcpy(out->kv.k_f16(l, 0), moved.k_f16(l, 0), bytes);
+      std::memcpy(out->kv.v_f16(l, 0), moved.v_f16(l, 0), bytes);
+    }
+  return out;
+}
+
 class FusionRagSelector final : public Selector {
  public:
   std::string_view name() const override { return "fusionrag"; }
@@ -80,7 +101,12 @@ class FusionRagSelector final : public Selector {
     if (!options.is_object()) throw std::invalid_argument("fusionrag options must be an object");
     for (const auto& [k, v] : options.items()) {
       const std::string s = v.is_string() ? v.get<std::string>() : "";
-      if (k == "probe" && (s == "question" || s == "stitched")) {
+      if (k == "enriched_layers") {
+        if (!v.is_array() || v.size() != 2 || !v[0].is_number_integer() || !v[1].is_number_integer() ||
+            v[0].get<int>() < 0 || v[1].get<int>() < v[0].get<int>())
+          throw std::invalid_argument("fusionrag option 'enriched_layers': expected [first, last) layer numbers");
+        layers_ = {v[0].get<int>(), v[1].get<int>()};
+      } else if (k == "probe" && (s == "question" || s == "stitched")) {
         probe_ = s == "question" ? Probe::question : Probe::stitched;
       } else if (k == "sink" && (s == "none" || s == "alone")) {
         sink_ = s == "none" ? Sink::none : Sink::alone;
@@ -88,7 +114,7 @@ class FusionRagSelector final : public Selector {
         throw std::invalid_argument("fusionrag option '" + k + "': expected " +
                                     (k == "probe" ? "\"question\" or \"stitched\"" : "\"none\" or \"alone\""));
       } else {
-        throw std::invalid_argument("unknown fusionrag option '" + k + "' (probe, sink)");
+        throw std::invalid_argument("unknown fusionrag option '" + k + "' (probe, sink, enriched_layers)");
       }
     }
   }
@@ -99,6 +125,9 @@ class FusionRagSelector final : public Selector {
     auto enriched = find_enriched(store, pic_key, request.system, &why);
     if (chunk_status_.size() <= chunk_index) chunk_status_.resize(chunk_index + 1);
     chunk_status_[chunk_index] = enriched ? "enriched" : "base: " + why;
+    if (enriched && (layers_.first > 0 || layers_.second < fwd.model().hparams().n_layers))
+      if (auto base = store.get(pic_key); base && base->n_tokens() == enriched->n_tokens())
+        enriched = with_base_layers(*enriched, *base, layers_.first, layers_.second);
     if (enriched && sink_ == Sink::alone && enriched->n_tokens() > 0) {
       enriched = with_alone_sink(fwd, *enriched);
       chunk_status_[chunk_index] = "enriched+sink";
@@ -116,6 +145,8 @@ class FusionRagSelector final : public Selector {
     sel.details["chunks"] = chunk_status_;
     sel.details["probe"] = probe_ == Probe::question ? "question" : "stitched";
     sel.details["sink"] = sink_ == Sink::alone ? "alone" : "none";
+    if (layers_.first > 0 || layers_.second < fwd.model().hparams().n_layers)
+      sel.details["enriched_layers"] = {layers_.first, layers_.second};
     sel.details["score"] = "final-layer softmax attention of the question, summed over its rows and heads";
     const size_t n = in.context_tokens();
     const size_t k = recompute_budget(in.ratio, n);
@@ -209,6 +240,7 @@ class FusionRagSelector final : public Selector {
 
   Probe probe_ = Probe::question;
   Sink sink_ = Sink::none;
+  std::pair<int, int> layers_ = {0, 1 << 20};  // enriched_layers
   std::vector<std::string> chunk_status_;  // per chunk of this request: how it was served
 };
 }  // namespace

@@ -115,6 +115,16 @@ void expect_enriched_chunk_equals_computing_it_after_its_neighbours(ChunkVariant
   const float sink_rounding = max_kv_diff(rows(got3.cache, x, x + 1), rows(alone.kv, 0, 1, static_cast<int32_t>(x)));
   EXPECT_LE(sink_rounding, 1e-6f);
   EXPECT_GT(max_kv_diff(rows(got3.cache, x, x + 1), rows(want, 0, 1)), 1e-2f) << "the enriched first row differs";
+
+  // enriched_layers (diagnostic): [0, 0) serves the base rows in every layer, i.e. reuse;
+  // [0, L) is the enriched cache unchanged.
+  FusionOptions none = opt, all = opt, reuse = opt;
+  none.method_options = {{"enriched_layers", {0, 0}}};
+  all.method_options = {{"enriched_layers", {0, h.n_layers}}};
+  reuse.method = "reuse";
+  const KvCache base_rows = rows(ex.prefill(req, reuse).cache, x, x + n);
+  EXPECT_LE(max_kv_diff(rows(ex.prefill(req, none).cache, x, x + n), base_rows), 1e-6f);
+  EXPECT_LE(max_kv_diff(rows(ex.prefill(req, all).cache, x, x + n), want), 1e-6f);
 }
 
 TEST_F(FusionRagOnline, EnrichedChunkAfterItsPicNeighboursEqualsComputingItThere) {
@@ -134,7 +144,8 @@ TEST_F(FusionRagOnline, OptionsAreCheckedAndBothProbesChooseTheBudget) {
   FusionExecutor ex(fwd, store);
   const auto passages = test::fusionrag_corpus();
   const RagRequest req = build_rag_request(m, passages, "Where was Marie Curie born?");
-  for (const char* bad : {R"({"sink": "yes"})", R"({"probe": 1})", R"({"neighbours": 3})"}) {
+  for (const char* bad : {R"({"sink": "yes"})", R"({"probe": 1})", R"({"neighbours": 3})",
+                          R"({"enriched_layers": [3, 1]})", R"({"enriched_layers": 2})"}) {
     FusionOptions o{"fusionrag", 0.2, 0};
     o.method_options = nlohmann::json::parse(bad);
     EXPECT_THROW(ex.prefill(req, o), std::invalid_argument) << bad;
