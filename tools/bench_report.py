@@ -14,6 +14,13 @@ prompt ids, same GGUF and threads) the tables add llama.cpp's median TTFT over t
 examples and speedup vs llama.cpp = that median / the method's median TTFT, over the
 examples that have both.
 
+Chunk-cache variants (bench --chunk-variants, issue 14): rows of prefixed runs are reported
+as their own dataset "<name> [prefixed]" (with full prefill's rows, shared); then two more
+paired sections (DIR/paired_more.csv): every method x ratio on prefixed minus the same on
+alone caches, and at ratio 0 every method minus reuse on the same variant (FusionRAG's
+enriched caches against plain reuse), same bootstrap; selectors whose ratio-0 rows equal
+reuse's (all but FusionRAG, by construction) are left out at ratio 0.
+
 Standard library only, matplotlib optional. Usage: bench_report.py DIR
 Aggregates: means over examples, except TTFT and phases (median; p90 by linear
 interpolation between order statistics). Selection share = sum(selection) / sum(TTFT).
@@ -193,6 +200,88 @@ def paired_differences(rows):
     return out
 
 
+PREFIXED = " [prefixed]"
+
+
+def label_variants(rows):
+    """Rows of prefixed runs under the dataset label '<name> [prefixed]', full prefill's rows
+    copied there too (they do not depend on the variant)."""
+    prefixed = {(r["dataset"], r.get("model", "")) for r in rows if r.get("chunk_variant") == "prefixed"}
+    out = []
+    for r in rows:
+        if r.get("chunk_variant") == "prefixed":
+            out.append(dict(r, dataset=r["dataset"] + PREFIXED))
+            continue
+        out.append(r)
+        if r["method"] == "full" and (r["dataset"], r.get("model", "")) in prefixed:
+            out.append(dict(r, dataset=r["dataset"] + PREFIXED))
+    return out
+
+
+def paired_more(rows):
+    """Paired (by example) differences: prefixed minus alone for every method x ratio, and at
+    ratio 0 every method minus reuse on the same variant. Rows as labelled by label_variants."""
+    cell = defaultdict(dict)  # (dataset, model, variant, method, ratio) -> example -> row
+    for r in rows:
+        ds = r["dataset"]
+        variant = "prefixed" if ds.endswith(PREFIXED) else "alone"
+        cell[(ds[: -len(PREFIXED)] if variant == "prefixed" else ds, r.get("model", ""), variant, r["method"],
+              float(r["ratio"]))][r["example"]] = r
+
+    def compare(kind, key, a, b, method, ratio):
+        common = sorted(set(a) & set(b))
+        if not common:
+            return None
+        d_fid = [a[e]["fidelity_f1"] - b[e]["fidelity_f1"] for e in common]
+        d_kl = [a[e]["kl"] - b[e]["kl"] for e in common]
+        d_tok = [float(a[e]["first_token_agree"]) - float(b[e]["first_token_agree"]) for e in common]
+        (fl, fh), (kl_lo, kl_hi) = bootstrap_mean_ci([d_fid, d_kl])
+        return OrderedDict([("dataset", key[0]), ("model", key[1]), ("comparison", kind), ("method", method),
+                            ("ratio", ratio), ("n", len(common)), ("d_fidelity", mean(d_fid)),
+                            ("d_fidelity_lo", fl), ("d_fidelity_hi", fh),
+                            ("better", sum(1 for d in d_fid if d > 0)), ("worse", sum(1 for d in d_fid if d < 0)),
+                            ("d_first_token", mean(d_tok)), ("d_kl", mean(d_kl)), ("d_kl_lo", kl_lo),
+                            ("d_kl_hi", kl_hi)])
+
+    def is_reuse(ds, model, variant, method):  # a selector at ratio 0 that served plain reuse
+        a, b = cell.get((ds, model, variant, method, 0.0), {}), cell.get((ds, model, variant, "reuse", 0.0), {})
+        return method != "reuse" and bool(a) and all(
+            e in b and a[e]["kl"] == b[e]["kl"] and a[e]["fidelity_f1"] == b[e]["fidelity_f1"] for e in a)
+
+    out = []
+    for (ds, model, variant, method, ratio), a in sorted(cell.items()):
+        if method == "full" or (ratio == 0 and is_reuse(ds, model, variant, method)):
+            continue
+        if variant == "prefixed" and (ds, model, "alone", method, ratio) in cell:
+            d = compare("prefixed - alone", (ds, model), a, cell[(ds, model, "alone", method, ratio)], method, ratio)
+            if d:
+                out.append(d)
+        if ratio == 0 and method != "reuse" and (ds, model, variant, "reuse", 0.0) in cell:
+            d = compare(f"{method} - reuse ({variant})", (ds, model), a, cell[(ds, model, variant, "reuse", 0.0)],
+                        method, ratio)
+            if d:
+                out.append(d)
+    out.sort(key=lambda d: (d["dataset"], d["comparison"] == "prefixed - alone", d["method"], d["ratio"]))
+    return out
+
+
+def paired_more_lines(diffs):
+    if not diffs:
+        return []
+    lines = ["## Chunk variants and ratio 0, paired", "",
+             "Mean paired difference over the examples both ran, 95% bootstrap interval (* = excludes 0); "
+             "better / worse = examples with higher / lower fidelity; Δ 1st tok = difference of the "
+             "first-token agreement rates. Negative Δ KL = closer to full prefill.", "",
+             "| dataset | comparison | method | ρ | n | Δ fidelity | better / worse | Δ 1st tok | Δ KL |",
+             "|---|---|---|---:|---:|---|---:|---:|---|"]
+    for d in diffs:
+        lines.append(f"| {d['dataset']} | {d['comparison']} | {d['method']} | {d['ratio']:g} | {d['n']} | "
+                     f"{fmt_interval(d['d_fidelity'], d['d_fidelity_lo'], d['d_fidelity_hi'])} | "
+                     f"{d['better']} / {d['worse']} | {d['d_first_token']:+.2f} | "
+                     f"{fmt_interval(d['d_kl'], d['d_kl_lo'], d['d_kl_hi'], 4)} |")
+    return lines + [""]
+
+
 def fmt_interval(d, lo, hi, digits=3):
     """'+0.012 [-0.020, +0.041]', starred when the interval excludes 0."""
     star = "*" if lo > 0 or hi < 0 else ""
@@ -220,7 +309,7 @@ def machine_line():
     return f"{cpu}, {os.cpu_count()} hardware threads, {platform.system()} {platform.release()}"
 
 
-def write_report(out_dir, rows, tables, plots, have_peer=False, paired=None):
+def write_report(out_dir, rows, tables, plots, have_peer=False, paired=None, more=None):
     paired = paired or {}
     lines = ["# chunkfuse bench report", ""]
     cmd_file = os.path.join(out_dir, "bench_command.txt")
@@ -299,6 +388,7 @@ def write_report(out_dir, rows, tables, plots, have_peer=False, paired=None):
             lines.append("")
         for p in plots.get((dataset, model), []):
             lines += [f"![{p}]({p})", ""]
+    lines += paired_more_lines(more or [])
     with open(os.path.join(out_dir, "report.md"), "w", encoding="utf-8") as f:
         f.write("\n".join(lines))
 
@@ -391,13 +481,17 @@ def main(argv):
     if not rows:
         print(f"bench_report: {path} has no rows", file=sys.stderr)
         return 1
+    rows = label_variants(rows)
+    more = paired_more(rows)
     peer_rows = read_rows(os.path.join(out_dir, "peer.jsonl")) if os.path.exists(os.path.join(out_dir, "peer.jsonl")) else []
     tables = aggregate(rows, peer_index(peer_rows))
     paired = paired_differences(rows)
     plots = write_plots(out_dir, tables)
     write_csv(out_dir, tables)
     write_csv(out_dir, paired, "paired.csv")
-    write_report(out_dir, rows, tables, plots, have_peer=bool(peer_rows), paired=paired)
+    if more:
+        write_csv(out_dir, {"": more}, "paired_more.csv")
+    write_report(out_dir, rows, tables, plots, have_peer=bool(peer_rows), paired=paired, more=more)
     print(f"bench_report: wrote {os.path.join(out_dir, 'report.md')}, summary.csv"
           + (", paired.csv" if any(paired.values()) else "")
           + (f" and {sum(len(v) for v in plots.values())} plots" if plots else ""), file=sys.stderr)

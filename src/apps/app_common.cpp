@@ -2,7 +2,9 @@
 
 #include <chrono>
 #include <cstdio>
+#include <algorithm>
 #include <filesystem>
+#include <sstream>
 #include <stdexcept>
 
 #include "base/paths.h"
@@ -34,6 +36,43 @@ std::unique_ptr<Model> load_model(const ModelOptions& opt, bool quiet) {
 
 double now_ms() {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+std::vector<std::string> split_list(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ','))
+    if (!item.empty()) out.push_back(item);
+  return out;
+}
+
+std::vector<double> parse_ratio_list(const std::string& s, const std::string& option) {
+  std::vector<double> out;
+  for (const auto& item : split_list(s)) {
+    size_t used = 0;
+    double r = 0;
+    try {
+      r = std::stod(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used != item.size() || !(r >= 0.0 && r <= 1.0))
+      throw std::runtime_error(option + ": '" + item + "' is not a number in [0, 1]");
+    out.push_back(r);
+  }
+  return out;
+}
+
+std::vector<ChunkVariant> parse_chunk_variant_list(const std::string& s, const std::string& option) {
+  std::vector<ChunkVariant> out;
+  for (const auto& name : split_list(s)) {
+    ChunkVariant v;
+    if (!parse_chunk_variant(name, v)) throw std::runtime_error(option + ": '" + name + "' is not alone or prefixed");
+    if (std::find(out.begin(), out.end(), v) == out.end()) out.push_back(v);
+  }
+  if (out.empty()) throw std::runtime_error(option + ": give alone, prefixed or both");
+  return out;
 }
 
 }  // namespace cf::apps

@@ -2,9 +2,11 @@
 #pragma once
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "apps/commands.h"
 #include "base/thread_pool.h"
+#include "kv/chunk_key.h"
 #include "model/model.h"
 
 namespace cf::apps {
@@ -21,5 +23,12 @@ void add_model_options(CLI::App& cmd, ModelOptions& opt);
 std::unique_ptr<Model> load_model(const ModelOptions& opt, bool quiet = false);
 
 double now_ms();
+
+// "a,b,,c" -> {a, b, c}.
+std::vector<std::string> split_list(const std::string& s);
+// Comma-separated ratios in [0, 1]; `option` names the flag in the error.
+std::vector<double> parse_ratio_list(const std::string& s, const std::string& option = "--ratios");
+// Comma-separated chunk variants (alone, prefixed), duplicates dropped, at least one.
+std::vector<ChunkVariant> parse_chunk_variant_list(const std::string& s, const std::string& option);
 
 }  // namespace cf::apps

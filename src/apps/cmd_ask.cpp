@@ -26,6 +26,7 @@ struct AskArgs {
   bool json = false;
   bool show_tokens = true;
   uint64_t seed = 0;
+  std::string chunk_variant = "alone";
 };
 
 // The context with recomputed tokens highlighted (reverse video on a terminal, [[...]]
@@ -66,7 +67,9 @@ int run_ask(const AskArgs& a) {
     throw std::runtime_error("prompt of " + std::to_string(req.flatten().size()) + " tokens plus " +
                              std::to_string(a.max_tokens) + " to generate exceeds the context of " +
                              std::to_string(model->hparams().context_length));
-  FusionResult fr = executor.prefill(req, {a.method, a.ratio, a.seed});
+  FusionOptions fo{a.method, a.ratio, a.seed};
+  parse_chunk_variant(a.chunk_variant, fo.chunk_variant);  // CLI11 checked the name
+  FusionResult fr = executor.prefill(req, fo);
   Generator gen(fwd);
   GenerateOptions opt;
   opt.max_tokens = a.max_tokens;
@@ -139,6 +142,9 @@ void add_ask_command(CLI::App& app, CommandRunner& run) {
   cmd->add_option("-n,--max-tokens", a->max_tokens, "answer length limit")->check(CLI::Range(1, 4096))->capture_default_str();
   cmd->add_option("--store", a->store_dir, "chunk-cache store directory (default: <cache>/store)");
   cmd->add_option("--seed", a->seed, "seed of methods that sample")->capture_default_str();
+  cmd->add_option("--chunk-variant", a->chunk_variant, "chunk caches: alone (from position 0) or prefixed (after S)")
+      ->check(CLI::IsMember({"alone", "prefixed"}))
+      ->capture_default_str();
   cmd->add_flag("--json", a->json, "print one JSON object");
   cmd->add_flag("!--no-tokens", a->show_tokens, "do not print the recomputed tokens");
   cmd->callback([&run, a] { run = [a] { return run_ask(*a); }; });

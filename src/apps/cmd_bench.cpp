@@ -42,33 +42,8 @@ struct BenchArgs {
   std::string ablation;
   std::string jaccard_ref;
   size_t chunks = 0;
+  std::string chunk_variants = "alone";
 };
-
-std::vector<std::string> split_list(const std::string& s) {
-  std::vector<std::string> out;
-  std::stringstream ss(s);
-  std::string item;
-  while (std::getline(ss, item, ','))
-    if (!item.empty()) out.push_back(item);
-  return out;
-}
-
-std::vector<double> parse_ratios(const std::string& s) {
-  std::vector<double> out;
-  for (const auto& item : split_list(s)) {
-    size_t used = 0;
-    double r = 0;
-    try {
-      r = std::stod(item, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    if (used != item.size() || !(r >= 0.0 && r <= 1.0))
-      throw std::runtime_error("--ratios: '" + item + "' is not a number in [0, 1]");
-    out.push_back(r);
-  }
-  return out;
-}
 
 // "K/N" -> (K, N) with 0 <= K < N.
 bool parse_shard(const std::string& s, size_t& index, size_t& count) {
@@ -100,6 +75,7 @@ void record_command(const BenchArgs& a) {
   if (!a.ablation.empty()) c << " --ablation " << a.ablation;
   if (!a.jaccard_ref.empty()) c << " --jaccard-ref " << a.jaccard_ref;
   if (a.chunks) c << " --chunks " << a.chunks;
+  if (a.chunk_variants != "alone") c << " --chunk-variants " << a.chunk_variants;
   if (a.peer) c << " --peer";
   if (!a.peer_python.empty()) c << " --peer-python " << a.peer_python;
   c << " --max-tokens " << a.max_tokens << " --seed " << a.seed << " -t " << a.model.threads;
@@ -113,7 +89,7 @@ void record_command(const BenchArgs& a) {
 int run_bench(const BenchArgs& a) {
   eval::BenchConfig cfg;
   cfg.methods = split_list(a.methods);
-  cfg.ratios = parse_ratios(a.ratios);
+  cfg.ratios = parse_ratio_list(a.ratios);
   if (!a.variants.empty()) {
     std::string text = a.variants;
     if (std::filesystem::exists(text)) {  // a file, else inline JSON
@@ -159,6 +135,7 @@ int run_bench(const BenchArgs& a) {
   cfg.memory_budget_bytes = a.memory_mb << 20;
   cfg.model_name = std::filesystem::path(a.model.model_path).filename().string();
   cfg.chunk_tokens = a.chunk_tokens;
+  cfg.chunk_variants = parse_chunk_variant_list(a.chunk_variants, "--chunk-variants");
   if (!a.method_options.empty()) {
     try {
       cfg.method_options = nlohmann::json::parse(a.method_options);
@@ -256,6 +233,11 @@ void add_bench_command(CLI::App& app, CommandRunner& run) {
   cmd->add_option("--chunks", a->chunks,
                   "exactly N chunks per request: passages of the following examples are added as distractors "
                   "until there are enough (with --chunk-tokens 512 --chunks 20: the QCFuse paper's setting)")
+      ->capture_default_str();
+  cmd->add_option("--chunk-variants", a->chunk_variants,
+                  "comma-separated chunk-cache variants every method but full runs on: alone (each chunk computed "
+                  "from position 0) and/or prefixed (after the system prefix S, FusionRAG eq. 5); prefixed rows "
+                  "carry chunk_variant and the report compares them with alone, paired")
       ->capture_default_str();
   cmd->add_option("--out", a->out, "output folder (results.jsonl, report.md, summary.csv, plots)")->required();
   cmd->add_option("--store", a->store, "chunk-cache store folder (default: <out>/store)");

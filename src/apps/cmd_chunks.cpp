@@ -51,6 +51,7 @@ struct PrecomputeArgs {
   std::string dtype = "f16";
   std::string store_key_file;
   RemoteArgs remote;
+  std::string chunk_variant = "alone";
 };
 
 int run_precompute(const PrecomputeArgs& a) {
@@ -67,13 +68,19 @@ int run_precompute(const PrecomputeArgs& a) {
 
   const double t0 = now_ms();
   const RagPromptOptions prompt_opt;
+  ChunkVariant variant = ChunkVariant::alone;
+  parse_chunk_variant(a.chunk_variant, variant);  // CLI11 checked the name
+  // prefixed: after the S requests built with the default prompt have (default_system_tokens).
+  const std::vector<TokenId> system =
+      variant == ChunkVariant::prefixed ? default_system_tokens(*model, prompt_opt) : std::vector<TokenId>{};
   size_t computed = 0, present = 0, duplicates = 0, tokens = 0, computed_tokens = 0;
   uint64_t remote_hits_before = 0;
   double offline_ms = 0;
   std::unordered_set<std::string> seen;
   ProgressBar progress(passages.size(), "chunks");
   for (size_t i = 0; i < passages.size(); ++i) {
-    ChunkKey key(model->fingerprint(), model->tokenizer().encode(passage_text(passages[i], prompt_opt), false, false));
+    const ChunkKey key = base_chunk_key(
+        model->fingerprint(), model->tokenizer().encode(passage_text(passages[i], prompt_opt), false, false), variant, system);
     tokens += key.tokens().size();
     if (key.tokens().empty() || !seen.insert(key.id()).second) {
       ++duplicates;
@@ -83,7 +90,7 @@ int run_precompute(const PrecomputeArgs& a) {
       if (store_opt.remote && store.stats().remote_hits == remote_hits_before) store.put(*have);
       remote_hits_before = store.stats().remote_hits;
     } else {
-      ChunkCache c = compute_chunk_cache(fwd, key);
+      ChunkCache c = compute_chunk_cache(fwd, key, system);
       offline_ms += c.offline_ms;
       computed_tokens += c.n_tokens();
       store.put(std::move(c));
@@ -125,6 +132,7 @@ struct EnrichArgs {
   size_t neighbours = kFusionRagDefaultNeighbours;
   size_t limit = 0;  // 0: every passage
   std::string store_key_file;
+  std::string chunk_variant = "alone";
 };
 
 int run_enrich(const EnrichArgs& a) {
@@ -141,6 +149,7 @@ int run_enrich(const EnrichArgs& a) {
   EnrichOptions eo;
   eo.neighbours = a.neighbours;
   eo.system = default_system_tokens(*model);
+  parse_chunk_variant(a.chunk_variant, eo.variant);  // CLI11 checked the name
   if (a.limit) eo.limit = a.limit;
   std::unique_ptr<ProgressBar> progress;
   std::string phase;
@@ -269,7 +278,7 @@ void add_chunks_command(CLI::App& app, CommandRunner& run) {
   chunks->require_subcommand(1);
 
   auto p = std::make_shared<PrecomputeArgs>();
-  CLI::App* pre = chunks->add_subcommand("precompute", "compute and store the PIC cache of every passage");
+  CLI::App* pre = chunks->add_subcommand("precompute", "compute and store the chunk cache of every passage");
   add_model_options(*pre, p->model);
   pre->add_option("--passages", p->passages_file, "JSON Lines file, one {\"title\":..., \"text\":...} per line")
       ->required()
@@ -278,6 +287,12 @@ void add_chunks_command(CLI::App& app, CommandRunner& run) {
   pre->add_option("--dtype", p->dtype, "K/V type on disk")->check(CLI::IsMember({"f16", "bf16", "f32"}))->capture_default_str();
   add_store_key_option(*pre, p->store_key_file);
   add_remote_options(*pre, p->remote);
+  const std::string variant_help =
+      "alone (each chunk computed from position 0) or prefixed (after the default system prefix S, FusionRAG eq. 5; "
+      "requests use it with fusion.chunk_variant / --chunk-variant prefixed)";
+  pre->add_option("--chunk-variant", p->chunk_variant, variant_help)
+      ->check(CLI::IsMember({"alone", "prefixed"}))
+      ->capture_default_str();
   pre->callback([&run, p] { run = [p] { return run_precompute(*p); }; });
 
   auto e = std::make_shared<EnrichArgs>();
@@ -297,6 +312,11 @@ void add_chunks_command(CLI::App& app, CommandRunner& run) {
   enr->add_option("--store", e->store_dir, "store directory")->capture_default_str();
   enr->add_option("--dtype", e->dtype, "K/V type on disk")->check(CLI::IsMember({"f16", "bf16", "f32"}))->capture_default_str();
   add_store_key_option(*enr, e->store_key_file);
+  enr->add_option("--chunk-variant", e->chunk_variant,
+                  "base caches of the passages and of their neighbours: " + variant_help +
+                      "; the paper's eq. 10 is prefixed")
+      ->check(CLI::IsMember({"alone", "prefixed"}))
+      ->capture_default_str();
   enr->callback([&run, e] { run = [e] { return run_enrich(*e); }; });
 
   auto s = std::make_shared<StoreArgs>();

@@ -25,6 +25,7 @@ struct ServeArgs {
   HttpServerOptions http;
   std::vector<std::string> api_key_files;
   RemoteArgs remote;
+  std::string chunk_variant = "alone";
 };
 
 int run_serve(ServeArgs a) {
@@ -34,6 +35,7 @@ int run_serve(ServeArgs a) {
   a.engine.threads = a.model.threads;
   a.engine.remote = remote_tier_options(a.remote);
   if (a.engine.default_method != "full") make_selector(a.engine.default_method);  // unknown names fail now
+  parse_chunk_variant(a.chunk_variant, a.engine.default_chunk_variant);  // CLI11 checked the name
 
   // Signals go to one watcher thread only: every thread started from here on (engine,
   // httplib's pool) inherits the blocked mask. SIGPIPE from a vanished client is ignored;
@@ -132,6 +134,11 @@ void add_serve_command(CLI::App& app, CommandRunner& run) {
   for (const auto& n : selector_names()) methods += ", " + n;
   cmd->add_option("--method", a->engine.default_method,
                   "fusion method of requests with documents that name none: " + methods)
+      ->capture_default_str();
+  cmd->add_option("--chunk-variant", a->chunk_variant,
+                  "chunk caches of requests that name none (fusion.chunk_variant): alone (each chunk computed from "
+                  "position 0) or prefixed (after the request's system prefix S, FusionRAG eq. 5; keyed apart)")
+      ->check(CLI::IsMember({"alone", "prefixed"}))
       ->capture_default_str();
   cmd->add_flag("--log-requests", a->http.log_requests, "one line per HTTP request on stderr");
   add_remote_options(*cmd, a->remote);

@@ -13,6 +13,7 @@ void add_perf_command(CLI::App& app, CommandRunner& run);
 void add_ask_command(CLI::App& app, CommandRunner& run);
 void add_chunks_command(CLI::App& app, CommandRunner& run);
 void add_bench_command(CLI::App& app, CommandRunner& run);
+void add_deviation_command(CLI::App& app, CommandRunner& run);
 void add_profile_command(CLI::App& app, CommandRunner& run);
 void add_serve_command(CLI::App& app, CommandRunner& run);
 }  // namespace cf::apps

@@ -15,6 +15,7 @@ int main(int argc, char** argv) {
   cf::apps::add_ask_command(app, run);
   cf::apps::add_chunks_command(app, run);
   cf::apps::add_bench_command(app, run);
+  cf::apps::add_deviation_command(app, run);
   cf::apps::add_profile_command(app, run);
   cf::apps::add_serve_command(app, run);
   try {

@@ -40,4 +40,13 @@ RagRequest build_example_request_filled(const Model& model, const Dataset& datas
   return r;
 }
 
+std::vector<CorpusChunk> dataset_knowledge_base(const Model& model, const Dataset& dataset,
+                                                const RagPromptOptions& prompt, size_t chunk_tokens) {
+  std::vector<CorpusChunk> kb;
+  for (const QaExample& ex : dataset.examples)
+    for (auto& c : build_example_request(model, ex, prompt, chunk_tokens).chunks)
+      kb.push_back({model.tokenizer().decode(c, false), std::move(c)});
+  return kb;
+}
+
 }  // namespace cf::eval

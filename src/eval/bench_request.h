@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "eval/datasets.h"
+#include "fusion/fusionrag_enrich.h"
 #include "fusion/rag_prompt.h"
 
 namespace cf::eval {
@@ -31,5 +32,10 @@ RagRequest build_example_request(const Model& model, const QaExample& example, c
 // the whole dataset is too short or n_chunks is 0.
 RagRequest build_example_request_filled(const Model& model, const Dataset& dataset, size_t index,
                                         const RagPromptOptions& prompt, size_t chunk_tokens, size_t n_chunks);
+// FusionRAG's knowledge base for a dataset (§3.1): every chunk of every example, also
+// beyond a --limit, so a chunk's neighbours come from the whole corpus as in the paper's
+// offline stage, not only from the passages retrieved with it.
+std::vector<CorpusChunk> dataset_knowledge_base(const Model& model, const Dataset& dataset,
+                                                const RagPromptOptions& prompt, size_t chunk_tokens = 0);
 
 }  // namespace cf::eval

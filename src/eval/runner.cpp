@@ -161,9 +161,9 @@ std::vector<BenchRun> expand_runs(const std::vector<std::string>& methods, const
 }
 
 std::string row_key(const std::string& dataset, uint64_t model_fingerprint, const std::string& example_id,
-                    const std::string& method, double ratio) {
+                    const std::string& method, double ratio, ChunkVariant variant) {
   return dataset + "\x1f" + fingerprint_hex(model_fingerprint) + "\x1f" + example_id + "\x1f" + method + "\x1f" +
-         ratio_text(ratio);
+         ratio_text(ratio) + (variant == ChunkVariant::prefixed && method != "full" ? "\x1fprefixed" : "");
 }
 
 std::string dataset_label(const std::string& dataset_name, size_t chunk_tokens, size_t chunks_per_request) {
@@ -214,7 +214,14 @@ BenchRunner::BenchRunner(Forward& fwd, BenchConfig cfg) : fwd_(fwd), cfg_(std::m
 BenchSummary BenchRunner::run(const Dataset& dataset) {
   const double t_start = now_ms();
   check_variants(cfg_.variants);
-  const std::vector<BenchRun> runs = expand_runs(cfg_.methods, cfg_.ratios, cfg_.variants);
+  std::vector<BenchRun> runs;  // every run once per chunk variant, full once
+  if (cfg_.chunk_variants.empty()) throw std::invalid_argument("bench: no chunk variant to run");
+  for (size_t v = 0; v < cfg_.chunk_variants.size(); ++v)
+    for (BenchRun r : expand_runs(cfg_.methods, cfg_.ratios, cfg_.variants)) {
+      if (r.method == "full" && v > 0) continue;
+      r.variant = r.method == "full" ? ChunkVariant::alone : cfg_.chunk_variants[v];
+      runs.push_back(r);
+    }
   const Model& model = fwd_.model();
   const uint64_t fp = model.fingerprint();
   fs::create_directories(cfg_.out_dir);
@@ -232,8 +239,10 @@ BenchSummary BenchRunner::run(const Dataset& dataset) {
       throw std::runtime_error(sum.results_path + " holds rows of this dataset and model made with max_tokens " +
                                std::to_string(row.value("max_tokens", 0)) + "; use a fresh --out or the same settings");
     uint64_t row_fp = std::strtoull(row.value("model_fingerprint", "0").c_str(), nullptr, 16);
+    ChunkVariant variant = ChunkVariant::alone;
+    parse_chunk_variant(row.value("chunk_variant", "alone"), variant);
     done.insert(row_key(row["dataset"].get<std::string>(), row_fp, row["example"].get<std::string>(),
-                        row["method"].get<std::string>(), row["ratio"].get<double>()));
+                        row["method"].get<std::string>(), row["ratio"].get<double>(), variant));
   }
 
   const size_t n_examples = cfg_.limit ? std::min(cfg_.limit, dataset.examples.size()) : dataset.examples.size();
@@ -246,7 +255,7 @@ BenchSummary BenchRunner::run(const Dataset& dataset) {
     if (e % cfg_.shard_count != cfg_.shard_index) continue;  // another shard's example
     ++sum.examples;
     for (const auto& r : runs) {
-      if (done.count(row_key(label, fp, dataset.examples[e].id, r.method, r.ratio)))
+      if (done.count(row_key(label, fp, dataset.examples[e].id, r.method, r.ratio, r.variant)))
         ++sum.rows_already_present;
       else
         todo[e].push_back(r);
@@ -275,16 +284,12 @@ BenchSummary BenchRunner::run(const Dataset& dataset) {
   std::ofstream prompts_out(prompts_path, std::ios::app | std::ios::binary);
   if (!prompts_out) throw std::runtime_error("cannot append to " + prompts_path);
 
-  // FusionRAG's knowledge base (§3.1): every chunk of every example of the dataset, also
-  // beyond --limit, so a chunk's neighbours come from the whole corpus as in the paper's
-  // offline stage, not only from the passages retrieved with it.
+  // FusionRAG's knowledge base (§3.1): every chunk of the dataset (dataset_knowledge_base).
   const bool wants_fusionrag =
       std::any_of(todo.begin(), todo.end(), [](const std::vector<BenchRun>& t) { return has_method(t, "fusionrag"); });
   std::vector<CorpusChunk> fusionrag_kb;
   if (wants_fusionrag) {
-    for (const QaExample& ex : dataset.examples)
-      for (auto& c : build_example_request(model, ex, cfg_.prompt, cfg_.chunk_tokens).chunks)
-        fusionrag_kb.push_back({model.tokenizer().decode(c, false), std::move(c)});
+    fusionrag_kb = dataset_knowledge_base(model, dataset, cfg_.prompt, cfg_.chunk_tokens);
     std::fprintf(stderr, "bench: FusionRAG knowledge base: %zu chunks of %zu examples\n", fusionrag_kb.size(),
                  dataset.examples.size());
   }
@@ -326,35 +331,32 @@ BenchSummary BenchRunner::run(const Dataset& dataset) {
     // (1) Chunk caches, untimed: what a deployment computes when a passage is indexed.
     double chunk_offline_ms = 0;
     size_t chunks_computed = 0;
-    for (const auto& chunk : req.chunks) {
-      ChunkKey key(fp, chunk);
-      store.get_or_compute(key, [&] {
-        ChunkCache c = compute_chunk_cache(fwd_, key);
-        chunk_offline_ms += c.offline_ms;
-        ++chunks_computed;
-        return c;
-      });
-    }
-    // FusionRAG's offline enrichment of this example's chunks (eq. 10), untimed like the
-    // chunk caches; its cost goes to the example's first FusionRAG row. PIC caches of
-    // neighbours from other examples count as chunk caches (a deployment has them all).
-    double fusionrag_offline_ms = 0;
-    if (has_method(todo[e], "fusionrag")) {
-      std::vector<CorpusChunk> corpus;
-      std::set<std::string> own_ids;
-      for (const auto& c : req.chunks) {
-        corpus.push_back({model.tokenizer().decode(c, false), c});
-        if (!c.empty()) own_ids.insert(ChunkKey(fp, c).id());
+    for (const ChunkVariant v : cfg_.chunk_variants) {
+      if (std::none_of(todo[e].begin(), todo[e].end(), [&](const BenchRun& r) { return r.variant == v; })) continue;
+      for (const auto& chunk : req.chunks) {
+        const ChunkKey key = base_chunk_key(fp, chunk, v, req.system);
+        store.get_or_compute(key, [&] {
+          ChunkCache c = compute_chunk_cache(fwd_, key, base_chunk_prefix(v, req.system));
+          chunk_offline_ms += c.offline_ms;
+          ++chunks_computed;
+          return c;
+        });
       }
-      corpus.insert(corpus.end(), fusionrag_kb.begin(), fusionrag_kb.end());
-      EnrichOptions eo;
-      eo.system = req.system;
-      eo.limit = own_ids.size();  // enrich_corpus keeps first occurrences: this example's chunks
-      const EnrichReport rep = enrich_corpus(fwd_, store, corpus, eo);
+    }
+    // FusionRAG's offline enrichment of this example's chunks (eq. 10), per chunk variant
+    // (its base caches and neighbours are of that variant), untimed like the chunk caches;
+    // its cost goes to the example's first FusionRAG row of that variant. Base caches of
+    // neighbours from other examples count as chunk caches (a deployment has them all).
+    std::map<ChunkVariant, double> fusionrag_offline_ms;
+    for (const ChunkVariant v : cfg_.chunk_variants) {
+      if (std::none_of(todo[e].begin(), todo[e].end(),
+                       [&](const BenchRun& r) { return r.variant == v && r.method == "fusionrag"; }))
+        continue;
+      const EnrichReport rep = enrich_request_chunks(fwd_, store, req, fusionrag_kb, v);
       chunk_offline_ms += rep.pic_ms;
       chunks_computed += rep.pic_computed;
-      fusionrag_offline_ms = rep.similarity_ms;
-      for (double ms : rep.enrich_ms) fusionrag_offline_ms += ms;
+      fusionrag_offline_ms[v] = rep.similarity_ms;
+      for (double ms : rep.enrich_ms) fusionrag_offline_ms[v] += ms;
     }
     // The first timed run of a process would pay for page faults of the weights and the
     // prefix cache of S: a reuse prefill (every weight, S cached) takes them first.
@@ -376,7 +378,7 @@ BenchSummary BenchRunner::run(const Dataset& dataset) {
     // are at hand for the others.
     std::stable_partition(todo[e].begin(), todo[e].end(),
                           [&](const BenchRun& r) { return r.method == cfg_.jaccard_reference; });
-    std::map<std::string, std::vector<size_t>> reference_slots;  // by ratio text
+    std::map<std::string, std::vector<size_t>> reference_slots;  // by ratio text and chunk variant
     auto options_of = [&](const std::string& method, std::string& base) {
       base = method;
       nlohmann::json options = cfg_.method_options.contains(method) ? cfg_.method_options.at(method)
@@ -392,7 +394,8 @@ BenchSummary BenchRunner::run(const Dataset& dataset) {
       return options;
     };
     for (const BenchRun& run : todo[e]) {
-      progress.update(units, ex.id + " " + run.method + "@" + ratio_text(run.ratio));
+      progress.update(units, ex.id + " " + run.method + "@" + ratio_text(run.ratio) +
+                                 (run.variant == ChunkVariant::prefixed ? " prefixed" : ""));
       std::optional<FusionResult> own;
       const FusionResult* r = &full;
       Decoded dec = full_dec;
@@ -401,16 +404,17 @@ BenchSummary BenchRunner::run(const Dataset& dataset) {
       std::optional<double> jac;
       if (run.method != "full") {
         options = options_of(run.method, base);
-        own.emplace(executor.prefill(req, {base, run.ratio, example_seed, options}));
+        own.emplace(executor.prefill(req, {base, run.ratio, example_seed, options, run.variant}));
         r = &*own;
         dec = decode(fwd_, *own, prompt, cfg_.max_tokens);
         if (!cfg_.jaccard_reference.empty() && run.method != "reuse") {
-          const std::string rk = ratio_text(run.ratio);
+          const std::string rk = ratio_text(run.ratio) + " " + chunk_variant_name(run.variant);
           if (run.method == cfg_.jaccard_reference) reference_slots[rk] = own->recomputed;
           if (!reference_slots.count(rk)) {  // untimed, not recorded
             std::string ref_base;
             const json ref_options = options_of(cfg_.jaccard_reference, ref_base);
-            reference_slots[rk] = executor.prefill(req, {ref_base, run.ratio, example_seed, ref_options}).recomputed;
+            reference_slots[rk] =
+                executor.prefill(req, {ref_base, run.ratio, example_seed, ref_options, run.variant}).recomputed;
           }
           jac = jaccard(own->recomputed, reference_slots[rk]);
         }
@@ -439,7 +443,7 @@ BenchSummary BenchRunner::run(const Dataset& dataset) {
                {"load_ms", t.load_ms},
                {"selection_ms", t.selection_ms},
                {"recompute_ms", t.recompute_ms},
-               {"method_offline_ms", t.offline_ms + (run.method == "fusionrag" ? fusionrag_offline_ms : 0.0)},
+               {"method_offline_ms", t.offline_ms + (base == "fusionrag" ? fusionrag_offline_ms[run.variant] : 0.0)},
                {"chunk_offline_ms", chunk_offline_ms},
                {"chunks", req.chunks.size()},
                {"chunk_tokens", cfg_.chunk_tokens},
@@ -466,9 +470,10 @@ BenchSummary BenchRunner::run(const Dataset& dataset) {
       if (base == "qcfuse" || base == "prophet")  // what the ablation attributes to each part
         for (const char* k : {"critical_layers", "anchors", "anchor_rule", "probe_rows", "probe_depth", "probe_ms", "score_ms"})
           if (r->selection_details.is_object() && r->selection_details.contains(k)) row[k] = r->selection_details[k];
+      if (run.method != "full") row["chunk_variant"] = chunk_variant_name(run.variant);
       if (run.method == "fusionrag") {
         row["enriched_chunks"] = r->selection_details.value("enriched_chunks", 0);
-        fusionrag_offline_ms = 0;  // counted once per example
+        fusionrag_offline_ms[run.variant] = 0;  // counted once per example and variant
       }
       out << results_line(row) << '\n';
       out.flush();
@@ -483,24 +488,30 @@ BenchSummary BenchRunner::run(const Dataset& dataset) {
   return sum;
 }
 
-int run_report(const std::string& out_dir, std::string& how_to) {
+int run_tool_script(const std::string& relative_script, const std::string& out_dir, std::string& how_to,
+                    const std::string& python) {
   const auto root = find_repo_root();
-  const std::string script = root ? (fs::path(*root) / "tools" / "bench_report.py").string() : "tools/bench_report.py";
+  const std::string script = root ? (fs::path(*root) / relative_script).string() : relative_script;
   std::error_code ec;
   if (!root || !fs::exists(script, ec)) {
-    how_to = "report script not found; from the repository root run: python3 tools/bench_report.py " + out_dir;
+    how_to = "script not found; from the repository root run: python3 " + relative_script + " " + out_dir;
     return -1;
   }
   // The bench venv of scripts/setup.sh --bench has matplotlib for the plots.
   const fs::path venv_python = fs::path(*root) / ".venv" / "bin" / "python";
-  std::string python = fs::exists(venv_python, ec) ? venv_python.string() : "python3";
-  how_to = python + " " + script + " " + out_dir;
-  if (python == "python3" && std::system("command -v python3 >/dev/null 2>&1") != 0) {
+  std::string interpreter = !python.empty() ? python : fs::exists(venv_python, ec) ? venv_python.string() : "python3";
+  how_to = interpreter + " " + script + " " + out_dir;
+  if (interpreter == "python3" && std::system("command -v python3 >/dev/null 2>&1") != 0) {
     how_to = "python3 not found; with Python 3 run: " + how_to;
     return -1;
   }
-  const int rc = std::system((shell_quote(python) + " " + shell_quote(script) + " " + shell_quote(out_dir)).c_str());
+  const int rc =
+      std::system((shell_quote(interpreter) + " " + shell_quote(script) + " " + shell_quote(out_dir)).c_str());
   return rc == -1 ? -1 : WEXITSTATUS(rc);
+}
+
+int run_report(const std::string& out_dir, std::string& how_to) {
+  return run_tool_script("tools/bench_report.py", out_dir, how_to);
 }
 
 int run_peer(const std::string& out_dir, const std::string& model_path, int threads, const std::string& python,

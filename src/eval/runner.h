@@ -70,6 +70,9 @@ struct BenchConfig {
   // passages of the following examples are appended as distractors until there are enough,
   // the rest is cut off. Rows are labelled "<dataset>@<N>tok x<chunks>".
   size_t chunks_per_request = 0;
+  // The chunk-cache variants every method but full runs on (issue 14): rows of prefixed
+  // runs carry "chunk_variant": "prefixed" and are keyed apart; full runs once.
+  std::vector<ChunkVariant> chunk_variants = {ChunkVariant::alone};
 };
 
 // The bench's defaults: Cache-Craft without online variant creation, because a variant that
@@ -81,6 +84,7 @@ nlohmann::json bench_default_method_options(const std::string& method);
 struct BenchRun {
   std::string method;
   double ratio = 0;
+  ChunkVariant variant = ChunkVariant::alone;  // set by the runner per configured variant
 };
 // full -> (full, 1) and reuse -> (reuse, 0) once; every other method once per ratio.
 // Throws std::invalid_argument on an unknown method, a ratio outside [0, 1], or an empty plan.
@@ -113,8 +117,9 @@ std::vector<nlohmann::json> read_results(const std::string& path);
 // (the token limit cut it, or the model emitted a lone byte token); such bytes are written as
 // U+FFFD instead of failing the run. The metrics were computed on the raw bytes before.
 std::string results_line(const nlohmann::json& row);
+// Rows of alone runs (and full) keep the key they had before chunk variants existed.
 std::string row_key(const std::string& dataset, uint64_t model_fingerprint, const std::string& example_id,
-                    const std::string& method, double ratio);
+                    const std::string& method, double ratio, ChunkVariant variant = ChunkVariant::alone);
 // The dataset name the rows carry: the dataset's own, or "<name>@<N>tok" when re-chunked.
 std::string dataset_label(const std::string& dataset_name, size_t chunk_tokens, size_t chunks_per_request = 0);
 // Jaccard overlap |a & b| / |a | b| of two ascending position lists (1 when both are empty).
@@ -133,6 +138,10 @@ class BenchRunner {
 // Runs tools/bench_report.py on `out_dir` with python3. Returns its exit status, or -1 when
 // python3 or the script cannot be found; `how_to` then says how to run it by hand.
 int run_report(const std::string& out_dir, std::string& how_to);
+// Runs <repo>/`relative_script` OUT_DIR with `python` (empty: <repo>/.venv/bin/python, else
+// python3); same return convention as run_report.
+int run_tool_script(const std::string& relative_script, const std::string& out_dir, std::string& how_to,
+                    const std::string& python = "");
 
 // Runs bench/llamacpp_peer.py on `out_dir` (reads prompts.jsonl, appends peer.jsonl) with
 // `python` (empty: <repo>/.venv/bin/python), the same GGUF and thread count. Returns its

@@ -12,6 +12,8 @@
 //    what the chunk cache lacks on local layers is the same kind of thing it lacks on global
 //    ones (the tokens before the chunk), only bounded by the window. A chunk longer than the
 //    window is computed with the window applied inside it, as full prefill would.
+//    A prefixed chunk cache (computed after S, issue 14) is the same with S before it: its
+//    local layers see the part of S inside the window, as full prefill's first chunk does.
 //  - Moving: keys are re-rotated by the position delta with each layer's own RoPE base
 //    (KvCache::shift: 10000 on local layers, 1e6 on global ones). Relative positions inside a
 //    chunk do not change, so which chunk entries a chunk token sees does not change either.
@@ -109,7 +111,7 @@ FusionResult FusionExecutor::prefill(const RagRequest& req, const FusionOptions&
   std::vector<std::shared_ptr<const ChunkCache>> caches;
   double offline = 0;
   for (size_t i = 0; i < req.chunks.size(); ++i) {
-    ChunkKey key(fwd_.model().fingerprint(), req.chunks[i]);
+    const ChunkKey key = base_chunk_key(fwd_.model().fingerprint(), req.chunks[i], opt.chunk_variant, req.system);
     auto c = selector->lookup_chunk(fwd_, store_, key, req, i);
     if (!c) c = store_.get(key);
     if (c) {
@@ -117,7 +119,8 @@ FusionResult FusionExecutor::prefill(const RagRequest& req, const FusionOptions&
     } else {
       ++r.chunk_misses;
       const auto tc = Clock::now();
-      c = store_.get_or_compute(key, [&] { return compute_chunk_cache(fwd_, key); });
+      c = store_.get_or_compute(
+          key, [&] { return compute_chunk_cache(fwd_, key, base_chunk_prefix(opt.chunk_variant, req.system)); });
       offline += ms_between(tc, Clock::now());
     }
     // The method's offline metadata, when this chunk does not carry it yet.
@@ -133,9 +136,11 @@ FusionResult FusionExecutor::prefill(const RagRequest& req, const FusionOptions&
   offline += selector->offline_ms();
   const auto t_stitch = Clock::now();
 
-  // Stitch: S at 0.., chunk i at its offset (keys rotated by the offset).
+  // Stitch: S at 0.., chunk i at its offset (keys rotated by the offset). A prefixed cache
+  // starts at |S| (its S rows were not stored) and an alone one at 0: both move by
+  // begin - position(0), so no selector needs to know which variant it got.
   r.cache.append_from(*prefix, 0, prefix->size(), 0);
-  FusionInputs in{req, r.cache, {}, context_begin, context_end, tokens, opt.ratio, opt.seed};
+  FusionInputs in{req, r.cache, {}, context_begin, context_end, tokens, opt.ratio, opt.seed, opt.chunk_variant};
   for (const auto& c : caches) {
     const size_t begin = r.cache.size();
     const int32_t delta = static_cast<int32_t>(begin) - (c->kv.size() ? c->kv.position(0) : 0);

@@ -36,6 +36,9 @@ struct FusionOptions {
   double ratio = 0.15;
   uint64_t seed = 0;
   nlohmann::json method_options = nlohmann::json::object();  // Selector::configure
+  // Which base cache each chunk is served from (chunk_key.h): alone (PIC) or prefixed
+  // (computed after this request's S). Every selector runs on both; "full" ignores it.
+  ChunkVariant chunk_variant = ChunkVariant::alone;
 };
 
 struct FusionTimings {

@@ -12,6 +12,7 @@
 #include <mutex>
 #include <numeric>
 #include <random>
+#include <set>
 #include <sstream>
 #include <stdexcept>
 #include <unordered_map>
@@ -238,7 +239,7 @@ EnrichReport enrich_corpus(Forward& fwd, ChunkStore& store, const std::vector<Co
       ++rep.duplicates_or_empty;
       continue;
     }
-    ChunkKey k(fp, c.tokens);
+    ChunkKey k = base_chunk_key(fp, c.tokens, opt.variant, opt.system);
     if (!seen.emplace(k.id(), keys.size()).second) {
       ++rep.duplicates_or_empty;
       continue;
@@ -257,7 +258,7 @@ EnrichReport enrich_corpus(Forward& fwd, ChunkStore& store, const std::vector<Co
   rep.similarity_ms = steady_ms() - t_sim;
 
   auto compute_pic = [&](const ChunkKey& k) {
-    ChunkCache c = compute_chunk_cache(fwd, k);
+    ChunkCache c = compute_chunk_cache(fwd, k, base_chunk_prefix(opt.variant, opt.system));
     rep.pic_ms += c.offline_ms;
     ++rep.pic_computed;
     return c;
@@ -332,6 +333,22 @@ EnrichReport enrich_corpus(Forward& fwd, ChunkStore& store, const std::vector<Co
   if (const std::string index = fusionrag_index_path(store); !index.empty() && !links.empty())
     merge_fusionrag_index(index, links);
   return rep;
+}
+
+EnrichReport enrich_request_chunks(Forward& fwd, ChunkStore& store, const RagRequest& request,
+                                   const std::vector<CorpusChunk>& knowledge_base, ChunkVariant variant) {
+  std::vector<CorpusChunk> corpus;
+  std::set<std::string> own_ids;
+  for (const auto& c : request.chunks) {
+    corpus.push_back({fwd.model().tokenizer().decode(c, false), c});
+    if (!c.empty()) own_ids.insert(ChunkKey(fwd.model().fingerprint(), c).id());
+  }
+  corpus.insert(corpus.end(), knowledge_base.begin(), knowledge_base.end());
+  EnrichOptions eo;
+  eo.system = request.system;
+  eo.variant = variant;
+  eo.limit = own_ids.size();  // enrich_corpus keeps first occurrences: the request's chunks
+  return enrich_corpus(fwd, store, corpus, eo);
 }
 
 }  // namespace cf

@@ -7,8 +7,10 @@
 //   C_i      at |X| .. |X|+|C_i|-1, X = S N_1 .. N_n (the paper's [|X|+1 : |X|+|C_i|], 1-based)
 //   key      ChunkKey(model, C_i tokens, ContextVariant::neighbours(S, [PIC keys of N_1..N_n]))
 //
-// The neighbours in the context are PIC caches, never enriched ones (one hop, independent
-// of processing order, as the paper's KV^cached in eq. 10).
+// The neighbours in the context are base caches (EnrichOptions::variant: prefixed, i.e.
+// eq. 5's S-prefixed KV^cached, by default; or PIC caches), never enriched ones (one hop,
+// independent of processing order, as the paper's KV^cached in eq. 10). "PIC" below means
+// the chunk's base cache of that variant.
 //
 // The index from a chunk's PIC key to its enriched variant lives in the PIC entry itself:
 // extra["fusionrag"] = FusionRagLink (enriched key id, its context hash, S, neighbour ids).
@@ -99,6 +101,12 @@ std::vector<TokenId> default_system_tokens(const Model& model, const RagPromptOp
 struct EnrichOptions {
   size_t neighbours = kFusionRagDefaultNeighbours;
   std::vector<TokenId> system;                       // S
+  // The base caches: of the chunks (what the link hangs on) and of the neighbours in the
+  // offline context. prefixed is eq. 10 as written (KV^cached of eq. 5, computed after S);
+  // alone is this engine's earlier reading (PIC neighbours). Keyed apart, so both coexist.
+  // Must match the chunk variant of the requests that will use them (FusionOptions), whose
+  // default is alone; the paper's setting is prefixed for both.
+  ChunkVariant variant = ChunkVariant::alone;
   size_t limit = std::numeric_limits<size_t>::max();  // enrich only the first `limit` unique chunks
   // Progress: (phase "pic" or "enrich", done, total).
   std::function<void(const char*, size_t, size_t)> progress;
@@ -120,5 +128,11 @@ struct EnrichReport {
 // already enriched with the same S and neighbours are skipped.
 EnrichReport enrich_corpus(Forward& fwd, ChunkStore& store, const std::vector<CorpusChunk>& corpus,
                            const EnrichOptions& opt);
+
+// The offline stage for one request's chunks (bench, deviation tool): its chunks enriched
+// (eq. 10, n = 10) with the request's S, their neighbours searched among the chunks
+// themselves and `knowledge_base`, base caches of `variant`.
+EnrichReport enrich_request_chunks(Forward& fwd, ChunkStore& store, const RagRequest& request,
+                                   const std::vector<CorpusChunk>& knowledge_base, ChunkVariant variant);
 
 }  // namespace cf

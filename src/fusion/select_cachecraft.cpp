@@ -45,6 +45,10 @@
 //    layers (w = focus_window, default 3: the paper gives none), the recompute rows of the
 //    other chunks leave the pass (ForwardHooks::retire_after_layer). Never at ρ = 1, and not
 //    with fewer than 2 chunks. If the set never settles, every layer is recomputed.
+//  - On prefixed base caches (issue 14: the chunk computed after S) the base cache gets the
+//    same offline stats as a PIC cache (pic_stats: computed alone), so its CCI is the chunk's
+//    own and its old prefix is empty (β = 0 unless the chunk is first); it is not a variant
+//    made from a request. Variants, when created, are after_prefix caches as before.
 //  - Tiers, demotion and preloading (§3.4.2, §3.5) are the chunk store's (kv/chunk_store.h).
 #include "fusion/select_cachecraft.h"
 

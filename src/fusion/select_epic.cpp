@@ -3,6 +3,9 @@
 // Deviation: EPIC fixes a small count per chunk; to compare methods at one budget we give
 // each chunk an equal share of floor(rho N) (a chunk shorter than its share passes the
 // rest on to the next chunks).
+// On prefixed caches (computed after S, issue 14) a chunk's first rows are no sinks; the rule
+// is applied unchanged, as the papers define it only for alone caches (BENCHMARKS.md: it then
+// loses to its alone version).
 #include <algorithm>
 
 #include "fusion/selector.h"

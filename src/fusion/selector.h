@@ -34,6 +34,7 @@ struct FusionInputs {
   std::vector<TokenId> tokens;                 // the flattened request S c1..cm U
   double ratio = 0;
   uint64_t seed = 0;
+  ChunkVariant chunk_variant = ChunkVariant::alone;  // which base caches the chunks came from
 
   size_t context_tokens() const { return context_end - context_begin; }
   std::span<const TokenId> suffix_tokens() const {
@@ -60,8 +61,9 @@ class Selector {
   virtual ~Selector() = default;
   virtual std::string_view name() const = 0;
   // Which stored cache stands for a chunk in this request (FusionRAG: its
-  // neighbour-enriched variant; Cache-Craft: the best of its variants). nullptr: the
-  // position-independent cache, the default. Its time counts as lookup.
+  // neighbour-enriched variant; Cache-Craft: the best of its variants). `pic_key` is the
+  // request's base cache key (alone: PIC; prefixed: after S). nullptr: that base cache, the
+  // default. Its time counts as lookup.
   virtual std::shared_ptr<const ChunkCache> lookup_chunk(Forward& fwd, ChunkStore& store, const ChunkKey& pic_key,
                                                          const RagRequest& request, size_t chunk_index) {
     return nullptr;

@@ -54,6 +54,15 @@ bool parse_context_kind(std::string_view s, ContextKind& out) {
   return false;
 }
 
+const char* chunk_variant_name(ChunkVariant v) { return v == ChunkVariant::prefixed ? "prefixed" : "alone"; }
+
+bool parse_chunk_variant(std::string_view s, ChunkVariant& out) {
+  if (s == "alone") out = ChunkVariant::alone;
+  else if (s == "prefixed") out = ChunkVariant::prefixed;
+  else return false;
+  return true;
+}
+
 std::string hash128_hex(const Hash128& h) {
   static const char* digits = "0123456789abcdef";
   std::string s(32, '0');
@@ -113,6 +122,12 @@ ChunkKey::ChunkKey(uint64_t model_fingerprint, std::vector<TokenId> tokens, Cont
     : fingerprint_(model_fingerprint), tokens_(std::move(tokens)), variant_(variant) {
   hash_ = hash128(chunk_key_bytes(fingerprint_, tokens_, variant_));
   id_ = hash128_hex(hash_);
+}
+
+ChunkKey base_chunk_key(uint64_t model_fingerprint, std::vector<TokenId> tokens, ChunkVariant v,
+                        std::span<const TokenId> system) {
+  return ChunkKey(model_fingerprint, std::move(tokens),
+                  v == ChunkVariant::prefixed ? ContextVariant::after_prefix(system) : ContextVariant::pic());
 }
 
 }  // namespace cf

@@ -72,6 +72,25 @@ class ChunkKey {
   std::string id_;
 };
 
+// Which base cache stands for a retrieved chunk (issue 14; the variants the papers compare):
+//   alone:    the chunk computed alone from position 0 (key variant pic; TurboRAG/EPIC's
+//             position-independent cache). Its first row is computed with no context at all
+//             and acts as an extra attention sink once stitched.
+//   prefixed: the chunk computed after the request's system prefix S (key variant
+//             after_prefix(S), FusionRAG eq. 5 / its Full-Reuse baseline); S's rows are not
+//             stored. The chunk's rows sit at |S|..|S|+n-1 and are moved like any other.
+// The two are keyed apart (kind and, for prefixed, the hash of S are in the key id).
+enum class ChunkVariant : uint8_t { alone = 0, prefixed = 1 };
+const char* chunk_variant_name(ChunkVariant v);                  // "alone", "prefixed"
+bool parse_chunk_variant(std::string_view s, ChunkVariant& out);  // false on an unknown name
+// The key of a chunk's base cache for a request whose system prefix is `system`.
+ChunkKey base_chunk_key(uint64_t model_fingerprint, std::vector<TokenId> tokens, ChunkVariant v,
+                        std::span<const TokenId> system);
+// The prefix that base cache is computed after: empty for alone, `system` for prefixed.
+inline std::span<const TokenId> base_chunk_prefix(ChunkVariant v, std::span<const TokenId> system) {
+  return v == ChunkVariant::prefixed ? system : std::span<const TokenId>();
+}
+
 // The exact bytes the key id hashes (exposed so tests can pin the layout down).
 std::vector<uint8_t> chunk_key_bytes(uint64_t model_fingerprint, std::span<const TokenId> tokens,
                                      const ContextVariant& variant);

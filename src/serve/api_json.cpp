@@ -171,6 +171,12 @@ FusionSpec parse_fusion(const json* v, const std::string& default_method) {
   if (const json* x = field(*v, "reorder")) f.reorder = get_bool(*x, "fusion.reorder");
   if (const json* x = field(*v, "conversation_id")) f.conversation_id = get_string(*x, "fusion.conversation_id");
   if (const json* x = field(*v, "prefix_cache")) f.prefix_cache = get_bool(*x, "fusion.prefix_cache");
+  if (const json* x = field(*v, "chunk_variant")) {
+    f.chunk_variant = get_string(*x, "fusion.chunk_variant");
+    ChunkVariant cv;
+    if (!parse_chunk_variant(f.chunk_variant, cv))
+      bad("fusion.chunk_variant", "'fusion.chunk_variant' must be \"alone\" or \"prefixed\"");
+  }
   if (f.method.empty()) bad("fusion.method", "'fusion.method' must not be empty");
   if (const json* x = field(*v, "options")) {
     if (!x->is_object()) bad("fusion.options", "'fusion.options' must be an object");

@@ -436,6 +436,8 @@ CompletionResult Engine::Impl::complete(const CompletionRequest& req,
   fo.ratio = f.ratio;
   fo.method_options = f.options;
   fo.seed = req.seed.value_or(0);
+  fo.chunk_variant = opt.default_chunk_variant;
+  if (!f.chunk_variant.empty()) parse_chunk_variant(f.chunk_variant, fo.chunk_variant);  // checked when parsed
   SchedulerJob job;
   const auto ctx = static_cast<size_t>(model->hparams().context_length);
   job.generate.max_tokens = static_cast<int>(std::min<size_t>(req.max_tokens, ctx - prompt_tokens));
@@ -502,7 +504,7 @@ CompletionResult Engine::Impl::complete(const CompletionRequest& req,
   // (on the store's worker; a get of a key being loaded waits for that load).
   if (fused && !rr.chunks.empty()) {
     std::vector<ChunkKey> keys;
-    for (const auto& c : rr.chunks) keys.push_back(key_of(c));
+    for (const auto& c : rr.chunks) keys.push_back(base_chunk_key(model->fingerprint(), c, fo.chunk_variant, rr.system));
     store.prefetch(keys);
   }
   try {

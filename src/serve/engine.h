@@ -52,6 +52,7 @@ struct FusionSpec {
   std::string conversation_id;  // CRAFT conversation-scoped dedup; empty: none
   bool prefix_cache = true;     // use the shared exact prefix cache
   nlohmann::json options = nlohmann::json::object();  // the method's options (Selector::configure)
+  std::string chunk_variant;    // alone | prefixed (kv/chunk_key.h); empty: EngineOptions's default
 };
 
 struct CompletionRequest {
@@ -113,6 +114,7 @@ struct EngineOptions {
   size_t max_batch = 8;                // requests decoding together
   size_t max_documents = 64;
   std::string default_method = "full";
+  ChunkVariant default_chunk_variant = ChunkVariant::alone;  // serve --chunk-variant
   std::optional<RemoteTierOptions> remote;  // shared chunk-cache tier on Redis (issue 13)
 };
 

@@ -280,7 +280,9 @@ TEST_F(FusionRag, SelectorServesEnrichedCachesAndKeepsTheInvariants) {
   EXPECT_EQ(one.recomputed.size(), n);
   EXPECT_LE(max_diff(one.logits, full.logits), 1e-4f);
 
-  const FusionResult part = ex.prefill(req, {"fusionrag", 0.15, 0});
+  // probe "stitched": U over the stitched cache (the question-only probe, the default, is
+  // checked in test_fusionrag_online.cpp).
+  const FusionResult part = ex.prefill(req, {"fusionrag", 0.15, 0, {{"probe", "stitched"}}});
   EXPECT_EQ(part.recomputed.size(), recompute_budget(0.15, n));
   EXPECT_EQ(part.cache.size(), req.flatten().size()) << "probe entries left behind";
   EXPECT_TRUE(std::is_sorted(part.recomputed.begin(), part.recomputed.end()));
@@ -316,6 +318,46 @@ TEST_F(FusionRag, SelectorServesEnrichedCachesAndKeepsTheInvariants) {
   size_t agree = 0;
   for (size_t i = 0; i < k; ++i)
     agree += std::binary_search(part.recomputed.begin(), part.recomputed.end(), req.system.size() + order[i]);
+  EXPECT_EQ(agree, k);
+
+  // probe "question" (the default, §3.2 as written): U prefilled after S only, at its request
+  // positions; its final-layer queries times the chunks' final-layer keys, softmax over the
+  // context per row and head, summed.
+  const FusionResult qpart = ex.prefill(req, {"fusionrag", 0.15, 0});
+  ASSERT_EQ(qpart.selection_details["probe"], "question");
+  const ModelHparams& h = m.hparams();
+  KvCache s_only(h);
+  s_only.append_from(zero.cache, 0, req.system.size(), 0);
+  std::vector<float> q(suffix.size() * h.q_dim());
+  ForwardHooks qh;
+  qh.rows = hooks.rows;
+  qh.on_layer = [&](const LayerTap& t) {
+    if (t.layer == h.n_layers - 1) std::copy(t.q, t.q + q.size(), q.begin());
+  };
+  fwd.run(s_only, {suffix, pos, {}, {}}, &qh);
+  std::vector<float> keys(n * h.kv_dim());
+  zero.cache.read_k(h.n_layers - 1, req.system.size(), n, keys.data());
+  std::vector<double> qscore(n, 0);
+  for (size_t r = 0; r < suffix.size(); ++r)
+    for (int hh = 0; hh < h.n_heads; ++hh) {
+      std::vector<double> w(n);
+      double top = -1e300, z = 0;
+      for (size_t i = 0; i < n; ++i) {
+        double dot = 0;
+        for (int d = 0; d < h.head_dim; ++d)
+          dot += double(q[r * h.q_dim() + hh * h.head_dim + d]) *
+                 keys[i * h.kv_dim() + (hh / (h.n_heads / h.n_kv_heads)) * h.head_dim + d];
+        w[i] = dot / std::sqrt(double(h.head_dim));
+        top = std::max(top, w[i]);
+      }
+      for (auto& x : w) z += (x = std::exp(x - top));
+      for (size_t i = 0; i < n; ++i) qscore[i] += w[i] / z;
+    }
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return qscore[a] > qscore[b]; });
+  ASSERT_EQ(qpart.recomputed.size(), k);
+  agree = 0;
+  for (size_t i = 0; i < k; ++i)
+    agree += std::binary_search(qpart.recomputed.begin(), qpart.recomputed.end(), req.system.size() + order[i]);
   EXPECT_EQ(agree, k);
 }
 

@@ -74,6 +74,17 @@ TEST_F(Gemma3Fusion, RatioZeroIsFullReuseForEverySelectorSlow) {
   test::expect_ratio_zero_is_reuse(ex, req_);
 }
 
+// The same two invariants on prefixed chunk caches (computed after S, issue 14): with the
+// sliding window S's rows fall out of a chunk's local window exactly as in full prefill.
+TEST_F(Gemma3Fusion, InvariantsHoldOnPrefixedCachesSlow) {
+  const Model& m = test::shared_gemma3();
+  Forward fwd(m, test::shared_pool());
+  ChunkStore store = memory_store(m), fresh = memory_store(m);  // fresh: no Cache-Craft variants
+  FusionExecutor ex(fwd, store), ex0(fwd, fresh);                // that the rho = 1 runs created
+  test::expect_ratio_one_is_full_prefill(ex, req_, ChunkVariant::prefixed);
+  test::expect_ratio_zero_is_reuse(ex0, req_, ChunkVariant::prefixed);
+}
+
 // A small RAG request (inside one window) at rho = 0.3: every selector runs on Gemma 3.
 TEST_F(Gemma3Fusion, EverySelectorRunsAtAMiddleRatioSlow) {
   const Model& m = test::shared_gemma3();

@@ -97,5 +97,41 @@ class PairedDifferencesTest(unittest.TestCase):
         self.assertEqual(bench_report.fmt_interval(0.2, 0.1, 0.3, 2), "+0.20 [+0.10, +0.30]*")
 
 
+class ChunkVariantTest(unittest.TestCase):
+    def rows(self):
+        rows = [row("full", 1.0, e, 1.0) for e in "abc"]
+        for variant, base in (("alone", 0.5), ("prefixed", 0.4)):
+            for i, e in enumerate("abc"):
+                for method, ratio, fid in (("reuse", 0.0, base), ("epic", 0.0, base), ("fusionrag", 0.0, base + 0.1),
+                                           ("epic", 0.15, base + 0.2)):
+                    r = row(method, ratio, e, fid + 0.01 * i, kl=1.0 - fid)
+                    r["first_token_agree"] = True
+                    if variant == "prefixed":
+                        r["chunk_variant"] = "prefixed"
+                    rows.append(r)
+        return rows
+
+    def test_prefixed_rows_get_their_own_dataset_with_full_shared(self):
+        labelled = bench_report.label_variants(self.rows())
+        pre = [r for r in labelled if r["dataset"] == "d [prefixed]"]
+        self.assertEqual(sum(1 for r in pre if r["method"] == "full"), 3)
+        self.assertEqual(sum(1 for r in pre if r["method"] == "epic"), 6)
+        self.assertEqual(sum(1 for r in labelled if r["dataset"] == "d" and r["method"] == "epic"), 6)
+
+    def test_prefixed_minus_alone_and_ratio_zero_against_reuse(self):
+        diffs = bench_report.paired_more(bench_report.label_variants(self.rows()))
+        by = {(d["comparison"], d["method"], d["ratio"]): d for d in diffs}
+        d = by[("prefixed - alone", "epic", 0.15)]
+        self.assertEqual(d["n"], 3)
+        self.assertAlmostEqual(d["d_fidelity"], -0.1)
+        self.assertAlmostEqual(d["d_kl"], 0.1)
+        self.assertEqual((d["better"], d["worse"]), (0, 3))
+        f = by[("fusionrag - reuse (prefixed)", "fusionrag", 0.0)]
+        self.assertAlmostEqual(f["d_fidelity"], 0.1)
+        self.assertAlmostEqual(f["d_kl"], -0.1)
+        # epic at ratio 0 is reuse: no line.
+        self.assertNotIn(("epic - reuse (alone)", "epic", 0.0), by)
+
+
 if __name__ == "__main__":
     unittest.main()
