@@ -81,11 +81,10 @@ std::string render_plain(const std::vector<ChatMessage>& messages) {
   }
   return s;
 }
-}  // namespace
 
-std::vector<std::string> render_prompt_around(const ChatTemplate& tmpl, std::vector<ChatMessage> messages,
-                                              const std::vector<size_t>& split_at) {
-  if (tmpl.from_file()) return render_chat_around(tmpl, std::move(messages), split_at);
+// render_chat_around for the plain-text layout.
+std::vector<std::string> render_plain_around(const std::vector<ChatMessage>& messages,
+                                             const std::vector<size_t>& split_at) {
   std::vector<std::string> pieces(1);
   size_t k = 0;
   for (size_t i = 0; i < messages.size(); ++i) {
@@ -104,6 +103,13 @@ std::vector<std::string> render_prompt_around(const ChatTemplate& tmpl, std::vec
   if (k != split_at.size()) throw std::invalid_argument("render_prompt_around: split indices out of range or not ascending");
   return pieces;
 }
+}  // namespace
+
+std::vector<std::string> render_prompt_around(const ChatTemplate& tmpl, std::vector<ChatMessage> messages,
+                                              const std::vector<size_t>& split_at) {
+  if (tmpl.from_file()) return render_chat_around(tmpl, std::move(messages), split_at);
+  return render_plain_around(messages, split_at);
+}
 
 std::vector<std::string> default_chat_stops(const ChatTemplate& tmpl) {
   if (tmpl.from_file()) return {};
@@ -113,20 +119,18 @@ std::vector<std::string> default_chat_stops(const ChatTemplate& tmpl) {
 RagRequest build_rag_request(const Model& model, const std::vector<Passage>& passages, const std::string& question,
                              const RagPromptOptions& opt) {
   const Tokenizer& tok = model.tokenizer();
-  std::string before, after;
   const std::string question_text = "Question: " + question;
-  if (opt.use_chat_template && model.chat_template().from_file()) {  // a base model: plain text
-    std::vector<ChatMessage> msgs;
-    if (!opt.system.empty()) msgs.push_back({"system", opt.system});
-    msgs.push_back({"user", ""});
-    const size_t user = msgs.size() - 1;
-    auto pieces = render_chat_around(model.chat_template(), std::move(msgs), {user});
-    before = std::move(pieces[0]);
-    after = std::move(pieces[1]);
-  } else {
-    before = opt.system.empty() ? "" : opt.system + "\n\n";
-    after = "\nAnswer:";
-  }
+  // S and the text after U: the model's own chat template around an empty user turn, or the
+  // plain-text layout (a file without a template, e.g. a base model, or when asked).
+  std::vector<ChatMessage> msgs;
+  if (!opt.system.empty()) msgs.push_back({"system", opt.system});
+  msgs.push_back({"user", ""});
+  const std::vector<size_t> user{msgs.size() - 1};
+  const std::vector<std::string> pieces = opt.use_chat_template
+                                              ? render_prompt_around(model.chat_template(), std::move(msgs), user)
+                                              : render_plain_around(msgs, user);
+  const std::string& before = pieces[0];
+  const std::string& after = pieces[1];
   RagRequest r;
   r.system = tok.encode(before, /*add_special=*/true, /*parse_special=*/true);
   for (const auto& p : passages) r.chunks.push_back(tok.encode(passage_text(p, opt), false, false));

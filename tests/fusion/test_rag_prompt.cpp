@@ -6,6 +6,7 @@
 #include "model/chat_template.h"
 #include "model/gguf.h"
 #include "test_support.h"
+#include "../runtime/model_fixture.h"
 
 namespace cf {
 namespace {
@@ -13,6 +14,24 @@ namespace {
 ChatTemplate gemma3_template() {
   auto file = GgufFile::open(test::gemma3_model_path());  // metadata only: no weights are read
   return ChatTemplate::from_gguf(*file);
+}
+
+// build_rag_request without the model's template spells the same plain-text layout as a
+// chat for a file without one: "<system>\n\n", the passages, "Question: <q>\nAnswer:", and
+// the probe rows are exactly the question's tokens.
+TEST(RagPrompt, RequestInPlainTextLayout) {
+  CF_REQUIRE_MODEL();
+  const Model& m = test::shared_model();
+  RagPromptOptions opt;
+  opt.use_chat_template = false;
+  opt.system = "Be brief.";
+  const RagRequest r = build_rag_request(m, {{"Ore", "Copper is mined here."}}, "What is exported?", opt);
+  EXPECT_EQ(m.tokenizer().decode(r.system, false), "Be brief.\n\n");
+  EXPECT_EQ(m.tokenizer().decode(r.suffix, false), "Question: What is exported?\nAnswer:");
+  ASSERT_LT(r.question_begin, r.question_end);
+  const std::vector<TokenId> q(r.suffix.begin() + static_cast<std::ptrdiff_t>(r.question_begin),
+                               r.suffix.begin() + static_cast<std::ptrdiff_t>(r.question_end));
+  EXPECT_EQ(m.tokenizer().decode(q, false), " What is exported?");
 }
 
 TEST(RagPrompt, PlainTextChatForAFileWithoutTemplate) {
