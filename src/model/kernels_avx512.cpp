@@ -325,6 +325,7 @@ inline void k_rows_gemm(const uint8_t* tile, size_t nb, const ActView& a, size_t
       __m512i w[8];
       load_k_block<Q>(t, c, w);
       const __m512i sc_lo = scales16(t + G.sc + 16 * c, Q == KQuant::Q6);
+      const __m512i sc_hi = Q == KQuant::Q6 ? scales16(t + G.sc_hi + 16 * c, true) : sc_lo;
       for (int r = 0; r < R; ++r) {
         const int8_t* q = a.qs(r0 + r) + (sb * 8 + c) * kQK;
         __m512i lo = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[0], bcast32(q));
@@ -335,7 +336,7 @@ inline void k_rows_gemm(const uint8_t* tile, size_t nb, const ActView& a, size_t
         }
         if constexpr (Q == KQuant::Q6)
           S[r] = _mm512_add_epi32(S[r], _mm512_add_epi32(_mm512_mullo_epi32(lo, sc_lo),
-                                                         _mm512_mullo_epi32(hi, scales16(t + G.sc_hi + 16 * c, true))));
+                                                         _mm512_mullo_epi32(hi, sc_hi)));
         else
           S[r] = _mm512_add_epi32(S[r], _mm512_mullo_epi32(_mm512_add_epi32(lo, hi), sc_lo));
       }

@@ -48,10 +48,10 @@ void gather_rows(const float* src, size_t dim, std::span<const size_t> rows, std
 Forward::Forward(const Model& model, ThreadPool& pool) : model_(model), pool_(pool) {}
 
 ForwardOutput Forward::run(KvCache& cache, const ForwardInput& in, const ForwardHooks* hooks) {
-  if (!hooks && in.slots.empty() && in.tokens.size() > kMaxPassRows) {
+  if (!hooks && in.slots.empty() && in.tokens.size() > kMaxPassRows &&
+      std::adjacent_find(in.positions.begin(), in.positions.end(), std::greater_equal<>()) == in.positions.end()) {
     check_input(model_.hparams(), cache, in);  // all of it, before a first pass touches the cache
-    if (std::adjacent_find(in.positions.begin(), in.positions.end(), std::greater_equal<>()) == in.positions.end())
-      return run_in_passes(cache, in);
+    return run_in_passes(cache, in);
   }
   const BatchSequence seq{&cache, in};
   return std::move(run_sequences(std::span<const BatchSequence>(&seq, 1), hooks).front());
