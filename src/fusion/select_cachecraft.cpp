@@ -534,6 +534,13 @@ class CacheCraftSelector final : public Selector {
 };
 }  // namespace
 
+size_t cachecraft_variant_count(const nlohmann::json& extra) {
+  const auto e = extra.find(kKey);
+  if (e == extra.end() || !e->is_object()) return 0;
+  const auto v = e->find("variants");
+  return v != e->end() && v->is_array() ? v->size() : 0;
+}
+
 std::unique_ptr<Selector> make_cachecraft_selector(const CacheCraftOptions& opt) {
   return std::make_unique<CacheCraftSelector>(opt);
 }

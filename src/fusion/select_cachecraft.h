@@ -76,4 +76,8 @@ VariantBuildReport build_cachecraft_variants(Forward& fwd, ChunkStore& store, co
 
 std::unique_ptr<Selector> make_cachecraft_selector(const CacheCraftOptions& opt);
 
+// How many variants a chunk's metadata (its PIC cache's ChunkCache::extra) indexes (the web
+// app's cache state).
+size_t cachecraft_variant_count(const nlohmann::json& extra);
+
 }  // namespace cf
