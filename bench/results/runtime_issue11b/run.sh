@@ -8,7 +8,7 @@ cd "$(dirname "$0")/../../.."
 mkdir -p bench/out
 run() { name=$1; shift; echo "=== $name $(date +%T)"; .venv/bin/python bench/runtime_bench.py --peers repack,plain --out bench/results/runtime_issue11b/$name.json "$@" 2>>bench/out/runtime_issue11b.err | tail -9; }
 run llama3_2_1b_q4_k_m --model $CACHE/shapes/llama3.2-1b.Q4_K_M.gguf --reps 2 --prompt-tokens 2048 --gen-tokens 32
-run gemma3_270m_q4_k_m --model $CACHE/gemma-3-270m-q4_k_m.gguf --reps 3 --prompt-tokens 2048 --gen-tokens 64
+run gemma3_270m_q4_k_m --model $CACHE/gemma-3-270m-q4_k_m.gguf --reps 2 --prompt-tokens 2048 --gen-tokens 64
 run smollm2_q4_k_m --model $MODELS/SmolLM2-135M-Instruct.Q4_1.Q4_K_M.gguf --reps 3 --prompt-tokens 2048 --gen-tokens 64
 run qwen2_5_0_5b_q4_k_m --model $CACHE/shapes/qwen2.5-0.5b.Q4_K_M.gguf --reps 2 --prompt-tokens 2048 --gen-tokens 32
 echo DONE $(date +%T)
