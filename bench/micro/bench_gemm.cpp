@@ -69,4 +69,7 @@ BENCHMARK(q8_0)->Args({49152, 576, 1, 1})->Args({49152, 576, 1, 2})->Args({49152
     ->UseRealTime()->MinTime(0.2);
 BENCHMARK(q4_k)->Apply(llama_1b_shapes)->UseRealTime()->MinTime(0.2);
 BENCHMARK(q6_k)->Apply(llama_1b_shapes)->UseRealTime()->MinTime(0.2);
+// Decode through Llama-3.2-1B's tied output matrix (Q6_K in its Q4_K_M file, 128256 x 2048,
+// larger than any cache): a memory-bound GEMV, where the stored bytes per weight decide.
+BENCHMARK(q6_k)->Args({128256, 2048, 1, 2})->UseRealTime()->MinTime(1.0);
 BENCHMARK_MAIN();

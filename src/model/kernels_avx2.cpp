@@ -85,6 +85,7 @@ void nib_half(const uint8_t* tile, size_t nb, const ActView& a, size_t r0, int h
   const __m256i ones = _mm256_set1_epi16(1);
   for (size_t b = 0; b < nb; ++b) {
     const uint8_t* wb = tile + b * kNib16TileBlock;
+    if (h == 0) prefetch_ahead(wb, kNib16TileBlock);
     const __m256 dw = load8_fp16(wb + 256 + 16 * h);
     for (int r = 0; r < R; ++r) {
       const int8_t* q = a.qs(r0 + r) + b * kQK;
@@ -129,6 +130,7 @@ void byte_half(const uint8_t* tile, size_t nb, const ActView& a, size_t r0, int 
   const __m256i ones = _mm256_set1_epi16(1);
   for (size_t b = 0; b < nb; ++b) {
     const uint8_t* wb = tile + b * kTb;
+    if (h == 0) prefetch_ahead(wb, kTb);
     const __m256 dw = Q51 ? _mm256_loadu_ps(reinterpret_cast<const float*>(wb + 512 + 32 * h))
                           : load8_fp16(wb + 512 + 16 * h);
     for (int r = 0; r < R; ++r) {
@@ -169,6 +171,7 @@ void float_half(const uint8_t* tile, size_t nb, const ActView& a, size_t r0, int
   for (int r = 0; r < R; ++r) chain[r][0] = chain[r][1] = _mm256_setzero_ps();
   for (size_t b = 0; b < nb; ++b) {
     const uint8_t* wb = tile + b * kHalfTileBlock + 16 * h;
+    if (h == 0) prefetch_ahead(tile + b * kHalfTileBlock, kHalfTileBlock);
     for (size_t k = 0; k < kQK; k += 2) {
       const __m256 w0 = load8_words<BF16>(wb + 32 * k), w1 = load8_words<BF16>(wb + 32 * (k + 1));
       for (int r = 0; r < R; ++r) {
@@ -193,6 +196,30 @@ inline __m256i scale_pairs8(__m256i s) {
   return _mm256_or_si256(_mm256_and_si256(s, _mm256_set1_epi32(0xFFFF)), _mm256_slli_epi32(s, 16));
 }
 
+// The 8 groups of weight values of one super-tile block for rows 8h..8h+7 (the 32-byte
+// half of each 64-byte line; layout in kernels_impl.h): nibbles, with Q5_K's / Q6_K's
+// high-bit fields shifted to bits 4.. and masked (the shift is 16-bit; the mask drops what
+// crossed from the neighbouring byte).
+template <KQuant Q>
+inline void k_block_half(const uint8_t* blk, int h, __m256i w[8]) {
+  constexpr KTileGeom G = ktile_geom(Q);
+  const __m256i low4 = _mm256_set1_epi8(0x0F);
+  const __m256i high_mask = _mm256_set1_epi8(static_cast<char>(((1 << G.high_bits) - 1) << 4));
+  __m256i qh[2];
+  for (int i = 0; i < G.high_bits; ++i)
+    qh[i] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 256 + 64 * i + 32 * h));
+  for (int g = 0; g < 8; ++g) {
+    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 64 * (g % 4) + 32 * h));
+    w[g] = _mm256_and_si256(g < 4 ? v : _mm256_srli_epi16(v, 4), low4);
+    if constexpr (G.high_bits > 0) {
+      const int bit = g * G.high_bits % 8;
+      const __m256i x = qh[g * G.high_bits / 8];
+      const __m256i placed = bit < 4 ? _mm256_slli_epi16(x, 4 - bit) : bit > 4 ? _mm256_srli_epi16(x, bit - 4) : x;
+      w[g] = _mm256_or_si256(w[g], _mm256_and_si256(placed, high_mask));
+    }
+  }
+}
+
 template <KQuant Q, bool Batched, int R>
 void k_half(const uint8_t* tile, size_t nb, const ActView& a, size_t r0, int h, float* out) {
   constexpr KTileGeom G = ktile_geom(Q);
@@ -202,7 +229,6 @@ void k_half(const uint8_t* tile, size_t nb, const ActView& a, size_t r0, int h, 
     for (int i = 0; i < 4; ++i) accm[r][i] = _mm256_setzero_ps();
     summs[r] = acc[r] = _mm256_setzero_ps();
   }
-  const __m256i low4 = _mm256_set1_epi8(0x0F);
   for (size_t sb = 0; sb < nb / 8; ++sb) {
     const uint8_t* t = tile + sb * G.bytes;
     __m256i S[R][8];
@@ -220,16 +246,8 @@ void k_half(const uint8_t* tile, size_t nb, const ActView& a, size_t r0, int h, 
     for (size_t c = 0; c < 8; ++c) {
       const size_t b = sb * 8 + c;
       __m256i w[8];
-      if constexpr (Q == KQuant::Q4) {
-        for (int g = 0; g < 4; ++g) {
-          const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(t + 256 * c + 64 * g + 32 * h));
-          w[g] = _mm256_and_si256(v, low4);
-          w[g + 4] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
-        }
-      } else {
-        for (int g = 0; g < 8; ++g)
-          w[g] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(t + 512 * c + 64 * g + 32 * h));
-      }
+      if (h == 0) prefetch_ahead(t + G.block * c, G.block);
+      k_block_half<Q>(t + G.block * c, h, w);
       const __m256i sc_lo = scale_pairs8(scales8(t + G.sc + 16 * c + 8 * h, Q == KQuant::Q6));
       const __m256i sc_hi = Q == KQuant::Q6 ? scale_pairs8(scales8(t + G.sc_hi + 16 * c + 8 * h, true)) : sc_lo;
       for (int r = 0; r < R; ++r) {

@@ -10,6 +10,7 @@
 
 #include "model/kernels_impl.h"
 
+
 namespace cf::kern {
 namespace {
 
@@ -75,6 +76,7 @@ inline void nib_rows(const uint8_t* tile, size_t nb, const ActView& a, size_t r0
   const __m512i low4 = _mm512_set1_epi8(0x0F);
   for (size_t b = 0; b < nb; ++b) {
     const uint8_t* wb = tile + b * kNib16TileBlock;
+    prefetch_ahead(wb, kNib16TileBlock);
     __m512i w[8];
     for (int g = 0; g < 4; ++g) {
       const __m512i v = _mm512_loadu_si512(wb + 64 * g);
@@ -125,6 +127,7 @@ inline void byte_rows(const uint8_t* tile, size_t nb, const ActView& a, size_t r
   }
   for (size_t b = 0; b < nb; ++b) {
     const uint8_t* wb = tile + b * kTb;
+    prefetch_ahead(wb, kTb);
     __m512i w[8];
     for (int g = 0; g < 8; ++g) w[g] = _mm512_loadu_si512(wb + 64 * g);
     const __m512 dw = Q51 ? _mm512_loadu_ps(wb + 512) : load16_fp16(wb + 512);
@@ -170,6 +173,7 @@ inline void half_rows(const uint8_t* tile, size_t nb, const ActView& a, size_t r
   }
   for (size_t b = 0; b < nb; ++b) {
     const uint8_t* wb = tile + b * kHalfTileBlock;
+    prefetch_ahead(wb, kHalfTileBlock);
     for (size_t k = 0; k < kQK; k += 2) {
       const __m512 w0 = load16_words<BF16>(wb + 32 * k), w1 = load16_words<BF16>(wb + 32 * (k + 1));
       for (int r = 0; r < R; ++r) {
@@ -198,11 +202,13 @@ void run_rows(const uint8_t* tile, size_t nb, const ActView& a, size_t r0, size_
   if (r < nr) F1(tile, nb, a, r0 + r, y + r * y_stride, y_stride, mask);
 }
 
-template <RowsFn F1, RowsFn F2, RowsFn F4>
+template <RowsFn F1, RowsFn F2, RowsFn F4, RowsFn F8 = nullptr>
 void run_rows4(const uint8_t* tile, size_t nb, const ActView& a, size_t r0, size_t nr, float* y, size_t y_stride,
                unsigned o_lo, unsigned o_hi) {
   const __mmask16 mask = lane_mask(o_lo, o_hi);
   size_t r = 0;
+  if constexpr (F8 != nullptr)
+    for (; r + 8 <= nr; r += 8) F8(tile, nb, a, r0 + r, y + r * y_stride, y_stride, mask);
   for (; r + 4 <= nr; r += 4) F4(tile, nb, a, r0 + r, y + r * y_stride, y_stride, mask);
   for (; r + 2 <= nr; r += 2) F2(tile, nb, a, r0 + r, y + r * y_stride, y_stride, mask);
   if (r < nr) F1(tile, nb, a, r0 + r, y + r * y_stride, y_stride, mask);
@@ -225,18 +231,33 @@ inline __m512i scale_pairs(__m512i s) {
   return _mm512_or_si512(_mm512_and_si512(s, _mm512_set1_epi32(0xFFFF)), _mm512_slli_epi32(s, 16));
 }
 
-// The 8 groups of weight bytes (16 rows x 4 elements each) of 32-block c of a super-tile.
+// The 8 groups of weight values (16 rows x 4 elements each, one per byte) of 32-block c of
+// a super-tile: the nibble lines, with Q5_K's / Q6_K's high-bit fields moved to bits 4..
+// (a 16-bit shift, then a mask that drops what crossed from the neighbouring byte).
+template <KQuant Q>
+inline __m512i k_high_field(const __m512i* qh, int g) {
+  constexpr KTileGeom G = ktile_geom(Q);
+  const int bit = g * G.high_bits % 8;
+  const __m512i x = qh[g * G.high_bits / 8];
+  const __m512i placed = bit < 4 ? _mm512_slli_epi16(x, 4 - bit) : bit > 4 ? _mm512_srli_epi16(x, bit - 4) : x;
+  return _mm512_and_si512(placed, _mm512_set1_epi8(static_cast<char>(((1 << G.high_bits) - 1) << 4)));
+}
 template <KQuant Q>
 inline void load_k_block(const uint8_t* t, size_t c, __m512i w[8]) {
-  if constexpr (Q == KQuant::Q4) {
-    const __m512i low4 = _mm512_set1_epi8(0x0F);
-    for (int g = 0; g < 4; ++g) {
-      const __m512i v = _mm512_loadu_si512(t + 256 * c + 64 * g);
-      w[g] = _mm512_and_si512(v, low4);
-      w[g + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+  constexpr KTileGeom G = ktile_geom(Q);
+  const uint8_t* blk = t + G.block * c;
+  const __m512i low4 = _mm512_set1_epi8(0x0F);
+  __m512i qh[2];
+  for (int h = 0; h < G.high_bits; ++h) qh[h] = _mm512_loadu_si512(blk + 256 + 64 * h);
+  for (int line = 0; line < 4; ++line) {
+    const __m512i v = _mm512_loadu_si512(blk + 64 * line), v_hi = _mm512_srli_epi16(v, 4);
+    if constexpr (G.high_bits == 0) {
+      w[line] = _mm512_and_si512(v, low4);
+      w[line + 4] = _mm512_and_si512(v_hi, low4);
+    } else {  // (nibble & 0x0F) | field: vpternlogd 0xEC = (a & c) | b
+      w[line] = _mm512_ternarylogic_epi32(v, k_high_field<Q>(qh, line), low4, 0xEC);
+      w[line + 4] = _mm512_ternarylogic_epi32(v_hi, k_high_field<Q>(qh, line + 4), low4, 0xEC);
     }
-  } else {
-    for (int g = 0; g < 8; ++g) w[g] = _mm512_loadu_si512(t + 512 * c + 64 * g);
   }
 }
 
@@ -266,6 +287,7 @@ inline void k_rows_vecdot(const uint8_t* tile, size_t nb, const ActView& a, size
       for (int g = 0; g < 8; ++g)
         S[r][g] = Q == KQuant::Q6 ? q6_offset(t, a.kbs16(r0 + r) + 16 * sb, g) : _mm512_setzero_si512();
     for (size_t c = 0; c < 8; ++c) {
+      prefetch_ahead(t + G.block * c, G.block);
       __m512i w[8];
       load_k_block<Q>(t, c, w);
       const __m512i sc_lo = scale_pairs(scales16(t + G.sc + 16 * c, Q == KQuant::Q6));
@@ -376,10 +398,15 @@ constexpr TileKernelFn kByteTile = run_rows<byte_rows<Q51, 1>, byte_rows<Q51, 2>
 }  // namespace
 
 // Vec-dot order: two rows share each unpacked block (16 integer accumulators per row).
-// GEMM order: one accumulator per row, so four rows share it.
+// GEMM order: one accumulator per row, so four rows share it, eight for Q5_K / Q6_K, whose
+// high-bit unpacking costs as much as four rows' dot products.
+template <KQuant Q>
+constexpr TileKernelFn kKGemm =
+    ktile_geom(Q).high_bits == 0
+        ? run_rows4<k_rows_gemm<Q, 1>, k_rows_gemm<Q, 2>, k_rows_gemm<Q, 4>>
+        : run_rows4<k_rows_gemm<Q, 1>, k_rows_gemm<Q, 2>, k_rows_gemm<Q, 4>, k_rows_gemm<Q, 8>>;
 template <KQuant Q, bool Batched>
-constexpr TileKernelFn kKTile = Batched ? run_rows4<k_rows_gemm<Q, 1>, k_rows_gemm<Q, 2>, k_rows_gemm<Q, 4>>
-                                        : run_rows<k_rows_vecdot<Q, 1>, k_rows_vecdot<Q, 2>>;
+constexpr TileKernelFn kKTile = Batched ? kKGemm<Q> : run_rows<k_rows_vecdot<Q, 1>, k_rows_vecdot<Q, 2>>;
 
 TileKernelFn kquant_tile_avx512(KQuant q, bool batched) {
   switch (q) {

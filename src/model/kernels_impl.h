@@ -54,11 +54,16 @@ constexpr size_t kQ8_0TileBlock = kByte16TileBlock;
 
 // K super-tiles (Q4_K, Q5_K, Q6_K) keep the file's integer form so that the dot is
 // llama.cpp's ggml_vec_dot_q{4,5,6}_K_q8_K (AVX2 order) bit for bit: per 256-element
-// super-block and 16 rows, 8 blocks of unsigned values (the nibble arrangement above for
-// Q4_K; bytes [64g + 4o + j] for Q5_K and Q6_K, q6 stored 0..63), then the sub-block
-// scales as bytes [block][row] (Q4_K/Q5_K: uint8 sc and m; Q6_K: int8 sc_lo for elements
-// 0..15 and sc_hi for 16..31 of each block), then float d[16] and float dmin[16] (the
-// file's fp16 values). Per output, per super-block: S_g = sum over blocks of sc * (exact
+// super-block and 16 rows, 8 blocks of unsigned values, then the sub-block scales as bytes
+// [block][row] (Q4_K/Q5_K: uint8 sc and m; Q6_K: int8 sc_lo for elements 0..15 and sc_hi
+// for 16..31 of each block), then float d[16] and float dmin[16] (the file's fp16 values).
+// A block (`block` bytes) holds its values at the file's width, so that decode, which only
+// streams weights, reads no more bytes than llama.cpp does: the low 4 bits as 4 lines of
+// 64 bytes [4o + j] (line L: group L in the low nibble, group L + 4 in the high; group g =
+// elements 4g..4g+3), then for Q5_K one line and for Q6_K two lines of the high bits, group
+// g's field (1 or 2 bits) at bit (g * hb) % 8 of line (g * hb) / 8. Unpacking costs a few
+// shifts and masks per 64 bytes, which the prefill GEMM spreads over 8 activation rows.
+// Per output, per super-block: S_g = sum over blocks of sc * (exact
 // dot of group g's 4 elements), and for Q6_K minus 32 * (sc_lo bs16 + sc_hi bs16 of block
 // g: llama.cpp 0.3.36's lane of the offset correction), then
 // lane[g] = fma(dx * d, float(S_g), lane[g]); Q4_K keeps 4 min lanes fma(-dx * dmin,
@@ -71,15 +76,41 @@ constexpr size_t kQ8_0TileBlock = kByte16TileBlock;
 // acc + t * dx; its build fuses them, as the disassembly of libggml-cpu shows).
 enum class KQuant { Q4, Q5, Q6 };
 struct KTileGeom {
+  size_t block;  // bytes of one 32-block's values (16 rows)
+  int high_bits; // value bits above the low nibble (0, 1, 2)
   size_t sc, sc_hi, m, d, dmin, bytes;  // byte offsets within one super-tile, and its size
 };
 inline constexpr KTileGeom ktile_geom(KQuant q) {
   switch (q) {
-    case KQuant::Q4: return {2048, 0, 2176, 2304, 2368, 2432};
-    case KQuant::Q5: return {4096, 0, 4224, 4352, 4416, 4480};
+    case KQuant::Q4: return {256, 0, 2048, 0, 2176, 2304, 2368, 2432};
+    case KQuant::Q5: return {320, 1, 2560, 0, 2688, 2816, 2880, 2944};
     case KQuant::Q6: break;
   }
-  return {4096, 4224, 0, 4352, 0, 4416};
+  return {384, 2, 3072, 3200, 0, 3328, 0, 3392};
+}
+// Stored (unsigned) value of element e (< 32) of row o in a super-tile block.
+template <KQuant Q>
+inline int ktile_value(const uint8_t* block, unsigned o, int e) {
+  constexpr KTileGeom G = ktile_geom(Q);
+  const int g = e / 4, j = e % 4;
+  const uint8_t v = block[64 * (g % 4) + 4 * o + j];
+  int w = g < 4 ? v & 0xF : v >> 4;
+  if constexpr (G.high_bits > 0) {
+    const int bit = g * G.high_bits;
+    const uint8_t h = block[256 + 64 * (bit / 8) + 4 * o + j];
+    w |= ((h >> (bit % 8)) & ((1 << G.high_bits) - 1)) << 4;
+  }
+  return w;
+}
+
+// Weights stream from memory once per generated token, far beyond every cache, and the
+// hardware prefetchers stop at each 4 KiB page: the tile kernels ask for the lines
+// kStreamPrefetchBytes ahead of the block they are about to read (bench_gemm's
+// q6_k/128256/2048/1/2, a 1B model's output matrix: ~1.5x with 8 KiB; 2 and 32 KiB less).
+// Past a matrix's end it only touches nothing useful: a prefetch never faults.
+constexpr size_t kStreamPrefetchBytes = 8192;
+inline void prefetch_ahead(const uint8_t* block, size_t bytes) {
+  for (size_t i = 0; i < bytes; i += 64) __builtin_prefetch(block + kStreamPrefetchBytes + i, 0, 3);
 }
 
 // Activations quantized to 8 bits per 32-block (llama.cpp's x86 quantize_row_q8_0/1 rule),

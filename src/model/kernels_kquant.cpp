@@ -50,17 +50,6 @@ void quantize_q8_k_record(const float* x, size_t cols, uint8_t* out) {
 
 namespace {
 
-// Stored value of element e (< 32) of block c, row o.
-template <KQuant Q>
-inline int kweight(const uint8_t* t, size_t c, unsigned o, int e) {
-  if constexpr (Q == KQuant::Q4) {
-    const uint8_t v = t[256 * c + 64 * (e % 16 / 4) + 4 * o + e % 4];
-    return e < 16 ? v & 0xF : v >> 4;
-  } else {
-    return t[512 * c + 64 * (e / 4) + 4 * o + e % 4];
-  }
-}
-
 template <KQuant Q, bool Batched>
 void ktile_portable(const uint8_t* tile, size_t nb, const ActView& a, size_t r0, size_t nr, float* y,
                     size_t y_stride, unsigned o_lo, unsigned o_hi) {
@@ -84,7 +73,7 @@ void ktile_portable(const uint8_t* tile, size_t nb, const ActView& a, size_t r0,
           const int8_t* q = xq + b * kQK;
           for (int g = 0; g < 8; ++g) {
             int isum = 0;
-            for (int j = 0; j < 4; ++j) isum += kweight<Q>(t, c, o, 4 * g + j) * q[4 * g + j];
+            for (int j = 0; j < 4; ++j) isum += ktile_value<Q>(t + G.block * c, o, 4 * g + j) * q[4 * g + j];
             const int sc = Q == KQuant::Q6 ? static_cast<int8_t>(t[(g < 4 ? G.sc : G.sc_hi) + 16 * c + o])
                                            : t[G.sc + 16 * c + o];
             S[g] += sc * isum;

@@ -157,13 +157,16 @@ void pack_kblock(KQuant q, const KBlock& kb, unsigned o, uint8_t* dst) {
   const KTileGeom g = ktile_geom(q);
   for (int c = 0; c < 8; ++c) {
     const uint8_t* u = kb.u + 32 * c;
-    if (q == KQuant::Q4) {
-      for (int gr = 0; gr < 4; ++gr)
-        for (int j = 0; j < 4; ++j)
-          dst[256 * c + 64 * gr + 4 * o + j] = static_cast<uint8_t>(u[4 * gr + j] | (u[16 + 4 * gr + j] << 4));
-    } else {
-      for (int gr = 0; gr < 8; ++gr) std::memcpy(dst + 512 * c + 64 * gr + 4 * o, u + 4 * gr, 4);
-    }
+    uint8_t* blk = dst + g.block * c;  // zeroed by repack_matrix
+    for (int line = 0; line < 4; ++line)
+      for (int j = 0; j < 4; ++j)
+        blk[64 * line + 4 * o + j] =
+            static_cast<uint8_t>((u[4 * line + j] & 0xF) | ((u[16 + 4 * line + j] & 0xF) << 4));
+    for (int gr = 0; gr < 8 && g.high_bits > 0; ++gr)
+      for (int j = 0; j < 4; ++j) {
+        const int bit = gr * g.high_bits;
+        blk[256 + 64 * (bit / 8) + 4 * o + j] |= static_cast<uint8_t>((u[4 * gr + j] >> 4) << (bit % 8));
+      }
     if (q == KQuant::Q6) {
       dst[g.sc + 16 * c + o] = static_cast<uint8_t>(kb.sc[2 * c]);
       dst[g.sc_hi + 16 * c + o] = static_cast<uint8_t>(kb.sc[2 * c + 1]);
@@ -254,18 +257,15 @@ void dequantize_packed_row(uint32_t weight_type, const uint8_t* packed, size_t c
       for (int e = 0; e < 256; ++e) {
         const int c = e / 32, l = e % 32;
         float* out = dst + sb * kQK_K + e;
-        if (q == KQuant::Q4) {
-          const uint8_t v = t[256 * c + 64 * (l % 16 / 4) + 4 * lane + l % 4];
-          const int w = l < 16 ? v & 0xF : v >> 4;
+        const uint8_t* blk = t + g.block * c;
+        const int w = q == KQuant::Q4 ? ktile_value<KQuant::Q4>(blk, lane, l)
+                      : q == KQuant::Q5 ? ktile_value<KQuant::Q5>(blk, lane, l)
+                                        : ktile_value<KQuant::Q6>(blk, lane, l);
+        if (q != KQuant::Q6) {
           *out = d * t[g.sc + 16 * c + lane] * static_cast<float>(w) - load_f32(t + g.dmin + 4 * lane) * t[g.m + 16 * c + lane];
         } else {
-          const int w = t[512 * c + 64 * (l / 4) + 4 * lane + l % 4];
-          if (q == KQuant::Q5) {
-            *out = d * t[g.sc + 16 * c + lane] * static_cast<float>(w) - load_f32(t + g.dmin + 4 * lane) * t[g.m + 16 * c + lane];
-          } else {
-            const auto sc = static_cast<int8_t>(t[(l < 16 ? g.sc : g.sc_hi) + 16 * c + lane]);
-            *out = d * sc * static_cast<float>(w - 32);
-          }
+          const auto sc = static_cast<int8_t>(t[(l < 16 ? g.sc : g.sc_hi) + 16 * c + lane]);
+          *out = d * sc * static_cast<float>(w - 32);
         }
       }
     }
