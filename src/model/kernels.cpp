@@ -267,7 +267,7 @@ void WeightMatrix::multiply_rows(const float* x, size_t n, size_t x_stride, floa
       if (half)
         kern::round_act_row(tid, x + r * x_stride, cols_, reinterpret_cast<float*>(acts + r * stride));
       else if (kq)
-        kern::quantize_q8_k_record(x + r * x_stride, cols_, acts + r * stride);
+        k.quantize_q8_k(x + r * x_stride, cols_, acts + r * stride);
       else
         k.quantize_q8(x + r * x_stride, cols_, acts + r * stride);
     }

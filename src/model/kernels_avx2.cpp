@@ -352,7 +352,7 @@ TileKernelFn kquant_tile_avx2(KQuant q, bool batched) {
 }
 
 const IsaKernels& avx2_kernels() {
-  static const IsaKernels k{quantize_q8_avx2,  kNibTile<NibKind::Q4_1>, kNibTile<NibKind::Q4_0>,
+  static const IsaKernels k{quantize_q8_avx2,  quantize_q8_k_record, kNibTile<NibKind::Q4_1>, kNibTile<NibKind::Q4_0>,
                             kByteTile<false>,  kByteTile<true>,         kFloatTile<false>,
                             kFloatTile<true>,
                             kquant_tile_avx2(KQuant::Q4, false), kquant_tile_avx2(KQuant::Q5, false),

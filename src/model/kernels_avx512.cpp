@@ -47,6 +47,50 @@ void quantize_q8_avx512(const float* x, size_t cols, uint8_t* out) {
   }
 }
 
+// quantize_q8_k_record (kernels_kquant.cpp) 16 lanes at a time, the same values: the
+// value of largest magnitude is the first one in order (its sign sets the scale's), and
+// q = round-half-even(iscale * x), capped at 127.
+void quantize_q8_k_avx512(const float* x, size_t cols, uint8_t* out) {
+  const size_t nb = cols / kQK;
+  const ActView a{out, 0, nb};
+  int8_t* qs = reinterpret_cast<int8_t*>(out);
+  float* dv = const_cast<float*>(a.kd(0));
+  int32_t* bs16 = const_cast<int32_t*>(a.kbs16(0));
+  const __m512 abs_mask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
+  for (size_t sb = 0; sb < nb / 8; ++sb) {
+    const float* xs = x + sb * kQK_K;
+    int8_t* q = qs + sb * kQK_K;
+    __m512 mx = _mm512_setzero_ps();
+    for (int i = 0; i < 16; ++i) mx = _mm512_max_ps(mx, _mm512_and_ps(_mm512_loadu_ps(xs + 16 * i), abs_mask));
+    const float amax = _mm512_reduce_max_ps(mx);
+    if (amax == 0.0f) {
+      std::memset(q, 0, kQK_K);
+      std::memset(bs16 + 16 * sb, 0, 16 * sizeof(int32_t));
+      dv[sb] = 0.0f;
+      continue;
+    }
+    float max = amax;
+    for (int i = 0; i < 16; ++i) {
+      const __mmask16 hit =
+          _mm512_cmp_ps_mask(_mm512_and_ps(_mm512_loadu_ps(xs + 16 * i), abs_mask), _mm512_set1_ps(amax), _CMP_EQ_OQ);
+      if (hit) {
+        max = xs[16 * i + __builtin_ctz(hit)];
+        break;
+      }
+    }
+    const float iscale = -127.0f / max;
+    const __m512 mul = _mm512_set1_ps(iscale);
+    for (int i = 0; i < 16; ++i) {
+      __m512i v = _mm512_cvt_roundps_epi32(_mm512_mul_ps(mul, _mm512_loadu_ps(xs + 16 * i)),
+                                           _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+      v = _mm512_min_epi32(v, _mm512_set1_epi32(127));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 16 * i), _mm512_cvtepi32_epi8(v));
+      bs16[16 * sb + i] = _mm512_reduce_add_epi32(v);
+    }
+    dv[sb] = 1.0f / iscale;
+  }
+}
+
 inline __m512i bcast32(const int8_t* p) { return _mm512_set1_epi32(load_i32(p)); }
 
 // llama.cpp's hsum_float_8 over 8 per-group accumulators, lane by lane.
@@ -418,7 +462,7 @@ TileKernelFn kquant_tile_avx512(KQuant q, bool batched) {
 }
 
 const IsaKernels& avx512_kernels() {
-  static const IsaKernels k{quantize_q8_avx512,         kNibTile<NibKind::Q4_1>, kNibTile<NibKind::Q4_0>,
+  static const IsaKernels k{quantize_q8_avx512,         quantize_q8_k_avx512, kNibTile<NibKind::Q4_1>, kNibTile<NibKind::Q4_0>,
                             kByteTile<false>,           kByteTile<true>,         half_tile<false>,
                             half_tile<true>,
                             kquant_tile_avx512(KQuant::Q4, false), kquant_tile_avx512(KQuant::Q5, false),

@@ -152,6 +152,7 @@ using TileKernelFn = void (*)(const uint8_t* tile, size_t nb, const ActView& a, 
 // One kernel per (tile layout, weight interpretation).
 struct IsaKernels {
   QuantizeRowFn quantize_q8;
+  QuantizeRowFn quantize_q8_k;  // Q8_K records (quantize_q8_k_record's values)
   TileKernelFn q4_1;       // kNib16, + m s16
   TileKernelFn q4_0;       // kNib16, - 8 sum(x)
   TileKernelFn q8_0;       // kByte16 (Q8_0, Q5_0)

@@ -347,6 +347,7 @@ void half_tile_portable(const uint8_t* tile, size_t nb, const ActView& a, size_t
 
 const IsaKernels& portable_kernels() {
   static const IsaKernels k{quantize_q8_portable,
+                            quantize_q8_k_record,
                             nib_tile_portable<NibKind::Q4_1>,
                             nib_tile_portable<NibKind::Q4_0>,
                             byte_tile_portable<false>,

@@ -286,6 +286,37 @@ TEST(Quantize, Q8MatchesLlamaCppRuleOnEveryIsa) {
   }
 }
 
+// The Q8_K records of the K-quant kernels: every ISA writes quantize_q8_k_record's bytes,
+// including the cases where the rule is subtle (the first value of largest magnitude sets
+// the scale's sign; an all-zero super-block; exact halves round to even).
+TEST(Quantize, Q8KRecordSameOnEveryIsa) {
+  std::mt19937 rng(5);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  const size_t cols = 1024, nb = cols / 32;
+  std::vector<float> x(cols);
+  for (auto& v : x) v = nd(rng);
+  for (size_t i = 256; i < 512; ++i) x[i] = 0.0f;  // an all-zero super-block
+  x[600] = -9.0f;                                    // ties in magnitude: the first, negative, wins
+  x[700] = 9.0f;
+  x[800] = 4.0f;                                     // x * 127/4 with exact halves
+  for (size_t i = 801; i < 1024; ++i) x[i] = static_cast<float>(static_cast<int>(i % 9) - 4) * (2.0f / 127.0f);
+  std::vector<uint8_t> want(kern::q8k_act_row_stride(nb)), got(want.size());
+  kern::quantize_q8_k_record(x.data(), cols, want.data());
+  const kern::ActView a{want.data(), 0, nb};
+  EXPECT_EQ(a.kd(0)[1], 0.0f);
+  EXPECT_FLOAT_EQ(a.kd(0)[2], 9.0f / 127.0f);  // d = 1 / iscale = max / -127 with max = -9: positive here
+  for (Isa isa : {Isa::Portable, Isa::Avx2, Isa::Avx512}) {
+    if (isa > detect_isa()) continue;
+    const auto& k = isa == Isa::Avx512 ? kern::avx512_kernels()
+                    : isa == Isa::Avx2 ? kern::avx2_kernels()
+                                       : kern::portable_kernels();
+    std::fill(got.begin(), got.end(), 0xAB);
+    k.quantize_q8_k(x.data(), cols, got.data());
+    const size_t record = nb * 32 + nb / 8 * 4 + 2 * nb * 4;  // qs, d per 256, bs16 per 16
+    EXPECT_EQ(0, std::memcmp(want.data(), got.data(), record)) << isa_name(isa);
+  }
+}
+
 // ---------------------------------------------------------------------------------------
 // Matrix multiply
 
