@@ -123,15 +123,22 @@ bool in_file_mapping(const uint8_t* p, size_t n) {
   return false;
 }
 
-// Drops the resident pages wholly inside [p, p+n) (never a page shared with a neighbour).
+// Drops the resident pages wholly inside [p, p+n) (never a page shared with a neighbour)
+// of a file mapping (in_file_mapping: the caller checks).
 void release_pages(const uint8_t* p, size_t n) {
   const auto page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
   const auto begin = (reinterpret_cast<uintptr_t>(p) + page - 1) / page * page;
   const auto end = (reinterpret_cast<uintptr_t>(p) + n) / page * page;
   if (end <= begin) return;
-  if (!in_file_mapping(p, n)) return;
   madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
 }
+
+const uint8_t* page_floor(const uint8_t* p) {
+  const auto page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  return reinterpret_cast<const uint8_t*>(reinterpret_cast<uintptr_t>(p) / page * page);
+}
+
+constexpr size_t kRepackSlabBytes = 8u << 20;  // file bytes repacked between two releases
 
 // Scratch for quantized activations, owned by the calling thread (the pool is not
 // reentrant, so one multiply at a time runs per caller).
@@ -195,8 +202,20 @@ WeightMatrix::WeightMatrix(GgmlType type, const uint8_t* data, size_t rows, size
     m.n_tiles = (rows + kern::kTileRows - 1) / kern::kTileRows;
     m.tile_bytes = kern::tile_block_bytes(tid, m.layout) * m.nb;
     m.packed = aligned_bytes(m.tile_bytes * m.n_tiles);
-    kern::repack_matrix(tid, data, rows, cols, m.packed.get());
-    release_pages(data, m.row_bytes * rows);
+    // In slabs, each slab's file pages dropped as soon as it is repacked: the peak memory
+    // of loading is then the repacked model plus one slab, not plus the largest matrix
+    // (a 262k-word output matrix is 170-215 MiB in the file).
+    const bool file_backed = in_file_mapping(data, m.row_bytes * rows);
+    const size_t slab_rows = std::max<size_t>(kern::kTileRows, kRepackSlabBytes / m.row_bytes / kern::kTileRows * kern::kTileRows);
+    const uint8_t* released = data;  // pages before it are dropped (a straddling page waits for the next slab)
+    for (size_t r0 = 0; r0 < rows; r0 += slab_rows) {
+      const size_t n = std::min(slab_rows, rows - r0);
+      kern::repack_matrix(tid, data + r0 * m.row_bytes, n, cols, m.packed.get() + r0 / kern::kTileRows * m.tile_bytes);
+      if (!file_backed) continue;
+      const uint8_t* slab_end = data + (r0 + n) * m.row_bytes;
+      release_pages(released, static_cast<size_t>(slab_end - released));
+      released = page_floor(slab_end);
+    }
   } else {
     m.raw = data;
     kern::generic_act_row_bytes(tid, cols);  // throws when no kernel
