@@ -158,8 +158,9 @@ kern::TileKernelFn tile_kernel(const kern::IsaKernels& k, GgmlType t, bool batch
   switch (t) {
     case GgmlType::Q4_1: return k.q4_1;
     case GgmlType::Q4_0: return k.q4_0;
-    case GgmlType::Q8_0: case GgmlType::Q5_0: return k.q8_0;
     case GgmlType::Q5_1: return k.q5_1;
+    case GgmlType::Q5_0: return k.q5_0;
+    case GgmlType::Q8_0: return k.q8_0;
     case GgmlType::Q4_K: return batched ? k.k4_batched : k.k4;
     case GgmlType::Q5_K: return batched ? k.k5_batched : k.k5;
     case GgmlType::Q6_K: return batched ? k.k6_batched : k.k6;

@@ -74,65 +74,81 @@ inline __m256 load8_fp16(const uint8_t* p) {
   return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 }
 
-// Nibble tiles: 8 rows (half h of the tile) x R activation rows; 8 per-group accumulators
-// per row.
+// The 8 groups of weight values of a nibble block with HB high-bit lines (kernels_impl.h)
+// for rows 8h..8h+7 (the 32-byte half of each 64-byte line): nibbles, with the high-bit
+// fields shifted to bits 4.. and masked (the shift is 16-bit; the mask drops what crossed
+// from the neighbouring byte).
+template <int HB>
+inline void nib_block_half(const uint8_t* blk, int h, __m256i w[8]) {
+  const __m256i low4 = _mm256_set1_epi8(0x0F);
+  const __m256i high_mask = _mm256_set1_epi8(static_cast<char>(((1 << HB) - 1) << 4));
+  __m256i qh[2];
+  for (int i = 0; i < HB; ++i) qh[i] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 256 + 64 * i + 32 * h));
+  for (int g = 0; g < 8; ++g) {
+    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 64 * (g % 4) + 32 * h));
+    w[g] = _mm256_and_si256(g < 4 ? v : _mm256_srli_epi16(v, 4), low4);
+    if constexpr (HB > 0) {
+      const int bit = g * HB % 8;
+      const __m256i x = qh[g * HB / 8];
+      const __m256i placed = bit < 4 ? _mm256_slli_epi16(x, 4 - bit) : bit > 4 ? _mm256_srli_epi16(x, bit - 4) : x;
+      w[g] = _mm256_or_si256(w[g], _mm256_and_si256(placed, high_mask));
+    }
+  }
+}
+
+// Nibble tiles (nib_geom): 8 rows (half h of the tile) x R activation rows; 8 per-group
+// accumulators per row. Values are unsigned (<= 31), so maddubs cannot saturate.
 template <NibKind K, int R>
 void nib_half(const uint8_t* tile, size_t nb, const ActView& a, size_t r0, int h, float* out /*[R][8]*/) {
+  constexpr NibGeom G = nib_geom(K);
   __m256 acc[R][8];
   for (int r = 0; r < R; ++r)
     for (int g = 0; g < 8; ++g) acc[r][g] = _mm256_setzero_ps();
-  const __m256i low4 = _mm256_set1_epi8(0x0F);
   const __m256i ones = _mm256_set1_epi16(1);
   for (size_t b = 0; b < nb; ++b) {
-    const uint8_t* wb = tile + b * kNib16TileBlock;
-    if (h == 0) prefetch_ahead(wb, kNib16TileBlock);
-    const __m256 dw = load8_fp16(wb + 256 + 16 * h);
+    const uint8_t* wb = tile + b * G.block;
+    if (h == 0) prefetch_ahead(wb, G.block);
+    __m256i w[8];
+    nib_block_half<G.high_bits>(wb, h, w);
+    const __m256 dw = load8_fp16(wb + G.d + 16 * h);
     for (int r = 0; r < R; ++r) {
       const int8_t* q = a.qs(r0 + r) + b * kQK;
       const int32_t* c = a.corr(r0 + r) + 8 * b;
       const __m256 dd = _mm256_mul_ps(dw, _mm256_set1_ps(a.d(r0 + r)[b]));
-      for (int g = 0; g < 4; ++g) {
-        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + 64 * g + 32 * h));
-        const __m256i lo = _mm256_and_si256(v, low4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
-        __m256i slo = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, bcast32(q + 4 * g)), ones);
-        __m256i shi = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, bcast32(q + 16 + 4 * g)), ones);
-        if constexpr (K == NibKind::Q4_0) {  // - 8 sum(q) = corr / 16
-          slo = _mm256_add_epi32(slo, _mm256_set1_epi32(c[g] >> 4));
-          shi = _mm256_add_epi32(shi, _mm256_set1_epi32(c[g + 4] >> 4));
-        }
-        acc[r][g] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(slo), acc[r][g]);
-        acc[r][g + 4] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(shi), acc[r][g + 4]);
+      for (int g = 0; g < 8; ++g) {
+        __m256i s = _mm256_madd_epi16(_mm256_maddubs_epi16(w[g], bcast32(q + 4 * g)), ones);
+        if constexpr (G.start_shift > 0)  // Q4_0 / Q5_0: - 8 / 16 sum(q) = corr >> 4 / >> 3
+          s = _mm256_add_epi32(s, _mm256_set1_epi32(c[g] >> G.start_shift));
+        acc[r][g] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(s), acc[r][g]);
       }
     }
   }
   for (int r = 0; r < R; ++r) {
     __m256 res = hsum8_lanes(acc[r]);
-    if constexpr (K == NibKind::Q4_1) {
+    if constexpr (G.has_min) {
       const float* xs = a.s16(r0 + r);
       __m256 summ = _mm256_setzero_ps();
       for (size_t b = 0; b < nb; ++b)
-        summ = _mm256_fmadd_ps(load8_fp16(tile + b * kNib16TileBlock + 288 + 16 * h), _mm256_set1_ps(xs[b]), summ);
+        summ = _mm256_fmadd_ps(load8_fp16(tile + b * G.block + G.m + 16 * h), _mm256_set1_ps(xs[b]), summ);
       res = _mm256_add_ps(res, summ);
     }
     _mm256_storeu_ps(out + 8 * r, res);
   }
 }
 
-// Byte tiles: kByte16 (fp16 d; Q8_0, Q5_0), or with Q51 kByte32Min (float d, + m * s16).
+// Byte tiles: kByte16 (fp16 d; Q8_0).
 // Without VNNI: |w| x sign(x, w) so int16 pair sums cannot saturate.
-template <bool Q51, int R>
+template <int R>
 void byte_half(const uint8_t* tile, size_t nb, const ActView& a, size_t r0, int h, float* out) {
-  constexpr size_t kTb = Q51 ? kByte32MinTileBlock : kByte16TileBlock;
   __m256 acc[R][8];
   for (int r = 0; r < R; ++r)
     for (int g = 0; g < 8; ++g) acc[r][g] = _mm256_setzero_ps();
   const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80));
   const __m256i ones = _mm256_set1_epi16(1);
   for (size_t b = 0; b < nb; ++b) {
-    const uint8_t* wb = tile + b * kTb;
-    if (h == 0) prefetch_ahead(wb, kTb);
-    const __m256 dw = Q51 ? _mm256_loadu_ps(reinterpret_cast<const float*>(wb + 512 + 32 * h))
-                          : load8_fp16(wb + 512 + 16 * h);
+    const uint8_t* wb = tile + b * kByte16TileBlock;
+    if (h == 0) prefetch_ahead(wb, kByte16TileBlock);
+    const __m256 dw = load8_fp16(wb + 512 + 16 * h);
     for (int r = 0; r < R; ++r) {
       const int8_t* q = a.qs(r0 + r) + b * kQK;
       const __m256 dd = _mm256_mul_ps(dw, _mm256_set1_ps(a.d(r0 + r)[b]));
@@ -144,18 +160,7 @@ void byte_half(const uint8_t* tile, size_t nb, const ActView& a, size_t r0, int 
       }
     }
   }
-  for (int r = 0; r < R; ++r) {
-    __m256 res = hsum8_lanes(acc[r]);
-    if constexpr (Q51) {
-      const float* xs = a.s16(r0 + r);
-      __m256 summ = _mm256_setzero_ps();
-      for (size_t b = 0; b < nb; ++b)
-        summ = _mm256_fmadd_ps(_mm256_loadu_ps(reinterpret_cast<const float*>(tile + b * kTb + 640 + 32 * h)),
-                               _mm256_set1_ps(xs[b]), summ);
-      res = _mm256_add_ps(res, summ);
-    }
-    _mm256_storeu_ps(out + 8 * r, res);
-  }
+  for (int r = 0; r < R; ++r) _mm256_storeu_ps(out + 8 * r, hsum8_lanes(acc[r]));
 }
 
 // Float tiles: 8 rows (half h) x R activation rows, even and odd k in separate chains.
@@ -196,30 +201,6 @@ inline __m256i scale_pairs8(__m256i s) {
   return _mm256_or_si256(_mm256_and_si256(s, _mm256_set1_epi32(0xFFFF)), _mm256_slli_epi32(s, 16));
 }
 
-// The 8 groups of weight values of one super-tile block for rows 8h..8h+7 (the 32-byte
-// half of each 64-byte line; layout in kernels_impl.h): nibbles, with Q5_K's / Q6_K's
-// high-bit fields shifted to bits 4.. and masked (the shift is 16-bit; the mask drops what
-// crossed from the neighbouring byte).
-template <KQuant Q>
-inline void k_block_half(const uint8_t* blk, int h, __m256i w[8]) {
-  constexpr KTileGeom G = ktile_geom(Q);
-  const __m256i low4 = _mm256_set1_epi8(0x0F);
-  const __m256i high_mask = _mm256_set1_epi8(static_cast<char>(((1 << G.high_bits) - 1) << 4));
-  __m256i qh[2];
-  for (int i = 0; i < G.high_bits; ++i)
-    qh[i] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 256 + 64 * i + 32 * h));
-  for (int g = 0; g < 8; ++g) {
-    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 64 * (g % 4) + 32 * h));
-    w[g] = _mm256_and_si256(g < 4 ? v : _mm256_srli_epi16(v, 4), low4);
-    if constexpr (G.high_bits > 0) {
-      const int bit = g * G.high_bits % 8;
-      const __m256i x = qh[g * G.high_bits / 8];
-      const __m256i placed = bit < 4 ? _mm256_slli_epi16(x, 4 - bit) : bit > 4 ? _mm256_srli_epi16(x, bit - 4) : x;
-      w[g] = _mm256_or_si256(w[g], _mm256_and_si256(placed, high_mask));
-    }
-  }
-}
-
 template <KQuant Q, bool Batched, int R>
 void k_half(const uint8_t* tile, size_t nb, const ActView& a, size_t r0, int h, float* out) {
   constexpr KTileGeom G = ktile_geom(Q);
@@ -247,7 +228,7 @@ void k_half(const uint8_t* tile, size_t nb, const ActView& a, size_t r0, int h, 
       const size_t b = sb * 8 + c;
       __m256i w[8];
       if (h == 0) prefetch_ahead(t + G.block * c, G.block);
-      k_block_half<Q>(t + G.block * c, h, w);
+      nib_block_half<G.high_bits>(t + G.block * c, h, w);
       const __m256i sc_lo = scale_pairs8(scales8(t + G.sc + 16 * c + 8 * h, Q == KQuant::Q6));
       const __m256i sc_hi = Q == KQuant::Q6 ? scale_pairs8(scales8(t + G.sc_hi + 16 * c + 8 * h, true)) : sc_lo;
       for (int r = 0; r < R; ++r) {
@@ -334,8 +315,7 @@ template <bool BF16>
 constexpr TileKernelFn kFloatTile = run_tile<float_half<BF16, 1>, float_half<BF16, 2>>;
 template <NibKind K>
 constexpr TileKernelFn kNibTile = run_tile<nib_half<K, 1>, nib_half<K, 2>>;
-template <bool Q51>
-constexpr TileKernelFn kByteTile = run_tile<byte_half<Q51, 1>, byte_half<Q51, 2>>;
+constexpr TileKernelFn kByteTile = run_tile<byte_half<1>, byte_half<2>>;
 
 }  // namespace
 
@@ -353,7 +333,8 @@ TileKernelFn kquant_tile_avx2(KQuant q, bool batched) {
 
 const IsaKernels& avx2_kernels() {
   static const IsaKernels k{quantize_q8_avx2,  quantize_q8_k_record, kNibTile<NibKind::Q4_1>, kNibTile<NibKind::Q4_0>,
-                            kByteTile<false>,  kByteTile<true>,         kFloatTile<false>,
+                            kNibTile<NibKind::Q5_1>, kNibTile<NibKind::Q5_0>, kByteTile,
+                            kFloatTile<false>,
                             kFloatTile<true>,
                             kquant_tile_avx2(KQuant::Q4, false), kquant_tile_avx2(KQuant::Q5, false),
                             kquant_tile_avx2(KQuant::Q6, false), kquant_tile_avx2(KQuant::Q4, true),

@@ -103,10 +103,39 @@ inline __m512 load16_fp16(const uint8_t* p) {
   return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
 }
 
-// Nibble tiles, R activation rows (R <= 2: 8 accumulators per row must stay in registers).
+// The 8 groups of weight values (16 rows x 4 elements each, one per byte) of a nibble block
+// with HB high-bit lines (kernels_impl.h): the nibbles, with the high-bit fields moved to
+// bits 4.. (a 16-bit shift, then a mask that drops what crossed from the neighbouring byte).
+template <int HB>
+inline __m512i high_field(const __m512i* qh, int g) {
+  const int bit = g * HB % 8;
+  const __m512i x = qh[g * HB / 8];
+  const __m512i placed = bit < 4 ? _mm512_slli_epi16(x, 4 - bit) : bit > 4 ? _mm512_srli_epi16(x, bit - 4) : x;
+  return _mm512_and_si512(placed, _mm512_set1_epi8(static_cast<char>(((1 << HB) - 1) << 4)));
+}
+template <int HB>
+inline void load_nib_block(const uint8_t* blk, __m512i w[8]) {
+  const __m512i low4 = _mm512_set1_epi8(0x0F);
+  __m512i qh[2];
+  for (int h = 0; h < HB; ++h) qh[h] = _mm512_loadu_si512(blk + 256 + 64 * h);
+  for (int line = 0; line < 4; ++line) {
+    const __m512i v = _mm512_loadu_si512(blk + 64 * line), v_hi = _mm512_srli_epi16(v, 4);
+    if constexpr (HB == 0) {
+      w[line] = _mm512_and_si512(v, low4);
+      w[line + 4] = _mm512_and_si512(v_hi, low4);
+    } else {  // (nibble & 0x0F) | field: vpternlogd 0xEC = (a & c) | b
+      w[line] = _mm512_ternarylogic_epi32(v, high_field<HB>(qh, line), low4, 0xEC);
+      w[line + 4] = _mm512_ternarylogic_epi32(v_hi, high_field<HB>(qh, line + 4), low4, 0xEC);
+    }
+  }
+}
+
+// Nibble tiles (nib_geom), R activation rows (R <= 2: 8 accumulators per row must stay in
+// registers).
 template <NibKind K, int R>
 inline void nib_rows(const uint8_t* tile, size_t nb, const ActView& a, size_t r0, float* y, size_t y_stride,
                      __mmask16 store_mask) {
+  constexpr NibGeom G = nib_geom(K);
   __m512 acc[R][8];
   const int8_t* xq[R];
   const float* xd[R];
@@ -117,25 +146,20 @@ inline void nib_rows(const uint8_t* tile, size_t nb, const ActView& a, size_t r0
     xd[r] = a.d(r0 + r);
     xc[r] = a.corr(r0 + r);
   }
-  const __m512i low4 = _mm512_set1_epi8(0x0F);
   for (size_t b = 0; b < nb; ++b) {
-    const uint8_t* wb = tile + b * kNib16TileBlock;
-    prefetch_ahead(wb, kNib16TileBlock);
+    const uint8_t* wb = tile + b * G.block;
+    prefetch_ahead(wb, G.block);
     __m512i w[8];
-    for (int g = 0; g < 4; ++g) {
-      const __m512i v = _mm512_loadu_si512(wb + 64 * g);
-      w[g] = _mm512_and_si512(v, low4);
-      w[g + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
-    }
-    const __m512 dw = load16_fp16(wb + 256);
+    load_nib_block<G.high_bits>(wb, w);
+    const __m512 dw = load16_fp16(wb + G.d);
     for (int r = 0; r < R; ++r) {
       const int8_t* q = xq[r] + b * kQK;
       const __m512 dd = _mm512_mul_ps(dw, _mm512_set1_ps(xd[r][b]));
-      // w[g] holds elements 4g..4g+3 of each row (high nibbles are 16 + ...): one lane of
-      // llama.cpp's accumulator. Q4_0 starts each group at -8 sum(q) (= corr / 16).
+      // w[g] holds elements 4g..4g+3 of each row: one lane of llama.cpp's accumulator.
+      // Q4_0 / Q5_0 start each group at -8 / -16 sum(q) (= corr >> 4 / >> 3).
       for (int g = 0; g < 8; ++g) {
         const __m512i start =
-            K == NibKind::Q4_0 ? _mm512_set1_epi32(xc[r][8 * b + g] >> 4) : _mm512_setzero_si512();
+            G.start_shift ? _mm512_set1_epi32(xc[r][8 * b + g] >> G.start_shift) : _mm512_setzero_si512();
         const __m512i s = _mm512_dpbusd_epi32(start, w[g], bcast32(q + 4 * g));
         acc[r][g] = _mm512_fmadd_ps(dd, _mm512_cvtepi32_ps(s), acc[r][g]);
       }
@@ -143,22 +167,21 @@ inline void nib_rows(const uint8_t* tile, size_t nb, const ActView& a, size_t r0
   }
   for (int r = 0; r < R; ++r) {
     __m512 out = hsum8_lanes(acc[r]);
-    if constexpr (K == NibKind::Q4_1) {
+    if constexpr (G.has_min) {
       const float* xs = a.s16(r0 + r);
       __m512 summ = _mm512_setzero_ps();
       for (size_t b = 0; b < nb; ++b)
-        summ = _mm512_fmadd_ps(load16_fp16(tile + b * kNib16TileBlock + 288), _mm512_set1_ps(xs[b]), summ);
+        summ = _mm512_fmadd_ps(load16_fp16(tile + b * G.block + G.m), _mm512_set1_ps(xs[b]), summ);
       out = _mm512_add_ps(out, summ);
     }
     _mm512_mask_storeu_ps(y + r * y_stride, store_mask, out);
   }
 }
 
-// Byte tiles: kByte16 (fp16 d; Q8_0, Q5_0), or with Q51 kByte32Min (float d, + m * s16).
-template <bool Q51, int R>
+// Byte tiles: kByte16 (fp16 d; Q8_0).
+template <int R>
 inline void byte_rows(const uint8_t* tile, size_t nb, const ActView& a, size_t r0, float* y, size_t y_stride,
                       __mmask16 store_mask) {
-  constexpr size_t kTb = Q51 ? kByte32MinTileBlock : kByte16TileBlock;
   __m512 acc[R][8];
   const int8_t* xq[R];
   const float* xd[R];
@@ -170,11 +193,11 @@ inline void byte_rows(const uint8_t* tile, size_t nb, const ActView& a, size_t r
     xc[r] = a.corr(r0 + r);
   }
   for (size_t b = 0; b < nb; ++b) {
-    const uint8_t* wb = tile + b * kTb;
-    prefetch_ahead(wb, kTb);
+    const uint8_t* wb = tile + b * kByte16TileBlock;
+    prefetch_ahead(wb, kByte16TileBlock);
     __m512i w[8];
     for (int g = 0; g < 8; ++g) w[g] = _mm512_loadu_si512(wb + 64 * g);
-    const __m512 dw = Q51 ? _mm512_loadu_ps(wb + 512) : load16_fp16(wb + 512);
+    const __m512 dw = load16_fp16(wb + 512);
     for (int r = 0; r < R; ++r) {
       const int8_t* q = xq[r] + b * kQK;
       const __m512 dd = _mm512_mul_ps(dw, _mm512_set1_ps(xd[r][b]));
@@ -185,17 +208,7 @@ inline void byte_rows(const uint8_t* tile, size_t nb, const ActView& a, size_t r
       }
     }
   }
-  for (int r = 0; r < R; ++r) {
-    __m512 out = hsum8_lanes(acc[r]);
-    if constexpr (Q51) {
-      const float* xs = a.s16(r0 + r);
-      __m512 summ = _mm512_setzero_ps();
-      for (size_t b = 0; b < nb; ++b)
-        summ = _mm512_fmadd_ps(_mm512_loadu_ps(tile + b * kTb + 640), _mm512_set1_ps(xs[b]), summ);
-      out = _mm512_add_ps(out, summ);
-    }
-    _mm512_mask_storeu_ps(y + r * y_stride, store_mask, out);
-  }
+  for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(y + r * y_stride, store_mask, hsum8_lanes(acc[r]));
 }
 
 // Float tiles, R activation rows: one zmm of 16 rows' weights per k, converted once and
@@ -275,36 +288,6 @@ inline __m512i scale_pairs(__m512i s) {
   return _mm512_or_si512(_mm512_and_si512(s, _mm512_set1_epi32(0xFFFF)), _mm512_slli_epi32(s, 16));
 }
 
-// The 8 groups of weight values (16 rows x 4 elements each, one per byte) of 32-block c of
-// a super-tile: the nibble lines, with Q5_K's / Q6_K's high-bit fields moved to bits 4..
-// (a 16-bit shift, then a mask that drops what crossed from the neighbouring byte).
-template <KQuant Q>
-inline __m512i k_high_field(const __m512i* qh, int g) {
-  constexpr KTileGeom G = ktile_geom(Q);
-  const int bit = g * G.high_bits % 8;
-  const __m512i x = qh[g * G.high_bits / 8];
-  const __m512i placed = bit < 4 ? _mm512_slli_epi16(x, 4 - bit) : bit > 4 ? _mm512_srli_epi16(x, bit - 4) : x;
-  return _mm512_and_si512(placed, _mm512_set1_epi8(static_cast<char>(((1 << G.high_bits) - 1) << 4)));
-}
-template <KQuant Q>
-inline void load_k_block(const uint8_t* t, size_t c, __m512i w[8]) {
-  constexpr KTileGeom G = ktile_geom(Q);
-  const uint8_t* blk = t + G.block * c;
-  const __m512i low4 = _mm512_set1_epi8(0x0F);
-  __m512i qh[2];
-  for (int h = 0; h < G.high_bits; ++h) qh[h] = _mm512_loadu_si512(blk + 256 + 64 * h);
-  for (int line = 0; line < 4; ++line) {
-    const __m512i v = _mm512_loadu_si512(blk + 64 * line), v_hi = _mm512_srli_epi16(v, 4);
-    if constexpr (G.high_bits == 0) {
-      w[line] = _mm512_and_si512(v, low4);
-      w[line + 4] = _mm512_and_si512(v_hi, low4);
-    } else {  // (nibble & 0x0F) | field: vpternlogd 0xEC = (a & c) | b
-      w[line] = _mm512_ternarylogic_epi32(v, k_high_field<Q>(qh, line), low4, 0xEC);
-      w[line + 4] = _mm512_ternarylogic_epi32(v_hi, k_high_field<Q>(qh, line + 4), low4, 0xEC);
-    }
-  }
-}
-
 // Q6_K's -32 offset for one row of super-block sb, lane group g taking 32-block g's share
 // (the sums of 16 activations, bs16, times the signed scales).
 inline __m512i q6_offset(const uint8_t* t, const int32_t* bs16, int g) {
@@ -333,7 +316,7 @@ inline void k_rows_vecdot(const uint8_t* tile, size_t nb, const ActView& a, size
     for (size_t c = 0; c < 8; ++c) {
       prefetch_ahead(t + G.block * c, G.block);
       __m512i w[8];
-      load_k_block<Q>(t, c, w);
+      load_nib_block<G.high_bits>(t + G.block * c, w);
       const __m512i sc_lo = scale_pairs(scales16(t + G.sc + 16 * c, Q == KQuant::Q6));
       const __m512i sc_hi = Q == KQuant::Q6 ? scale_pairs(scales16(t + G.sc_hi + 16 * c, true)) : sc_lo;
       for (int r = 0; r < R; ++r) {
@@ -389,7 +372,7 @@ inline void k_rows_gemm(const uint8_t* tile, size_t nb, const ActView& a, size_t
     }
     for (size_t c = 0; c < 8; ++c) {
       __m512i w[8];
-      load_k_block<Q>(t, c, w);
+      load_nib_block<G.high_bits>(t + G.block * c, w);
       const __m512i sc_lo = scales16(t + G.sc + 16 * c, Q == KQuant::Q6);
       const __m512i sc_hi = Q == KQuant::Q6 ? scales16(t + G.sc_hi + 16 * c, true) : sc_lo;
       for (int r = 0; r < R; ++r) {
@@ -436,8 +419,7 @@ void half_tile(const uint8_t* tile, size_t nb, const ActView& a, size_t r0, size
 
 template <NibKind K>
 constexpr TileKernelFn kNibTile = run_rows<nib_rows<K, 1>, nib_rows<K, 2>>;
-template <bool Q51>
-constexpr TileKernelFn kByteTile = run_rows<byte_rows<Q51, 1>, byte_rows<Q51, 2>>;
+constexpr TileKernelFn kByteTile = run_rows<byte_rows<1>, byte_rows<2>>;
 
 }  // namespace
 
@@ -463,7 +445,8 @@ TileKernelFn kquant_tile_avx512(KQuant q, bool batched) {
 
 const IsaKernels& avx512_kernels() {
   static const IsaKernels k{quantize_q8_avx512,         quantize_q8_k_avx512, kNibTile<NibKind::Q4_1>, kNibTile<NibKind::Q4_0>,
-                            kByteTile<false>,           kByteTile<true>,         half_tile<false>,
+                            kNibTile<NibKind::Q5_1>,    kNibTile<NibKind::Q5_0>, kByteTile,
+                            half_tile<false>,
                             half_tile<true>,
                             kquant_tile_avx512(KQuant::Q4, false), kquant_tile_avx512(KQuant::Q5, false),
                             kquant_tile_avx512(KQuant::Q6, false), kquant_tile_avx512(KQuant::Q4, true),

@@ -31,38 +31,68 @@ constexpr size_t kTileRows = 16;    // output rows interleaved in one repacked t
 // rows x one 32-element block (or one 256-element super-block for the K-quants), so that
 // a few kernel families serve them all; the values are kept exactly:
 //
-// Nibble tiles (4-bit weights), bytes [64g + 4o + j], g < 4, o < 16, j < 4: byte 4g+j of
-//   row o's 16 packed bytes (low nibble = element 4g+j, high nibble = element 16+4g+j).
-//   - kNib16 (Q4_1, Q4_0; 320 bytes, the file's size): then 16 fp16 d, 16 fp16 m.
-//     Q4_1: w = d q + m. Q4_0: w = d (q - 8), m unused (the kernel subtracts 8 sum(x)).
-// Byte tiles (weights stored as uint8 u = q + 128, the unsigned operand of vpdpbusd),
-//   bytes [64g + 4o + j], g < 8: element 4g+j of row o.
-//   - kByte16 (Q8_0, Q5_0; 544 bytes): then 16 fp16 d: w = d (u - 128).
-//   - kByte32Min (Q5_1; 704 bytes): 16 float d_lo, 16 float d_hi (both d), 16 float m:
-//     w = d (u - 128) + m.
+// Nibble blocks (16 rows x 32 elements of 4 + hb bits), the integer part of the nibble
+//   tiles and of the K super-tiles: 4 lines of 64 bytes [64L + 4o + j] (line L: element
+//   4L+j of row o in the low nibble, element 16+4L+j in the high; group g = elements
+//   4g..4g+3, so line L holds groups L and L+4), then hb lines of the high bits, group g's
+//   field at bit (g hb) % 8 of line (g hb) / 8 [256 + 64 line + 4o + j]. hb = 0 for Q4_0,
+//   Q4_1, Q4_K; 1 for Q5_0, Q5_1, Q5_K; 2 for Q6_K. Every type keeps the file's width.
+// Nibble tiles (nib_geom): one nibble block, then 16 fp16 d and, for Q4_1/Q5_1, 16 fp16 m;
+//   320 bytes (Q4_0, Q4_1), 352 (Q5_0), 384 (Q5_1), the file's sizes.
+//   Q4_1 / Q5_1: w = d q + m. Q4_0: w = d (q - 8), Q5_0: w = d (q - 16) (the kernel starts
+//   each group's sum at -8 or -16 sum(x), from the activation record's corrections).
+// Byte tiles (Q8_0: weights stored as uint8 u = q + 128, the unsigned operand of
+//   vpdpbusd), bytes [64g + 4o + j], g < 8: element 4g+j of row o.
+//   - kByte16 (Q8_0; 544 bytes): then 16 fp16 d: w = d (u - 128).
 // Float tiles (F16, BF16 weights; 1024 bytes per 32 k): the 16-bit words of the 16 rows at
 //   k = 0..31 as [k][o]. Their activations are floats rounded through the weight's type
 //   (llama.cpp's vec-dot type for F16/BF16), one float row each; per output element two
 //   fma chains in k order, over even k and odd k, then their sum (the same on every ISA).
 constexpr size_t kHalfTileBlock = 1024;
-constexpr size_t kNib16TileBlock = 320;
 constexpr size_t kByte16TileBlock = 544;
-constexpr size_t kByte32MinTileBlock = 704;
-// Kept for the Q4_1/Q8_0 tests and comments that name the file types.
-constexpr size_t kQ4_1TileBlock = kNib16TileBlock;
-constexpr size_t kQ8_0TileBlock = kByte16TileBlock;
+
+// Stored (unsigned) value of element e (< 32) of row o of a nibble block with HB high bits.
+template <int HB>
+inline int nib_block_value(const uint8_t* block, unsigned o, int e) {
+  const int g = e / 4, j = e % 4;
+  const uint8_t v = block[64 * (g % 4) + 4 * o + j];
+  int w = g < 4 ? v & 0xF : v >> 4;
+  if constexpr (HB > 0) {
+    const int bit = g * HB;
+    const uint8_t h = block[256 + 64 * (bit / 8) + 4 * o + j];
+    w |= ((h >> (bit % 8)) & ((1 << HB) - 1)) << 4;
+  }
+  return w;
+}
+
+// Which weight interpretation a nibble tile kernel applies (a template parameter of every
+// ISA's kernel family), and where its tile keeps what.
+enum class NibKind { Q4_1, Q4_0, Q5_1, Q5_0 };
+struct NibGeom {
+  int high_bits;    // 0 or 1
+  size_t d, m;      // byte offsets of the fp16 d and m (m: Q4_1 / Q5_1 only)
+  size_t block;     // tile bytes per 32-block
+  bool has_min;     // + m * s16
+  int start_shift;  // Q4_0 / Q5_0: each group's sum starts at corr >> shift (-8 / -16 sum x)
+};
+inline constexpr NibGeom nib_geom(NibKind k) {
+  switch (k) {
+    case NibKind::Q4_1: return {0, 256, 288, 320, true, 0};
+    case NibKind::Q4_0: return {0, 256, 0, 320, false, 4};
+    case NibKind::Q5_1: return {1, 320, 352, 384, true, 0};
+    case NibKind::Q5_0: break;
+  }
+  return {1, 320, 0, 352, false, 3};
+}
 
 // K super-tiles (Q4_K, Q5_K, Q6_K) keep the file's integer form so that the dot is
 // llama.cpp's ggml_vec_dot_q{4,5,6}_K_q8_K (AVX2 order) bit for bit: per 256-element
 // super-block and 16 rows, 8 blocks of unsigned values, then the sub-block scales as bytes
 // [block][row] (Q4_K/Q5_K: uint8 sc and m; Q6_K: int8 sc_lo for elements 0..15 and sc_hi
 // for 16..31 of each block), then float d[16] and float dmin[16] (the file's fp16 values).
-// A block (`block` bytes) holds its values at the file's width, so that decode, which only
-// streams weights, reads no more bytes than llama.cpp does: the low 4 bits as 4 lines of
-// 64 bytes [4o + j] (line L: group L in the low nibble, group L + 4 in the high; group g =
-// elements 4g..4g+3), then for Q5_K one line and for Q6_K two lines of the high bits, group
-// g's field (1 or 2 bits) at bit (g * hb) % 8 of line (g * hb) / 8. Unpacking costs a few
-// shifts and masks per 64 bytes, which the prefill GEMM spreads over 8 activation rows.
+// Each 32-block is a nibble block (above) at the file's width, so that decode, which only
+// streams weights, reads no more bytes than llama.cpp does; unpacking the high bits costs a
+// few shifts and masks per 64 bytes, which the prefill GEMM spreads over 8 activation rows.
 // Per output, per super-block: S_g = sum over blocks of sc * (exact
 // dot of group g's 4 elements), and for Q6_K minus 32 * (sc_lo bs16 + sc_hi bs16 of block
 // g: llama.cpp 0.3.36's lane of the offset correction), then
@@ -88,21 +118,6 @@ inline constexpr KTileGeom ktile_geom(KQuant q) {
   }
   return {384, 2, 3072, 3200, 0, 3328, 0, 3392};
 }
-// Stored (unsigned) value of element e (< 32) of row o in a super-tile block.
-template <KQuant Q>
-inline int ktile_value(const uint8_t* block, unsigned o, int e) {
-  constexpr KTileGeom G = ktile_geom(Q);
-  const int g = e / 4, j = e % 4;
-  const uint8_t v = block[64 * (g % 4) + 4 * o + j];
-  int w = g < 4 ? v & 0xF : v >> 4;
-  if constexpr (G.high_bits > 0) {
-    const int bit = g * G.high_bits;
-    const uint8_t h = block[256 + 64 * (bit / 8) + 4 * o + j];
-    w |= ((h >> (bit % 8)) & ((1 << G.high_bits) - 1)) << 4;
-  }
-  return w;
-}
-
 // Weights stream from memory once per generated token, far beyond every cache, and the
 // hardware prefetchers stop at each 4 KiB page: the tile kernels ask for the lines
 // kStreamPrefetchBytes ahead of the block they are about to read (bench_gemm's
@@ -153,10 +168,8 @@ using TileKernelFn = void (*)(const uint8_t* tile, size_t nb, const ActView& a, 
 struct IsaKernels {
   QuantizeRowFn quantize_q8;
   QuantizeRowFn quantize_q8_k;  // Q8_K records (quantize_q8_k_record's values)
-  TileKernelFn q4_1;       // kNib16, + m s16
-  TileKernelFn q4_0;       // kNib16, - 8 sum(x)
-  TileKernelFn q8_0;       // kByte16 (Q8_0, Q5_0)
-  TileKernelFn q5_1;       // kByte32Min, + m s16
+  TileKernelFn q4_1, q4_0, q5_1, q5_0;  // nibble tiles (nib_geom)
+  TileKernelFn q8_0;                    // kByte16
   TileKernelFn f16;        // float tiles of fp16 words
   TileKernelFn bf16;       // float tiles of bf16 words
   TileKernelFn k4, k5, k6; // K super-tiles (Q4_K, Q5_K, Q6_K), vec-dot order
@@ -176,7 +189,7 @@ const IsaKernels& avx512_kernels();
 // Repacking (kernels_repack.cpp): which tile layout each block-quantized weight type
 // takes, the repack of a whole matrix, and row o back as floats (bit-identical to
 // dequantize_row of the file's row: the same float operations on the same values).
-enum class TileLayout { None, Nib16, Byte16, Byte32Min, Half, KSuper };
+enum class TileLayout { None, Nib, Byte16, Half, KSuper };
 // None: not repacked (F32; F16/BF16 rows that are not whole 32-blocks).
 TileLayout tile_layout_for(uint32_t weight_type, size_t cols);
 // Bytes per 32 elements of 16 rows (a K super-tile's size / 8).
@@ -188,9 +201,6 @@ void dequantize_packed_row(uint32_t weight_type, const uint8_t* packed, size_t c
 // One activation row for a float tile: x rounded through F16 or BF16 (as floats).
 void round_act_row(uint32_t weight_type, const float* x, size_t cols, float* out);
 
-// Which weight interpretation a nibble tile kernel applies (a template parameter of every
-// ISA's kernel family; the layouts are described above).
-enum class NibKind { Q4_1, Q4_0 };
 
 // llama.cpp's hsum_float_8 over the 8 per-group lanes of one output element.
 inline float hsum8_llama(const float l[8]) {

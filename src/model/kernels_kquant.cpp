@@ -73,7 +73,7 @@ void ktile_portable(const uint8_t* tile, size_t nb, const ActView& a, size_t r0,
           const int8_t* q = xq + b * kQK;
           for (int g = 0; g < 8; ++g) {
             int isum = 0;
-            for (int j = 0; j < 4; ++j) isum += ktile_value<Q>(t + G.block * c, o, 4 * g + j) * q[4 * g + j];
+            for (int j = 0; j < 4; ++j) isum += nib_block_value<G.high_bits>(t + G.block * c, o, 4 * g + j) * q[4 * g + j];
             const int sc = Q == KQuant::Q6 ? static_cast<int8_t>(t[(g < 4 ? G.sc : G.sc_hi) + 16 * c + o])
                                            : t[G.sc + 16 * c + o];
             S[g] += sc * isum;

@@ -263,6 +263,7 @@ void quantize_q8_portable(const float* x, size_t cols, uint8_t* out) {
 template <NibKind K>
 void nib_tile_portable(const uint8_t* tile, size_t nb, const ActView& a, size_t r0, size_t nr, float* y,
                        size_t y_stride, unsigned o_lo, unsigned o_hi) {
+  constexpr NibGeom G = nib_geom(K);
   for (size_t r = 0; r < nr; ++r) {
     const int8_t* xq = a.qs(r0 + r);
     const float* xd = a.d(r0 + r);
@@ -271,55 +272,43 @@ void nib_tile_portable(const uint8_t* tile, size_t nb, const ActView& a, size_t 
     float lane[kTileRows][8] = {};
     float summ[kTileRows] = {};
     for (size_t b = 0; b < nb; ++b) {
-      const uint8_t* wb = tile + b * kNib16TileBlock;
+      const uint8_t* wb = tile + b * G.block;
       const int8_t* q = xq + b * kQK;
       for (unsigned o = 0; o < kTileRows; ++o) {
-        const float dd = fp16_to_fp32(load_u16(wb + 256 + 2 * o)) * xd[b];
-        for (int g = 0; g < 4; ++g) {
-          // Groups g (low nibbles) and g + 4 (high nibbles); Q4_0 starts at -8 sum(q).
-          int lo = K == NibKind::Q4_0 ? xc[8 * b + g] / 16 : 0;
-          int hi = K == NibKind::Q4_0 ? xc[8 * b + g + 4] / 16 : 0;
-          for (int j = 0; j < 4; ++j) {
-            const uint8_t v = wb[64 * g + 4 * o + j];
-            lo += (v & 0xF) * q[4 * g + j];
-            hi += (v >> 4) * q[16 + 4 * g + j];
-          }
-          lane[o][g] = std::fma(dd, static_cast<float>(lo), lane[o][g]);
-          lane[o][g + 4] = std::fma(dd, static_cast<float>(hi), lane[o][g + 4]);
+        const float dd = fp16_to_fp32(load_u16(wb + G.d + 2 * o)) * xd[b];
+        for (int g = 0; g < 8; ++g) {
+          // Q4_0 / Q5_0 start at -8 / -16 sum(q) (corr = -128 sum(q)).
+          int isum = G.start_shift ? xc[8 * b + g] / (1 << G.start_shift) : 0;
+          for (int j = 0; j < 4; ++j) isum += nib_block_value<G.high_bits>(wb, o, 4 * g + j) * q[4 * g + j];
+          lane[o][g] = std::fma(dd, static_cast<float>(isum), lane[o][g]);
         }
-        if (K == NibKind::Q4_1) summ[o] = std::fma(fp16_to_fp32(load_u16(wb + 288 + 2 * o)), xs[b], summ[o]);
+        if (G.has_min) summ[o] = std::fma(fp16_to_fp32(load_u16(wb + G.m + 2 * o)), xs[b], summ[o]);
       }
     }
-    for (unsigned o = o_lo; o < o_hi; ++o)
-      y[r * y_stride + o] = K == NibKind::Q4_0 ? hsum8_llama(lane[o]) : hsum8_llama(lane[o]) + summ[o];
+    for (unsigned o = o_lo; o < o_hi; ++o) y[r * y_stride + o] = G.has_min ? hsum8_llama(lane[o]) + summ[o] : hsum8_llama(lane[o]);
   }
 }
 
-// Byte tiles: kByte16 (one fp16 d; Q8_0, Q5_0), or with Q51 kByte32Min (float d, + m s16).
-template <bool Q51>
+// Byte tiles: kByte16 (one fp16 d; Q8_0).
 void byte_tile_portable(const uint8_t* tile, size_t nb, const ActView& a, size_t r0, size_t nr, float* y,
                         size_t y_stride, unsigned o_lo, unsigned o_hi) {
-  const size_t tb = Q51 ? kByte32MinTileBlock : kByte16TileBlock;
   for (size_t r = 0; r < nr; ++r) {
     const int8_t* xq = a.qs(r0 + r);
     const float* xd = a.d(r0 + r);
-    const float* xs = a.s16(r0 + r);
     float lane[kTileRows][8] = {};
-    float summ[kTileRows] = {};
     for (size_t b = 0; b < nb; ++b) {
-      const uint8_t* wb = tile + b * tb;
+      const uint8_t* wb = tile + b * kByte16TileBlock;
       const int8_t* q = xq + b * kQK;
       for (unsigned o = 0; o < kTileRows; ++o) {
-        const float dd = (Q51 ? load_f32(wb + 512 + 4 * o) : fp16_to_fp32(load_u16(wb + 512 + 2 * o))) * xd[b];
+        const float dd = fp16_to_fp32(load_u16(wb + 512 + 2 * o)) * xd[b];
         for (int g = 0; g < 8; ++g) {
           int sumi = 0;
           for (int j = 0; j < 4; ++j) sumi += (static_cast<int>(wb[64 * g + 4 * o + j]) - 128) * q[4 * g + j];
           lane[o][g] = std::fma(dd, static_cast<float>(sumi), lane[o][g]);
         }
-        if (Q51) summ[o] = std::fma(load_f32(wb + 640 + 4 * o), xs[b], summ[o]);
       }
     }
-    for (unsigned o = o_lo; o < o_hi; ++o) y[r * y_stride + o] = Q51 ? hsum8_llama(lane[o]) + summ[o] : hsum8_llama(lane[o]);
+    for (unsigned o = o_lo; o < o_hi; ++o) y[r * y_stride + o] = hsum8_llama(lane[o]);
   }
 }
 
@@ -350,8 +339,9 @@ const IsaKernels& portable_kernels() {
                             quantize_q8_k_record,
                             nib_tile_portable<NibKind::Q4_1>,
                             nib_tile_portable<NibKind::Q4_0>,
-                            byte_tile_portable<false>,
-                            byte_tile_portable<true>,
+                            nib_tile_portable<NibKind::Q5_1>,
+                            nib_tile_portable<NibKind::Q5_0>,
+                            byte_tile_portable,
                             half_tile_portable<false>,
                             half_tile_portable<true>,
                             kquant_tile_portable(KQuant::Q4, false),

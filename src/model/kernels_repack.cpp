@@ -1,9 +1,9 @@
 // Repacking every block-quantized weight type into the tile layouts of kernels_impl.h.
 // Each file block is first decoded into one neutral form per 32 elements (stored integer
 // values and their scales), read off the reference dequantizers in kernels_ref.cpp, then
-// written into the tile of its 16 output rows. The values are kept exactly: 4-bit types
-// stay 4-bit, 5/6/8-bit types become bytes, and the K-quants' scales become the float
-// products d * sc (exact: an fp16 times a 6- or 8-bit integer).
+// written into the tile of its 16 output rows. The values are kept exactly and at the
+// file's width (nibble blocks with high-bit lines; Q8_0 as bytes); fp16 scales are kept as
+// fp16, or as floats where a kernel wants them so (exact).
 #include <cstring>
 #include <stdexcept>
 #include <string>
@@ -15,12 +15,11 @@
 namespace cf::kern {
 namespace {
 
-// One 32-element block of one row in neutral form: u[j] is the stored value (0..15 for
-// nibble layouts; q + 128 for byte layouts), and the scales as the layout stores them.
+// One 32-element block of one row in neutral form: u[j] is the stored value (0..15 or
+// 0..31 for nibble layouts; q + 128 for byte layouts), and the file's fp16 scales.
 struct Block32 {
   uint8_t u[32];
-  uint16_t d16 = 0, m16 = 0;  // Nib16 / Byte16: the file's fp16 bits
-  float d = 0, m = 0;          // Byte32Min (Q5_1): d and min as floats
+  uint16_t d16 = 0, m16 = 0;
 };
 
 inline float h2f(const uint8_t* p) { return fp16_to_fp32(load_u16(p)); }
@@ -51,21 +50,14 @@ void decode_block(GgmlType type, const uint8_t* row, size_t b, Block32& out) {
       out.d16 = load_u16(blk);
       return;
     }
-    case GgmlType::Q5_0: {  // w = d (q - 16): u = q - 16 + 128
-      const uint8_t* blk = row + b * 22;
+    case GgmlType::Q5_0: case GgmlType::Q5_1: {  // Q5_0: w = d (q - 16); Q5_1: w = d q + m
+      const bool q51 = type == GgmlType::Q5_1;
+      const uint8_t* blk = row + b * (q51 ? 24 : 22);
       uint32_t qh;
-      std::memcpy(&qh, blk + 2, 4);
-      for (int j = 0; j < 32; ++j) out.u[j] = static_cast<uint8_t>(q5_value(blk + 6, qh, j) + 112);
+      std::memcpy(&qh, blk + (q51 ? 4 : 2), 4);
+      for (int j = 0; j < 32; ++j) out.u[j] = static_cast<uint8_t>(q5_value(blk + (q51 ? 8 : 6), qh, j));
       out.d16 = load_u16(blk);
-      return;
-    }
-    case GgmlType::Q5_1: {  // w = d q + m
-      const uint8_t* blk = row + b * 24;
-      uint32_t qh;
-      std::memcpy(&qh, blk + 4, 4);
-      for (int j = 0; j < 32; ++j) out.u[j] = static_cast<uint8_t>(q5_value(blk + 8, qh, j) + 128);
-      out.d = h2f(blk);
-      out.m = h2f(blk + 2);
+      out.m16 = q51 ? load_u16(blk + 2) : 0;
       return;
     }
     default: throw std::invalid_argument("repack: no tile layout for " + std::string(ggml_type_name(type)));
@@ -74,25 +66,41 @@ void decode_block(GgmlType type, const uint8_t* row, size_t b, Block32& out) {
 
 inline void store_f32(uint8_t* p, float v) { std::memcpy(p, &v, 4); }
 
-// Writes `blk` as lane o of the tile block at dst.
-void pack_block(TileLayout layout, const Block32& blk, unsigned o, uint8_t* dst) {
+// Writes the 32 values u (4 + hb bits) as row o of the nibble block at dst (kernels_impl.h;
+// dst starts zeroed).
+void pack_nib_block(const uint8_t* u, int hb, unsigned o, uint8_t* dst) {
+  for (int line = 0; line < 4; ++line)
+    for (int j = 0; j < 4; ++j)
+      dst[64 * line + 4 * o + j] = static_cast<uint8_t>((u[4 * line + j] & 0xF) | ((u[16 + 4 * line + j] & 0xF) << 4));
+  for (int g = 0; g < 8 && hb > 0; ++g)
+    for (int j = 0; j < 4; ++j) {
+      const int bit = g * hb;
+      dst[256 + 64 * (bit / 8) + 4 * o + j] |= static_cast<uint8_t>((u[4 * g + j] >> 4) << (bit % 8));
+    }
+}
+
+NibKind nib_kind_of(GgmlType t) {
+  switch (t) {
+    case GgmlType::Q4_0: return NibKind::Q4_0;
+    case GgmlType::Q5_1: return NibKind::Q5_1;
+    case GgmlType::Q5_0: return NibKind::Q5_0;
+    default: return NibKind::Q4_1;
+  }
+}
+
+// Writes `blk` of a `type` row as lane o of the tile block at dst.
+void pack_block(GgmlType type, TileLayout layout, const Block32& blk, unsigned o, uint8_t* dst) {
   switch (layout) {
-    case TileLayout::Nib16:
-      for (int g = 0; g < 4; ++g)
-        for (int j = 0; j < 4; ++j)
-          dst[64 * g + 4 * o + j] = static_cast<uint8_t>(blk.u[4 * g + j] | (blk.u[16 + 4 * g + j] << 4));
-      std::memcpy(dst + 256 + 2 * o, &blk.d16, 2);
-      std::memcpy(dst + 288 + 2 * o, &blk.m16, 2);
+    case TileLayout::Nib: {
+      const NibGeom g = nib_geom(nib_kind_of(type));
+      pack_nib_block(blk.u, g.high_bits, o, dst);
+      std::memcpy(dst + g.d + 2 * o, &blk.d16, 2);
+      if (g.has_min) std::memcpy(dst + g.m + 2 * o, &blk.m16, 2);
       return;
-    case TileLayout::Byte16: case TileLayout::Byte32Min:
+    }
+    case TileLayout::Byte16:
       for (int g = 0; g < 8; ++g) std::memcpy(dst + 64 * g + 4 * o, blk.u + 4 * g, 4);
-      if (layout == TileLayout::Byte16) {
-        std::memcpy(dst + 512 + 2 * o, &blk.d16, 2);
-      } else {  // d_lo = d_hi = d
-        store_f32(dst + 512 + 4 * o, blk.d);
-        store_f32(dst + 576 + 4 * o, blk.d);
-        store_f32(dst + 640 + 4 * o, blk.m);
-      }
+      std::memcpy(dst + 512 + 2 * o, &blk.d16, 2);
       return;
     default: break;
   }
@@ -156,17 +164,7 @@ KQuant kquant_of(GgmlType t) {
 void pack_kblock(KQuant q, const KBlock& kb, unsigned o, uint8_t* dst) {
   const KTileGeom g = ktile_geom(q);
   for (int c = 0; c < 8; ++c) {
-    const uint8_t* u = kb.u + 32 * c;
-    uint8_t* blk = dst + g.block * c;  // zeroed by repack_matrix
-    for (int line = 0; line < 4; ++line)
-      for (int j = 0; j < 4; ++j)
-        blk[64 * line + 4 * o + j] =
-            static_cast<uint8_t>((u[4 * line + j] & 0xF) | ((u[16 + 4 * line + j] & 0xF) << 4));
-    for (int gr = 0; gr < 8 && g.high_bits > 0; ++gr)
-      for (int j = 0; j < 4; ++j) {
-        const int bit = gr * g.high_bits;
-        blk[256 + 64 * (bit / 8) + 4 * o + j] |= static_cast<uint8_t>((u[4 * gr + j] >> 4) << (bit % 8));
-      }
+    pack_nib_block(kb.u + 32 * c, g.high_bits, o, dst + g.block * c);  // zeroed by repack_matrix
     if (q == KQuant::Q6) {
       dst[g.sc + 16 * c + o] = static_cast<uint8_t>(kb.sc[2 * c]);
       dst[g.sc_hi + 16 * c + o] = static_cast<uint8_t>(kb.sc[2 * c + 1]);
@@ -184,9 +182,8 @@ void pack_kblock(KQuant q, const KBlock& kb, unsigned o, uint8_t* dst) {
 TileLayout tile_layout_for(uint32_t weight_type, size_t cols) {
   switch (static_cast<GgmlType>(weight_type)) {
     case GgmlType::F16: case GgmlType::BF16: return cols % kQK == 0 ? TileLayout::Half : TileLayout::None;
-    case GgmlType::Q4_0: case GgmlType::Q4_1: return TileLayout::Nib16;
-    case GgmlType::Q8_0: case GgmlType::Q5_0: return TileLayout::Byte16;
-    case GgmlType::Q5_1: return TileLayout::Byte32Min;
+    case GgmlType::Q4_0: case GgmlType::Q4_1: case GgmlType::Q5_0: case GgmlType::Q5_1: return TileLayout::Nib;
+    case GgmlType::Q8_0: return TileLayout::Byte16;
     case GgmlType::Q4_K: case GgmlType::Q5_K: case GgmlType::Q6_K: return TileLayout::KSuper;
     default: return TileLayout::None;
   }
@@ -195,9 +192,8 @@ TileLayout tile_layout_for(uint32_t weight_type, size_t cols) {
 size_t tile_block_bytes(uint32_t weight_type, TileLayout layout) {
   switch (layout) {
     case TileLayout::KSuper: return ktile_geom(kquant_of(static_cast<GgmlType>(weight_type))).bytes / 8;
-    case TileLayout::Nib16: return kNib16TileBlock;
+    case TileLayout::Nib: return nib_geom(nib_kind_of(static_cast<GgmlType>(weight_type))).block;
     case TileLayout::Byte16: return kByte16TileBlock;
-    case TileLayout::Byte32Min: return kByte32MinTileBlock;
     case TileLayout::Half: return kHalfTileBlock;
     case TileLayout::None: break;
   }
@@ -237,7 +233,7 @@ void repack_matrix(uint32_t weight_type, const uint8_t* data, size_t rows, size_
     const auto lane = static_cast<unsigned>(o % kTileRows);
     for (size_t b = 0; b < nb; ++b) {
       decode_block(type, data + o * row_bytes, b, blk);
-      pack_block(layout, blk, lane, packed + (t * nb + b) * tb);
+      pack_block(type, layout, blk, lane, packed + (t * nb + b) * tb);
     }
   }
 }
@@ -258,9 +254,9 @@ void dequantize_packed_row(uint32_t weight_type, const uint8_t* packed, size_t c
         const int c = e / 32, l = e % 32;
         float* out = dst + sb * kQK_K + e;
         const uint8_t* blk = t + g.block * c;
-        const int w = q == KQuant::Q4 ? ktile_value<KQuant::Q4>(blk, lane, l)
-                      : q == KQuant::Q5 ? ktile_value<KQuant::Q5>(blk, lane, l)
-                                        : ktile_value<KQuant::Q6>(blk, lane, l);
+        const int w = g.high_bits == 0 ? nib_block_value<0>(blk, lane, l)
+                      : g.high_bits == 1 ? nib_block_value<1>(blk, lane, l)
+                                         : nib_block_value<2>(blk, lane, l);
         if (q != KQuant::Q6) {
           *out = d * t[g.sc + 16 * c + lane] * static_cast<float>(w) - load_f32(t + g.dmin + 4 * lane) * t[g.m + 16 * c + lane];
         } else {
@@ -282,28 +278,20 @@ void dequantize_packed_row(uint32_t weight_type, const uint8_t* packed, size_t c
       continue;
     }
     // The same float operations as kernels_ref.cpp's dequantizers, on the same values.
-    if (layout == TileLayout::Nib16) {
-      const float d = h2f(src + 256 + 2 * lane), m = h2f(src + 288 + 2 * lane);
-      for (int g = 0; g < 4; ++g)
-        for (int j = 0; j < 4; ++j) {
-          const uint8_t v = src[64 * g + 4 * lane + j];
-          const int e = 4 * g + j;
-          if (type == GgmlType::Q4_0) {
-            y[e] = static_cast<float>((v & 0xF) - 8) * d;
-            y[e + 16] = static_cast<float>((v >> 4) - 8) * d;
-          } else {  // Q4_1
-            y[e] = static_cast<float>(v & 0xF) * d + m;
-            y[e + 16] = static_cast<float>(v >> 4) * d + m;
-          }
-        }
-    } else {
+    if (layout == TileLayout::Nib) {
+      const NibGeom g = nib_geom(nib_kind_of(type));
+      const float d = h2f(src + g.d + 2 * lane), m = g.has_min ? h2f(src + g.m + 2 * lane) : 0.0f;
       for (int e = 0; e < 32; ++e) {
-        const int q = static_cast<int>(src[64 * (e / 4) + 4 * lane + e % 4]) - 128;
-        if (layout == TileLayout::Byte16)
-          y[e] = static_cast<float>(q) * h2f(src + 512 + 2 * lane);
-        else  // Q5_1
-          y[e] = static_cast<float>(q) * load_f32(src + 512 + 4 * lane) + load_f32(src + 640 + 4 * lane);
+        const int q = g.high_bits ? nib_block_value<1>(src, lane, e) : nib_block_value<0>(src, lane, e);
+        switch (type) {
+          case GgmlType::Q4_0: y[e] = static_cast<float>(q - 8) * d; break;
+          case GgmlType::Q5_0: y[e] = static_cast<float>(q - 16) * d; break;
+          default: y[e] = static_cast<float>(q) * d + m; break;  // Q4_1, Q5_1
+        }
       }
+    } else {
+      for (int e = 0; e < 32; ++e)
+        y[e] = static_cast<float>(static_cast<int>(src[64 * (e / 4) + 4 * lane + e % 4]) - 128) * h2f(src + 512 + 2 * lane);
     }
   }
 }

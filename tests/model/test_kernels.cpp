@@ -338,7 +338,7 @@ std::vector<float> random_acts(size_t n, size_t cols, std::mt19937& rng) {
 // K super-tiles use Q8_K like the generic path, F16/BF16 tiles rounded floats).
 bool int8_tiles(GgmlType t, size_t cols) {
   const auto layout = kern::tile_layout_for(static_cast<uint32_t>(t), cols);
-  return layout == kern::TileLayout::Nib16 || layout == kern::TileLayout::Byte16 || layout == kern::TileLayout::Byte32Min;
+  return layout == kern::TileLayout::Nib || layout == kern::TileLayout::Byte16;
 }
 
 // The activations as the kernel sees them: quantized then dequantized (double). Repacked
