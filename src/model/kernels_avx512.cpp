@@ -8,6 +8,8 @@
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
 
+#include <vector>
+
 #include "model/kernels_impl.h"
 
 
@@ -132,9 +134,10 @@ inline void load_nib_block(const uint8_t* blk, __m512i w[8]) {
 
 // Nibble tiles (nib_geom), R activation rows (R <= 2: 8 accumulators per row must stay in
 // registers).
+// unpacked: the tile's blocks already unpacked (8 groups each, nib_tile), or null.
 template <NibKind K, int R>
-inline void nib_rows(const uint8_t* tile, size_t nb, const ActView& a, size_t r0, float* y, size_t y_stride,
-                     __mmask16 store_mask) {
+inline void nib_rows(const uint8_t* tile, const __m512i* unpacked, size_t nb, const ActView& a, size_t r0, float* y,
+                     size_t y_stride, __mmask16 store_mask) {
   constexpr NibGeom G = nib_geom(K);
   __m512 acc[R][8];
   const int8_t* xq[R];
@@ -148,9 +151,13 @@ inline void nib_rows(const uint8_t* tile, size_t nb, const ActView& a, size_t r0
   }
   for (size_t b = 0; b < nb; ++b) {
     const uint8_t* wb = tile + b * G.block;
-    prefetch_ahead(wb, G.block);
     __m512i w[8];
-    load_nib_block<G.high_bits>(wb, w);
+    if (unpacked) {
+      for (int g = 0; g < 8; ++g) w[g] = _mm512_load_si512(unpacked + 8 * b + g);
+    } else {
+      prefetch_ahead(wb, G.block);
+      load_nib_block<G.high_bits>(wb, w);
+    }
     const __m512 dw = load16_fp16(wb + G.d);
     for (int r = 0; r < R; ++r) {
       const int8_t* q = xq[r] + b * kQK;
@@ -417,8 +424,34 @@ void half_tile(const uint8_t* tile, size_t nb, const ActView& a, size_t r0, size
   for (; r < nr; ++r) half_rows<BF16, 1>(tile, nb, a, r0 + r, y + r * y_stride, y_stride, mask);
 }
 
+// Nibble tiles: with more than one pair of activation rows (prefill), the tile's blocks are
+// unpacked once into a per-thread buffer that every pair then reads, instead of once per
+// pair (the 5-bit types' high bits cost a shift and a mask per group).
 template <NibKind K>
-constexpr TileKernelFn kNibTile = run_rows<nib_rows<K, 1>, nib_rows<K, 2>>;
+void nib_tile(const uint8_t* tile, size_t nb, const ActView& a, size_t r0, size_t nr, float* y, size_t y_stride,
+              unsigned o_lo, unsigned o_hi) {
+  constexpr NibGeom G = nib_geom(K);
+  const __mmask16 mask = lane_mask(o_lo, o_hi);
+  const __m512i* unpacked = nullptr;
+  if (nr > 2) {
+    struct alignas(64) Line {
+      uint8_t bytes[64];
+    };
+    thread_local std::vector<Line> buffer;
+    buffer.resize(8 * nb);
+    auto* lines = reinterpret_cast<__m512i*>(buffer.data());
+    for (size_t b = 0; b < nb; ++b) {
+      prefetch_ahead(tile + b * G.block, G.block);
+      load_nib_block<G.high_bits>(tile + b * G.block, lines + 8 * b);
+    }
+    unpacked = lines;
+  }
+  size_t r = 0;
+  for (; r + 2 <= nr; r += 2) nib_rows<K, 2>(tile, unpacked, nb, a, r0 + r, y + r * y_stride, y_stride, mask);
+  if (r < nr) nib_rows<K, 1>(tile, unpacked, nb, a, r0 + r, y + r * y_stride, y_stride, mask);
+}
+template <NibKind K>
+constexpr TileKernelFn kNibTile = nib_tile<K>;
 constexpr TileKernelFn kByteTile = run_rows<byte_rows<1>, byte_rows<2>>;
 
 }  // namespace
