@@ -139,12 +139,16 @@ void expect_bits(const std::vector<float>& got, const std::vector<float>& want, 
         << label << " at " << i << ": " << got[i] << " vs " << want[i];
 }
 
-// A prefill of 33 rows after 170 cached entries: tiles of 16 rows (transposed score path)
-// and a last tile of one row (direct path), every row in the batched order.
-TEST(AttentionOrder, BatchMatchesLlamaCppBitForBitOnEveryIsa) {
+// A prefill of 33 rows after 170 cached entries: tiles of 16 rows (transposed score path,
+// or for heads of 128 and more the row-major one) and a last tile of one row (direct path),
+// every row in the batched order; SmolLM2's heads (64), 128 (Llama 3 8B, Qwen3) and Gemma
+// 3's 256 with one KV head.
+class AttentionOrderShapes : public ::testing::TestWithParam<AttentionShape> {};
+
+TEST_P(AttentionOrderShapes, BatchMatchesLlamaCppBitForBitOnEveryIsa) {
   std::mt19937 rng(21);
   const size_t prefix = 170, rows = 33;
-  Case c = make_case(prefix + rows, rng);
+  Case c = make_case(prefix + rows, rng, GetParam());
   const size_t qd = static_cast<size_t>(c.s.n_heads) * c.s.head_dim;
   std::normal_distribution<float> nd(0.0f, 1.0f);
   std::vector<float> q(rows * qd);
@@ -165,6 +169,13 @@ TEST(AttentionOrder, BatchMatchesLlamaCppBitForBitOnEveryIsa) {
     expect_bits(got, want, std::string("batch ") + isa_name(isa));
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(AttentionOrder, AttentionOrderShapes,
+                         ::testing::Values(AttentionShape{9, 3, 64}, AttentionShape{8, 2, 128}, AttentionShape{4, 1, 256}),
+                         [](const ::testing::TestParamInfo<AttentionShape>& i) {
+                           return "heads" + std::to_string(i.param.n_heads) + "_kv" + std::to_string(i.param.n_kv_heads) +
+                                  "_hd" + std::to_string(i.param.head_dim);
+                         });
 
 // One row alone (a decode step) follows ggml_vec_dot_f16's order instead: with few query
 // heads per KV head (direct score path), with many (transposed path), and with a head size
