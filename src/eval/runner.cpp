@@ -70,8 +70,15 @@ Decoded decode(Forward& fwd, FusionResult& r, const std::vector<TokenId>& prompt
   return {g.text, g.tokens.size(), g.decode_tokens_per_s(), g.stop_reason};
 }
 
-bool has_method(const std::vector<BenchRun>& runs, std::string_view method) {
-  return std::any_of(runs.begin(), runs.end(), [&](const BenchRun& r) { return r.method == method; });
+// The selector a run's method name stands for: a named variant's "method", else itself.
+std::string selector_of(const nlohmann::json& variants, const std::string& method) {
+  if (variants.is_object() && variants.contains(method)) return variants.at(method).at("method").get<std::string>();
+  return method;
+}
+
+// Whether some run uses `selector`, directly or through a named variant.
+bool uses_selector(const std::vector<BenchRun>& runs, const nlohmann::json& variants, std::string_view selector) {
+  return std::any_of(runs.begin(), runs.end(), [&](const BenchRun& r) { return selector_of(variants, r.method) == selector; });
 }
 
 }  // namespace
@@ -286,7 +293,7 @@ BenchSummary BenchRunner::run(const Dataset& dataset) {
 
   // FusionRAG's knowledge base (§3.1): every chunk of the dataset (dataset_knowledge_base).
   const bool wants_fusionrag =
-      std::any_of(todo.begin(), todo.end(), [](const std::vector<BenchRun>& t) { return has_method(t, "fusionrag"); });
+      std::any_of(todo.begin(), todo.end(), [&](const std::vector<BenchRun>& t) { return uses_selector(t, cfg_.variants, "fusionrag"); });
   std::vector<CorpusChunk> fusionrag_kb;
   if (wants_fusionrag) {
     fusionrag_kb = dataset_knowledge_base(model, dataset, cfg_.prompt, cfg_.chunk_tokens);
@@ -350,7 +357,7 @@ BenchSummary BenchRunner::run(const Dataset& dataset) {
     std::map<ChunkVariant, double> fusionrag_offline_ms;
     for (const ChunkVariant v : cfg_.chunk_variants) {
       if (std::none_of(todo[e].begin(), todo[e].end(),
-                       [&](const BenchRun& r) { return r.variant == v && r.method == "fusionrag"; }))
+                       [&](const BenchRun& r) { return r.variant == v && selector_of(cfg_.variants, r.method) == "fusionrag"; }))
         continue;
       const EnrichReport rep = enrich_request_chunks(fwd_, store, req, fusionrag_kb, v);
       chunk_offline_ms += rep.pic_ms;
@@ -380,12 +387,11 @@ BenchSummary BenchRunner::run(const Dataset& dataset) {
                           [&](const BenchRun& r) { return r.method == cfg_.jaccard_reference; });
     std::map<std::string, std::vector<size_t>> reference_slots;  // by ratio text and chunk variant
     auto options_of = [&](const std::string& method, std::string& base) {
-      base = method;
+      base = selector_of(cfg_.variants, method);
       nlohmann::json options = cfg_.method_options.contains(method) ? cfg_.method_options.at(method)
                                                                      : bench_default_method_options(method);
-      if (cfg_.variants.is_object() && cfg_.variants.contains(method)) {
+      if (base != method) {
         const json& v = cfg_.variants.at(method);
-        base = v.at("method").get<std::string>();
         options = cfg_.method_options.contains(base) ? cfg_.method_options.at(base) : bench_default_method_options(base);
         if (!options.is_object()) options = json::object();
         if (v.contains("options"))
@@ -471,7 +477,7 @@ BenchSummary BenchRunner::run(const Dataset& dataset) {
         for (const char* k : {"critical_layers", "anchors", "anchor_rule", "probe_rows", "probe_depth", "probe_ms", "score_ms"})
           if (r->selection_details.is_object() && r->selection_details.contains(k)) row[k] = r->selection_details[k];
       if (run.method != "full") row["chunk_variant"] = chunk_variant_name(run.variant);
-      if (run.method == "fusionrag") {
+      if (base == "fusionrag") {
         row["enriched_chunks"] = r->selection_details.value("enriched_chunks", 0);
         fusionrag_offline_ms[run.variant] = 0;  // counted once per example and variant
       }

@@ -309,6 +309,20 @@ TEST(BenchQuick, FusionRagEnrichesAgainstTheWholeDataset) {
   EXPECT_EQ(rows[2]["chunks_computed"], 0u);
   EXPECT_LT(rows[2]["method_offline_ms"].get<double>(), rows[0]["method_offline_ms"].get<double>());
   fs::remove_all(out);
+
+  // A named variant of FusionRAG alone (no plain "fusionrag" in the methods) gets the same
+  // offline stage: its chunks are served enriched.
+  BenchConfig named = cfg;
+  named.methods = {"fr_sink"};
+  named.variants = {{"fr_sink", {{"method", "fusionrag"}, {"options", {{"sink", "alone"}}}}}};
+  named.ratios = {0.15};
+  BenchRunner(fwd, named).run(data);
+  rows = read_results((out / "results.jsonl").string());
+  ASSERT_EQ(rows.size(), 1u);
+  EXPECT_EQ(rows[0]["method"], "fr_sink");
+  EXPECT_EQ(rows[0]["enriched_chunks"], 2);
+  EXPECT_GT(rows[0]["method_offline_ms"].get<double>(), 0.0);
+  fs::remove_all(out);
 }
 
 }  // namespace
