@@ -54,10 +54,7 @@ void quantize_q8_avx512(const float* x, size_t cols, uint8_t* out) {
 // q = round-half-even(iscale * x), capped at 127.
 void quantize_q8_k_avx512(const float* x, size_t cols, uint8_t* out) {
   const size_t nb = cols / kQK;
-  const ActView a{out, 0, nb};
-  int8_t* qs = reinterpret_cast<int8_t*>(out);
-  float* dv = const_cast<float*>(a.kd(0));
-  int32_t* bs16 = const_cast<int32_t*>(a.kbs16(0));
+  const auto [qs, dv, bs16] = q8k_record(out, nb);
   const __m512 abs_mask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
   for (size_t sb = 0; sb < nb / 8; ++sb) {
     const float* xs = x + sb * kQK_K;

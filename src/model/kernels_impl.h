@@ -151,6 +151,16 @@ struct ActView {
 inline size_t act_row_stride(size_t nb) { return (nb * (kQK + 8 + 32) + 63) / 64 * 64; }
 inline size_t float_act_row_stride(size_t nb) { return nb * kQK * 4; }  // a multiple of 64
 inline size_t q8k_act_row_stride(size_t nb) { return (nb * kQK + nb / 8 * 4 + nb * 8 + 63) / 64 * 64; }
+// The writable fields of a Q8_K record of nb 32-blocks at `out`.
+struct Q8KRecord {
+  int8_t* qs;
+  float* d;
+  int32_t* bs16;
+};
+inline Q8KRecord q8k_record(uint8_t* out, size_t nb) {
+  const ActView a{out, 0, nb};
+  return {reinterpret_cast<int8_t*>(out), const_cast<float*>(a.kd(0)), const_cast<int32_t*>(a.kbs16(0))};
+}
 // llama.cpp's quantize_row_q8_K (its reference rule, which x86 uses) into a Q8_K record.
 void quantize_q8_k_record(const float* x, size_t cols, uint8_t* out);
 // The same rule for one 256-element block: writes q[256], returns d.

@@ -36,10 +36,7 @@ float quantize_q8_k_block(const float* x, int8_t* q) {
 
 void quantize_q8_k_record(const float* x, size_t cols, uint8_t* out) {
   const size_t nb = cols / kQK;
-  const ActView a{out, 0, nb};
-  int8_t* qs = reinterpret_cast<int8_t*>(out);
-  float* dv = const_cast<float*>(a.kd(0));
-  int32_t* bs16 = const_cast<int32_t*>(a.kbs16(0));
+  const auto [qs, dv, bs16] = q8k_record(out, nb);
   for (size_t sb = 0; sb < nb / 8; ++sb) dv[sb] = quantize_q8_k_block(x + sb * kQK_K, qs + sb * kQK_K);
   for (size_t i = 0; i < 2 * nb; ++i) {
     int sum = 0;

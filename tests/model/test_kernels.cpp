@@ -245,6 +245,11 @@ TEST(Dequantize, EveryTypeMatchesPerElementFormula) {
 // ---------------------------------------------------------------------------------------
 // Activation quantization
 
+// The kernel table of one ISA (each test checks that it is available first).
+const kern::IsaKernels& isa_kernels(Isa isa) {
+  return isa == Isa::Avx512 ? kern::avx512_kernels() : isa == Isa::Avx2 ? kern::avx2_kernels() : kern::portable_kernels();
+}
+
 TEST(Quantize, Q8MatchesLlamaCppRuleOnEveryIsa) {
   std::mt19937 rng(3);
   std::normal_distribution<float> nd(0.0f, 1.0f);
@@ -276,9 +281,7 @@ TEST(Quantize, Q8MatchesLlamaCppRuleOnEveryIsa) {
   EXPECT_EQ(wq[32 + 1], -std::lround(127.0f * 15.0f / 16.0f));
   for (Isa isa : {Isa::Portable, Isa::Avx2, Isa::Avx512}) {
     if (isa > detect_isa()) continue;
-    const auto& k = isa == Isa::Avx512 ? kern::avx512_kernels()
-                    : isa == Isa::Avx2 ? kern::avx2_kernels()
-                                       : kern::portable_kernels();
+    const auto& k = isa_kernels(isa);
     std::fill(got.begin(), got.end(), 0);
     k.quantize_q8(x.data(), cols, got.data());
     const size_t record = nb * (32 + 8 + 32);  // qs, d, s16, the 8 corrections
@@ -307,9 +310,7 @@ TEST(Quantize, Q8KRecordSameOnEveryIsa) {
   EXPECT_FLOAT_EQ(a.kd(0)[2], 9.0f / 127.0f);  // d = 1 / iscale = max / -127 with max = -9: positive here
   for (Isa isa : {Isa::Portable, Isa::Avx2, Isa::Avx512}) {
     if (isa > detect_isa()) continue;
-    const auto& k = isa == Isa::Avx512 ? kern::avx512_kernels()
-                    : isa == Isa::Avx2 ? kern::avx2_kernels()
-                                       : kern::portable_kernels();
+    const auto& k = isa_kernels(isa);
     std::fill(got.begin(), got.end(), 0xAB);
     k.quantize_q8_k(x.data(), cols, got.data());
     const size_t record = nb * 32 + nb / 8 * 4 + 2 * nb * 4;  // qs, d per 256, bs16 per 16
