@@ -21,7 +21,11 @@ alone caches, and at ratio 0 every method minus reuse on the same variant (Fusio
 enriched caches against plain reuse), same bootstrap; selectors whose ratio-0 rows equal
 reuse's (all but FusionRAG, by construction) are left out at ratio 0.
 
-Standard library only, matplotlib optional. Usage: bench_report.py DIR
+With --versus M1,M2 the paired section also compares each named method with every other
+selector at each ratio strictly between 0 and 1 on the same chunk variant (issue 16: QCFuse
+against CacheBlend, EPIC and ProphetKV; issue 14: FusionRAG against the others).
+
+Standard library only, matplotlib optional. Usage: bench_report.py DIR [--versus M1,M2]
 Aggregates: means over examples, except TTFT and phases (median; p90 by linear
 interpolation between order statistics). Selection share = sum(selection) / sum(TTFT).
 Speedup = median TTFT of full prefill / median TTFT of the method, both over the method's
@@ -218,9 +222,11 @@ def label_variants(rows):
     return out
 
 
-def paired_more(rows):
-    """Paired (by example) differences: prefixed minus alone for every method x ratio, and at
-    ratio 0 every method minus reuse on the same variant. Rows as labelled by label_variants."""
+def paired_more(rows, versus=()):
+    """Paired (by example) differences: prefixed minus alone for every method x ratio, at
+    ratio 0 every method minus reuse on the same variant, and for each method named in
+    `versus` (--versus) that method minus every other selector at each ratio strictly between
+    0 and 1, same variant. Rows as labelled by label_variants."""
     cell = defaultdict(dict)  # (dataset, model, variant, method, ratio) -> example -> row
     for r in rows:
         ds = r["dataset"]
@@ -261,14 +267,21 @@ def paired_more(rows):
                         method, ratio)
             if d:
                 out.append(d)
-    out.sort(key=lambda d: (d["dataset"], d["comparison"] == "prefixed - alone", d["method"], d["ratio"]))
+        if method in versus and 0 < ratio < 1:
+            for (ds2, model2, variant2, other, ratio2), b in sorted(cell.items()):
+                if (ds2, model2, variant2, ratio2) != (ds, model, variant, ratio) or other in (method, "full", "reuse"):
+                    continue
+                d = compare(f"{method} - {other} ({variant})", (ds, model), a, b, method, ratio)
+                if d:
+                    out.append(d)
+    out.sort(key=lambda d: (d["dataset"], d["comparison"] == "prefixed - alone", d["method"], d["comparison"], d["ratio"]))
     return out
 
 
 def paired_more_lines(diffs):
     if not diffs:
         return []
-    lines = ["## Chunk variants and ratio 0, paired", "",
+    lines = ["## Chunk variants, ratio 0 and --versus, paired", "",
              "Mean paired difference over the examples both ran, 95% bootstrap interval (* = excludes 0); "
              "better / worse = examples with higher / lower fidelity; Δ 1st tok = difference of the "
              "first-token agreement rates. Negative Δ KL = closer to full prefill.", "",
@@ -469,6 +482,10 @@ def write_plots(out_dir, tables):
 
 
 def main(argv):
+    versus = ()
+    if len(argv) == 4 and argv[2] == "--versus":
+        versus = tuple(m for m in argv[3].split(",") if m)
+        argv = argv[:2]
     if len(argv) != 2:
         print(__doc__, file=sys.stderr)
         return 2
@@ -482,7 +499,7 @@ def main(argv):
         print(f"bench_report: {path} has no rows", file=sys.stderr)
         return 1
     rows = label_variants(rows)
-    more = paired_more(rows)
+    more = paired_more(rows, versus)
     peer_rows = read_rows(os.path.join(out_dir, "peer.jsonl")) if os.path.exists(os.path.join(out_dir, "peer.jsonl")) else []
     tables = aggregate(rows, peer_index(peer_rows))
     paired = paired_differences(rows)

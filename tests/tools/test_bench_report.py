@@ -132,6 +132,28 @@ class ChunkVariantTest(unittest.TestCase):
         # epic at ratio 0 is reuse: no line.
         self.assertNotIn(("epic - reuse (alone)", "epic", 0.0), by)
 
+    def test_versus_compares_the_named_method_with_every_other_selector_per_variant(self):
+        rows = self.rows()
+        for variant in ("alone", "prefixed"):
+            for i, e in enumerate("abc"):
+                r = row("qcfuse", 0.15, e, 0.9 - 0.01 * i, kl=0.05)
+                r["first_token_agree"] = True
+                if variant == "prefixed":
+                    r["chunk_variant"] = "prefixed"
+                rows.append(r)
+        labelled = bench_report.label_variants(rows)
+        by = {(d["comparison"], d["ratio"]): d for d in bench_report.paired_more(labelled, versus=("qcfuse",))}
+        d = by[("qcfuse - epic (alone)", 0.15)]
+        self.assertEqual(d["n"], 3)
+        self.assertAlmostEqual(d["d_fidelity"], (0.9 - 0.7) - 0.02)  # 0.90/0.89/0.88 vs 0.70/0.71/0.72
+        self.assertAlmostEqual(d["d_kl"], 0.05 - 0.3)
+        self.assertEqual((d["better"], d["worse"]), (3, 0))
+        self.assertIn(("qcfuse - epic (prefixed)", 0.15), by)
+        # Only ratios strictly inside (0, 1), never against full or reuse, and not without --versus.
+        self.assertFalse(any(c.startswith("qcfuse - reuse") or c.startswith("qcfuse - full") for c, _ in by))
+        self.assertFalse(any(c.startswith("qcfuse -") for c, _ in
+                             {(d["comparison"], d["ratio"]) for d in bench_report.paired_more(labelled)}))
+
 
 if __name__ == "__main__":
     unittest.main()
