@@ -130,7 +130,7 @@ SMALL_SHAPES = ["qwen2.5-0.5b", "qwen3-0.6b", "llama3.2-1b"]
 
 # llama.cpp's enum llama_ftype.
 FTYPES = {"F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q5_0": 8, "Q5_1": 9, "Q4_K_M": 15,
-          "Q5_K_M": 17, "Q6_K": 18}
+          "Q5_K_M": 17, "Q6_K": 18, "BF16": 32}
 
 # Short prompts: K-quant weights still run through chunkfuse's generic kernels, and the test
 # evaluates every file. Ids come from llama.cpp's tokenizer (the shared SmolLM2 vocabulary).
