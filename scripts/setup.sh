@@ -208,7 +208,22 @@ fi
 if (( want_bench )); then
   venv="$CF_REPO_ROOT/.venv"
   LLAMA_CPP_PY="llama-cpp-python==0.3.36"
-  if [[ -x "$venv/bin/python" ]] && "$venv/bin/python" - <<'EOF' 2>/dev/null; then
+  # The peer is built for this CPU (GGML_NATIVE), except on a CPU with AMX: our sandboxes do
+  # not grant AMX tile state and ggml's AMX matmul crashes there (bench/README.md, "The
+  # peer"), so there it gets every other extension of this CPU by name and no AMX. A
+  # CMAKE_ARGS set by the caller wins. The flags used are kept in the venv: other flags
+  # (e.g. a venv built before this rule) rebuild llama-cpp-python.
+  peer_flags="${CMAKE_ARGS:-}"
+  if [[ -z "$peer_flags" ]] && grep -qw amx_tile /proc/cpuinfo 2>/dev/null; then
+    peer_flags="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON"
+    peer_flags+=" -DGGML_AVX512=ON -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF"
+    for f in avx512vbmi:VBMI avx512_vnni:VNNI avx512_bf16:BF16; do
+      if grep -qw "${f%%:*}" /proc/cpuinfo; then peer_flags+=" -DGGML_AVX512_${f##*:}=ON"; fi
+    done
+  fi
+  peer_flags_file="$venv/chunkfuse-llama-cmake-args"
+  if [[ -x "$venv/bin/python" ]] && [[ "$(cat "$peer_flags_file" 2>/dev/null)" == "$peer_flags" ]] &&
+     "$venv/bin/python" - <<'EOF' 2>/dev/null; then
 import importlib.metadata as m, matplotlib, numpy, gguf, llama_cpp
 assert m.version("llama-cpp-python") == "0.3.36"
 EOF
@@ -219,9 +234,11 @@ EOF
     "$venv/bin/python" -m pip install --quiet --disable-pip-version-check numpy matplotlib gguf
     # Built from source on purpose: a native build (GGML_NATIVE) is the fair reference for
     # our run-time ISA dispatch. This is the slow step (several minutes on 2 cores).
-    cf_log "venv: building $LLAMA_CPP_PY from source (several minutes)"
-    CMAKE_BUILD_PARALLEL_LEVEL="$CF_JOBS" "$venv/bin/python" -m pip install \
-      --disable-pip-version-check --no-binary llama-cpp-python "$LLAMA_CPP_PY"
+    cf_log "venv: building $LLAMA_CPP_PY from source (several minutes)${peer_flags:+ with CMAKE_ARGS=$peer_flags}"
+    CMAKE_ARGS="$peer_flags" CMAKE_BUILD_PARALLEL_LEVEL="$CF_JOBS" "$venv/bin/python" -m pip install \
+      --disable-pip-version-check --force-reinstall --no-deps --no-cache-dir --no-binary llama-cpp-python "$LLAMA_CPP_PY"
+    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "$LLAMA_CPP_PY"  # its dependencies
+    printf '%s' "$peer_flags" >"$peer_flags_file"
     cf_log "venv: ready"
   fi
 fi
