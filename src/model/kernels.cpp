@@ -153,7 +153,7 @@ uint8_t* act_scratch(size_t bytes) {
 }
 
 // The tile kernel of a repacked weight type (kernels_impl.h lists which type has which).
-// batched: the K-quants' tiled-GEMM order (WeightMatrix::KQuantOrder).
+// batched: llama.cpp's GEMM order (K-quants: tiled GEMM; F16/BF16: tinyBLAS).
 kern::TileKernelFn tile_kernel(const kern::IsaKernels& k, GgmlType t, bool batched) {
   switch (t) {
     case GgmlType::Q4_1: return k.q4_1;
@@ -164,8 +164,8 @@ kern::TileKernelFn tile_kernel(const kern::IsaKernels& k, GgmlType t, bool batch
     case GgmlType::Q4_K: return batched ? k.k4_batched : k.k4;
     case GgmlType::Q5_K: return batched ? k.k5_batched : k.k5;
     case GgmlType::Q6_K: return batched ? k.k6_batched : k.k6;
-    case GgmlType::F16: return k.f16;
-    case GgmlType::BF16: return k.bf16;
+    case GgmlType::F16: return batched ? k.f16_gemm : k.f16;
+    case GgmlType::BF16: return batched ? k.bf16_gemm : k.bf16;
     default: break;
   }
   throw std::logic_error("tile_kernel: " + std::string(ggml_type_name(t)) + " is not repacked");
@@ -272,12 +272,16 @@ void WeightMatrix::multiply_rows(const float* x, size_t n, size_t x_stride, floa
   }
 
   const kern::IsaKernels& k = kernels_for(active_isa());
-  const bool batched = order == KQuantOrder::Batched ||
-                       (order == KQuantOrder::ByRowCount && n >= kern::kKQuantBatchedRows);
+  const bool half = m.layout == kern::TileLayout::Half, kq = m.layout == kern::TileLayout::KSuper;
+  // llama.cpp's GEMM threshold: K-quants 8 rows (tiled GEMM); F16/BF16 2 rows (tinyBLAS,
+  // which only takes matrices of a multiple of 4 rows).
+  const bool batched = half ? rows_ % 4 == 0 && (order == KQuantOrder::Batched ||
+                                                 (order == KQuantOrder::ByRowCount && n >= kern::kHalfGemmRows))
+                            : order == KQuantOrder::Batched ||
+                                  (order == KQuantOrder::ByRowCount && n >= kern::kKQuantBatchedRows);
   const kern::TileKernelFn tile_fn = tile_kernel(k, type_, batched);
   // The activation record each layout reads: floats for F16/BF16, Q8_K for the K-quants,
   // per-32 Q8 for the rest.
-  const bool half = m.layout == kern::TileLayout::Half, kq = m.layout == kern::TileLayout::KSuper;
   const size_t stride = half ? kern::float_act_row_stride(m.nb)
                         : kq ? kern::q8k_act_row_stride(m.nb)
                              : kern::act_row_stride(m.nb);
@@ -285,7 +289,8 @@ void WeightMatrix::multiply_rows(const float* x, size_t n, size_t x_stride, floa
   auto quantize = [&](size_t b, size_t e, size_t) {
     for (size_t r = b; r < e; ++r) {
       if (half)
-        kern::round_act_row(tid, x + r * x_stride, cols_, reinterpret_cast<float*>(acts + r * stride));
+        (type_ == GgmlType::F16 ? k.round_f16 : k.round_bf16)(x + r * x_stride, cols_,
+                                                             reinterpret_cast<float*>(acts + r * stride));
       else if (kq)
         k.quantize_q8_k(x + r * x_stride, cols_, acts + r * stride);
       else

@@ -44,9 +44,10 @@ class WeightMatrix {
   size_t rows() const { return rows_; }
   size_t cols() const { return cols_; }
 
-  // Which of llama.cpp's two orders K-quant weights follow (model/kernels_impl.h): its
-  // vec-dot (PerRow) or its tiled GEMM (Batched). ByRowCount is llama.cpp's own rule (tiled
-  // from 8 activation rows on). Other types have one order and ignore this.
+  // Which of llama.cpp's two orders K-quant, F16 and BF16 weights follow (model/kernels_impl.h):
+  // its vec-dot (PerRow) or its GEMM (Batched: K-quants its tiled GEMM, F16/BF16 tinyBLAS).
+  // ByRowCount is llama.cpp's own rule (GEMM from 8 activation rows on for K-quants, from 2
+  // for F16/BF16). Other types have one order and ignore this.
   enum class KQuantOrder { ByRowCount, PerRow, Batched };
 
   // y[r * y_stride + o] = sum_k W[o][k] * x[r * x_stride + k] for r < n, o < rows.

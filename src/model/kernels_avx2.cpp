@@ -8,6 +8,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cstring>
 
 #include "model/kernels_impl.h"
 
@@ -163,30 +164,143 @@ void byte_half(const uint8_t* tile, size_t nb, const ActView& a, size_t r0, int 
   for (int r = 0; r < R; ++r) _mm256_storeu_ps(out + 8 * r, hsum8_lanes(acc[r]));
 }
 
-// Float tiles: 8 rows (half h) x R activation rows, even and odd k in separate chains.
-template <bool BF16>
-inline __m256 load8_words(const uint8_t* p) {
-  const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  return BF16 ? _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(v), 16)) : _mm256_cvtph_ps(v);
+// Float tiles' activations, 8 at a time (the values of round_f16_row / round_bf16_row).
+void round_f16_avx2(const float* x, size_t cols, float* out) {
+  for (size_t i = 0; i < cols; i += 8)
+    _mm256_storeu_ps(out + i, _mm256_cvtph_ps(_mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)));
+}
+void round_bf16_avx2(const float* x, size_t cols, float* out) {
+  const __m256i hi = _mm256_set1_epi32(static_cast<int>(0xFFFF0000u));
+  alignas(32) float r[kQK];
+  for (size_t i = 0; i < cols; i += kQK) {
+    for (size_t j = 0; j < kQK; j += 8) {  // fp32_to_bf16 (round half to even, nan made quiet)
+      const __m256i u = _mm256_castps_si256(_mm256_loadu_ps(x + i + j));
+      const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+      const __m256i rounded = _mm256_and_si256(_mm256_add_epi32(u, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7FFF))), hi);
+      const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7FFFFFFF)), _mm256_set1_epi32(0x7F800000));
+      const __m256i quiet = _mm256_or_si256(_mm256_and_si256(u, hi), _mm256_set1_epi32(0x00400000));
+      _mm256_store_ps(r + j, _mm256_castsi256_ps(_mm256_blendv_epi8(rounded, quiet, nan)));
+    }
+    for (size_t k = 0; k < kQK; ++k) out[i + bf16_act_pos(k)] = r[k];
+  }
 }
 
+// Float tiles (kernels_impl.h), one output at a time: llama.cpp's 16-lane AVX-512
+// accumulators as ymm pairs (lanes 0..7, 8..15), so that the order is the same as there.
+// BF16: per 32-block, lane l covers words 2l, 2l+1: the fmas of vdpbf16ps, odd then even;
+// x: the block's activations (bf16_act_pos order) for lanes 8h..8h+7.
+inline __m256 bf16_dot_step(__m256 acc, __m256i w, const float* xb, int h) {
+  const __m256i hi = _mm256_set1_epi32(static_cast<int>(0xFFFF0000u));
+  acc = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_and_si256(w, hi)), _mm256_loadu_ps(xb + 8 * h), acc);
+  return _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_slli_epi32(w, 16)), _mm256_loadu_ps(xb + 16 + 8 * h), acc);
+}
+
+// _mm512_reduce_add_ps's tree over the 16 lanes (lo, hi): 8, 4, 2, 1.
+inline float reduce16(__m256 lo, __m256 hi) {
+  const __m256 u = _mm256_add_ps(lo, hi);
+  const __m128 v = _mm_add_ps(_mm256_castps256_ps128(u), _mm256_extractf128_ps(u, 1));
+  const __m128 t = _mm_add_ps(v, _mm_permute_ps(v, 0x4E));
+  return _mm_cvtss_f32(_mm_add_ps(t, _mm_permute_ps(t, 0xB1)));
+}
+
+inline __m256 load8_fp16_words(const uint8_t* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+inline __m256i load16_words(const void* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+
+// tinyBLAS order, R activation rows x one output (`wrow`: its words of block 0).
 template <bool BF16, int R>
-void float_half(const uint8_t* tile, size_t nb, const ActView& a, size_t r0, int h, float* out) {
-  __m256 chain[R][2];
-  for (int r = 0; r < R; ++r) chain[r][0] = chain[r][1] = _mm256_setzero_ps();
+void half_gemm_row(const uint8_t* wrow, size_t nb, const ActView& a, size_t r0, float* out) {
+  __m256 acc[R][2];
+  for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
   for (size_t b = 0; b < nb; ++b) {
-    const uint8_t* wb = tile + b * kHalfTileBlock + 16 * h;
-    if (h == 0) prefetch_ahead(tile + b * kHalfTileBlock, kHalfTileBlock);
-    for (size_t k = 0; k < kQK; k += 2) {
-      const __m256 w0 = load8_words<BF16>(wb + 32 * k), w1 = load8_words<BF16>(wb + 32 * (k + 1));
-      for (int r = 0; r < R; ++r) {
-        const float* x = a.xf(r0 + r) + b * kQK + k;
-        chain[r][0] = _mm256_fmadd_ps(w0, _mm256_set1_ps(x[0]), chain[r][0]);
-        chain[r][1] = _mm256_fmadd_ps(w1, _mm256_set1_ps(x[1]), chain[r][1]);
+    const uint8_t* wb = wrow + b * kHalfQuadBlock;
+    for (int c = 0; c < 2; ++c) {  // F16: 16 k per accumulator; BF16: words 16c.. = lanes 8c..
+      if constexpr (!BF16) {
+        const __m256 w0 = load8_fp16_words(wb + 32 * c), w1 = load8_fp16_words(wb + 32 * c + 16);
+        for (int r = 0; r < R; ++r) {
+          const float* x = a.xf(r0 + r) + b * kQK + 16 * c;
+          acc[r][0] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x), acc[r][0]);
+          acc[r][1] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x + 8), acc[r][1]);
+        }
+      } else {
+        const __m256i w = load16_words(wb + 32 * c);
+        for (int r = 0; r < R; ++r) acc[r][c] = bf16_dot_step(acc[r][c], w, a.xf(r0 + r) + b * kQK, c);
       }
     }
   }
-  for (int r = 0; r < R; ++r) _mm256_storeu_ps(out + 8 * r, _mm256_add_ps(chain[r][0], chain[r][1]));
+  for (int r = 0; r < R; ++r) out[r] = reduce16(acc[r][0], acc[r][1]);
+}
+
+// ggml_vec_dot_f16 / _bf16 order, one activation row x one output.
+template <bool BF16>
+float half_gemv_row(const uint8_t* wrow, size_t nb, const ActView& a, size_t r) {
+  constexpr int C = BF16 ? 2 : 4;  // 16-lane accumulators (over each 64 k)
+  __m256 acc[C][2];
+  for (int c = 0; c < C; ++c) acc[c][0] = acc[c][1] = _mm256_setzero_ps();
+  size_t b = 0;
+  for (; b + 2 <= nb; b += 2) {
+    prefetch_ahead(wrow + b * kHalfQuadBlock, 64);
+    prefetch_ahead(wrow + (b + 1) * kHalfQuadBlock, 64);
+    if constexpr (!BF16) {
+      for (int c = 0; c < 4; ++c) {
+        const uint8_t* wb = wrow + (b + c / 2) * kHalfQuadBlock + 32 * (c % 2);
+        const float* x = a.xf(r) + b * kQK + 16 * c;
+        acc[c][0] = _mm256_fmadd_ps(load8_fp16_words(wb), _mm256_loadu_ps(x), acc[c][0]);
+        acc[c][1] = _mm256_fmadd_ps(load8_fp16_words(wb + 16), _mm256_loadu_ps(x + 8), acc[c][1]);
+      }
+    } else {
+      for (int c = 0; c < 2; ++c)
+        for (int h = 0; h < 2; ++h)
+          acc[c][h] = bf16_dot_step(acc[c][h], load16_words(wrow + (b + c) * kHalfQuadBlock + 32 * h),
+                                    a.xf(r) + (b + c) * kQK, h);
+    }
+  }
+  double sum;
+  if constexpr (!BF16) {
+    __m256 t[2];
+    for (int h = 0; h < 2; ++h)
+      t[h] = _mm256_add_ps(_mm256_add_ps(acc[0][h], acc[2][h]), _mm256_add_ps(acc[1][h], acc[3][h]));
+    sum = reduce16(t[0], t[1]);
+  } else {
+    sum = static_cast<double>(reduce16(acc[0][0], acc[0][1])) + static_cast<double>(reduce16(acc[1][0], acc[1][1]));
+  }
+  if (b < nb) {  // an odd last 32-block: llama.cpp's scalar tail, float products summed in double
+    for (size_t k = 0; k < kQK; ++k) {
+      const uint16_t v = load_u16(wrow + b * kHalfQuadBlock + 2 * k);
+      const uint32_t wu = static_cast<uint32_t>(v) << 16;
+      float w;
+      std::memcpy(&w, &wu, 4);
+      if (!BF16) w = _cvtsh_ss(v);
+      const float x = a.xf(r)[b * kQK + (BF16 ? bf16_act_pos(k) : k)];
+      sum += static_cast<double>(w * x);
+    }
+  }
+  return static_cast<float>(sum);
+}
+
+template <bool BF16, bool Gemm>
+void half_tile(const uint8_t* tile, size_t nb, const ActView& a, size_t r0, size_t nr, float* y, size_t y_stride,
+               unsigned o_lo, unsigned o_hi) {
+  // Rows outside, outputs inside: a group's activations and the tile stay in L1.
+  size_t r = 0;
+  if constexpr (Gemm) {
+    float out[4];
+    for (; r + 4 <= nr; r += 4)
+      for (unsigned o = o_lo; o < o_hi; ++o) {
+        half_gemm_row<BF16, 4>(tile + half_word_offset(nb, o, 0, 0), nb, a, r0 + r, out);
+        for (int i = 0; i < 4; ++i) y[(r + i) * y_stride + o] = out[i];
+      }
+    for (; r < nr; ++r)
+      for (unsigned o = o_lo; o < o_hi; ++o) {
+        half_gemm_row<BF16, 1>(tile + half_word_offset(nb, o, 0, 0), nb, a, r0 + r, out);
+        y[r * y_stride + o] = out[0];
+      }
+  } else {
+    for (; r < nr; ++r)
+      for (unsigned o = o_lo; o < o_hi; ++o)
+        y[r * y_stride + o] = half_gemv_row<BF16>(tile + half_word_offset(nb, o, 0, 0), nb, a, r0 + r);
+  }
 }
 
 // K super-tiles (kernels_impl.h): 8 rows (half h) x R activation rows. Weights are
@@ -311,8 +425,6 @@ void run_tile(const uint8_t* tile, size_t nb, const ActView& a, size_t r0, size_
   }
 }
 
-template <bool BF16>
-constexpr TileKernelFn kFloatTile = run_tile<float_half<BF16, 1>, float_half<BF16, 2>>;
 template <NibKind K>
 constexpr TileKernelFn kNibTile = run_tile<nib_half<K, 1>, nib_half<K, 2>>;
 constexpr TileKernelFn kByteTile = run_tile<byte_half<1>, byte_half<2>>;
@@ -334,11 +446,15 @@ TileKernelFn kquant_tile_avx2(KQuant q, bool batched) {
 const IsaKernels& avx2_kernels() {
   static const IsaKernels k{quantize_q8_avx2,  quantize_q8_k_record, kNibTile<NibKind::Q4_1>, kNibTile<NibKind::Q4_0>,
                             kNibTile<NibKind::Q5_1>, kNibTile<NibKind::Q5_0>, kByteTile,
-                            kFloatTile<false>,
-                            kFloatTile<true>,
+                            half_tile<false, false>,
+                            half_tile<true, false>,
+                            half_tile<false, true>,
+                            half_tile<true, true>,
                             kquant_tile_avx2(KQuant::Q4, false), kquant_tile_avx2(KQuant::Q5, false),
                             kquant_tile_avx2(KQuant::Q6, false), kquant_tile_avx2(KQuant::Q4, true),
-                            kquant_tile_avx2(KQuant::Q5, true),  kquant_tile_avx2(KQuant::Q6, true)};
+                            kquant_tile_avx2(KQuant::Q5, true),  kquant_tile_avx2(KQuant::Q6, true),
+                            round_f16_avx2,
+                            round_bf16_avx2};
   return k;
 }
 

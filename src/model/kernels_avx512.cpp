@@ -4,10 +4,13 @@
 // its own float accumulator (llama.cpp's order, kernels_impl.h), so two activation rows
 // share each unpacked weight block. Per-lane float arithmetic is the same sequence as the
 // portable kernel (bit-identical).
-// GCC 12 reports its own _mm512_undefined_* helpers as maybe-uninitialized.
+// GCC 12 reports its own _mm512_undefined_* helpers as (maybe-)uninitialized.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 #include <immintrin.h>
 
+#include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "model/kernels_impl.h"
@@ -215,36 +218,204 @@ inline void byte_rows(const uint8_t* tile, size_t nb, const ActView& a, size_t r
   for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(y + r * y_stride, store_mask, hsum8_lanes(acc[r]));
 }
 
-// Float tiles, R activation rows: one zmm of 16 rows' weights per k, converted once and
-// used by every row; even and odd k in separate chains (kernels_impl.h).
-template <bool BF16>
-inline __m512 load16_words(const uint8_t* p) {
-  const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-  return BF16 ? _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(v), 16)) : _mm512_cvtph_ps(v);
+// Float tiles' activations, 16 at a time (the values of round_f16_row / round_bf16_row).
+void round_f16_avx512(const float* x, size_t cols, float* out) {
+  for (size_t i = 0; i < cols; i += 16)
+    _mm512_storeu_ps(out + i, _mm512_cvtph_ps(_mm512_cvtps_ph(_mm512_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)));
+}
+// fp32_to_bf16 (round half to even, nan made quiet) and back.
+inline __m512 bf16_round16(__m512 v) {
+  const __m512i u = _mm512_castps_si512(v), hi = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  const __m512i r = _mm512_and_si512(_mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF))), hi);
+  const __mmask16 nan =
+      _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7FFFFFFF)), _mm512_set1_epi32(0x7F800000));
+  return _mm512_castsi512_ps(_mm512_mask_or_epi32(r, nan, _mm512_and_si512(u, hi), _mm512_set1_epi32(0x00400000)));
+}
+void round_bf16_avx512(const float* x, size_t cols, float* out) {
+  const __m512i odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+  const __m512i even = _mm512_sub_epi32(odd, _mm512_set1_epi32(1));
+  for (size_t i = 0; i < cols; i += kQK) {  // each 32-block: odd k, then even k (bf16_act_pos)
+    const __m512 lo = bf16_round16(_mm512_loadu_ps(x + i)), hi = bf16_round16(_mm512_loadu_ps(x + i + 16));
+    _mm512_storeu_ps(out + i, _mm512_permutex2var_ps(lo, odd, hi));
+    _mm512_storeu_ps(out + i + 16, _mm512_permutex2var_ps(lo, even, hi));
+  }
 }
 
-template <bool BF16, int R>
-inline void half_rows(const uint8_t* tile, size_t nb, const ActView& a, size_t r0, float* y, size_t y_stride,
-                      __mmask16 store_mask) {
-  __m512 chain[R][2];
-  const float* x[R];
-  for (int r = 0; r < R; ++r) {
-    chain[r][0] = chain[r][1] = _mm512_setzero_ps();
-    x[r] = a.xf(r0 + r);
+// Float tiles (kernels_impl.h), one quad of 4 outputs at a time: each output's
+// accumulators are zmm over k, as llama.cpp's tinyBLAS and ggml_vec_dot_f16/_bf16 hold them.
+// F16 converts 16 weights per vcvtph2ps. BF16's step is vdpbf16ps's: the vec-dot (decode)
+// runs the instruction where the CPU has it; the GEMM runs its two-fma form where that
+// gives the same bits (checked at start-up), as it is faster there (on this Xeon one
+// vdpbf16ps takes 2 cycles for what 2 fmas on 2 ports do in 1).
+enum class HalfOp { F16, Bf16Fma, Bf16Dp };
+
+inline __m512 bf16_odd(__m512i w) {
+  return _mm512_castsi512_ps(_mm512_and_si512(w, _mm512_set1_epi32(static_cast<int>(0xFFFF0000u))));
+}
+inline __m512 bf16_even(__m512i w) { return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16)); }
+// A BF16 activation block (odd k, then even k) as the word pairs vdpbf16ps reads.
+inline __m512i bf16_pairs(const float* xb) {
+  const __m512i odd = _mm512_castps_si512(_mm512_loadu_ps(xb)), even = _mm512_castps_si512(_mm512_loadu_ps(xb + 16));
+  return _mm512_or_si512(_mm512_and_si512(odd, _mm512_set1_epi32(static_cast<int>(0xFFFF0000u))), _mm512_srli_epi32(even, 16));
+}
+inline __m512 vdpbf16ps(__m512 acc, __m512i w, __m512i x) {
+  asm("vdpbf16ps %2, %1, %0" : "+v"(acc) : "v"(w), "v"(x));  // the file is not built for AVX512-BF16
+  return acc;
+}
+inline __m512 bf16_fma2(__m512 acc, __m512 w_odd, __m512 w_even, const float* xb) {
+  acc = _mm512_fmadd_ps(w_odd, _mm512_loadu_ps(xb), acc);
+  return _mm512_fmadd_ps(w_even, _mm512_loadu_ps(xb + 16), acc);
+}
+
+// Whether vdpbf16ps gives its two-fma form's bits on this CPU (the caller checks that it
+// has the instruction): random normal operands with cancellations, 4096 lanes.
+bool bf16_fma_form_exact() {
+  uint32_t seed = 0x9E3779B9u;
+  auto next = [&] { return seed = seed * 1664525u + 1013904223u; };
+  auto value = [&](int spread) {  // sign, exponent 127 +- spread, 7 mantissa bits
+    const uint32_t r = next();
+    return ((r & 0x8000u) << 16) | ((127u - spread + (r >> 16) % (2 * spread + 1)) << 23) | ((r >> 8 & 0x7Fu) << 16);
+  };
+  for (int it = 0; it < 256; ++it) {
+    alignas(64) uint16_t w[32];
+    alignas(64) float xb[32], acc[16];
+    for (int k = 0; k < 32; ++k) {
+      w[k] = static_cast<uint16_t>(value(12) >> 16);
+      const uint32_t xu = value(12);
+      std::memcpy(&xb[bf16_act_pos(k)], &xu, 4);
+    }
+    for (int l = 0; l < 16; ++l) {
+      const uint32_t au = value(20) | (next() & 0xFFFFu);
+      std::memcpy(&acc[l], &au, 4);
+    }
+    const __m512i wv = _mm512_load_si512(w);
+    const __m512 a0 = _mm512_load_ps(acc);
+    if (_mm512_cmpneq_epi32_mask(_mm512_castps_si512(vdpbf16ps(a0, wv, bf16_pairs(xb))),
+                                 _mm512_castps_si512(bf16_fma2(a0, bf16_odd(wv), bf16_even(wv), xb))))
+      return false;
   }
+  return true;
+}
+
+// _mm512_reduce_add_ps's tree (upper half onto lower: 8, 4, 2, 1 lanes) of 4 vectors at
+// once, the same pairs added; the 4 sums in lanes 0..3.
+inline __m128 reduce16_x4(__m512 a0, __m512 a1, __m512 a2, __m512 a3) {
+  const __m512 u01 = _mm512_add_ps(_mm512_shuffle_f32x4(a0, a1, 0x44), _mm512_shuffle_f32x4(a0, a1, 0xEE));
+  const __m512 u23 = _mm512_add_ps(_mm512_shuffle_f32x4(a2, a3, 0x44), _mm512_shuffle_f32x4(a2, a3, 0xEE));
+  const __m512 v = _mm512_add_ps(_mm512_shuffle_f32x4(u01, u23, 0x88), _mm512_shuffle_f32x4(u01, u23, 0xDD));
+  const __m512 t = _mm512_add_ps(v, _mm512_permute_ps(v, 0x4E));
+  const __m512 s = _mm512_add_ps(t, _mm512_permute_ps(t, 0xB1));
+  return _mm512_castps512_ps128(_mm512_maskz_compress_ps(0x1111, s));
+}
+
+inline float f32_bits(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+inline __m512 load16_fp16_words(const uint8_t* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+
+// tinyBLAS order, R activation rows x the 4 outputs of quad `qb`: out[4 r + i].
+template <HalfOp Op, int R>
+inline void half_gemm_quad(const uint8_t* qb, size_t nb, const ActView& a, size_t r0, float* out) {
+  __m512 acc[R][4];
+  for (int r = 0; r < R; ++r)
+    for (int i = 0; i < 4; ++i) acc[r][i] = _mm512_setzero_ps();
   for (size_t b = 0; b < nb; ++b) {
-    const uint8_t* wb = tile + b * kHalfTileBlock;
-    prefetch_ahead(wb, kHalfTileBlock);
-    for (size_t k = 0; k < kQK; k += 2) {
-      const __m512 w0 = load16_words<BF16>(wb + 32 * k), w1 = load16_words<BF16>(wb + 32 * (k + 1));
-      for (int r = 0; r < R; ++r) {
-        chain[r][0] = _mm512_fmadd_ps(w0, _mm512_set1_ps(x[r][b * kQK + k]), chain[r][0]);
-        chain[r][1] = _mm512_fmadd_ps(w1, _mm512_set1_ps(x[r][b * kQK + k + 1]), chain[r][1]);
+    const uint8_t* wb = qb + b * kHalfQuadBlock;
+    prefetch_ahead(wb, kHalfQuadBlock);
+    if constexpr (Op == HalfOp::F16) {
+      for (int c = 0; c < 2; ++c) {  // 4 weight vectors, then one activation vector at a time
+        __m512 w[4];
+        for (int i = 0; i < 4; ++i) w[i] = load16_fp16_words(wb + 64 * i + 32 * c);
+        for (int r = 0; r < R; ++r) {
+          const __m512 x = _mm512_loadu_ps(a.xf(r0 + r) + b * kQK + 16 * c);
+          for (int i = 0; i < 4; ++i) acc[r][i] = _mm512_fmadd_ps(w[i], x, acc[r][i]);
+        }
+      }
+    } else if constexpr (Op == HalfOp::Bf16Dp) {
+      __m512i xw[R];
+      for (int r = 0; r < R; ++r) xw[r] = bf16_pairs(a.xf(r0 + r) + b * kQK);
+      for (int i = 0; i < 4; ++i) {
+        const __m512i w = _mm512_loadu_si512(wb + 64 * i);
+        for (int r = 0; r < R; ++r) acc[r][i] = vdpbf16ps(acc[r][i], w, xw[r]);
+      }
+    } else {
+      // The odd words' fmas of all 4 x R, then the even ones': R activation vectors live at
+      // a time, next to the 4 R accumulators.
+      for (int h = 0; h < 2; ++h)
+        for (int i = 0; i < 4; ++i) {
+          const __m512i w = _mm512_loadu_si512(wb + 64 * i);
+          const __m512 wf = h == 0 ? bf16_odd(w) : bf16_even(w);
+          for (int r = 0; r < R; ++r)
+            acc[r][i] = _mm512_fmadd_ps(wf, _mm512_loadu_ps(a.xf(r0 + r) + b * kQK + 16 * h), acc[r][i]);
+        }
+    }
+  }
+  for (int r = 0; r < R; ++r) _mm_storeu_ps(out + 4 * r, reduce16_x4(acc[r][0], acc[r][1], acc[r][2], acc[r][3]));
+}
+
+// ggml_vec_dot_f16 / _bf16 order, one activation row x the 4 outputs of quad `qb`.
+template <HalfOp Op>
+inline void half_gemv_quad(const uint8_t* qb, size_t nb, const ActView& a, size_t r, float* out) {
+  constexpr bool kF16 = Op == HalfOp::F16;
+  constexpr int C = kF16 ? 4 : 2;  // accumulators per output (over each 64 k)
+  __m512 acc[4][C];
+  for (int i = 0; i < 4; ++i)
+    for (int c = 0; c < C; ++c) acc[i][c] = _mm512_setzero_ps();
+  size_t b = 0;
+  for (; b + 2 <= nb; b += 2) {
+    prefetch_ahead(qb + b * kHalfQuadBlock, 2 * kHalfQuadBlock);
+    if constexpr (kF16) {
+      for (int c = 0; c < 4; ++c) {
+        const uint8_t* wb = qb + (b + c / 2) * kHalfQuadBlock + 32 * (c % 2);
+        const __m512 x = _mm512_loadu_ps(a.xf(r) + b * kQK + 16 * c);
+        for (int i = 0; i < 4; ++i) acc[i][c] = _mm512_fmadd_ps(load16_fp16_words(wb + 64 * i), x, acc[i][c]);
+      }
+    } else {
+      for (int c = 0; c < 2; ++c) {
+        const uint8_t* wb = qb + (b + c) * kHalfQuadBlock;
+        const float* xb = a.xf(r) + (b + c) * kQK;
+        if constexpr (Op == HalfOp::Bf16Dp) {
+          const __m512i xw = bf16_pairs(xb);
+          for (int i = 0; i < 4; ++i) acc[i][c] = vdpbf16ps(acc[i][c], _mm512_loadu_si512(wb + 64 * i), xw);
+        } else {
+          for (int i = 0; i < 4; ++i) {
+            const __m512i w = _mm512_loadu_si512(wb + 64 * i);
+            acc[i][c] = bf16_fma2(acc[i][c], bf16_odd(w), bf16_even(w), xb);
+          }
+        }
       }
     }
   }
-  for (int r = 0; r < R; ++r)
-    _mm512_mask_storeu_ps(y + r * y_stride, store_mask, _mm512_add_ps(chain[r][0], chain[r][1]));
+  double sum[4];
+  alignas(16) float s0[4], s1[4];
+  if constexpr (kF16) {
+    __m512 t[4];
+    for (int i = 0; i < 4; ++i)
+      t[i] = _mm512_add_ps(_mm512_add_ps(acc[i][0], acc[i][2]), _mm512_add_ps(acc[i][1], acc[i][3]));
+    _mm_store_ps(s0, reduce16_x4(t[0], t[1], t[2], t[3]));
+    for (int i = 0; i < 4; ++i) sum[i] = s0[i];
+  } else {
+    _mm_store_ps(s0, reduce16_x4(acc[0][0], acc[1][0], acc[2][0], acc[3][0]));
+    _mm_store_ps(s1, reduce16_x4(acc[0][1], acc[1][1], acc[2][1], acc[3][1]));
+    for (int i = 0; i < 4; ++i) sum[i] = static_cast<double>(s0[i]) + static_cast<double>(s1[i]);
+  }
+  if (b < nb) {  // an odd last 32-block: llama.cpp's scalar tail, float products summed in double
+    const uint8_t* wb = qb + b * kHalfQuadBlock;
+    for (int i = 0; i < 4; ++i)
+      for (size_t k = 0; k < kQK; ++k) {
+        const uint16_t v = load_u16(wb + 64 * i + 2 * k);
+        const float w = kF16 ? _cvtsh_ss(v) : f32_bits(static_cast<uint32_t>(v) << 16);
+        const float x = a.xf(r)[b * kQK + (kF16 ? k : bf16_act_pos(k))];
+        sum[i] += static_cast<double>(w * x);
+      }
+  }
+  for (int i = 0; i < 4; ++i) out[i] = static_cast<float>(sum[i]);
 }
 
 using RowsFn = void (*)(const uint8_t*, size_t, const ActView&, size_t, float*, size_t, __mmask16);
@@ -412,13 +583,32 @@ inline void k_rows_gemm(const uint8_t* tile, size_t nb, const ActView& a, size_t
   for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(y + r * y_stride, store_mask, acc[r]);
 }
 
-template <bool BF16>
+template <HalfOp Op, bool Gemm>
 void half_tile(const uint8_t* tile, size_t nb, const ActView& a, size_t r0, size_t nr, float* y, size_t y_stride,
                unsigned o_lo, unsigned o_hi) {
   const __mmask16 mask = lane_mask(o_lo, o_hi);
+  const unsigned q_lo = o_lo / 4, q_hi = (o_hi + 3) / 4;
+  alignas(64) float res[6][16];
+  auto rows = [&](size_t r, auto n_rows) {
+    constexpr int R = decltype(n_rows)::value;
+    for (unsigned q = q_lo; q < q_hi; ++q) {
+      const uint8_t* qb = tile + half_word_offset(nb, 4 * q, 0, 0);
+      float out[4 * R];
+      if constexpr (Gemm)
+        half_gemm_quad<Op, R>(qb, nb, a, r0 + r, out);
+      else
+        half_gemv_quad<Op>(qb, nb, a, r0 + r, out);
+      for (int i = 0; i < R; ++i) std::memcpy(&res[i][4 * q], out + 4 * i, 16);
+    }
+    for (int i = 0; i < R; ++i) _mm512_mask_storeu_ps(y + (r + i) * y_stride, mask, _mm512_maskz_load_ps(mask, res[i]));
+  };
   size_t r = 0;
-  for (; r + 4 <= nr; r += 4) half_rows<BF16, 4>(tile, nb, a, r0 + r, y + r * y_stride, y_stride, mask);
-  for (; r < nr; ++r) half_rows<BF16, 1>(tile, nb, a, r0 + r, y + r * y_stride, y_stride, mask);
+  if constexpr (Gemm) {  // 6 rows: 24 accumulators, each weight vector converted once for 6
+    for (; r + 6 <= nr; r += 6) rows(r, std::integral_constant<int, 6>{});
+    for (; r + 4 <= nr; r += 4) rows(r, std::integral_constant<int, 4>{});
+    for (; r + 2 <= nr; r += 2) rows(r, std::integral_constant<int, 2>{});
+  }
+  for (; r < nr; ++r) rows(r, std::integral_constant<int, 1>{});
 }
 
 // Nibble tiles: with more than one pair of activation rows (prefill), the tile's blocks are
@@ -474,13 +664,21 @@ TileKernelFn kquant_tile_avx512(KQuant q, bool batched) {
 }
 
 const IsaKernels& avx512_kernels() {
+  // llama.cpp's BF16 order is vdpbf16ps's; its two-fma form stands in for it only where it
+  // gives the same bits (else llama.cpp's build for this CPU computes something else).
+  static const bool bf16_hw = (__builtin_cpu_init(), __builtin_cpu_supports("avx512bf16"));
+  static const bool bf16_dp = bf16_hw && !bf16_fma_form_exact();
   static const IsaKernels k{quantize_q8_avx512,         quantize_q8_k_avx512, kNibTile<NibKind::Q4_1>, kNibTile<NibKind::Q4_0>,
                             kNibTile<NibKind::Q5_1>,    kNibTile<NibKind::Q5_0>, kByteTile,
-                            half_tile<false>,
-                            half_tile<true>,
+                            half_tile<HalfOp::F16, false>,
+                            bf16_hw ? half_tile<HalfOp::Bf16Dp, false> : half_tile<HalfOp::Bf16Fma, false>,
+                            half_tile<HalfOp::F16, true>,
+                            bf16_dp ? half_tile<HalfOp::Bf16Dp, true> : half_tile<HalfOp::Bf16Fma, true>,
                             kquant_tile_avx512(KQuant::Q4, false), kquant_tile_avx512(KQuant::Q5, false),
                             kquant_tile_avx512(KQuant::Q6, false), kquant_tile_avx512(KQuant::Q4, true),
-                            kquant_tile_avx512(KQuant::Q5, true),  kquant_tile_avx512(KQuant::Q6, true)};
+                            kquant_tile_avx512(KQuant::Q5, true),  kquant_tile_avx512(KQuant::Q6, true),
+                            round_f16_avx512,
+                            round_bf16_avx512};
   return k;
 }
 

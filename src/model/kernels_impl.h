@@ -15,7 +15,8 @@
 //    ((l0+l4) + (l2+l6)) + ((l1+l5) + (l3+l7)).
 //    (Its tinyBLAS Q8_0 GEMM for batched logits has the same per-element sequence.)
 // Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 follow that order bit for bit; the K-quants follow
-// llama.cpp's Q8_K order (K super-tiles below); F16/BF16 have an order of their own.
+// llama.cpp's Q8_K order (K super-tiles below); F16/BF16 follow llama.cpp's AVX-512 build
+// (float tiles below).
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -44,11 +45,43 @@ constexpr size_t kTileRows = 16;    // output rows interleaved in one repacked t
 // Byte tiles (Q8_0: weights stored as uint8 u = q + 128, the unsigned operand of
 //   vpdpbusd), bytes [64g + 4o + j], g < 8: element 4g+j of row o.
 //   - kByte16 (Q8_0; 544 bytes): then 16 fp16 d: w = d (u - 128).
-// Float tiles (F16, BF16 weights; 1024 bytes per 32 k): the 16-bit words of the 16 rows at
-//   k = 0..31 as [k][o]. Their activations are floats rounded through the weight's type
-//   (llama.cpp's vec-dot type for F16/BF16), one float row each; per output element two
-//   fma chains in k order, over even k and odd k, then their sum (the same on every ISA).
+// Float tiles (F16, BF16 weights; 1024 bytes per 32 k, the file's 2 bytes per weight): the
+//   16 rows in quads q = o / 4, each quad's blocks in k order, each block 4 rows x 32 words
+//   (row o's words k = 0..31 contiguous, half_word_offset), so that a row's dot product
+//   reads whole vectors of k and a quad streams from one address run.
+//   Activations are rounded through the weight's type (llama.cpp converts them to F16/BF16,
+//   its vec-dot type), kept as floats; BF16's per 32-block as the 16 odd k, then the 16
+//   even k (bf16_act_pos), the two operands of the vdpbf16ps step below.
+//   The order is that of llama-cpp-python 0.3.36's ggml, AVX-512 build with AVX512-BF16
+//   (read from its libggml-cpu.so), and every ISA here computes it (bit-identical y; the
+//   one exception, a CPU whose vdpbf16ps is not the two-fma form below, runs the
+//   instruction in its AVX-512 kernels, as llama.cpp does there). The order is thus the same
+//   on AVX2 as on AVX-512, not that of llama.cpp's AVX2 build (8 lanes, another tree):
+//   - from 2 activation rows on, when the matrix's rows are a multiple of 4, tinyBLAS
+//     (llamafile_sgemm; it declines n < 2 and m % 4 != 0): per output one 16-lane
+//     accumulator; F16: lane k % 16 = fma(w, x, lane) in k order; BF16 (vdpbf16ps): per
+//     32-block, lane l takes words 2l+1 then 2l, each a fused multiply-add (its documented
+//     order, checked against the instruction on this Xeon); then reduce16.
+//   - otherwise ggml_vec_dot_f16 / ggml_vec_dot_bf16 per output: F16: 4 accumulators of
+//     16 lanes over each 64 k (k / 16 % 4, lane k % 16), then (a0 + a2) + (a1 + a3) and
+//     reduce16; BF16: 2 accumulators (32-block b in b % 2) of the vdpbf16ps step, each
+//     reduce16'd, summed in double; k past the last whole 64 adds float(w x) in double.
+//   reduce16 is GCC's _mm512_reduce_add_ps: fold the upper half of the lanes onto the lower
+//   (l + l+8, then + l+4, + l+2, + l+1). vdpbf16ps also flushes denormal inputs and results
+//   to zero; its two-fma form (portable, AVX2, AVX-512 without it, and the AVX-512 GEMM
+//   where a start-up check finds the form equal to the instruction, as on this Xeon: it is
+//   faster there) does not, which matters only below 2^-126 (never in a model's weights
+//   times activations).
 constexpr size_t kHalfTileBlock = 1024;
+constexpr size_t kHalfQuadBlock = 256;  // one quad's 32-block: 4 rows x 32 words
+inline size_t half_word_offset(size_t nb, unsigned o, size_t b, size_t k) {
+  return (o / 4) * nb * kHalfQuadBlock + b * kHalfQuadBlock + (o % 4) * 64 + 2 * k;
+}
+// llama.cpp's tinyBLAS takes F16/BF16 matmuls of at least this many activation rows (when
+// the weight's rows are a multiple of 4).
+constexpr size_t kHalfGemmRows = 2;
+// Where element k (< 32) of a 32-block sits in a BF16 activation record's block.
+inline size_t bf16_act_pos(size_t k) { return k % 2 ? k / 2 : 16 + k / 2; }
 constexpr size_t kByte16TileBlock = 544;
 
 // Stored (unsigned) value of element e (< 32) of row o of a nibble block with HB high bits.
@@ -168,6 +201,8 @@ float quantize_q8_k_block(const float* x, int8_t* q);
 
 // Quantizes one row of `cols` floats into an ActView record at `out` (every field).
 using QuantizeRowFn = void (*)(const float* x, size_t cols, uint8_t* out);
+// One float-tile activation row (round_f16_row's or round_bf16_row's values).
+using RoundRowFn = void (*)(const float* x, size_t cols, float* out);
 
 // Computes output lanes [o_lo, o_hi) of one 16-row tile for activation rows
 // [r0, r0 + nr): y[(r - r0) * y_stride + o] for o in the tile (y points at lane 0).
@@ -180,10 +215,11 @@ struct IsaKernels {
   QuantizeRowFn quantize_q8_k;  // Q8_K records (quantize_q8_k_record's values)
   TileKernelFn q4_1, q4_0, q5_1, q5_0;  // nibble tiles (nib_geom)
   TileKernelFn q8_0;                    // kByte16
-  TileKernelFn f16;        // float tiles of fp16 words
-  TileKernelFn bf16;       // float tiles of bf16 words
+  TileKernelFn f16, bf16;            // float tiles, vec-dot order (kernels_impl.h)
+  TileKernelFn f16_gemm, bf16_gemm;  // the same, tinyBLAS order (kHalfGemmRows on)
   TileKernelFn k4, k5, k6; // K super-tiles (Q4_K, Q5_K, Q6_K), vec-dot order
   TileKernelFn k4_batched, k5_batched, k6_batched;  // the same, tiled-GEMM order (n >= 8)
+  RoundRowFn round_f16, round_bf16;  // float tiles' activations (round_f16_row, round_bf16_row)
 };
 // The K super-tile kernels of each ISA (kernels_kquant.cpp, kernels_avx2.cpp, kernels_avx512.cpp).
 TileKernelFn kquant_tile_portable(KQuant, bool batched);
@@ -208,9 +244,15 @@ size_t tile_block_bytes(uint32_t weight_type, TileLayout);
 // rows are zero).
 void repack_matrix(uint32_t weight_type, const uint8_t* data, size_t rows, size_t cols, uint8_t* packed);
 void dequantize_packed_row(uint32_t weight_type, const uint8_t* packed, size_t cols, size_t o, float* dst);
-// One activation row for a float tile: x rounded through F16 or BF16 (as floats).
-void round_act_row(uint32_t weight_type, const float* x, size_t cols, float* out);
+// One activation row for a float tile (cols: whole 32-blocks): x rounded through F16, or
+// through BF16 in bf16_act_pos order, as floats. The portable rule; IsaKernels::round_*.
+void round_f16_row(const float* x, size_t cols, float* out);
+void round_bf16_row(const float* x, size_t cols, float* out);
 
+// llama.cpp's order for float tiles (above), from one weight row and its activation row
+// as floats (the activations rounded through the weight's type, in k order): gemm:
+// tinyBLAS, else ggml_vec_dot_f16 / _bf16. The portable kernels' definition.
+float llama_half_dot(bool bf16, bool gemm, const float* w, const float* x, size_t cols);
 
 // llama.cpp's hsum_float_8 over the 8 per-group lanes of one output element.
 inline float hsum8_llama(const float l[8]) {

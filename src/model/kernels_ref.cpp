@@ -7,6 +7,7 @@
 #include <cstring>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "model/kernels.h"
 #include "model/kernels_impl.h"
@@ -231,6 +232,44 @@ void dequantize_row(GgmlType t, const void* src_v, float* dst, size_t n) {
 // Activation quantization and the portable repacked tile kernels
 
 namespace kern {
+
+namespace {
+// GCC's _mm512_reduce_add_ps: the upper half of the lanes added onto the lower, 8, 4, 2, 1.
+float reduce16(const float lanes[16]) {
+  float v[16];
+  std::memcpy(v, lanes, sizeof v);
+  for (int s = 8; s > 0; s /= 2)
+    for (int i = 0; i < s; ++i) v[i] = v[i] + v[i + s];
+  return v[0];
+}
+}  // namespace
+
+float llama_half_dot(bool bf16, bool gemm, const float* w, const float* x, size_t cols) {
+  float acc[4][16] = {};
+  const size_t vec = gemm ? cols : cols / 64 * 64;  // the vec-dot leaves k % 64 to a scalar tail
+  for (size_t k = 0; k < vec; ++k) {
+    if (!bf16) {
+      float& l = acc[gemm ? 0 : k / 16 % 4][k % 16];
+      l = std::fma(w[k], x[k], l);
+    } else if (k % 2 == 0) {  // one vdpbf16ps lane: the odd word, then the even one
+      float& l = acc[gemm ? 0 : k / 32 % 2][k % 32 / 2];
+      l = std::fma(w[k + 1], x[k + 1], l);
+      l = std::fma(w[k], x[k], l);
+    }
+  }
+  if (gemm) return reduce16(acc[0]);
+  double sum;
+  if (!bf16) {
+    float t[16];
+    for (int i = 0; i < 16; ++i) t[i] = (acc[0][i] + acc[2][i]) + (acc[1][i] + acc[3][i]);
+    sum = reduce16(t);
+  } else {
+    sum = static_cast<double>(reduce16(acc[0])) + static_cast<double>(reduce16(acc[1]));
+  }
+  for (size_t k = vec; k < cols; ++k) sum += static_cast<double>(w[k] * x[k]);
+  return static_cast<float>(sum);
+}
+
 namespace {
 
 // Q8_0 / Q8_1 of one row into an ActView record, as llama.cpp's x86 quantize_row_q8_0/1.
@@ -312,23 +351,25 @@ void byte_tile_portable(const uint8_t* tile, size_t nb, const ActView& a, size_t
   }
 }
 
-// Float tiles: two fma chains per output (even and odd k), then their sum.
-template <bool BF16>
+// Float tiles: each output by llama_half_dot from its row's words.
+template <bool BF16, bool Gemm>
 void half_tile_portable(const uint8_t* tile, size_t nb, const ActView& a, size_t r0, size_t nr, float* y,
                         size_t y_stride, unsigned o_lo, unsigned o_hi) {
-  for (size_t r = 0; r < nr; ++r) {
-    const float* x = a.xf(r0 + r);
-    float chain[2][kTileRows] = {};
-    for (size_t b = 0; b < nb; ++b) {
-      const uint8_t* wb = tile + b * kHalfTileBlock;
-      for (size_t k = 0; k < kQK; ++k)
-        for (unsigned o = 0; o < kTileRows; ++o) {
-          const uint16_t v = load_u16(wb + 32 * k + 2 * o);
-          const float w = BF16 ? bf16_to_fp32(v) : fp16_to_fp32(v);
-          chain[k & 1][o] = std::fma(w, x[b * kQK + k], chain[k & 1][o]);
-        }
+  const size_t cols = nb * kQK;
+  std::vector<float> w(cols), x(cols);
+  for (unsigned o = o_lo; o < o_hi; ++o) {
+    for (size_t b = 0; b < nb; ++b)
+      for (size_t k = 0; k < kQK; ++k) {
+        const uint16_t v = load_u16(tile + half_word_offset(nb, o, b, k));
+        w[b * kQK + k] = BF16 ? bf16_to_fp32(v) : fp16_to_fp32(v);
+      }
+    for (size_t r = 0; r < nr; ++r) {
+      if (BF16)
+        for (size_t k = 0; k < cols; ++k) x[k] = a.xf(r0 + r)[k / kQK * kQK + bf16_act_pos(k % kQK)];
+      else
+        std::memcpy(x.data(), a.xf(r0 + r), cols * 4);
+      y[r * y_stride + o] = llama_half_dot(BF16, Gemm, w.data(), x.data(), cols);
     }
-    for (unsigned o = o_lo; o < o_hi; ++o) y[r * y_stride + o] = chain[0][o] + chain[1][o];
   }
 }
 
@@ -342,14 +383,18 @@ const IsaKernels& portable_kernels() {
                             nib_tile_portable<NibKind::Q5_1>,
                             nib_tile_portable<NibKind::Q5_0>,
                             byte_tile_portable,
-                            half_tile_portable<false>,
-                            half_tile_portable<true>,
+                            half_tile_portable<false, false>,
+                            half_tile_portable<true, false>,
+                            half_tile_portable<false, true>,
+                            half_tile_portable<true, true>,
                             kquant_tile_portable(KQuant::Q4, false),
                             kquant_tile_portable(KQuant::Q5, false),
                             kquant_tile_portable(KQuant::Q6, false),
                             kquant_tile_portable(KQuant::Q4, true),
                             kquant_tile_portable(KQuant::Q5, true),
-                            kquant_tile_portable(KQuant::Q6, true)};
+                            kquant_tile_portable(KQuant::Q6, true),
+                            round_f16_row,
+                            round_bf16_row};
   return k;
 }
 

@@ -218,12 +218,12 @@ void repack_matrix(uint32_t weight_type, const uint8_t* data, size_t rows, size_
       }
     return;
   }
-  if (layout == TileLayout::Half) {  // word k of block b of row o at [k][o]
+  if (layout == TileLayout::Half) {  // each row's 32-word blocks, placed by half_word_offset
     for (size_t o = 0; o < rows; ++o) {
       const uint8_t* src = data + o * row_bytes;
-      uint8_t* tile = packed + (o / kTileRows) * nb * tb + 2 * (o % kTileRows);
-      for (size_t b = 0; b < nb; ++b)
-        for (size_t k = 0; k < kQK; ++k) std::memcpy(tile + b * tb + 32 * k, src + 2 * (b * kQK + k), 2);
+      uint8_t* tile = packed + (o / kTileRows) * nb * tb;
+      const auto lane = static_cast<unsigned>(o % kTileRows);
+      for (size_t b = 0; b < nb; ++b) std::memcpy(tile + half_word_offset(nb, lane, b, 0), src + 2 * b * kQK, 2 * kQK);
     }
     return;
   }
@@ -272,7 +272,7 @@ void dequantize_packed_row(uint32_t weight_type, const uint8_t* packed, size_t c
     float* y = dst + b * kQK;
     if (layout == TileLayout::Half) {
       for (size_t k = 0; k < kQK; ++k) {
-        const uint16_t v = load_u16(src + 32 * k + 2 * lane);
+        const uint16_t v = load_u16(tile + half_word_offset(nb, lane, b, k));
         y[k] = type == GgmlType::F16 ? fp16_to_fp32(v) : bf16_to_fp32(v);
       }
       continue;
@@ -296,11 +296,11 @@ void dequantize_packed_row(uint32_t weight_type, const uint8_t* packed, size_t c
   }
 }
 
-void round_act_row(uint32_t weight_type, const float* x, size_t cols, float* out) {
-  if (static_cast<GgmlType>(weight_type) == GgmlType::F16)
-    for (size_t i = 0; i < cols; ++i) out[i] = fp16_round(x[i]);
-  else
-    for (size_t i = 0; i < cols; ++i) out[i] = bf16_to_fp32(fp32_to_bf16(x[i]));
+void round_f16_row(const float* x, size_t cols, float* out) {
+  for (size_t i = 0; i < cols; ++i) out[i] = fp16_round(x[i]);
+}
+void round_bf16_row(const float* x, size_t cols, float* out) {
+  for (size_t i = 0; i < cols; ++i) out[i / kQK * kQK + bf16_act_pos(i % kQK)] = bf16_to_fp32(fp32_to_bf16(x[i]));
 }
 
 }  // namespace cf::kern

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -490,10 +491,14 @@ TEST(Multiply, ExtremeScalesStayAccurate) {
   }
 }
 
+bool cpu_has_avx512bf16();
+bool bf16_instruction_is_two_fmas();
+
 // Repacked types: every ISA and thread count gives the same bits; strides, row ranges and
 // the weight-row lookup agree with the plain path.
 TEST(Multiply, RepackedBitIdenticalAcrossIsasThreadsAndRanges) {
   std::mt19937 rng(13);
+  const bool bf16_two_fmas = bf16_instruction_is_two_fmas();
   ThreadPool pool1(1), pool2(2), pool3(3);
   for (GgmlType t : {GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q4_K,
                      GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::F16, GgmlType::BF16}) {
@@ -507,6 +512,9 @@ TEST(Multiply, RepackedBitIdenticalAcrossIsasThreadsAndRanges) {
         const auto x = random_acts(n, x_stride, rng);
         std::vector<float> ref;
         for (Isa isa : available_isas()) {
+          // The one exception to "every ISA alike": BF16 on a CPU whose vdpbf16ps is not
+          // its two-fma form (kernels_impl.h, float tiles).
+          if (t == GgmlType::BF16 && isa == Isa::Avx512 && cpu_has_avx512bf16() && !bf16_two_fmas) continue;
           IsaGuard g(isa);
           for (ThreadPool* pool : {&pool1, &pool2, &pool3}) {
             std::vector<float> y(n * y_stride, -7.0f);
@@ -714,6 +722,203 @@ TEST(Multiply, KQuantsFollowLlamaCppOrderExactly) {
           ASSERT_EQ(std::bit_cast<uint32_t>(y[i]), std::bit_cast<uint32_t>(want[i]))
               << ggml_type_name(t) << " " << isa_name(isa) << " n=" << n << " at " << i << ": " << y[i] << " vs " << want[i];
       }
+    }
+  }
+}
+
+// vdpbf16ps on this CPU (the caller checks it has it): acc[l] += a[2l+1] b[2l+1], then
+// + a[2l] b[2l].
+#if defined(__x86_64__)
+__attribute__((target("avx512f,avx512bf16"))) void dpbf16_hw(float* acc, const uint16_t* a, const uint16_t* b) {
+  __m512i va, vb;
+  std::memcpy(&va, a, 64);
+  std::memcpy(&vb, b, 64);
+  _mm512_storeu_ps(acc, _mm512_dpbf16_ps(_mm512_loadu_ps(acc), (__m512bh)va, (__m512bh)vb));
+}
+bool cpu_has_avx512bf16() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512bf16");
+}
+#else
+void dpbf16_hw(float*, const uint16_t*, const uint16_t*) {}
+bool cpu_has_avx512bf16() { return false; }
+#endif
+
+// llama.cpp's F16/BF16 x F32 order (llama-cpp-python 0.3.36, AVX-512 + AVX512-BF16 build,
+// read from its libggml-cpu.so), transcribed from the file's rows: the activations rounded
+// to the weight's type; from 2 rows on (matrix rows a multiple of 4) tinyBLAS: one 16-lane
+// accumulator per output, F16 lane k % 16 += w x (fma), BF16 lane l of each 32-block +=
+// words 2l+1 then 2l (vdpbf16ps), then _mm512_reduce_add_ps's tree; otherwise
+// ggml_vec_dot_f16 (4 accumulators per 64 k, (a0 + a2) + (a1 + a3), reduced) or
+// ggml_vec_dot_bf16 (2 accumulators per 64 k, each reduced, summed in double), k past the
+// last 64 as float products in double. Every ISA must match it.
+float reduce_add_16(const float* l) {
+  float v[16];
+  std::memcpy(v, l, sizeof v);
+  for (int s = 8; s > 0; s /= 2)
+    for (int i = 0; i < s; ++i) v[i] += v[i + s];
+  return v[0];
+}
+
+// hw_dp: the BF16 step by this CPU's vdpbf16ps (what llama.cpp runs here, and the AVX-512
+// kernels where the CPU has it), else by its documented two-fma form.
+float llama_half_order_dot(GgmlType t, const uint8_t* w_row, const float* x_in, size_t cols, bool tinyblas,
+                           bool hw_dp = false) {
+  const bool bf = t == GgmlType::BF16;
+  std::vector<float> w(cols), x(cols);
+  for (size_t k = 0; k < cols; ++k) {
+    w[k] = elem(t, w_row, k);
+    x[k] = bf ? std::bit_cast<float>(static_cast<uint32_t>(kern::fp32_to_bf16(x_in[k])) << 16) : fp16_to_fp32(h(x_in[k]));
+  }
+  float acc[4][16] = {};
+  auto dp_step = [&](float& lane, size_t k) {  // words k, k + 1 (k even)
+    if (hw_dp) {
+      uint16_t a[32] = {kern::fp32_to_bf16(w[k]), kern::fp32_to_bf16(w[k + 1])};
+      uint16_t b[32] = {kern::fp32_to_bf16(x[k]), kern::fp32_to_bf16(x[k + 1])};
+      float acc16[16] = {lane};
+      dpbf16_hw(acc16, a, b);
+      lane = acc16[0];
+      return;
+    }
+    lane = std::fma(w[k + 1], x[k + 1], lane);
+    lane = std::fma(w[k], x[k], lane);
+  };
+  if (tinyblas) {
+    for (size_t k = 0; k < cols; k += bf ? 2 : 1) {
+      if (bf) dp_step(acc[0][k % 32 / 2], k);
+      else acc[0][k % 16] = std::fma(w[k], x[k], acc[0][k % 16]);
+    }
+    return reduce_add_16(acc[0]);
+  }
+  const size_t n64 = cols / 64 * 64;
+  double sum = 0.0;
+  if (bf) {
+    for (size_t k = 0; k < n64; k += 2) dp_step(acc[k / 32 % 2][k % 32 / 2], k);
+    sum += reduce_add_16(acc[0]);
+    sum += reduce_add_16(acc[1]);
+  } else {
+    for (size_t k = 0; k < n64; ++k) acc[k / 16 % 4][k % 16] = std::fma(w[k], x[k], acc[k / 16 % 4][k % 16]);
+    for (int l = 0; l < 16; ++l) acc[0][l] = (acc[0][l] + acc[2][l]) + (acc[1][l] + acc[3][l]);
+    sum = reduce_add_16(acc[0]);
+  }
+  for (size_t k = n64; k < cols; ++k) sum += static_cast<double>(w[k] * x[k]);
+  return static_cast<float>(sum);
+}
+
+TEST(Multiply, HalfFollowsLlamaCppOrderExactly) {
+  std::mt19937 rng(19);
+  ThreadPool pool(2);
+  for (GgmlType t : {GgmlType::F16, GgmlType::BF16}) {
+    // 576: whole 64s; 608: an odd 32-block (the vec-dot's scalar tail); 37 rows: not a
+    // multiple of 4, so llama.cpp keeps its vec-dot at every n.
+    for (const auto& [rows, cols] : {std::pair<size_t, size_t>{40, 576}, {36, 608}, {37, 576}}) {
+      const auto w = random_blocks(t, rows * cols, rng, false);
+      WeightMatrix m(t, w.data(), rows, cols);
+      const size_t rb = ggml_row_bytes(t, cols);
+      for (size_t n : {1, 2, 5, 9}) {
+        const auto x = random_acts(n, cols, rng);
+        const bool tinyblas = n >= 2 && rows % 4 == 0;
+        std::vector<float> want_fma(n * rows), want_hw(n * rows);
+        for (size_t r = 0; r < n; ++r)
+          for (size_t o = 0; o < rows; ++o) {
+            want_fma[r * rows + o] = llama_half_order_dot(t, w.data() + o * rb, &x[r * cols], cols, tinyblas);
+            if (t == GgmlType::BF16 && cpu_has_avx512bf16())
+              want_hw[r * rows + o] = llama_half_order_dot(t, w.data() + o * rb, &x[r * cols], cols, tinyblas, true);
+          }
+        for (Isa isa : available_isas()) {
+          IsaGuard g(isa);
+          // AVX-512 BF16 runs vdpbf16ps where the CPU has it (its GEMM the two-fma form only
+          // where that is the same), the other ISAs the two-fma form.
+          const bool hw = t == GgmlType::BF16 && isa == Isa::Avx512 && cpu_has_avx512bf16();
+          const std::vector<float>& want = hw ? want_hw : want_fma;
+          for (auto order : {WeightMatrix::KQuantOrder::ByRowCount,
+                             tinyblas ? WeightMatrix::KQuantOrder::Batched : WeightMatrix::KQuantOrder::ByRowCount}) {
+            std::vector<float> y(n * rows);
+            m.multiply(x.data(), n, cols, y.data(), rows, pool, order);
+            for (size_t i = 0; i < y.size(); ++i)
+              ASSERT_EQ(std::bit_cast<uint32_t>(y[i]), std::bit_cast<uint32_t>(want[i]))
+                  << ggml_type_name(t) << " " << isa_name(isa) << " " << rows << "x" << cols << " n=" << n << " at " << i
+                  << ": " << y[i] << " vs " << want[i];
+          }
+        }
+        if (n != 2 || rows % 4 != 0) continue;
+        // PerRow asks for the vec-dot order at any n (active ISA: the best one).
+        const bool hw = t == GgmlType::BF16 && active_isa() == Isa::Avx512 && cpu_has_avx512bf16();
+        auto want_vecdot = [&](size_t o, size_t r) {
+          return llama_half_order_dot(t, w.data() + o * rb, &x[r * cols], cols, false, hw);
+        };
+        std::vector<float> y(n * rows);
+        m.multiply(x.data(), n, cols, y.data(), rows, pool, WeightMatrix::KQuantOrder::PerRow);
+        for (size_t r = 0; r < n; ++r)
+          for (size_t o = 0; o < rows; ++o)
+            ASSERT_EQ(std::bit_cast<uint32_t>(y[r * rows + o]),
+                      std::bit_cast<uint32_t>(want_vecdot(o, r)));
+      }
+    }
+  }
+}
+
+// The BF16 order's step as kernels_impl.h documents it: vdpbf16ps is two fmas, the odd
+// words' product first (so on this Xeon). Checked on random lanes; false at the first lane
+// that differs, or without the instruction.
+bool bf16_instruction_is_two_fmas() {
+  if (!cpu_has_avx512bf16()) return false;
+  std::mt19937 rng(23);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  for (int it = 0; it < 20000; ++it) {
+    uint16_t a[32], b[32];
+    float acc[16], want[16];
+    for (int i = 0; i < 32; ++i) {
+      a[i] = kern::fp32_to_bf16(nd(rng) * std::ldexp(1.0f, static_cast<int>(rng() % 20) - 10));
+      b[i] = kern::fp32_to_bf16(nd(rng));
+    }
+    for (int l = 0; l < 16; ++l) {
+      acc[l] = nd(rng) * std::ldexp(1.0f, static_cast<int>(rng() % 20) - 10);
+      want[l] = std::fma(bf16_to_fp32(a[2 * l]), bf16_to_fp32(b[2 * l]),
+                         std::fma(bf16_to_fp32(a[2 * l + 1]), bf16_to_fp32(b[2 * l + 1]), acc[l]));
+    }
+    dpbf16_hw(acc, a, b);
+    for (int l = 0; l < 16; ++l)
+      if (std::bit_cast<uint32_t>(acc[l]) != std::bit_cast<uint32_t>(want[l])) return false;
+  }
+  return true;
+}
+
+// A CPU whose instruction differs gets it from its AVX-512 kernels (they check this at
+// start-up), so there BF16's AVX-512 bits differ from the other ISAs'; reported here.
+TEST(Bf16, DotStepIsTwoFmasOddThenEven) {
+  if (!cpu_has_avx512bf16()) GTEST_SKIP() << "no AVX512-BF16 to compare with";
+  if (!bf16_instruction_is_two_fmas())
+    GTEST_SKIP() << "this CPU's vdpbf16ps is not its two-fma form: its AVX-512 kernels run the instruction";
+}
+
+// The float tiles' activation rows (F16: rounded through fp16; BF16: through bf16, in
+// bf16_act_pos order) are the portable rule's bits on every ISA, specials included.
+TEST(Quantize, FloatTileActivationsSameOnEveryIsa) {
+  std::mt19937 rng(29);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  const size_t cols = 512;
+  std::vector<float> x(cols);
+  for (size_t i = 0; i < cols; ++i) x[i] = u(rng) * std::ldexp(1.0f, static_cast<int>(rng() % 60) - 30);
+  const float specials[] = {std::numeric_limits<float>::quiet_NaN(), -std::numeric_limits<float>::quiet_NaN(),
+                            std::bit_cast<float>(0x7f800001u), std::bit_cast<float>(0xff812345u),
+                            std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
+                            65504.0f, 65520.0f, -65536.0f, 3e-7f, -6e-8f, 1e-40f, 0.0f, -0.0f,
+                            1.0f + 0x1p-11f, 1.0f + 0x3p-11f, 1.0f + 0x1p-8f, 1.0f + 0x3p-8f, -(1.0f + 0x1p-8f),
+                            std::numeric_limits<float>::max(), -std::numeric_limits<float>::max()};
+  for (size_t i = 0; i < std::size(specials); ++i) x[7 * i + 3] = specials[i];
+  std::vector<float> want(cols), got(cols);
+  for (bool bf : {false, true}) {
+    (bf ? kern::round_bf16_row : kern::round_f16_row)(x.data(), cols, want.data());
+    for (Isa isa : available_isas()) {
+      const kern::IsaKernels& k = isa == Isa::Avx512 ? kern::avx512_kernels()
+                                  : isa == Isa::Avx2 ? kern::avx2_kernels()
+                                                     : kern::portable_kernels();
+      std::fill(got.begin(), got.end(), -7.0f);
+      (bf ? k.round_bf16 : k.round_f16)(x.data(), cols, got.data());
+      for (size_t i = 0; i < cols; ++i)
+        ASSERT_EQ(std::bit_cast<uint32_t>(got[i]), std::bit_cast<uint32_t>(want[i]))
+            << (bf ? "BF16 " : "F16 ") << isa_name(isa) << " at " << i;
     }
   }
 }
