@@ -884,14 +884,6 @@ bool bf16_instruction_is_two_fmas() {
   return true;
 }
 
-// A CPU whose instruction differs gets it from its AVX-512 kernels (they check this at
-// start-up), so there BF16's AVX-512 bits differ from the other ISAs'; reported here.
-TEST(Bf16, DotStepIsTwoFmasOddThenEven) {
-  if (!cpu_has_avx512bf16()) GTEST_SKIP() << "no AVX512-BF16 to compare with";
-  if (!bf16_instruction_is_two_fmas())
-    GTEST_SKIP() << "this CPU's vdpbf16ps is not its two-fma form: its AVX-512 kernels run the instruction";
-}
-
 // The float tiles' activation rows (F16: rounded through fp16; BF16: through bf16, in
 // bf16_act_pos order) are the portable rule's bits on every ISA, specials included.
 TEST(Quantize, FloatTileActivationsSameOnEveryIsa) {
