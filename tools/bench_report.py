@@ -225,8 +225,9 @@ def label_variants(rows):
 def paired_more(rows, versus=()):
     """Paired (by example) differences: prefixed minus alone for every method x ratio, at
     ratio 0 every method minus reuse on the same variant, and for each method named in
-    `versus` (--versus) that method minus every other selector at each ratio strictly between
-    0 and 1, same variant. Rows as labelled by label_variants."""
+    `versus` (--versus) that method minus reuse on the other variant at ratio 0 and minus every
+    other selector on either variant at each ratio strictly between 0 and 1. Rows as labelled
+    by label_variants."""
     cell = defaultdict(dict)  # (dataset, model, variant, method, ratio) -> example -> row
     for r in rows:
         ds = r["dataset"]
@@ -262,16 +263,25 @@ def paired_more(rows, versus=()):
             d = compare("prefixed - alone", (ds, model), a, cell[(ds, model, "alone", method, ratio)], method, ratio)
             if d:
                 out.append(d)
-        if ratio == 0 and method != "reuse" and (ds, model, variant, "reuse", 0.0) in cell:
-            d = compare(f"{method} - reuse ({variant})", (ds, model), a, cell[(ds, model, variant, "reuse", 0.0)],
-                        method, ratio)
-            if d:
-                out.append(d)
-        if method in versus and 0 < ratio < 1:
-            for (ds2, model2, variant2, other, ratio2), b in sorted(cell.items()):
-                if (ds2, model2, variant2, ratio2) != (ds, model, variant, ratio) or other in (method, "full", "reuse"):
+        if ratio == 0 and method != "reuse":
+            # Reuse on the same variant; for a --versus method also on the other one.
+            for variant2 in (variant, "prefixed" if variant == "alone" else "alone"):
+                if (ds, model, variant2, "reuse", 0.0) not in cell or (variant2 != variant and method not in versus):
                     continue
-                d = compare(f"{method} - {other} ({variant})", (ds, model), a, b, method, ratio)
+                label = (f"{method} - reuse ({variant})" if variant2 == variant
+                         else f"{method} ({variant}) - reuse ({variant2})")
+                d = compare(label, (ds, model), a, cell[(ds, model, variant2, "reuse", 0.0)], method, ratio)
+                if d:
+                    out.append(d)
+        if method in versus and 0 < ratio < 1:
+            # Every other selector at this ratio, on either chunk variant (the best configuration
+            # of a method may be on the other variant than the best of another).
+            for (ds2, model2, variant2, other, ratio2), b in sorted(cell.items()):
+                if (ds2, model2, ratio2) != (ds, model, ratio) or other in (method, "full", "reuse"):
+                    continue
+                label = (f"{method} - {other} ({variant})" if variant2 == variant
+                         else f"{method} ({variant}) - {other} ({variant2})")
+                d = compare(label, (ds, model), a, b, method, ratio)
                 if d:
                     out.append(d)
     out.sort(key=lambda d: (d["dataset"], d["comparison"] == "prefixed - alone", d["method"], d["comparison"], d["ratio"]))

@@ -131,6 +131,14 @@ class ChunkVariantTest(unittest.TestCase):
         self.assertAlmostEqual(f["d_kl"], -0.1)
         # epic at ratio 0 is reuse: no line.
         self.assertNotIn(("epic - reuse (alone)", "epic", 0.0), by)
+        # Reuse on the other variant only for a --versus method: prefixed fusionrag (0.50/0.51/0.52)
+        # against alone reuse (0.50/0.51/0.52).
+        self.assertNotIn(("fusionrag (prefixed) - reuse (alone)", "fusionrag", 0.0), by)
+        versus = {(d["comparison"], d["method"], d["ratio"]): d for d in
+                  bench_report.paired_more(bench_report.label_variants(self.rows()), versus=("fusionrag",))}
+        g = versus[("fusionrag (prefixed) - reuse (alone)", "fusionrag", 0.0)]
+        self.assertAlmostEqual(g["d_fidelity"], 0.0)
+        self.assertAlmostEqual(g["d_kl"], 0.0)
 
     def test_versus_compares_the_named_method_with_every_other_selector_per_variant(self):
         rows = self.rows()
@@ -149,6 +157,11 @@ class ChunkVariantTest(unittest.TestCase):
         self.assertAlmostEqual(d["d_kl"], 0.05 - 0.3)
         self.assertEqual((d["better"], d["worse"]), (3, 0))
         self.assertIn(("qcfuse - epic (prefixed)", 0.15), by)
+        # Across variants too: prefixed qcfuse (0.90/0.89/0.88) against alone epic (0.70/0.71/0.72).
+        x = by[("qcfuse (prefixed) - epic (alone)", 0.15)]
+        self.assertAlmostEqual(x["d_fidelity"], (0.9 - 0.7) - 0.02)
+        self.assertAlmostEqual(x["d_kl"], 0.05 - 0.3)
+        self.assertNotIn(("qcfuse (prefixed) - qcfuse (alone)", 0.15), by)  # that is "prefixed - alone"
         # Only ratios strictly inside (0, 1), never against full or reuse, and not without --versus.
         self.assertFalse(any(c.startswith("qcfuse - reuse") or c.startswith("qcfuse - full") for c, _ in by))
         self.assertFalse(any(c.startswith("qcfuse -") for c, _ in
