@@ -4,7 +4,6 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <chrono>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <thread>
@@ -107,29 +106,20 @@ TEST_F(RealTokenizer, MalformedUtf8DoesNotThrow) {
   EXPECT_NE(tok_->decode(ids).find("\xEF\xBF\xBD"), std::string::npos);
 }
 
-TEST_F(RealTokenizer, TwoThousandTokensWellUnderTenMilliseconds) {
+// A fresh tokenizer (empty word cache) and the same one again, warm, give the same ids on a
+// ~2,000-token passage. Its speed is measured by build/bench_tokenizer, not here: a wall-clock
+// bound in a unit test fails on a busy CI machine without saying anything about the code.
+TEST_F(RealTokenizer, ColdAndWarmEncodingOfALongPassageAgree) {
   std::string passage;
   for (const json& c : fixture_.at("tokenize")) {
     if (c.at("name") == "musique_passage") passage = c.at("text");
   }
   ASSERT_FALSE(passage.empty());
-  // A fresh tokenizer so the first call runs with an empty word cache.
   auto fresh = Tokenizer::from_gguf(*file_);
-  using clock = std::chrono::steady_clock;
-  auto t0 = clock::now();
   const auto ids = fresh->encode(passage, false, false);
-  const double cold_ms = std::chrono::duration<double, std::milli>(clock::now() - t0).count();
-  double best_warm_ms = 1e9;
-  for (int i = 0; i < 5; ++i) {
-    t0 = clock::now();
-    const auto again = fresh->encode(passage, false, false);
-    best_warm_ms = std::min(best_warm_ms, std::chrono::duration<double, std::milli>(clock::now() - t0).count());
-    ASSERT_EQ(again, ids);
-  }
-  std::printf("[ perf ] %zu tokens: cold %.2f ms, warm %.2f ms\n", ids.size(), cold_ms, best_warm_ms);
   EXPECT_GT(ids.size(), 1900u);
-  EXPECT_LT(cold_ms, 10.0);
-  EXPECT_LT(best_warm_ms, 5.0);
+  for (int i = 0; i < 3; ++i) ASSERT_EQ(fresh->encode(passage, false, false), ids);
+  EXPECT_EQ(tok_->encode(passage, false, false), ids);
 }
 
 TEST_F(RealTokenizer, ConcurrentEncodingAgrees) {
