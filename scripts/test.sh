@@ -8,6 +8,7 @@
 #
 # Environment: CHUNKFUSE_BUILD_DIR (default build), CHUNKFUSE_ASAN_BUILD_DIR (default
 # build-asan), CHUNKFUSE_JOBS (default 2), CHUNKFUSE_FUZZ_SECONDS (default 40 per target),
+# CHUNKFUSE_ASAN_FLAGS (optimisation/debug flags of the ASan build; default -O1 -g1),
 # CHUNKFUSE_ASAN_EXCLUDE (ctest -E regex of tests left out under ASan; default: names
 # containing "Slow", "Timing" or "Milliseconds", i.e. slow model runs and wall-clock
 # budgets, which sanitizers slow down 3-10x), CHUNKFUSE_SKIP_ASAN=1 / CHUNKFUSE_SKIP_FUZZ=1
@@ -20,6 +21,11 @@ build_dir="${CHUNKFUSE_BUILD_DIR:-build}"
 asan_dir="${CHUNKFUSE_ASAN_BUILD_DIR:-build-asan}"
 fuzz_seconds="${CHUNKFUSE_FUZZ_SECONDS:-40}"
 asan_exclude="${CHUNKFUSE_ASAN_EXCLUDE:-Slow|Timing|Milliseconds}"
+# -O1 -g1 (line tables only) instead of RelWithDebInfo's -O2 -g: the instrumented build
+# compiles ~2.5x faster (it was the longest CI phase, ~17 min) and reports still name
+# file:line; ASan's own docs recommend -O1. Warnings are errors in the Release build only:
+# at -O1 with ASan, GCC 12's own AVX-512 headers trip -Wuninitialized (a false positive).
+asan_flags="${CHUNKFUSE_ASAN_FLAGS:--O1 -g1}"
 
 declare -a phase_names=() phase_results=() phase_secs=()
 failed=0
@@ -110,7 +116,8 @@ fi
 if [[ "${CHUNKFUSE_SKIP_ASAN:-0}" == 1 ]]; then
   skip_phase build-asan "CHUNKFUSE_SKIP_ASAN=1"
   skip_phase ctest-asan "CHUNKFUSE_SKIP_ASAN=1"
-elif run_phase build-asan cf_build "$asan_dir" RelWithDebInfo -DCHUNKFUSE_SANITIZE=ON; then
+elif run_phase build-asan cf_build "$asan_dir" RelWithDebInfo -DCHUNKFUSE_SANITIZE=ON \
+  -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="$asan_flags" -DCHUNKFUSE_WERROR=OFF; then
   run_phase ctest-asan asan_ctest
 else
   skip_phase ctest-asan "build failed"

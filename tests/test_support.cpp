@@ -15,6 +15,12 @@ std::string source_dir() { return CHUNKFUSE_SOURCE_DIR; }
 
 std::string fixture_path(const std::string& name) { return source_dir() + "/tests/golden/" + name; }
 
+std::string shared_datasets_dir() {
+  for (const char* up : {"/../shared/datasets", "/../../shared/datasets"})  // a worktree under /work/wt/<name>
+    if (std::filesystem::is_directory(source_dir() + up)) return source_dir() + up;
+  return "";
+}
+
 std::string gemma3_model_path() {
   if (const char* env = std::getenv("CHUNKFUSE_GEMMA3_MODEL"); env && *env) return env;
   return cf::cache_root() + "/models/gemma-3-270m-q4_k_m.gguf";

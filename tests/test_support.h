@@ -11,6 +11,8 @@ std::string default_model_path();
 bool have_default_model();
 std::string source_dir();             // repository root
 std::string fixture_path(const std::string& name);  // tests/golden/<name>
+// ../shared/datasets beside the repository (or beside a worktree's parent); "" when absent.
+std::string shared_datasets_dir();
 // The second real model, Gemma 3 270M Q4_K_M (scripts/setup.sh --models gemma3):
 // $CHUNKFUSE_GEMMA3_MODEL, else <cache_root>/models/gemma-3-270m-q4_k_m.gguf.
 std::string gemma3_model_path();

@@ -23,6 +23,7 @@ struct ProfileArgs {
   std::string probe_rows = "question";
   std::string anchors = "per_layer";
   bool anchor_sinks = true;
+  std::string candidates = "auto";
 };
 
 int run_profile(const ProfileArgs& a) {
@@ -54,6 +55,13 @@ int run_profile(const ProfileArgs& a) {
   opt.anchor_rule.per_layer = a.anchors == "per_layer";
   opt.anchor_rule.sinks = a.anchor_sinks;
   opt.critical_layers = a.layers;
+  opt.candidates = qcfuse::parse_layer_candidates(a.candidates);
+  const std::vector<int> candidates = qcfuse::candidate_layers(opt.candidates, model->hparams());
+  if (static_cast<int>(candidates.size()) < model->hparams().n_layers) {
+    std::fprintf(stderr, "critical layers chosen among the %zu global-attention layers:", candidates.size());
+    for (int l : candidates) std::fprintf(stderr, " %d", l);
+    std::fprintf(stderr, " (--candidates all to rank every layer)\n");
+  }
   const double t0 = now_ms();
   opt.progress = [&](size_t done, size_t total, const qcfuse::CalibrationExample& ex, size_t n) {
     const double el = (now_ms() - t0) / 1000;
@@ -95,6 +103,11 @@ void add_profile_command(CLI::App& app, CommandRunner& run) {
       ->capture_default_str();
   cmd->add_option("--anchors", a->anchors, "anchor sets: per_layer or shared (one set, summed over layers)")
       ->check(CLI::IsMember({"per_layer", "shared"}))
+      ->capture_default_str();
+  cmd->add_option("--candidates", a->candidates,
+                  "layers that may become critical: auto (global-attention layers only on a model with "
+                  "sliding-window ones, else all), all, or global")
+      ->check(CLI::IsMember({"auto", "all", "global"}))
       ->capture_default_str();
   cmd->add_option("--anchor-sinks", a->anchor_sinks, "system-prefix sink keys in the KVzip softmax (true/false)")
       ->capture_default_str();

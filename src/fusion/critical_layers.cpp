@@ -7,6 +7,9 @@
 // The probe uses the serving defaults (per-layer KVzip anchors with sink keys, question rows),
 // so what is profiled is what is served; each is a ProfileOptions field.
 // Deviations:
+//  - on a model with sliding-window layers only the global layers may become critical
+//    (LayerCandidates, qcfuse.h: the paper's models have none; a local layer profiled on
+//    short prompts is not the layer served on long ones);
 //  - calibration data: Natural Questions (oracle passage + other examples' passages as
 //    distractors, gold = answer occurrences) and HotpotQA (gold = supporting sentences),
 //    the last examples of each file (evaluation runs usually take the first ones); the
@@ -88,6 +91,22 @@ std::string lower(std::string s) {
 using Clock = std::chrono::steady_clock;
 
 }  // namespace
+
+LayerCandidates parse_layer_candidates(const std::string& name) {
+  if (name == "auto") return LayerCandidates::automatic;
+  if (name == "all") return LayerCandidates::all;
+  if (name == "global") return LayerCandidates::global;
+  throw std::runtime_error("unknown layer candidates '" + name + "' (auto, all or global)");
+}
+
+std::vector<int> candidate_layers(LayerCandidates c, const ModelHparams& h) {
+  std::vector<int> all(h.n_layers), global;
+  std::iota(all.begin(), all.end(), 0);
+  if (c == LayerCandidates::all || (c == LayerCandidates::automatic && !h.has_local_layers())) return all;
+  for (int l : all)
+    if (!h.is_local(l)) global.push_back(l);
+  return global.empty() ? all : global;
+}
 
 std::string default_profile_path(const std::string& fp) { return cache_root() + "/profiles/" + fp + ".qcfuse.json"; }
 
@@ -418,10 +437,11 @@ LayerProfile profile_critical_layers(Forward& fwd, ChunkStore& store, const std:
     p.all_layers_recall += all / static_cast<double>(by_dataset.size());
     per_dataset[name] = {{"examples", idx.size()}, {"lines", lines}, {"recall_at_10pct", r}, {"all_layers_recall", all}};
   }
-  std::vector<int> order(L);
-  std::iota(order.begin(), order.end(), 0);
+  // Every layer's recall is kept (and printed); L* is the top-k of the candidates.
+  std::vector<int> order = candidate_layers(opt.candidates, h);
+  const std::vector<int> candidates = order;
   std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return p.recall[a] > p.recall[b]; });
-  order.resize(std::min(opt.critical_layers, L));
+  order.resize(std::min(static_cast<size_t>(opt.critical_layers), order.size()));
   p.critical_layers = order;
 
   // Recall of the summed critical set (Eq. 20), averaged the same way.
@@ -448,6 +468,7 @@ LayerProfile profile_critical_layers(Forward& fwd, ChunkStore& store, const std:
             {"budget", kProfileBudget},
             {"softmax_denominator", "S + context + U keys (causal), as the artifact's kernel"},
             {"probe_rows", probe_rows_name(opt.probe_rows)},
+            {"candidate_layers", candidates},
             {"anchor_rule", opt.anchor_rule.name() + (opt.anchor_rule.per_layer ? "_per_layer" : "_shared")},
             {"pic_ms", pic_ms},
             {"anchor_ms", anchors_ms},

@@ -178,12 +178,25 @@ std::vector<CalibrationExample> read_hotpot_calibration(const std::string& path,
 // rows; needs no labels, §3.2.2's single-layer agreement).
 enum class ProfileTarget { evidence, prophet };
 
+// Which layers may become critical. §3.4 ranks every layer (its models have no local
+// ones). On a model with sliding-window layers the calibration prompts (~1.4K tokens) fit
+// the window, but a served prompt need not: there a local layer's probe sees only the last
+// `window` positions before the question, so it ranks well offline and badly when served
+// (measured on Gemma 3, BENCHMARKS.md). `global` keeps local layers out; `automatic` is
+// `global` on a model with local layers and `all` otherwise.
+enum class LayerCandidates { automatic, all, global };
+LayerCandidates parse_layer_candidates(const std::string& name);  // throws on an unknown name
+// The layers `c` allows on a model with these hparams, ascending (every layer when `global`
+// would leave none).
+std::vector<int> candidate_layers(LayerCandidates c, const ModelHparams& h);
+
 struct ProfileOptions {
   double anchor_ratio = kDefaultAnchorRatio;
   AnchorRule anchor_rule;
   ProbeRows probe_rows = ProbeRows::question;
   ProfileTarget target = ProfileTarget::evidence;
   int critical_layers = kDefaultCriticalLayers;
+  LayerCandidates candidates = LayerCandidates::automatic;
   // Called after each example: done, total, the example, its context tokens.
   std::function<void(size_t, size_t, const CalibrationExample&, size_t)> progress;
 };

@@ -7,10 +7,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 
 #include "../runtime/model_fixture.h"
 #include "fusion_invariants.h"
 #include "fusion/executor.h"
+#include "fusion/qcfuse.h"
 #include "runtime/sampler.h"
 
 namespace cf {
@@ -107,6 +109,43 @@ TEST_F(Gemma3Fusion, EverySelectorRunsAtAMiddleRatioSlow) {
     ASSERT_EQ(r.logits.size(), static_cast<size_t>(m.hparams().vocab_size)) << method;
     EXPECT_TRUE(std::all_of(r.logits.begin(), r.logits.end(), [](float x) { return std::isfinite(x); })) << method;
   }
+}
+
+std::vector<int> global_layers(const ModelHparams& h) {
+  std::vector<int> out;
+  for (int l = 0; l < h.n_layers; ++l)
+    if (!h.is_local(l)) out.push_back(l);
+  return out;
+}
+
+// QCFuse's critical layers on a sliding-window model come from the global layers only: the
+// calibration prompts fit a local layer's window, served prompts need not (qcfuse.h,
+// LayerCandidates). The profiler's default does so, every layer's recall is still reported,
+// and the profile shipped for this model names global layers only.
+TEST(Gemma3Qcfuse, CriticalLayersAreGlobalLayersSlow) {
+  CF_REQUIRE_GEMMA3();
+  const Model& m = test::shared_gemma3();
+  const std::vector<int> global = global_layers(m.hparams());
+  ASSERT_FALSE(global.empty());
+  ASSERT_LT(global.size(), static_cast<size_t>(m.hparams().n_layers));
+  const auto shipped = qcfuse::bundled_profile(m.fingerprint_hex());
+  ASSERT_TRUE(shipped.has_value());
+  for (int l : shipped->critical_layers) EXPECT_FALSE(m.hparams().is_local(l)) << "shipped critical layer " << l;
+
+  const std::string dir = test::shared_datasets_dir();
+  if (!std::filesystem::exists(dir + "/hotpotqa_dev200.jsonl") || !std::filesystem::exists(dir + "/nq_open_oracle.jsonl.gz"))
+    GTEST_SKIP() << "calibration data not found in ../shared/datasets";
+  auto examples = qcfuse::read_nq_calibration(dir + "/nq_open_oracle.jsonl.gz", 1);
+  for (auto& e : qcfuse::read_hotpot_calibration(dir + "/hotpotqa_dev200.jsonl", 1)) examples.push_back(std::move(e));
+  Forward fwd(m, test::shared_pool());
+  ChunkStore store = memory_store(m);
+  qcfuse::ProfileOptions opt;
+  opt.target = qcfuse::ProfileTarget::prophet;
+  const qcfuse::LayerProfile p = qcfuse::profile_critical_layers(fwd, store, examples, opt);
+  ASSERT_EQ(p.recall.size(), static_cast<size_t>(m.hparams().n_layers));
+  EXPECT_EQ(p.data.at("candidate_layers").get<std::vector<int>>(), global);
+  ASSERT_EQ(p.critical_layers.size(), std::min<size_t>(3, global.size()));
+  for (int l : p.critical_layers) EXPECT_FALSE(m.hparams().is_local(l)) << "critical layer " << l;
 }
 
 }  // namespace

@@ -228,9 +228,7 @@ TEST_F(Qcfuse, AnchorRatioOneWithAllLayersSelectsExactlyProphetsPositionsSlow) {
   ChunkStore store = memory_store(m);
   FusionExecutor ex(fwd, store);
   std::vector<std::pair<std::vector<Passage>, std::string>> cases{{passages(), "Which prizes did Curie win?"}};
-  std::string hotpot = std::string(CHUNKFUSE_SOURCE_DIR) + "/../shared/datasets/hotpotqa_dev200.jsonl";
-  if (!fs::exists(hotpot))  // a worktree under /work/wt/<name>
-    hotpot = std::string(CHUNKFUSE_SOURCE_DIR) + "/../../shared/datasets/hotpotqa_dev200.jsonl";
+  const std::string hotpot = test::shared_datasets_dir() + "/hotpotqa_dev200.jsonl";
   if (fs::exists(hotpot))
     for (auto& e : qcfuse::read_hotpot_calibration(hotpot, 2)) cases.emplace_back(e.passages, e.question);
   for (const auto& [ps, q] : cases) {
@@ -414,6 +412,27 @@ TEST(QcfuseProfile, JsonRoundTripAndRejectsBadFiles) {
   EXPECT_FALSE(qcfuse::load_profile(path).has_value());
 }
 
+// Critical-layer candidates: every layer on a model without sliding-window layers, only the
+// global ones on a model with them (auto), and every layer again if none were global.
+TEST(QcfuseProfile, LayerCandidatesKeepLocalLayersOutOnlyWhereThereAreAny) {
+  ModelHparams plain;
+  plain.n_layers = 4;
+  const std::vector<int> all{0, 1, 2, 3};
+  for (auto c : {qcfuse::LayerCandidates::automatic, qcfuse::LayerCandidates::all, qcfuse::LayerCandidates::global})
+    EXPECT_EQ(qcfuse::candidate_layers(c, plain), all);
+  ModelHparams swa = plain;  // local layers 0 and 2, global 1 and 3
+  swa.sliding_window = 512;
+  swa.layer_is_local = {1, 0, 1, 0};
+  EXPECT_EQ(qcfuse::candidate_layers(qcfuse::LayerCandidates::automatic, swa), (std::vector<int>{1, 3}));
+  EXPECT_EQ(qcfuse::candidate_layers(qcfuse::LayerCandidates::global, swa), (std::vector<int>{1, 3}));
+  EXPECT_EQ(qcfuse::candidate_layers(qcfuse::LayerCandidates::all, swa), all);
+  swa.layer_is_local = {1, 1, 1, 1};
+  EXPECT_EQ(qcfuse::candidate_layers(qcfuse::LayerCandidates::global, swa), all);
+  EXPECT_EQ(qcfuse::parse_layer_candidates("auto"), qcfuse::LayerCandidates::automatic);
+  EXPECT_EQ(qcfuse::parse_layer_candidates("global"), qcfuse::LayerCandidates::global);
+  EXPECT_THROW(qcfuse::parse_layer_candidates("local"), std::runtime_error);
+}
+
 TEST_F(Qcfuse, GoldSpansMapToTheTokensThatSpellThem) {
   const Model& m = test::shared_model();
   const Passage p{"France", "The capital of France is Paris, on the Seine."};
@@ -431,8 +450,7 @@ TEST_F(Qcfuse, GoldSpansMapToTheTokensThatSpellThem) {
 }
 
 TEST_F(Qcfuse, ProfileFromCalibrationDataRoundTripsSlow) {
-  std::string dir = std::string(CHUNKFUSE_SOURCE_DIR) + "/../shared/datasets";
-  if (!fs::exists(dir)) dir = std::string(CHUNKFUSE_SOURCE_DIR) + "/../../shared/datasets";  // a worktree
+  const std::string dir = test::shared_datasets_dir();
   if (!fs::exists(dir + "/hotpotqa_dev200.jsonl") || !fs::exists(dir + "/nq_open_oracle.jsonl.gz"))
     GTEST_SKIP() << "calibration data not found in " << dir;
   const Model& m = test::shared_model();
