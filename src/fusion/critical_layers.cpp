@@ -22,6 +22,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -106,6 +107,15 @@ std::vector<int> candidate_layers(LayerCandidates c, const ModelHparams& h) {
   for (int l : all)
     if (!h.is_local(l)) global.push_back(l);
   return global.empty() ? all : global;
+}
+
+int fallback_critical_layer(const ModelHparams& h) {
+  const int middle = h.n_layers / 2;
+  const std::vector<int> candidates = candidate_layers(LayerCandidates::automatic, h);
+  int best = candidates.front();
+  for (int l : candidates)
+    if (std::abs(l - middle) < std::abs(best - middle)) best = l;
+  return best;
 }
 
 std::string default_profile_path(const std::string& fp) { return cache_root() + "/profiles/" + fp + ".qcfuse.json"; }

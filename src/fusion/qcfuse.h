@@ -189,6 +189,9 @@ LayerCandidates parse_layer_candidates(const std::string& name);  // throws on a
 // The layers `c` allows on a model with these hparams, ascending (every layer when `global`
 // would leave none).
 std::vector<int> candidate_layers(LayerCandidates c, const ModelHparams& h);
+// The single layer QCFuse falls back to without a profile: floor(L/2) (§4.6.2), or on a model
+// with sliding-window layers the global layer nearest to it (the lower one on a tie).
+int fallback_critical_layer(const ModelHparams& h);
 
 struct ProfileOptions {
   double anchor_ratio = kDefaultAnchorRatio;

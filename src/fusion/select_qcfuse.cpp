@@ -23,7 +23,8 @@
 // Deviations (besides those of qcfuse_anchors.cpp):
 //  - the shipped default profile is the one that measured best on our calibration split
 //    (BENCHMARKS.md, issue 16), whichever target made it; the paper profiles gold answer spans;
-//  - without any profile, L* = {floor(L/2)} (the paper's best fixed layer, §4.6.2), said in
+//  - without any profile, L* = {floor(L/2)} (the paper's best fixed layer, §4.6.2), or on a
+//    model with sliding-window layers the global layer nearest to it, said in
 //    Selection::details and printed by `chunkfuse ask`;
 //  - the artifact's budget is max(1, int(rho N)); we use floor(rho N) (the paper's Eq. 11),
 //    so rho = 0 recomputes nothing;
@@ -54,6 +55,17 @@ std::vector<int> layers_of(const qcfuse::LayerProfile& p, int n_layers) {
   return out;
 }
 
+// A profile made before profile-layers kept local layers out may name some: said where the
+// layers' source is reported, since on a prompt longer than the window they see only its end.
+std::string local_layers_note(const std::vector<int>& layers, const ModelHparams& h) {
+  std::string local;
+  for (int l : layers)
+    if (h.is_local(l)) local += (local.empty() ? "" : ", ") + std::to_string(l);
+  if (local.empty()) return "";
+  return " (names sliding-window layer(s) " + local + ", which see only the last " + std::to_string(h.sliding_window) +
+         " positions: re-run chunkfuse profile-layers)";
+}
+
 // The default profile of the model: the cache's (re-read only when its file changes; the
 // executor makes one selector per request), else the shipped one, else floor(L/2).
 CriticalLayers default_critical_layers(const Model& m) {
@@ -72,7 +84,7 @@ CriticalLayers default_critical_layers(const Model& m) {
   auto take = [&](const qcfuse::LayerProfile& p, const std::string& where) {
     out.layers = layers_of(p, n_layers);
     if (out.layers.empty()) why = "profile " + where + " names no layer of this model";
-    else out.source = where;
+    else out.source = where + local_layers_note(out.layers, m.hparams());
   };
   if (!ec) {
     try {
@@ -90,8 +102,8 @@ CriticalLayers default_critical_layers(const Model& m) {
     if (auto p = qcfuse::bundled_profile(m.fingerprint_hex(), &where)) take(*p, "bundled " + where);
   }
   if (out.layers.empty()) {
-    out.layers = {n_layers / 2};
-    out.source = "fallback floor(L/2) (" + why + " and none bundled for this model; run chunkfuse profile-layers)";
+    out.layers = {qcfuse::fallback_critical_layer(m.hparams())};
+    out.source = "fallback middle layer (" + why + " and none bundled for this model; run chunkfuse profile-layers)";
   }
   if (!ec) {
     cached_path = path;
@@ -132,6 +144,7 @@ CriticalLayers profile_layers(const Model& m, const std::string& choice) {
     throw std::invalid_argument(e.what());
   }
   CriticalLayers out{layers_of(*p, m.hparams().n_layers), where};
+  out.source += local_layers_note(out.layers, m.hparams());
   if (out.layers.empty()) throw std::invalid_argument("qcfuse profile " + where + " names no layer of this model");
   return out;
 }

@@ -131,6 +131,21 @@ TEST(Gemma3Qcfuse, CriticalLayersAreGlobalLayersSlow) {
   const auto shipped = qcfuse::bundled_profile(m.fingerprint_hex());
   ASSERT_TRUE(shipped.has_value());
   for (int l : shipped->critical_layers) EXPECT_FALSE(m.hparams().is_local(l)) << "shipped critical layer " << l;
+  // The older evidence profile (11, 17, 10) still ships by name; its local layer is said.
+  {
+    Forward fwd(m, test::shared_pool());
+    ChunkStore store = memory_store(m);
+    FusionExecutor ex(fwd, store);
+    const RagRequest small = request(m, {{"Vostok", "Lake Vostok lies under four kilometres of Antarctic ice."},
+                                         {"Basalt", "Basalt is a fine-grained volcanic rock of the ocean floor."}});
+    FusionOptions o{"qcfuse", 0.3, 1};
+    o.method_options = {{"profile", "prophet"}};  // the shipped default's file (not a cached profile)
+    const std::string shipped_source = ex.prefill(small, o).selection_details.at("layers_source");
+    EXPECT_EQ(shipped_source.find("sliding-window"), std::string::npos) << shipped_source;
+    o.method_options = {{"profile", "evidence"}};
+    const std::string evidence = ex.prefill(small, o).selection_details.at("layers_source");
+    EXPECT_NE(evidence.find("sliding-window layer(s) 10,"), std::string::npos) << evidence;
+  }
 
   const std::string dir = test::shared_datasets_dir();
   if (!std::filesystem::exists(dir + "/hotpotqa_dev200.jsonl") || !std::filesystem::exists(dir + "/nq_open_oracle.jsonl.gz"))

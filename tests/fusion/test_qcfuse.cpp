@@ -428,6 +428,13 @@ TEST(QcfuseProfile, LayerCandidatesKeepLocalLayersOutOnlyWhereThereAreAny) {
   EXPECT_EQ(qcfuse::candidate_layers(qcfuse::LayerCandidates::all, swa), all);
   swa.layer_is_local = {1, 1, 1, 1};
   EXPECT_EQ(qcfuse::candidate_layers(qcfuse::LayerCandidates::global, swa), all);
+  EXPECT_EQ(qcfuse::fallback_critical_layer(plain), 2);  // floor(L/2)
+  EXPECT_EQ(qcfuse::fallback_critical_layer(swa), 2);    // every layer local: floor(L/2) still
+  swa.layer_is_local = {1, 0, 1, 0};
+  EXPECT_EQ(qcfuse::fallback_critical_layer(swa), 1);  // 2 is local; 1 and 3 are as near: the lower
+  swa.n_layers = 6;
+  swa.layer_is_local = {1, 1, 1, 1, 1, 0};  // Gemma 3's pattern: one global layer in six
+  EXPECT_EQ(qcfuse::fallback_critical_layer(swa), 5);
   EXPECT_EQ(qcfuse::parse_layer_candidates("auto"), qcfuse::LayerCandidates::automatic);
   EXPECT_EQ(qcfuse::parse_layer_candidates("global"), qcfuse::LayerCandidates::global);
   EXPECT_THROW(qcfuse::parse_layer_candidates("local"), std::runtime_error);
