@@ -64,6 +64,7 @@ skip_phase() {
 ctest_in() {
   local dir="$1"
   shift
+  rm -f "$dir/Testing/Temporary/LastTestsFailed.log"  # listed in the summary when present
   ctest --test-dir "$dir" --output-on-failure -j"$CF_JOBS" "$@"
 }
 
@@ -145,6 +146,11 @@ for i in "${!phase_names[@]}"; do
   summary+="${phase_names[$i]}=${phase_results[$i]}(${phase_secs[$i]}s) "
 done
 if ((failed)); then
+  # The failing tests' names by the summary (CI shows only the log's tail).
+  for dir in "$build_dir" "$asan_dir"; do
+    list="$dir/Testing/Temporary/LastTestsFailed.log"
+    [[ -s "$list" ]] && printf '  failed in %s: %s\n' "$dir" "$(cut -d: -f2- "$list" | paste -sd' ')" >&2
+  done
   echo "test.sh: FAIL in ${total}s: ${summary% }"
   exit 1
 fi
