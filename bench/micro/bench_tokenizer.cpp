@@ -4,9 +4,11 @@
 // Reports tokens/s. A speed number belongs here, not in a unit test (the CI machine is noisy).
 #include <benchmark/benchmark.h>
 
-#include <cstdio>
 #include <fstream>
+#include <memory>
 #include <nlohmann/json.hpp>
+#include <stdexcept>
+#include <string>
 
 #include "base/paths.h"
 #include "model/gguf.h"
