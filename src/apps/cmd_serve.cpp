@@ -112,6 +112,9 @@ void add_serve_command(CLI::App& app, CommandRunner& run) {
   cmd->add_flag("--metrics-public", a->http.access.metrics_public, "serve GET /metrics without an API key");
   cmd->add_option("--cors-origin", a->http.access.cors_origins,
                   "origin allowed to call from a browser (repeatable; '*' for any); default: none");
+  cmd->add_option("--allowed-host", a->http.access.allowed_hosts,
+                  "without API keys, a Host name answered besides IP addresses and localhost (repeatable; '*' for "
+                  "any): the guard against DNS rebinding");
   cmd->add_option("--cache-dir", a->engine.cache_dir, "chunk-cache store directory (default: <cache>/serve-store)");
   cmd->add_option("--mem-budget", a->engine.chunk_memory_bytes, "memory tier of the chunk store, e.g. 512MiB, 1GiB")
       ->transform(CLI::AsSizeValue(false))
@@ -127,6 +130,10 @@ void add_serve_command(CLI::App& app, CommandRunner& run) {
       ->check(CLI::Range(size_t{1}, size_t{256}))
       ->capture_default_str();
   cmd->add_option("--max-documents", a->engine.max_documents, "documents per request")->capture_default_str();
+  cmd->add_option("--max-completion-tokens", a->http.max_completion_tokens,
+                  "largest answer in tokens: a request's max_tokens above it is lowered to it (0: no cap)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   cmd->add_option("--max-body", a->http.max_body_bytes, "largest request body (any transfer encoding), else 413")
       ->transform(CLI::AsSizeValue(false))
       ->capture_default_str();

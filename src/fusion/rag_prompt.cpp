@@ -111,6 +111,31 @@ std::vector<std::string> render_prompt_around(const ChatTemplate& tmpl, std::vec
   return render_plain_around(messages, split_at);
 }
 
+ChatPromptTokens encode_chat_prompt(const Tokenizer& tok, const ChatTemplate& tmpl,
+                                    const std::vector<ChatMessage>& messages) {
+  if (messages.empty()) throw std::invalid_argument("encode_chat_prompt: no messages");
+  std::vector<size_t> every(messages.size());
+  for (size_t i = 0; i < every.size(); ++i) every[i] = i;
+  const std::vector<std::string> pieces = render_prompt_around(tmpl, messages, every);
+  auto content = [&](size_t i) {
+    const std::string text = tmpl.from_file() ? tmpl.content_text(messages[i].content) : messages[i].content;
+    return tok.encode(text, /*add_special=*/false, /*parse_special=*/false);
+  };
+  auto append = [](std::vector<TokenId>& to, const std::vector<TokenId>& more) {
+    to.insert(to.end(), more.begin(), more.end());
+  };
+  ChatPromptTokens out;
+  out.before_last = tok.encode(pieces[0], /*add_special=*/true, /*parse_special=*/true);
+  const size_t last = messages.size() - 1;
+  for (size_t i = 0; i < last; ++i) {
+    append(out.before_last, content(i));
+    append(out.before_last, tok.encode(pieces[i + 1], false, true));
+  }
+  out.last_content = content(last);
+  out.after_last = tok.encode(pieces[last + 1], false, true);
+  return out;
+}
+
 std::vector<std::string> default_chat_stops(const ChatTemplate& tmpl) {
   if (tmpl.from_file()) return {};
   return {"\n\n"};

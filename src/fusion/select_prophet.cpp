@@ -10,6 +10,7 @@
 //   probe_rows  "question" (default: the question's tokens score, as in the QCFuse authors'
 //               port of the full-view selector; "Question: " is keys only, the chat-template
 //               tail is not run) | "suffix" (every row of U scores, question and template tail)
+#include "base/bounded_json.h"
 #include "fusion/qcfuse.h"
 #include "fusion/selector.h"
 #include "fusion/top_k.h"
@@ -27,7 +28,7 @@ class ProphetSelector final : public Selector {
       if (key != "probe_rows")
         throw std::invalid_argument("prophet has no option '" + key + "' (known: probe_rows)");
       if (!value.is_string() || !qcfuse::parse_probe_rows(value.get<std::string>(), rows_))
-        throw std::invalid_argument("prophet option 'probe_rows': must be \"question\" or \"suffix\", got " + value.dump());
+        throw std::invalid_argument("prophet option 'probe_rows': must be \"question\" or \"suffix\", got " + json_excerpt(value));
     }
   }
 

@@ -36,6 +36,7 @@
 #include <mutex>
 #include <stdexcept>
 
+#include "base/bounded_json.h"
 #include "fusion/qcfuse.h"
 #include "fusion/selector.h"
 #include "fusion/top_k.h"
@@ -162,37 +163,37 @@ class QcfuseSelector final : public Selector {
     for (const auto& [key, value] : options.items()) {
       if (key == "anchor_ratio") {
         if (!value.is_number() || !(value.get<double>() >= 0.0 && value.get<double>() <= 1.0))
-          bad(key, "must be a number in [0, 1], got " + value.dump());
+          bad(key, "must be a number in [0, 1], got " + json_excerpt(value));
         anchor_ratio_ = value.get<double>();
       } else if (key == "anchors") {
         if (value == "per_layer") rule_.per_layer = true;
         else if (value == "shared") rule_.per_layer = false;
-        else bad(key, "must be \"per_layer\" or \"shared\", got " + value.dump());
+        else bad(key, "must be \"per_layer\" or \"shared\", got " + json_excerpt(value));
       } else if (key == "anchor_sinks") {
-        if (!value.is_boolean()) bad(key, "must be true or false, got " + value.dump());
+        if (!value.is_boolean()) bad(key, "must be true or false, got " + json_excerpt(value));
         rule_.sinks = value.get<bool>();
       } else if (key == "probe_rows") {
         if (!value.is_string() || !qcfuse::parse_probe_rows(value.get<std::string>(), rows_))
-          bad(key, "must be \"question\" or \"suffix\", got " + value.dump());
+          bad(key, "must be \"question\" or \"suffix\", got " + json_excerpt(value));
       } else if (key == "layers") {
         fixed_layers_.clear();
         if (value.is_string()) {
           const std::string v = value.get<std::string>();
           if (v != "profile" && v != "all" && v != "top1" && v != "middle" && v != "last")
-            bad(key, "must be \"profile\", \"all\", \"top1\", \"middle\", \"last\" or a list of layers, got " + value.dump());
+            bad(key, "must be \"profile\", \"all\", \"top1\", \"middle\", \"last\" or a list of layers, got " + json_excerpt(value));
           layer_mode_ = v;
         } else if (value.is_array() && !value.empty()) {
           for (const auto& l : value) {
             if (!l.is_number_integer() || l.get<long long>() < 0 || l.get<long long>() > 100000)
-              bad(key, "layers must be non-negative integers, got " + l.dump());
+              bad(key, "layers must be non-negative integers, got " + json_excerpt(l));
             fixed_layers_.push_back(l.get<int>());
           }
           layer_mode_ = "list";
         } else {
-          bad(key, "must be a non-empty list of layers or a name, got " + value.dump());
+          bad(key, "must be a non-empty list of layers or a name, got " + json_excerpt(value));
         }
       } else if (key == "profile") {
-        if (!value.is_string() || value.get<std::string>().empty()) bad(key, "must be a name or a file, got " + value.dump());
+        if (!value.is_string() || value.get<std::string>().empty()) bad(key, "must be a name or a file, got " + json_excerpt(value));
         profile_ = value.get<std::string>();
       } else {
         throw std::invalid_argument("qcfuse has no option '" + key +

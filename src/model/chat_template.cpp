@@ -109,6 +109,10 @@ std::string_view ChatTemplate::name() const {
   return "unknown";
 }
 
+std::string ChatTemplate::content_text(std::string_view content) const {
+  return family_ == ChatFamily::Llama3 ? python_strip(content) : std::string(content);
+}
+
 std::string ChatTemplate::apply(const std::vector<ChatMessage>& messages, bool add_generation_prompt) const {
   std::string out;
   switch (family_) {
@@ -125,7 +129,7 @@ std::string ChatTemplate::apply(const std::vector<ChatMessage>& messages, bool a
     case ChatFamily::Llama3: {
       // BOS is left to the tokenizer (Llama 3 vocabularies add it), as llama.cpp does.
       for (const ChatMessage& m : messages) {
-        out += "<|start_header_id|>" + m.role + "<|end_header_id|>\n\n" + python_strip(m.content) + "<|eot_id|>";
+        out += "<|start_header_id|>" + m.role + "<|end_header_id|>\n\n" + content_text(m.content) + "<|eot_id|>";
       }
       if (add_generation_prompt) out += "<|start_header_id|>assistant<|end_header_id|>\n\n";
       break;

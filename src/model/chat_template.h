@@ -35,6 +35,9 @@ class ChatTemplate {
   bool from_file() const { return from_file_; }
   // The prompt text (special tokens as text; encode with parse_special = true).
   std::string apply(const std::vector<ChatMessage>& messages, bool add_generation_prompt) const;
+  // What apply() writes for a message's content (Llama 3's template strips it), for a caller
+  // that renders around the content and tokenizes it apart (fusion/rag_prompt.h).
+  std::string content_text(std::string_view content) const;
 
  private:
   ChatFamily family_;

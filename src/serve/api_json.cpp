@@ -6,6 +6,7 @@
 #include <limits>
 #include <sstream>
 
+#include "base/bounded_json.h"
 #include "fusion/selector.h"
 #include "serve/server.h"
 #include "serve/store_metrics.h"
@@ -221,7 +222,14 @@ std::vector<std::string> parse_stop(const json& v) {
 }  // namespace
 
 json parse_body(const std::string& body) {
-  json j = json::parse(body, nullptr, /*allow_exceptions=*/false);
+  json j;
+  try {
+    j = parse_json_bounded(body, /*allow_exceptions=*/false);
+  } catch (const JsonTooDeep& e) {
+    // Refused before anything copies or prints the value (issue 29, item 1).
+    throw RequestError(400, "invalid_request_error",
+                       "the body nests arrays or objects deeper than " + std::to_string(e.limit) + " levels");
+  }
   if (j.is_discarded()) throw RequestError(400, "invalid_request_error", "the body is not valid JSON");
   if (!j.is_object()) throw RequestError(400, "invalid_request_error", "the body must be a JSON object");
   return j;
@@ -400,7 +408,7 @@ void metric(std::ostringstream& os, const char* name, const char* type, const ch
 
 }  // namespace
 
-std::string prometheus_text(const EngineMetrics& m, const HttpCounters& h) {
+std::string prometheus_text(const EngineMetrics& m, const HttpCounters& h, bool cache_use) {
   std::ostringstream os;
   auto counter = [&](const char* name, const char* help, uint64_t v) {
     metric(os, name, "counter", help);
@@ -415,21 +423,24 @@ std::string prometheus_text(const EngineMetrics& m, const HttpCounters& h) {
   counter("chunkfuse_requests_cancelled_total", "Requests cancelled because the client went away.", m.cancelled);
   counter("chunkfuse_prompt_tokens_total", "Prompt tokens of all requests.", m.prompt_tokens);
   counter("chunkfuse_completion_tokens_total", "Generated tokens.", m.completion_tokens);
-  counter("chunkfuse_prefilled_tokens_total", "Prompt tokens that went through the forward pass.", m.prefilled_tokens);
-  counter("chunkfuse_prefix_hit_tokens_total", "Prompt tokens served from the prefix cache.", m.prefix_hit_tokens);
-  counter("chunkfuse_chunk_hits_total", "Chunks whose cache was found in the store.", m.chunk_hits);
-  counter("chunkfuse_chunk_misses_total", "Chunks whose cache had to be computed.", m.chunk_misses);
-  const uint64_t chunks = m.chunk_hits + m.chunk_misses;
-  gauge("chunkfuse_chunk_hit_ratio", "chunk_hits / (chunk_hits + chunk_misses) since start.",
-        chunks ? static_cast<double>(m.chunk_hits) / static_cast<double>(chunks) : 0.0);
-  gauge("chunkfuse_prefix_hit_ratio", "prefix_hit_tokens / prompt_tokens since start.",
-        m.prompt_tokens ? static_cast<double>(m.prefix_hit_tokens) / static_cast<double>(m.prompt_tokens) : 0.0);
   gauge("chunkfuse_queue_length", "Requests waiting to be scheduled.", static_cast<double>(m.queue_length));
   gauge("chunkfuse_running_requests", "Requests prefilling or decoding.", static_cast<double>(m.running));
-  metric(os, "chunkfuse_store_bytes", "gauge", "Chunk-cache store bytes per tier.");
-  os << "chunkfuse_store_bytes{tier=\"memory\"} " << m.store_memory_bytes << '\n';
-  os << "chunkfuse_store_bytes{tier=\"disk\"} " << m.store_disk_bytes << '\n';
-  gauge("chunkfuse_prefix_cache_bytes", "K/V bytes held by the prefix cache.", static_cast<double>(m.prefix_cache_bytes));
+  if (cache_use) {  // left out under --isolate-keys (server.h)
+    counter("chunkfuse_prefilled_tokens_total", "Prompt tokens that went through the forward pass.", m.prefilled_tokens);
+    counter("chunkfuse_prefix_hit_tokens_total", "Prompt tokens served from the prefix cache.", m.prefix_hit_tokens);
+    counter("chunkfuse_chunk_hits_total", "Chunks whose cache was found in the store.", m.chunk_hits);
+    counter("chunkfuse_chunk_misses_total", "Chunks whose cache had to be computed.", m.chunk_misses);
+    const uint64_t chunks = m.chunk_hits + m.chunk_misses;
+    gauge("chunkfuse_chunk_hit_ratio", "chunk_hits / (chunk_hits + chunk_misses) since start.",
+          chunks ? static_cast<double>(m.chunk_hits) / static_cast<double>(chunks) : 0.0);
+    gauge("chunkfuse_prefix_hit_ratio", "prefix_hit_tokens / prompt_tokens since start.",
+          m.prompt_tokens ? static_cast<double>(m.prefix_hit_tokens) / static_cast<double>(m.prompt_tokens) : 0.0);
+    metric(os, "chunkfuse_store_bytes", "gauge", "Chunk-cache store bytes per tier.");
+    os << "chunkfuse_store_bytes{tier=\"memory\"} " << m.store_memory_bytes << '\n';
+    os << "chunkfuse_store_bytes{tier=\"disk\"} " << m.store_disk_bytes << '\n';
+    gauge("chunkfuse_prefix_cache_bytes", "K/V bytes held by the prefix cache.", static_cast<double>(m.prefix_cache_bytes));
+    os << store_metrics_text(m.store);
+  }
 
   // TTFT in seconds, Prometheus' base unit; the engine keeps milliseconds.
   metric(os, "chunkfuse_ttft_seconds", "histogram", "Time to first token, queueing included.");
@@ -454,7 +465,6 @@ std::string prometheus_text(const EngineMetrics& m, const HttpCounters& h) {
           "Connections closed because a request did not arrive in time (or its headers grew past the budget).",
           h.connection_timeouts);
   gauge("chunkfuse_http_connections_open", "Open HTTP connections.", static_cast<double>(h.connections_open));
-  os << store_metrics_text(m.store);
   return os.str();
 }
 

@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 #include <vector>
 
+#include "base/bounded_json.h"
 #include "serve/engine.h"
 
 extern char** environ;
@@ -74,34 +75,58 @@ std::vector<std::string_view> lines_of(std::string_view s) {
   return out;
 }
 
-std::string csv_text(std::string_view bytes) {
-  const auto lines = lines_of(bytes);
+// The extracted text, refused with 413 once it would pass the cap (issue 29, item 2): a CSV
+// repeats its header in every row, so a 4 MB column name over two million one-byte rows
+// would otherwise ask for terabytes; every format gets the same bound as pdftotext's output.
+class CappedText {
+ public:
+  explicit CappedText(size_t cap) : cap_(cap) {}
+  void append(std::string_view s) {
+    if (s.size() > cap_ - out_.size())
+      throw RequestError(413, "invalid_request_error",
+                         "the document's text is larger than " + std::to_string(cap_ >> 20) + " MiB", "file");
+    out_ += s;
+  }
+  std::string take() { return std::move(out_); }
+
+ private:
+  size_t cap_;
+  std::string out_;
+};
+
+std::string csv_text(std::string_view bytes, size_t cap) {
   std::vector<std::string> header;
-  std::string out;
-  for (auto line : lines) {
+  CappedText out(cap);
+  for (auto line : lines_of(bytes)) {
     if (line.find_first_not_of(" \t\r") == std::string_view::npos) continue;
     auto fields = csv_fields(line);
     if (header.empty()) {
       header = std::move(fields);
       continue;
     }
-    std::string row;
     for (size_t i = 0; i < fields.size(); ++i) {
-      if (!row.empty()) row += "; ";
-      row += (i < header.size() ? header[i] : "column " + std::to_string(i + 1)) + ": " + fields[i];
+      if (i > 0) out.append("; ");
+      out.append(i < header.size() ? header[i] : "column " + std::to_string(i + 1));
+      out.append(": ");
+      out.append(fields[i]);
     }
-    out += row + "\n\n";
+    out.append("\n\n");
   }
-  return out;
+  return out.take();
 }
 
-std::string jsonl_text(std::string_view bytes) {
-  std::string out;
+std::string jsonl_text(std::string_view bytes, size_t cap) {
+  CappedText out(cap);
   size_t n = 0;
   for (auto line : lines_of(bytes)) {
     ++n;
     if (line.find_first_not_of(" \t\r") == std::string_view::npos) continue;
-    const auto j = nlohmann::json::parse(line, nullptr, false);
+    nlohmann::json j;
+    try {
+      j = parse_json_bounded(line, /*allow_exceptions=*/false);
+    } catch (const JsonTooDeep& e) {  // issue 29, item 1: j.dump() below would recurse per level
+      throw bad("line " + std::to_string(n) + " nests deeper than " + std::to_string(e.limit) + " levels");
+    }
     if (j.is_discarded()) throw bad("line " + std::to_string(n) + " is not JSON");
     std::string para;
     if (j.is_object()) {
@@ -113,10 +138,11 @@ std::string jsonl_text(std::string_view bytes) {
     } else if (j.is_string()) {
       para = j.get<std::string>();
     }
-    if (para.empty()) para = j.dump();
-    out += para + "\n\n";
+    if (para.empty()) para = j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+    out.append(para);
+    out.append("\n\n");
   }
-  return out;
+  return out.take();
 }
 
 std::string temp_dir() {
@@ -152,9 +178,11 @@ std::string extract_document_text(const std::string& format, std::string_view by
     throw RequestError(415, "invalid_request_error",
                        "unknown document format '" + format + "' (known: .txt, .md, .csv, .jsonl, .pdf)", "name");
   check_text(bytes);
-  if (format == "csv") return csv_text(bytes);
-  if (format == "jsonl") return jsonl_text(bytes);
-  return std::string(bytes);
+  if (format == "csv") return csv_text(bytes, opt.max_text_bytes);
+  if (format == "jsonl") return jsonl_text(bytes, opt.max_text_bytes);
+  CappedText out(opt.max_text_bytes);
+  out.append(bytes);
+  return out.take();
 }
 
 std::string pdf_to_text(std::string_view pdf, const ExtractOptions& opt) {

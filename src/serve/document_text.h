@@ -5,7 +5,8 @@
 //   .pdf      Debian's poppler-utils `pdftotext` run as a subprocess with a time limit (never a
 //             hand-written PDF parser); a file that does not start with "%PDF-" is refused.
 // Paragraphs are separated by a blank line (what chunking.h splits on). Every refusal is a
-// RequestError 400 (415 for an unknown format) with a message fit for the page.
+// RequestError 400 (415 for an unknown format, 413 for text past max_text_bytes, in any
+// format) with a message fit for the page.
 #pragma once
 #include <string>
 #include <string_view>
@@ -14,7 +15,7 @@ namespace cf {
 
 struct ExtractOptions {
   int pdf_timeout_ms = 15000;
-  size_t max_text_bytes = size_t{16} << 20;  // pdftotext output beyond this is refused
+  size_t max_text_bytes = size_t{16} << 20;  // extracted text beyond this is refused (413), every format
   std::string pdftotext = "pdftotext";      // program name or path
 };
 

@@ -31,6 +31,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <numeric>
 #include <random>
 #include <set>
 #include <unordered_map>
@@ -291,26 +292,29 @@ struct Engine::Impl {
     std::optional<Conversation> history;
     if (!req.fusion.conversation_id.empty()) history = continued_conversation(req);
     if (history) {
-      // kept tokens, then the template's text between the answer and the new user content
-      const auto pieces = render_prompt_around(model->chat_template(), req.messages, {last - 1, last});
+      // kept tokens, then the template's text between the answer and the new user content.
+      // Every content is cut out of the rendering, so no message text (not even one that
+      // spells a cut marker) can reach the pieces parsed for special tokens.
+      std::vector<size_t> every(req.messages.size());
+      std::iota(every.begin(), every.end(), size_t{0});
+      const ChatTemplate& tmpl = model->chat_template();
+      const auto pieces = render_prompt_around(tmpl, req.messages, every);
       l.system = history->tokens;
       l.history_tokens = l.system.size();
-      const auto between = tok.encode(pieces[1], false, true);
+      const auto between = tok.encode(pieces[last], false, true);
       l.system.insert(l.system.end(), between.begin(), between.end());
-      l.suffix = tok.encode(question, false, false);
-      const auto after = tok.encode(pieces[2], false, true);
+      l.suffix = tok.encode(tmpl.from_file() ? tmpl.content_text(question) : question, false, false);
+      const auto after = tok.encode(pieces[last + 1], false, true);
       l.suffix.insert(l.suffix.end(), after.begin(), after.end());
     } else {
-      const auto pieces = render_prompt_around(model->chat_template(), req.messages, {last});
-      l.system = tok.encode(pieces[0], true, true);
-      // User text is never parsed for special tokens: a message cannot forge a turn.
-      l.suffix = tok.encode(question, false, false);
-      const auto after = tok.encode(pieces[1], false, true);
-      l.suffix.insert(l.suffix.end(), after.begin(), after.end());
+      // Every message's content is text, never special tokens (issue 29, item 5).
+      ChatPromptTokens t = encode_chat_prompt(tok, model->chat_template(), req.messages);
+      l.system = std::move(t.before_last);
+      l.suffix = std::move(t.last_content);
+      l.suffix.insert(l.suffix.end(), t.after_last.begin(), t.after_last.end());
     }
-    // Earlier turns' content was rendered as text by the template; parse_special above lets
-    // the template's own markers through, and earlier user text rides along (as in
-    // llama.cpp's server, which tokenizes the whole rendered prompt with specials).
+    // A continued conversation's kept tokens were laid out the same way, and its answer is
+    // the model's own tokens.
     return l;
   }
 

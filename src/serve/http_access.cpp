@@ -1,6 +1,7 @@
 // AccessPolicy: API keys, CORS, JSON-only POSTs (see http_access.h).
 #include "serve/http_access.h"
 
+#include <arpa/inet.h>
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
 
@@ -87,7 +88,47 @@ bool AccessPolicy::origin_allowed(const std::string& origin) const {
   return false;
 }
 
-bool AccessPolicy::pre_route(const httplib::Request& req, httplib::Response& res) {
+bool host_allowed(std::string_view host, const std::vector<std::string>& allowed) {
+  host = trim(host);
+  std::string name;
+  if (!host.empty() && host.front() == '[') {  // [v6]:port
+    const size_t close = host.find(']');
+    if (close == std::string_view::npos) return false;
+    const std::string v6(host.substr(1, close - 1));
+    in6_addr a6{};
+    if (inet_pton(AF_INET6, v6.c_str(), &a6) == 1) return true;
+    name = std::string(host.substr(0, close + 1));
+  } else {
+    name = std::string(host.substr(0, host.find(':')));
+    in_addr a4{};
+    if (inet_pton(AF_INET, name.c_str(), &a4) == 1) return true;
+  }
+  std::transform(name.begin(), name.end(), name.begin(), [](unsigned char c) { return std::tolower(c); });
+  if (!name.empty() && name.back() == '.') name.pop_back();  // "localhost." is localhost
+  if (name == "localhost" || (name.size() > 10 && name.compare(name.size() - 10, 10, ".localhost") == 0)) return true;
+  for (const auto& a : allowed) {
+    std::string want = a;
+    std::transform(want.begin(), want.end(), want.begin(), [](unsigned char c) { return std::tolower(c); });
+    if (want == "*" || want == name) return true;
+  }
+  return false;
+}
+
+bool AccessPolicy::pre_route(const httplib::Request& req, httplib::Response& res, bool needs_key) {
+  // Without keys nothing else stands between a rebinding page and the API (issue 29, item 3).
+  if (digests_.empty() && req.has_header("Host") && !host_allowed(req.get_header_value("Host"), opt_.allowed_hosts)) {
+    if (request_has_body(req)) GuardedServer::close_after_response();
+    nlohmann::json body = api::error_body(
+        403, "permission_error",
+        "Host '" + req.get_header_value("Host").substr(0, 200) +
+            "' is not allowed: without API keys the server answers only to IP addresses and localhost "
+            "(a guard against DNS rebinding). Start it with --allowed-host NAME, or with --api-key.");
+    body["error"]["code"] = "host_not_allowed";
+    res.status = 403;
+    res.set_content(api::dump(body), "application/json");
+    return true;
+  }
+  if (!needs_key) return false;
   const std::string origin = req.get_header_value("Origin");
   const bool cors = !origin.empty() && origin_allowed(origin);
   if (cors) {

@@ -14,6 +14,13 @@
 //  - JSON-only POSTs: a POST whose Content-Type is not application/json gets 415 before its
 //    body is read. This shuts out the browser "simple request" (text/plain, form posts) that
 //    any web page can send without a preflight.
+//  - Host check (issue 29, item 3), when no keys are configured: a page whose domain rebinds
+//    to 127.0.0.1 is same-origin with the server, so its requests carry that domain in Host.
+//    Accepted: an IP address (v4, or v6 in brackets; no DNS name, so nothing to rebind),
+//    "localhost" and its subdomains (RFC 6761: they resolve to loopback), the names given by
+//    --allowed-host (`*` allows any), and HTTP/1.0 requests without Host (no browser sends
+//    those). Anything else gets 403 (code "host_not_allowed") before routing, on every route.
+//    With keys the check is off: a rebinding page holds no key.
 #pragma once
 #include <httplib.h>
 
@@ -30,7 +37,12 @@ struct AccessOptions {
   std::vector<std::string> api_keys;      // empty: no authentication
   bool metrics_public = false;            // GET /metrics without a key
   std::vector<std::string> cors_origins;  // "https://app.example", or "*"; empty: no CORS
+  std::vector<std::string> allowed_hosts; // extra Host names accepted without keys; "*": any
 };
+
+// True when `host` (a Host header value, port included or not) may reach a server without
+// keys: an IP literal, localhost, or one of `allowed` (case-insensitive; "*" allows all).
+bool host_allowed(std::string_view host, const std::vector<std::string>& allowed);
 
 // Keys from a file: one per line; blank lines and lines starting with '#' are skipped,
 // surrounding whitespace trimmed. Throws std::runtime_error if the file cannot be read or
@@ -41,9 +53,12 @@ class AccessPolicy {
  public:
   explicit AccessPolicy(AccessOptions opt);  // throws std::invalid_argument on an empty key
 
-  // httplib's pre-routing hook: adds CORS headers, answers preflights, checks the key.
-  // Returns true when the request has been answered here (preflight or 401).
-  bool pre_route(const httplib::Request& req, httplib::Response& res);
+  // httplib's pre-routing hook: checks the Host (no keys), adds CORS headers, answers
+  // preflights, checks the key. Returns true when the request has been answered here
+  // (403, preflight or 401). `needs_key` false: a route open without a key (the page).
+  bool pre_route(const httplib::Request& req, httplib::Response& res, bool needs_key);
+  // The same, for a route that needs a key.
+  bool pre_route(const httplib::Request& req, httplib::Response& res) { return pre_route(req, res, true); }
 
   bool keys_required() const { return !digests_.empty(); }
   // The index of the key the request's bearer token matches (keys in the order given:

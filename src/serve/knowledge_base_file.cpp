@@ -1,5 +1,7 @@
 #include "serve/knowledge_base_file.h"
 
+#include "base/bounded_json.h"
+
 #include <nlohmann/json.hpp>
 #include <set>
 #include <stdexcept>
@@ -39,10 +41,10 @@ std::string knowledge_base_file_text(const SavedKnowledgeBase& kb) {
 SavedKnowledgeBase parse_knowledge_base_file(std::string_view text, size_t max_documents, size_t max_chunks) {
   SavedKnowledgeBase kb;
   try {
-    const json j = json::parse(text);
+    const json j = parse_json_bounded(text);
     if (!j.is_object()) throw std::runtime_error("not a JSON object");
     if (j.at("version").get<int>() != kKnowledgeBaseFileVersion)
-      throw std::runtime_error("version " + j.at("version").dump() + " (this build reads " +
+      throw std::runtime_error("version " + json_excerpt(j.at("version")) + " (this build reads " +
                                std::to_string(kKnowledgeBaseFileVersion) + ")");
     kb.next_document = j.at("next_document").get<uint64_t>();
     std::set<std::string> doc_ids, chunk_ids;

@@ -186,8 +186,8 @@ json request_detail_json(const std::string& id, const CompletionRequest& req, co
   return j;
 }
 
-KnowledgeService::KnowledgeService(Engine& engine, KnowledgeServiceOptions opt)
-    : engine_(engine), opt_(std::move(opt)), kb_(engine, opt_.kb) {
+KnowledgeService::KnowledgeService(Engine& engine, KnowledgeServiceOptions opt, CallerOf caller_of)
+    : engine_(engine), opt_(std::move(opt)), kb_(engine, opt_.kb), caller_of_(std::move(caller_of)) {
   if (opt_.web_dir.empty()) opt_.web_dir = find_web_dir();
 }
 
@@ -224,8 +224,12 @@ void KnowledgeService::serve_page(const httplib::Request& req, httplib::Response
   ss << f.rdbuf();
   // Vite names assets by content hash: they never change; index.html always revalidates.
   res.set_header("Cache-Control", rel.rfind("assets/", 0) == 0 ? "public, max-age=31536000, immutable" : "no-cache");
+  // frame-ancestors 'none' (and X-Frame-Options for older browsers): no other page may frame
+  // this one, so its Delete buttons cannot be clickjacked (issue 29, item 12).
   res.set_header("Content-Security-Policy",
-                 "default-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; connect-src 'self'");
+                 "default-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; connect-src 'self'; "
+                 "frame-ancestors 'none'; base-uri 'none'");
+  res.set_header("X-Frame-Options", "DENY");
   res.set_header("X-Content-Type-Options", "nosniff");
   res.set_content(ss.str(), content_type_of(path.string()));
 }
@@ -294,9 +298,11 @@ void KnowledgeService::add_routes(httplib::Server& svr) {
     reply_json(res, 200, json{{"object", "list"}, {"data", data}});
   }));
   svr.Get(R"(/v1/details/([^/]+))", guarded([this](const httplib::Request& req, httplib::Response& res) {
+    const int caller = caller_of_(req);
     std::lock_guard lk(mu_);
-    for (const auto& [id, d] : details_)
-      if (id == req.matches[1]) return reply_json(res, 200, d);
+    // Another key's request reads as unknown (issue 29, item 4): details hold its texts.
+    for (const auto& d : details_)
+      if (d.id == req.matches[1] && d.caller == caller) return reply_json(res, 200, d.detail);
     throw RequestError(404, "not_found_error",
                        "no details for '" + std::string(req.matches[1]) + "' (only recent requests are kept)", "id");
   }));
@@ -319,7 +325,8 @@ std::vector<RetrievedChunk> KnowledgeService::apply_retrieval(const json& body, 
   return hits;
 }
 
-void KnowledgeService::after_completion(const std::string& id, const CompletionRequest& req, const CompletionResult& r,
+void KnowledgeService::after_completion(const std::string& id, int caller, const CompletionRequest& req,
+                                        const CompletionResult& r,
                                         const std::vector<RetrievedChunk>& retrieved, json* response) {
   if (!retrieved.empty()) kb_.note_used(retrieved);
   if (response && !retrieved.empty() && response->contains("chunkfuse")) {
@@ -334,7 +341,7 @@ void KnowledgeService::after_completion(const std::string& id, const CompletionR
   if (opt_.isolated) return;  // details hold cache-use figures and texts: not shared across keys
   json d = request_detail_json(id, req, r, retrieved, engine_.tokenizer());
   std::lock_guard lk(mu_);
-  details_.emplace_back(id, std::move(d));
+  details_.push_back({id, caller, std::move(d)});
   while (details_.size() > opt_.kept_details) details_.pop_front();
 }
 

@@ -8,7 +8,7 @@
 //   GET    /v1/knowledge/chunks             every chunk (source, tokens, summary, hash, cache, uses)
 //   DELETE /v1/knowledge/chunks/{id}
 //   POST   /v1/retrieve                     {query, k?} -> top-k chunks with BM25 scores
-//   GET    /v1/details/{response id}        what a completion's prefill did (recent ones only)
+//   GET    /v1/details/{response id}        what a completion's prefill did (recent ones only, same key only)
 //   GET    /  and  /ui/...                  the page (web/dist), without an API key
 //
 // A chat or completion request may carry "retrieval": {"k": 3} (and optionally "query")
@@ -20,6 +20,7 @@
 #include <httplib.h>
 
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -49,7 +50,9 @@ nlohmann::json request_detail_json(const std::string& id, const CompletionReques
 
 class KnowledgeService {
  public:
-  KnowledgeService(Engine& engine, KnowledgeServiceOptions opt);
+  // The API key a request carries, as an index (AccessPolicy::matched_key); -1: none.
+  using CallerOf = std::function<int(const httplib::Request&)>;
+  KnowledgeService(Engine& engine, KnowledgeServiceOptions opt, CallerOf caller_of);
 
   // Registers the routes (before any catch-all route).
   void add_routes(httplib::Server& svr);
@@ -59,9 +62,10 @@ class KnowledgeService {
   // A completion body's "retrieval" field: fills req.documents from the knowledge base and
   // returns the chunks used (empty without the field). Throws RequestError 400/403.
   std::vector<RetrievedChunk> apply_retrieval(const nlohmann::json& body, CompletionRequest& req);
-  // After a completion: counts the uses, keeps the detail for GET /v1/details/{id}, and adds
-  // "retrieval" to the response's "chunkfuse" object when given one.
-  void after_completion(const std::string& id, const CompletionRequest& req, const CompletionResult& r,
+  // After a completion: counts the uses, keeps the detail for GET /v1/details/{id} (readable
+  // by the same key only, `caller`), and adds "retrieval" to the response's "chunkfuse"
+  // object when given one.
+  void after_completion(const std::string& id, int caller, const CompletionRequest& req, const CompletionResult& r,
                         const std::vector<RetrievedChunk>& retrieved, nlohmann::json* response);
 
   KnowledgeBase& knowledge_base() { return kb_; }
@@ -74,7 +78,13 @@ class KnowledgeService {
   KnowledgeServiceOptions opt_;
   KnowledgeBase kb_;
   mutable std::mutex mu_;
-  std::deque<std::pair<std::string, nlohmann::json>> details_;  // oldest first
+  CallerOf caller_of_;
+  struct Detail {
+    std::string id;  // the response id: 128 random bits
+    int caller;      // the key that made the request (-1: no keys); only it may read the detail
+    nlohmann::json detail;
+  };
+  std::deque<Detail> details_;  // oldest first
 };
 
 }  // namespace cf

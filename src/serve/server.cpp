@@ -8,14 +8,15 @@
 #include "serve/route_wrappers.h"
 
 #include <httplib.h>
+#include <openssl/rand.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
 #include <mutex>
 #include <optional>
-#include <random>
 #include <set>
 #include <thread>
 
@@ -89,8 +90,6 @@ struct HttpServer::Impl {
   const InputBound input;
   KnowledgeService knowledge;  // the web page, its knowledge base and request details (issue 12)
   std::atomic<uint64_t> n2xx{0}, n4xx{0}, n5xx{0}, n_cancelled{0};
-  std::atomic<uint64_t> next_id{0};
-  const uint64_t id_salt = std::random_device{}() * 0x9E3779B97F4A7C15ull ^ std::random_device{}();
   const int64_t started = unix_seconds();
 
   Impl(Engine& e, HttpServerOptions o)
@@ -100,7 +99,7 @@ struct HttpServer::Impl {
         access(opt.access),
         isolation(opt.isolate_keys),
         input(input_bound(e.tokenizer(), e.options().max_prompt_tokens)),
-        knowledge(e, knowledge_options(opt)) {
+        knowledge(e, knowledge_options(opt), [this](const httplib::Request& req) { return access.matched_key(req); }) {
     if (isolation.enabled() && !access.keys_required())
       throw std::invalid_argument("--isolate-keys needs API keys (--api-key or --api-key-file)");
     setup();
@@ -118,11 +117,19 @@ struct HttpServer::Impl {
   // already refused requests without a valid key).
   size_t tenant(const httplib::Request& req) const { return static_cast<size_t>(access.matched_key(req)); }
 
-  std::string new_id(bool chat) {
-    char buf[40];
-    std::snprintf(buf, sizeof buf, "%s-%016llx%08llx", chat ? "chatcmpl" : "cmpl",
-                  static_cast<unsigned long long>(id_salt), static_cast<unsigned long long>(next_id++));
-    return buf;
+  // 128 random bits from OpenSSL's CSPRNG: an id names a request's details
+  // (GET /v1/details/{id}), so it must not be guessable from another response's id (issue
+  // 29, item 4; it was a per-process salt plus a counter).
+  static std::string new_id(bool chat) {
+    unsigned char bytes[16];
+    if (RAND_bytes(bytes, sizeof bytes) != 1) throw std::runtime_error("RAND_bytes failed (OpenSSL)");
+    std::string id = chat ? "chatcmpl-" : "cmpl-";
+    static constexpr char kHex[] = "0123456789abcdef";
+    for (unsigned char b : bytes) {
+      id += kHex[b >> 4];
+      id += kHex[b & 15];
+    }
+    return id;
   }
 
   // A POST route with this server's body bound (route_wrappers.h).
@@ -154,7 +161,7 @@ struct HttpServer::Impl {
     });
     svr.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
       GuardedServer::headers_read();
-      if (!KnowledgeService::is_public_page(req) && access.pre_route(req, res))
+      if (access.pre_route(req, res, !KnowledgeService::is_public_page(req)))
         return httplib::Server::HandlerResponse::Handled;
       // httplib reads the body of any other method (PUT, PATCH, PRI) into memory without a
       // bound before it finds no route: refuse those before a byte of body is read.
@@ -247,7 +254,8 @@ struct HttpServer::Impl {
                       {"running", m.running}});
     }));
     svr.Get("/metrics", guarded([this](const httplib::Request&, httplib::Response& res) {
-      res.set_content(api::prometheus_text(engine.metrics(), counters_now()), "text/plain; version=0.0.4");
+      res.set_content(api::prometheus_text(engine.metrics(), counters_now(), !isolation.enabled()),
+                      "text/plain; version=0.0.4");
     }));
   }
 
@@ -264,16 +272,22 @@ struct HttpServer::Impl {
   void completion(const httplib::Request& req, const std::string& body, httplib::Response& res, bool chat) {
     const json body_json = api::parse_body(body);
     api::ParsedCompletion pc = api::parse_completion(body_json, chat, engine.options().default_method);
+    if (opt.max_completion_tokens > 0) pc.request.max_tokens = std::min(pc.request.max_tokens, opt.max_completion_tokens);
     const auto retrieved = knowledge.apply_retrieval(body_json, pc.request);
     check_input_size(pc.request, input);
     const bool isolated = isolation.enabled();
+    const int caller = access.matched_key(req);  // -1 without keys
     if (isolated) isolation.check_documents(tenant(req), pc.request);
+    // A conversation belongs to the key that started it: another key naming the same id gets
+    // a conversation of its own and can neither continue nor wipe this one (issue 29, item 7).
+    if (std::string& cid = pc.request.fusion.conversation_id; !cid.empty() && caller >= 0)
+      cid = "key" + std::to_string(caller) + ":" + cid;
     api::ResponseMeta meta{new_id(chat), unix_seconds(),
                            pc.request.model.empty() ? engine.model_name() : pc.request.model, chat};
     if (!pc.stream) {
       const CompletionResult r = engine.complete(pc.request);
       json reply = api::completion_response(meta, r);
-      knowledge.after_completion(meta.id, pc.request, r, retrieved, &reply);
+      knowledge.after_completion(meta.id, caller, pc.request, r, retrieved, &reply);
       if (isolated) KeyIsolation::redact(reply);
       reply_json(res, 200, reply);
       return;
@@ -292,7 +306,7 @@ struct HttpServer::Impl {
     res.set_header("Cache-Control", "no-cache");
     res.set_chunked_content_provider(
         "text/event-stream",
-        [this, job, meta, isolated, include_usage = pc.include_usage, req = pc.request, retrieved](
+        [this, job, meta, isolated, include_usage = pc.include_usage, req = pc.request, retrieved, caller](
             size_t, httplib::DataSink& sink) {
           auto send = [&](const std::string& s) {
             if (sink.write(s.data(), s.size())) return true;
@@ -321,7 +335,7 @@ struct HttpServer::Impl {
           else if (!job->failure.empty())
             ok = send(api::sse_event(api::error_body(500, "server_error", job->failure)));
           else {
-            knowledge.after_completion(meta.id, req, job->result, retrieved, nullptr);
+            knowledge.after_completion(meta.id, caller, req, job->result, retrieved, nullptr);
             ok = send(api::sse_event(api::stream_finish_chunk(meta, job->result.finish_reason)));
             if (ok && include_usage) {
               json usage = api::stream_usage_chunk(meta, job->result);

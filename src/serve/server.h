@@ -79,8 +79,11 @@ struct HttpCounters {
   uint64_t connections_open = 0;
 };
 
-// GET /metrics in Prometheus text exposition format 0.0.4.
-std::string prometheus_text(const EngineMetrics& m, const HttpCounters& h);
+// GET /metrics in Prometheus text exposition format 0.0.4. `cache_use` false (under
+// --isolate-keys) leaves out every series that moves with cache hits (prefilled and prefix
+// tokens, chunk hits, the store's and the remote tier's counters and bytes): comparing them
+// around a request would tell a key whether another key sent the same text (issue 29, item 6).
+std::string prometheus_text(const EngineMetrics& m, const HttpCounters& h, bool cache_use = true);
 
 }  // namespace api
 
@@ -91,6 +94,7 @@ struct HttpServerOptions {
   size_t max_body_bytes = size_t{8} << 20;       // larger bodies get 413, in any transfer encoding
   AccessOptions access;                          // API keys, CORS (http_access.h)
   bool isolate_keys = false;                     // per-key chunk isolation (key_isolation.h); needs keys
+  int max_completion_tokens = 0;                 // a request's max_tokens is lowered to this; 0: no cap
   bool log_requests = false;                     // one line per request on stderr
   std::string web_dir;                           // the built page; empty: find_web_dir() (knowledge_routes.h)
 };

@@ -59,7 +59,7 @@ TEST(AccessPolicy, BearerKeysExceptHealth) {
   AccessPolicy pub(o);
   httplib::Response r2;
   EXPECT_FALSE(pub.pre_route(request("GET", "/metrics"), r2));
-  EXPECT_THROW(AccessPolicy(AccessOptions{{" "}, false, {}}), std::invalid_argument);
+  EXPECT_THROW(AccessPolicy(AccessOptions{{" "}, false, {}, {}}), std::invalid_argument);
 }
 
 TEST(AccessPolicy, CorsOnlyForListedOrigins) {

@@ -1,0 +1,127 @@
+// Holes a security review of the serving path found (issue 29), closed at the level of the
+// functions that parse what a client sends; tests/serve_e2e/test_hostile_requests.py sends
+// the same probes to the real server over HTTP.
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <string>
+
+#include "serve/document_text.h"
+#include "serve/http_access.h"
+#include "serve/server.h"
+
+namespace cf {
+namespace {
+
+std::string nested(size_t depth) { return std::string(depth, '[') + std::string(depth, ']'); }
+
+int status_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const RequestError& e) {
+    return e.status;
+  }
+  return 0;
+}
+
+// Item 1: the body that killed the server (SIGSEGV) is a 400 before anything copies it.
+TEST(HostileInput, DeepJsonBodyIsRefusedBeforeItIsCopied) {
+  const std::string body =
+      R"({"messages": [{"role": "user", "content": "hi"}], "fusion": {"method": "nope", "options": {"a": )" +
+      nested(200000) + "}}}";
+  try {
+    (void)api::parse_body(body);
+    FAIL() << "a 200,000-deep body parsed";
+  } catch (const RequestError& e) {
+    EXPECT_EQ(e.status, 400);
+    EXPECT_NE(std::string(e.what()).find("deeper than 64"), std::string::npos) << e.what();
+  }
+  // Every route's body goes through parse_body; a merely deep (but allowed) one still works,
+  // and a QCFuse option error quotes at most a short excerpt of the offending value.
+  const nlohmann::json ok = api::parse_body(R"({"messages": [{"role": "user", "content": "hi"}],
+      "fusion": {"method": "qcfuse", "options": {"threshold": )" + nested(60) + "}}}");
+  try {
+    (void)api::parse_completion(ok, true, "full");
+    FAIL() << "a list as the threshold was accepted";
+  } catch (const RequestError& e) {
+    EXPECT_EQ(e.status, 400);
+    EXPECT_LT(std::string(e.what()).size(), 300u) << e.what();
+  }
+}
+
+// Items 1 and 2: uploads. A nested .jsonl line is refused; every format's text is capped,
+// the CSV whose header repeats per row included (it asked for terabytes).
+TEST(HostileInput, DocumentTextIsBoundedInEveryFormat) {
+  EXPECT_EQ(status_of([] { extract_document_text("jsonl", "{\"a\": " + nested(100000) + "}\n"); }), 400);
+  ExtractOptions small;
+  small.max_text_bytes = 1 << 20;
+  std::string csv = std::string(100000, 'h') + "\n";
+  for (int i = 0; i < 20; ++i) csv += "x\n";  // 20 rows x 100 KB of header = 2 MB of text
+  EXPECT_EQ(status_of([&] { extract_document_text("csv", csv, small); }), 413);
+  std::string jsonl;
+  for (int i = 0; i < 40; ++i) jsonl += "{\"text\": \"" + std::string(30000, 'y') + "\"}\n";
+  EXPECT_EQ(status_of([&] { extract_document_text("jsonl", jsonl, small); }), 413);
+  EXPECT_EQ(status_of([&] { extract_document_text("txt", std::string((1 << 20) + 1, 'z'), small); }), 413);
+  // Under the cap, the same shapes are extracted as before.
+  EXPECT_EQ(extract_document_text("csv", "name,age\nAda,36\n", small), "name: Ada; age: 36\n\n");
+  EXPECT_EQ(extract_document_text("txt", "plain", small), "plain");
+}
+
+// Item 3: without keys, only IP literals, localhost and the listed names reach the server.
+TEST(HostileInput, HostCheckAgainstDnsRebinding) {
+  const std::vector<std::string> none;
+  for (const char* h : {"127.0.0.1", "127.0.0.1:8080", "10.1.2.3:80", "[::1]:8080", "[::1]", "localhost",
+                        "LOCALHOST:8080", "localhost.", "app.localhost:3000"})
+    EXPECT_TRUE(host_allowed(h, none)) << h;
+  for (const char* h : {"rebind.example.com", "rebind.example.com:8080", "127.0.0.1.nip.io", "localhost.evil.com",
+                        "evillocalhost", "[::1", "", "[zz]:80"})
+    EXPECT_FALSE(host_allowed(h, none)) << h;
+  EXPECT_TRUE(host_allowed("Chat.Example.ORG:8443", {"chat.example.org"}));
+  EXPECT_FALSE(host_allowed("other.example.org", {"chat.example.org"}));
+  EXPECT_TRUE(host_allowed("anything.example", {"*"}));
+}
+
+TEST(HostileInput, HostCheckRunsBeforeRoutingWithoutKeysOnly) {
+  auto request = [](const std::string& host) {
+    httplib::Request r;
+    r.method = "GET";
+    r.path = "/v1/documents";
+    r.headers.emplace("Host", host);
+    return r;
+  };
+  AccessPolicy open(AccessOptions{});
+  httplib::Response res;
+  EXPECT_TRUE(open.pre_route(request("rebind.example.com"), res, /*needs_key=*/false));
+  EXPECT_EQ(res.status, 403);
+  EXPECT_NE(res.body.find("host_not_allowed"), std::string::npos) << res.body;
+  httplib::Response ok;
+  EXPECT_FALSE(open.pre_route(request("127.0.0.1:8080"), ok));
+  // With keys a rebinding page holds none: the key check decides, whatever the Host.
+  AccessOptions keyed;
+  keyed.api_keys = {"k"};
+  AccessPolicy with_keys(keyed);
+  httplib::Response r401;
+  EXPECT_TRUE(with_keys.pre_route(request("rebind.example.com"), r401));
+  EXPECT_EQ(r401.status, 401);
+}
+
+// Item 6: under --isolate-keys /metrics leaves out every series that moves with a cache hit.
+TEST(HostileInput, MetricsWithoutCacheUseSeries) {
+  EngineMetrics m;
+  m.chunk_hits = 3;
+  m.prompt_tokens = 10;
+  m.store.has_remote = true;
+  const std::string full = api::prometheus_text(m, api::HttpCounters{});
+  const std::string isolated = api::prometheus_text(m, api::HttpCounters{}, /*cache_use=*/false);
+  for (const char* series : {"chunkfuse_chunk_hits_total", "chunkfuse_prefilled_tokens_total",
+                             "chunkfuse_prefix_hit_tokens_total", "chunkfuse_store_bytes", "chunkfuse_store_hits_total",
+                             "chunkfuse_remote_hits_total", "chunkfuse_prefix_cache_bytes"}) {
+    EXPECT_NE(full.find(series), std::string::npos) << series;
+    EXPECT_EQ(isolated.find(series), std::string::npos) << series;
+  }
+  EXPECT_NE(isolated.find("chunkfuse_prompt_tokens_total 10"), std::string::npos);
+  EXPECT_NE(isolated.find("chunkfuse_ttft_seconds_count"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace cf
