@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "kv/entry_auth.h"
 #include "kv/remote_tier.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -41,8 +42,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       char sum[17];
       std::snprintf(sum, sizeof sum, "%016llx", static_cast<unsigned long long>(XXH3_64bits(z.data(), z.size())));
       m.sum = sum;
+      // Signed with the fuzzer's key, so that the checks past the tag (issue 29 item 9) run.
+      static const cf::EntryAuth key(std::vector<uint8_t>(32, 0x5a));
+      m.tag = cf::remote_entry_tag(key, "fuzz", m.raw, z.data(), z.size());
       std::string why;
-      const auto image = cf::unpack_remote_entry(m, z, size_t{1} << 24, why);
+      const auto image = cf::unpack_remote_entry(m, z, size_t{1} << 24, key, "fuzz", why);
       if (image && image->size() != m.raw) __builtin_trap();  // must hold exactly what was claimed
       if (!image && why.empty()) __builtin_trap();            // a refusal always says why
     }

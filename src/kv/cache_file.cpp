@@ -10,7 +10,6 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
-#include <random>
 
 #include "kv/entry_auth.h"
 #include "kv/store_paths.h"
@@ -181,18 +180,6 @@ ContextVariant meta_variant(const nlohmann::json& meta, const std::string& path)
   return v;
 }
 
-void write_all(int fd, const uint8_t* p, size_t n) {
-  while (n > 0) {
-    const ssize_t w = ::write(fd, p, n);
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      throw std::runtime_error("write: " + errno_text());
-    }
-    p += w;
-    n -= static_cast<size_t>(w);
-  }
-}
-
 }  // namespace
 
 const char* dtype_name(KvDtype d) {
@@ -334,40 +321,11 @@ size_t write_cache_file(const std::string& path, const ChunkCache& c, KvDtype dt
 }
 
 size_t write_cache_bytes(const std::string& path, const std::vector<uint8_t>& bytes, bool durable) {
-  const std::filesystem::path final_path(path);
-  const std::filesystem::path dir = final_path.has_parent_path() ? final_path.parent_path() : ".";
-  // A name no other writer (process or thread) can pick: pid plus 64 random bits.
-  static thread_local std::mt19937_64 rng{std::random_device{}() ^ (static_cast<uint64_t>(::getpid()) << 32)};
-  char suffix[64];
-  std::snprintf(suffix, sizeof suffix, ".tmp.%d.%016llx", static_cast<int>(::getpid()),
-                static_cast<unsigned long long>(rng()));
-  std::string tmp_name = ".";
-  tmp_name.append(final_path.filename().string()).append(suffix);
-  const std::string tmp = (dir / tmp_name).string();
-
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, kPrivateFileMode);  // 0600
-  if (fd < 0) throw CacheFileError(CacheFileDefect::io_error, path, "cannot create " + tmp + ": " + errno_text());
   try {
-    write_all(fd, bytes.data(), bytes.size());
-    if (durable && ::fsync(fd) != 0) throw std::runtime_error("fsync: " + errno_text());
-    if (::close(fd) != 0) throw std::runtime_error("close: " + errno_text());
-  } catch (const std::exception& e) {
-    ::close(fd);
-    ::unlink(tmp.c_str());
-    throw CacheFileError(CacheFileDefect::io_error, path, std::string("writing ") + tmp + ": " + e.what());
+    return write_private_file_atomic(path, bytes.data(), bytes.size(), durable);
+  } catch (const std::runtime_error& e) {
+    throw CacheFileError(CacheFileDefect::io_error, path, e.what());
   }
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    const std::string why = errno_text();
-    ::unlink(tmp.c_str());
-    throw CacheFileError(CacheFileDefect::io_error, path, "rename: " + why);
-  }
-  // The rename is durable only once the directory entry is on disk.
-  const int dfd = durable ? ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC) : -1;
-  if (dfd >= 0) {
-    ::fsync(dfd);
-    ::close(dfd);
-  }
-  return bytes.size();
 }
 
 ChunkCache read_cache_file(const std::string& path, const CacheFileExpect& expect) {

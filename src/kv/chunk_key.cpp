@@ -2,6 +2,7 @@
 
 #include <xxhash.h>
 
+#include <cstdio>
 #include <cstring>
 
 namespace cf {
@@ -71,6 +72,27 @@ std::string hash128_hex(const Hash128& h) {
     s[2 * i + 1] = digits[h[i] & 15];
   }
   return s;
+}
+
+bool is_chunk_id(std::string_view s) {
+  Hash128 h;
+  return parse_hash128_hex(s, h);
+}
+
+std::string printable_chunk_id(std::string_view s) {
+  std::string out;
+  for (size_t i = 0; i < s.size() && i < 80; ++i) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    if (c >= 0x20 && c < 0x7f && c != '\\' && c != '"') {
+      out += static_cast<char>(c);
+    } else {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\x%02x", c);
+      out += buf;
+    }
+  }
+  if (s.size() > 80) out += "...";
+  return out;
 }
 
 bool parse_hash128_hex(std::string_view hex, Hash128& out) {

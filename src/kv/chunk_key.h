@@ -39,6 +39,12 @@ bool parse_context_kind(std::string_view s, ContextKind& out);  // false on an u
 using Hash128 = std::array<uint8_t, 16>;  // canonical (big-endian) XXH3-128
 std::string hash128_hex(const Hash128& h);
 bool parse_hash128_hex(std::string_view hex, Hash128& out);  // false unless 32 hex digits
+// Whether `s` has the form of a key id: exactly 32 lower-case hex digits. Ids from outside
+// (HTTP paths, the CLI) are checked with this before they name anything (issue 29 item 8).
+bool is_chunk_id(std::string_view s);
+// An untrusted id for a message: printable ASCII kept, other bytes (and \ ") as \xNN, at most
+// 80 bytes shown, so any bytes can be named in an error, a log line or a JSON body.
+std::string printable_chunk_id(std::string_view s);
 
 class ChunkKey;
 

@@ -53,7 +53,14 @@ void for_each_file(const std::string& dir, Fn fn) {
       if (is_real_file(f.path())) files.push_back(f.path());
   }
   std::sort(files.begin(), files.end());
-  for (const auto& p : files) fn(p, classify(p.filename().string()));
+  for (const auto& p : files) {
+    FileKind kind = classify(p.filename().string());
+    // Only <id[0:2]>/<id>.cfkv is an entry: a stray name could not be addressed by path_for.
+    const std::string stem = p.stem().string();
+    if (kind == FileKind::cache && (!is_chunk_id(stem) || p.parent_path().filename() != stem.substr(0, 2)))
+      kind = FileKind::other;
+    fn(p, kind);
+  }
 }
 
 }  // namespace
@@ -91,6 +98,7 @@ ChunkStore::ChunkStore(ChunkStoreOptions opt) : opt_(std::move(opt)) {
           "the remote chunk tier needs a store key (--store-key-file, the same file on every replica): entries "
           "in a shared cache must carry an HMAC tag");
     if (!opt_.remote->report) opt_.remote->report = opt_.report;
+    opt_.remote->auth = opt_.auth;  // the manifest tags use the store's key
     remote_ = std::make_unique<RemoteTier>(*opt_.remote);
   }
 }
@@ -160,30 +168,20 @@ bool ChunkStore::save_scores() {
     fs::remove(path, ec);
     return true;
   }
-  const std::string tmp = opt_.dir + "/.fr-scores.tmp." + std::to_string(::getpid());
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    make_private_file(tmp);
-    out << nlohmann::json{{"version", 1}, {"scores", scores}}.dump();
-    if (!out.flush()) {
-      opt_.report("chunk store " + path + ": cannot write the f_r scores");
-      std::error_code ec;
-      fs::remove(tmp, ec);
-      return false;
-    }
-  }
-  std::error_code ec;
-  fs::rename(tmp, path, ec);  // atomic: readers see the old or the new scores
-  if (ec) {
-    opt_.report("chunk store " + path + ": cannot write the f_r scores: " + ec.message());
-    fs::remove(tmp, ec);
+  try {  // atomic and private: readers see the old or the new scores
+    write_private_file_atomic(path, nlohmann::json{{"version", 1}, {"scores", scores}}.dump(), opt_.durable);
+  } catch (const std::exception& e) {
+    opt_.report("chunk store " + path + ": cannot write the f_r scores: " + e.what());
     return false;
   }
   return true;
 }
 
 std::string ChunkStore::path_for(const std::string& id) const {
-  if (id.size() < 2) throw std::invalid_argument("chunk store: bad key id '" + id + "'");
+  // Only the 32-hex-digit form: "..x" or a NUL would name a file outside the store, whoever
+  // passes it (issue 29 item 8).
+  if (!is_chunk_id(id)) throw std::invalid_argument("chunk store: not a chunk id (32 lower-case hex digits): \"" +
+                                                    printable_chunk_id(id) + "\"");
   return opt_.dir + "/" + id.substr(0, 2) + "/" + id + kExt;
 }
 
@@ -382,7 +380,9 @@ std::shared_ptr<const ChunkCache> ChunkStore::read_remote(const std::string& id)
     try {
       const std::string path = path_for(id);
       std::error_code ec;
-      fs::create_directories(fs::path(path).parent_path(), ec);
+      // Private and never through a planted symlink, as put's (issue 29 item 11).
+      if (!ensure_private_directory(fs::path(path).parent_path(), ec))
+        throw CacheFileError(CacheFileDefect::io_error, path, "its folder is not a private real directory: " + ec.message());
       write_cache_bytes(path, *image, opt_.durable);
       written = true;
     } catch (const CacheFileError& e) {
@@ -401,13 +401,23 @@ std::shared_ptr<const ChunkCache> ChunkStore::read_remote(const std::string& id)
 }
 
 std::shared_ptr<const ChunkCache> ChunkStore::load_entry(const std::string& id, Load& load) {
-  if (!opt_.dir.empty())
-    if (auto c = read_file(id)) return c;
-  if (!remote_) return nullptr;
-  auto c = read_remote(id);
-  std::lock_guard lock(mu_);
-  load.remote = c != nullptr;
-  return c;
+  // Never throws: it runs on the prefetch thread, where an escaping exception (an allocation
+  // failure, say) would end the process, and a get's load must finish to wake its waiters
+  // (issue 29 item 9). A load that fails is a miss: the caller recomputes.
+  try {
+    if (!opt_.dir.empty())
+      if (auto c = read_file(id)) return c;
+    if (!remote_) return nullptr;
+    auto c = read_remote(id);
+    std::lock_guard lock(mu_);
+    load.remote = c != nullptr;
+    return c;
+  } catch (const std::exception& e) {
+    opt_.report("chunk cache " + id + ": load failed (" + e.what() + "), recomputing");
+  } catch (...) {
+    opt_.report("chunk cache " + id + ": load failed, recomputing");
+  }
+  return nullptr;
 }
 
 void ChunkStore::finish_load(const std::string& id, const std::shared_ptr<Load>& load,
@@ -607,10 +617,9 @@ std::shared_ptr<const ChunkCache> ChunkStore::put(ChunkCache cache) {
   if (!opt_.dir.empty()) {
     const std::string path = path_for(id);
     std::error_code ec;
-    create_private_directories(fs::path(path).parent_path(), ec);
     std::vector<std::string> victims;
     try {
-      if (!is_real_directory(fs::path(path).parent_path()))  // a planted symlink: never write through it
+      if (!ensure_private_directory(fs::path(path).parent_path(), ec))  // a planted symlink: never write through it
         throw CacheFileError(CacheFileDefect::io_error, path, "its folder is missing or not a real directory");
       const size_t n = write_cache_bytes(path, image, opt_.durable);
       std::lock_guard lock(mu_);
@@ -653,6 +662,7 @@ std::shared_ptr<const ChunkCache> ChunkStore::get_or_compute(const ChunkKey& key
 }
 
 bool ChunkStore::remove(const std::string& id) {
+  (void)path_for(id);  // std::invalid_argument for anything but a key id (issue 29 item 8)
   bool removed = false;
   {
     std::lock_guard lock(mu_);

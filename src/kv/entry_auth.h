@@ -24,13 +24,21 @@ class EntryAuth {
   static constexpr size_t kTagBytes = 32;
   static constexpr char kTrailerMagic[9] = "CFKVMAC1";
   static constexpr size_t kTrailerBytes = 8 + kTagBytes;
-  static constexpr size_t kMinKeyBytes = 16;
+  static constexpr size_t kMinKeyBytes = 32;  // 256 bits, the HMAC-SHA256 block's worth (issue 29 item 10)
   using Tag = std::array<uint8_t, kTagBytes>;
 
   // The key's bytes; at least kMinKeyBytes (std::invalid_argument otherwise).
   explicit EntryAuth(std::vector<uint8_t> key);
-  // The whole file is the key (one trailing newline dropped, so `head -c 32 /dev/urandom |
-  // base64 > key` works). std::runtime_error if unreadable or too short.
+  // The store key file (issue 29 item 10). What it holds:
+  //   - 64 hex digits (either case), optionally followed by one newline: the 32 bytes they
+  //     spell are the key. Made by `head -c 32 /dev/urandom | xxd -p -c 64 > key` or
+  //     `openssl rand -hex 32 > key`.
+  //     Only hex digits but not 64 of them: refused.
+  //   - anything else: the file's bytes are the key (one trailing newline dropped), at least
+  //     32 of them (e.g. `head -c 32 /dev/urandom > key`).
+  // Like ssh's rule for private keys, the file must be a regular file (not a symlink), owned
+  // by the current user or root, with no permission for group or others (chmod 600).
+  // std::runtime_error naming the file and the rule otherwise.
   static EntryAuth from_key_file(const std::string& path);
   // from_key_file for a store's options: nullptr for an empty path (no keyed integrity).
   static std::shared_ptr<const EntryAuth> optional_from_key_file(const std::string& path);

@@ -1,6 +1,7 @@
 #include "kv/remote_tier.h"
 
 #include <hiredis/hiredis.h>
+#include <openssl/crypto.h>
 #include <xxhash.h>
 #include <zstd.h>
 
@@ -8,6 +9,8 @@
 #include <cstdio>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
+
+#include "kv/entry_auth.h"
 
 namespace cf {
 namespace {
@@ -104,6 +107,8 @@ RemoteTier::RemoteTier(RemoteTierOptions opt) : opt_(std::move(opt)), url_(parse
   if (!opt_.report) opt_.report = [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); };
   if (opt_.pool_size == 0 || opt_.piece_bytes == 0 || opt_.connect_timeout_ms <= 0 || opt_.command_timeout_ms <= 0)
     throw std::invalid_argument("remote tier: pool size, piece size and timeouts must be positive");
+  if (!opt_.auth)  // manifests carry the key's tag (issue 29 item 9)
+    throw std::invalid_argument("remote tier: needs a store key (--store-key-file) to tag its entries");
   stats_.read_ms_buckets.assign(std::size(kRemoteLatencyBoundsMs) + 1, 0);
   worker_ = std::thread([this] { worker(); });
 }
@@ -222,20 +227,63 @@ std::optional<RemoteManifest> parse_remote_manifest(const std::string& text) {
       if (!v.is_number_unsigned()) throw std::invalid_argument(k);
       return v.get<uint64_t>();
     };
-    if (count("format") != 1) return std::nullopt;
+    const uint64_t format = count("format");
+    if (format != 1 && format != 2) return std::nullopt;
     RemoteManifest m;
+    m.format = static_cast<int>(format);
     m.raw = count("raw");
     m.zlen = count("zlen");
     m.pieces = count("pieces");
     m.sum = j.at("sum").get<std::string>();
-    // Bounds keep allocations sane whatever the manifest says.
-    if (m.sum.size() != 16 || m.sum.find_first_not_of("0123456789abcdef") != std::string::npos || m.pieces == 0 ||
-        m.pieces > 65536 || m.zlen == 0 || m.zlen > (size_t{1} << 36) || m.raw == 0 || m.raw > (size_t{1} << 36))
+    if (m.format >= 2) m.tag = j.at("tag").get<std::string>();
+    auto hex = [](const std::string& s, size_t n) {
+      return s.size() == n && s.find_first_not_of("0123456789abcdef") == std::string::npos;
+    };
+    // Bounds keep allocations sane whatever the manifest says (the reader's entry limit is
+    // checked on top: remote_manifest_within).
+    if (!hex(m.sum, 16) || (m.format >= 2 && !hex(m.tag, 64)) || m.pieces == 0 || m.pieces > 65536 || m.zlen == 0 ||
+        m.zlen > (size_t{1} << 36) || m.raw == 0 || m.raw > (size_t{1} << 36))
       return std::nullopt;
     return m;
   } catch (const std::exception&) {
     return std::nullopt;
   }
+}
+
+bool remote_manifest_within(const RemoteManifest& m, size_t max_entry_bytes, std::string& why) {
+  if (m.format != kRemoteFormat) {
+    why = "manifest format " + std::to_string(m.format) + " (written before issue 29, without a tag over the " +
+          "compressed bytes); this build reads format " + std::to_string(kRemoteFormat) + " only";
+    return false;
+  }
+  if (m.raw > max_entry_bytes || m.zlen > ZSTD_compressBound(max_entry_bytes) || m.pieces > m.zlen) {
+    why = "manifest claims " + std::to_string(m.raw) + " bytes (" + std::to_string(m.zlen) + " compressed, " +
+          std::to_string(m.pieces) + " pieces), over the entry limit of " + std::to_string(max_entry_bytes) + " bytes";
+    return false;
+  }
+  return true;
+}
+
+std::string remote_entry_tag(const EntryAuth& auth, const std::string& id, size_t raw, const uint8_t* z, size_t zlen) {
+  // Two HMACs rather than one over a concatenation: the compressed bytes are not copied.
+  const EntryAuth::Tag inner = auth.tag(z, zlen);
+  std::vector<uint8_t> msg{'C', 'F', 'R', 'E', 'M', 'O', 'T', '2'};
+  auto u64 = [&](uint64_t v) {
+    for (int i = 0; i < 8; ++i) msg.push_back(static_cast<uint8_t>(v >> (8 * i)));
+  };
+  u64(id.size());
+  msg.insert(msg.end(), id.begin(), id.end());
+  u64(raw);
+  u64(zlen);
+  msg.insert(msg.end(), inner.begin(), inner.end());
+  const EntryAuth::Tag outer = auth.tag(msg.data(), msg.size());
+  std::string hex;
+  for (uint8_t b : outer) {
+    char buf[3];
+    std::snprintf(buf, sizeof buf, "%02x", b);
+    hex += buf;
+  }
+  return hex;
 }
 
 std::optional<bool> RemoteTier::exists(const std::string& id) {
@@ -263,6 +311,7 @@ std::optional<std::vector<uint8_t>> RemoteTier::get(const std::string& id) {
   bool incomplete = false;
   size_t wire = 0;
   std::string manifest_text;
+  try {  // an exception (allocation, OpenSSL) must still give the connection back
   do {
     Reply r = command(c, {"GET", manifest_key(id)});
     if (!r.r || r.error()) {
@@ -277,9 +326,11 @@ std::optional<std::vector<uint8_t>> RemoteTier::get(const std::string& id) {
       bad = "unreadable manifest";
       break;
     }
+    // The entry limit before any piece is fetched or any buffer sized (issue 29 item 9): a
+    // manifest may claim 64 GiB, and an allocation failure here would end a prefetch thread.
+    if (!remote_manifest_within(*m, opt_.max_entry_bytes, bad)) break;
     for (size_t i = 0; i < m->pieces; ++i) append(c, {"GET", piece_key(id, m->sum, i)});
-    std::vector<uint8_t> z;
-    z.reserve(m->zlen);
+    std::vector<uint8_t> z;  // grows with what arrives, never past zlen
     for (size_t i = 0; i < m->pieces; ++i) {
       Reply p = next_reply(c);
       if (!p.r || p.error()) {
@@ -296,8 +347,13 @@ std::optional<std::vector<uint8_t>> RemoteTier::get(const std::string& id) {
       else bad = "pieces longer than the manifest says";
     }
     if (!ok || incomplete || !bad.empty()) break;
-    out = unpack_remote_entry(*m, z, opt_.max_entry_bytes, bad);
+    out = unpack_remote_entry(*m, z, opt_.max_entry_bytes, *opt_.auth, id, bad);
   } while (false);
+  } catch (const std::exception& e) {
+    opt_.report("remote chunk cache " + manifest_key(id) + ": read failed (" + e.what() + "), recomputing");
+    ok = false;  // the pipeline may be half read: the connection is closed, not reused
+    out.reset();
+  }
 
   if (ok && incomplete) {
     // Evicted or replaced under us. Delete the manifest only if it is still the one we read.
@@ -325,7 +381,9 @@ std::optional<std::vector<uint8_t>> RemoteTier::get(const std::string& id) {
 }
 
 std::optional<std::vector<uint8_t>> unpack_remote_entry(const RemoteManifest& m, const std::vector<uint8_t>& z,
-                                                        size_t max_raw_bytes, std::string& why) {
+                                                        size_t max_entry_bytes, const EntryAuth& auth,
+                                                        const std::string& id, std::string& why) {
+  if (!remote_manifest_within(m, max_entry_bytes, why)) return std::nullopt;
   if (z.size() != m.zlen) {
     why = "pieces hold " + std::to_string(z.size()) + " bytes, the manifest says " + std::to_string(m.zlen);
     return std::nullopt;
@@ -334,8 +392,15 @@ std::optional<std::vector<uint8_t>> unpack_remote_entry(const RemoteManifest& m,
     why = "checksum differs";
     return std::nullopt;
   }
+  // The tag over the compressed bytes before decompressing: without the key, no zstd bomb is
+  // ever inflated (issue 29 item 9). Constant time, like the trailer check.
+  const std::string want = remote_entry_tag(auth, id, m.raw, z.data(), z.size());
+  if (want.size() != m.tag.size() || CRYPTO_memcmp(want.data(), m.tag.data(), want.size()) != 0) {
+    why = "manifest tag does not match (written without the store key, or another one)";
+    return std::nullopt;
+  }
   // The writer's frame records its content size: allocate only what both agree on.
-  if (m.raw > max_raw_bytes || ZSTD_getFrameContentSize(z.data(), z.size()) != m.raw) {
+  if (ZSTD_getFrameContentSize(z.data(), z.size()) != m.raw) {
     why = "decompressed size " + std::to_string(m.raw) + " not what the zstd frame says, or too large";
     return std::nullopt;
   }
@@ -413,13 +478,17 @@ bool RemoteTier::write_entry(redisContext* c, const Task& t) {
   z.resize(zn);
   const std::string sum = hex16(XXH3_64bits(z.data(), z.size()));
   const size_t pieces = (zn + opt_.piece_bytes - 1) / opt_.piece_bytes;
-  const nlohmann::json manifest{{"format", 1}, {"raw", t.image.size()}, {"zlen", zn}, {"sum", sum}, {"pieces", pieces}};
+  const nlohmann::json manifest{{"format", kRemoteFormat}, {"raw", t.image.size()}, {"zlen", zn}, {"sum", sum},
+                                {"pieces", pieces},
+                                {"tag", remote_entry_tag(*opt_.auth, t.id, t.image.size(),
+                                                         reinterpret_cast<const uint8_t*>(z.data()), zn)}};
 
   Reply old = command(c, {"GET", manifest_key(t.id)});
   if (!old.r || old.error()) return false;
   std::optional<RemoteManifest> previous;
   if (!old.nil()) previous = parse_remote_manifest(old.text());
-  if (previous && previous->sum == sum && previous->pieces == pieces) {
+  if (previous && previous->format == kRemoteFormat && previous->sum == sum && previous->pieces == pieces &&
+      previous->tag == manifest["tag"]) {
     std::lock_guard lock(mu_);
     ++stats_.writes_present;
     return true;
@@ -474,8 +543,14 @@ void RemoteTier::worker() {
     bool ok = false;
     redisContext* c = acquire();
     if (c) {
-      ok = t.image.empty() ? delete_entry(c, t.id, nullptr) : write_entry(c, t);
-      if (!ok) note_error(std::string(t.image.empty() ? "delete" : "write") + " of " + t.id + ": " + c->errstr, true);
+      try {  // nothing may escape this thread (issue 29 item 9): an allocation failure is a failed write
+        ok = t.image.empty() ? delete_entry(c, t.id, nullptr) : write_entry(c, t);
+        if (!ok) note_error(std::string(t.image.empty() ? "delete" : "write") + " of " + t.id + ": " + c->errstr, true);
+      } catch (const std::exception& e) {
+        opt_.report("remote tier: " + std::string(t.image.empty() ? "delete" : "write") + " of " + t.id +
+                    " failed: " + e.what());
+        ok = false;  // the connection may hold half a pipeline: closed by release
+      }
       release(c, ok);
     }
     lock.lock();

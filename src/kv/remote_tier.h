@@ -4,10 +4,22 @@
 // kv/cache_file.h, verified in full against the reader's model and key) is the store's job.
 //
 // Layout of one entry (the key id already hashes model fingerprint + tokens + variant):
-//   <prefix>{<id>}                   manifest, JSON {"format":1,"raw":R,"zlen":Z,"sum":"<16 hex>","pieces":P}
+//   <prefix>{<id>}                   manifest, JSON {"format":2,"raw":R,"zlen":Z,"sum":"<16 hex>","pieces":P,
+//                                    "tag":"<64 hex>"}
 //   <prefix>{<id>}:<sum>:<i>         piece i < P of the zstd-compressed image (piece_bytes each, the last shorter)
 // `sum` is XXH3-64 of the compressed image; R its size once decompressed. The {id} hash tag
 // keeps an entry in one slot of a Redis Cluster (MULTI needs that).
+//
+// `tag` (format 2, issue 29 item 9) is the store key's HMAC-SHA256 over the compressed bytes
+// as stored, bound to the entry: HMAC(key, "CFREMOT2" | u64 len(id) | id | u64 R | u64 Z |
+// HMAC(key, compressed bytes)), integers little-endian. A reader bounds R and Z by
+// max_entry_bytes before it allocates or fetches anything, and checks the tag before it
+// decompresses, so whoever can write to Redis without the key can make it neither allocate
+// past the entry limit nor inflate a zstd bomb. Format 1 (no tag; before issue 29) is refused
+// with a message saying so; the default key prefix moved from chunkfuse:v1: to chunkfuse:v2:
+// with it, so replicas of both builds sharing one Redis during an upgrade do not delete each
+// other's entries (old ones age out under maxmemory). The image inside still carries its own
+// HMAC trailer, which the store checks as for a file.
 //
 // Atomic commit: a writer sends the pieces and the manifest in one MULTI/EXEC, so a reader
 // sees all of an entry or nothing; a writer killed mid-way leaves nothing (Redis drops a
@@ -31,6 +43,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -40,6 +53,8 @@
 struct redisContext;
 
 namespace cf {
+
+class EntryAuth;
 
 struct RedisUrl {
   std::string host = "127.0.0.1";
@@ -57,25 +72,43 @@ struct RemoteTierOptions {
   size_t pool_size = 4;           // connections at most (readers and the writer)
   size_t piece_bytes = size_t{1} << 20;
   int zstd_level = 1;
-  size_t max_entry_bytes = size_t{1} << 30;  // larger images are refused as bad (a sane bound)
+  // The per-entry limit: an image (decompressed) or its compressed form larger than this is
+  // refused as bad, checked on the manifest before anything is fetched or allocated.
+  size_t max_entry_bytes = size_t{1} << 30;
   size_t queue_entries = 64;      // pending writes at most; more are dropped (counted)
   size_t queue_bytes = size_t{256} << 20;
   int flush_timeout_ms = 30000;   // the destructor waits this long for queued writes
-  std::string key_prefix = "chunkfuse:v1:";
+  std::string key_prefix = "chunkfuse:v2:";
   std::function<void(const std::string&)> report;  // defect/fault lines; default stderr
+  // The store key (required: std::invalid_argument without it): tags every manifest; a
+  // manifest without a valid tag is never decompressed. The chunk store passes its own.
+  std::shared_ptr<const EntryAuth> auth;
 };
 
-// An entry's manifest (the JSON above), parsed and bounded; nullopt when unreadable.
+inline constexpr int kRemoteFormat = 2;
+
+// An entry's manifest (the JSON above), parsed and bounded; nullopt when unreadable. Format 1
+// manifests parse (format 1, no tag) so that their pieces can be deleted; readers refuse them.
 struct RemoteManifest {
+  int format = kRemoteFormat;
   size_t raw = 0, zlen = 0, pieces = 0;
   std::string sum;
+  std::string tag;  // 64 hex digits (format 2)
 };
 std::optional<RemoteManifest> parse_remote_manifest(const std::string& text);
-// The image from the concatenated pieces `z`: length, checksum and decompressed size checked
-// against the manifest (raw at most max_raw_bytes, allocated only once the zstd frame agrees);
-// nullopt with `why` set when anything differs. Pure: the reader's checks, and a fuzz target's.
+// Whether a reader may fetch the entry `m` describes: format 2, raw at most max_entry_bytes,
+// zlen at most what zstd can make of that (ZSTD_compressBound), pieces at most zlen. False with
+// `why` set otherwise. Checked before any piece is fetched or any buffer sized (issue 29 item 9).
+bool remote_manifest_within(const RemoteManifest& m, size_t max_entry_bytes, std::string& why);
+// The manifest tag of an entry (see the header comment), 64 hex digits.
+std::string remote_entry_tag(const EntryAuth& auth, const std::string& id, size_t raw, const uint8_t* z, size_t zlen);
+// The image from the concatenated pieces `z`: manifest bounds, length, checksum, tag (over
+// the compressed bytes, before decompressing) and decompressed size checked against the
+// manifest (raw allocated only once the zstd frame agrees); nullopt with `why` set when
+// anything differs. Pure: the reader's checks, and a fuzz target's.
 std::optional<std::vector<uint8_t>> unpack_remote_entry(const RemoteManifest& m, const std::vector<uint8_t>& z,
-                                                        size_t max_raw_bytes, std::string& why);
+                                                        size_t max_entry_bytes, const EntryAuth& auth,
+                                                        const std::string& id, std::string& why);
 
 inline constexpr double kRemoteLatencyBoundsMs[] = {1, 2, 5, 10, 20, 50, 100, 200, 500, 1000};
 

@@ -1,6 +1,16 @@
 // Store containment helpers (see store_paths.h).
 #include "kv/store_paths.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <stdexcept>
+#include <string>
+
 namespace cf {
 
 namespace fs = std::filesystem;
@@ -28,6 +38,51 @@ void create_private_directories(const fs::path& dir) {
   std::error_code ec;
   create_private_directories(dir, ec);
   if (ec) throw fs::filesystem_error("cannot create the directory", dir, ec);
+}
+
+bool ensure_private_directory(const fs::path& dir, std::error_code& ec) {
+  create_private_directories(dir, ec);
+  if (ec) return false;
+  if (is_real_directory(dir)) return true;
+  ec = std::make_error_code(std::errc::not_a_directory);  // a symlink (or a file) where our folder belongs
+  return false;
+}
+
+size_t write_private_file_atomic(const fs::path& path, const void* data, size_t n, bool durable) {
+  const fs::path dir = path.has_parent_path() ? path.parent_path() : fs::path(".");
+  const size_t total = n;
+  // A name no other writer (process or thread) can pick: pid plus 64 random bits.
+  static thread_local std::mt19937_64 rng{std::random_device{}() ^ (static_cast<uint64_t>(::getpid()) << 32)};
+  char suffix[64];
+  std::snprintf(suffix, sizeof suffix, ".tmp.%d.%016llx", static_cast<int>(::getpid()),
+                static_cast<unsigned long long>(rng()));
+  std::string tmp_name = ".";  // appended, not operator+: GCC 12 warns falsely (-Wrestrict) on that
+  tmp_name.append(path.filename().string()).append(suffix);
+  const std::string tmp = (dir / tmp_name).string();
+  auto why = [] { return std::string(std::strerror(errno)); };
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, kPrivateFileMode);
+  if (fd < 0) throw std::runtime_error("cannot create " + tmp + ": " + why());
+  std::string error;
+  for (auto* p = static_cast<const uint8_t*>(data); error.empty() && n > 0;) {
+    const ssize_t w = ::write(fd, p, n);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) error = "write: " + why();
+    else p += w, n -= static_cast<size_t>(w);
+  }
+  if (error.empty() && durable && ::fsync(fd) != 0) error = "fsync: " + why();
+  if (::close(fd) != 0 && error.empty()) error = "close: " + why();
+  if (error.empty() && ::rename(tmp.c_str(), path.c_str()) != 0) error = "rename to " + path.string() + ": " + why();
+  if (!error.empty()) {
+    ::unlink(tmp.c_str());
+    throw std::runtime_error("writing " + tmp + ": " + error);
+  }
+  // The rename is durable only once the directory entry is on disk.
+  const int dfd = durable ? ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC) : -1;
+  if (dfd >= 0) {
+    ::fsync(dfd);
+    ::close(dfd);
+  }
+  return total;
 }
 
 void make_private_file(const fs::path& file) noexcept {

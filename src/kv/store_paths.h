@@ -5,7 +5,9 @@
 // files 0600 (cache entries hold K/V computed from the documents; the serve index holds
 // their text).
 #pragma once
+#include <cstddef>
 #include <filesystem>
+#include <string_view>
 #include <system_error>
 
 namespace cf {
@@ -24,6 +26,20 @@ bool is_real_file(const std::filesystem::path& p);
 void create_private_directories(const std::filesystem::path& dir, std::error_code& ec);
 // The same, throwing std::filesystem::error as create_directories does.
 void create_private_directories(const std::filesystem::path& dir);
+// create_private_directories, then true only if `dir` is a real directory (a symlink planted
+// where a folder of ours belongs is refused, never written through; issue 29 item 11). ec says
+// why on false.
+bool ensure_private_directory(const std::filesystem::path& dir, std::error_code& ec);
+// Writes `data` to `path` atomically and privately, the one implementation every store file
+// uses (cache entries, f_r scores, the server's chunk index; issue 29 item 11): a temp file
+// ".<name>.tmp.<pid>.<random>" in the same folder created O_CREAT|O_EXCL|O_NOFOLLOW with mode
+// 0600 (never an existing file or a planted link, never readable by others, whatever the
+// umask), written, fsynced (durable), renamed over `path`, then the folder fsynced (durable).
+// std::runtime_error naming the file on failure; the temp file is removed. Returns n.
+size_t write_private_file_atomic(const std::filesystem::path& path, const void* data, size_t n, bool durable = true);
+inline size_t write_private_file_atomic(const std::filesystem::path& path, std::string_view text, bool durable = true) {
+  return write_private_file_atomic(path, text.data(), text.size(), durable);
+}
 // 0600 on a file this process wrote (before it is renamed into place). Best effort: a file
 // system without modes leaves it as it is.
 void make_private_file(const std::filesystem::path& file) noexcept;

@@ -1,5 +1,6 @@
 // The chunk store's remote tier against a real redis-server on loopback (issue 13).
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -24,9 +25,15 @@ using test::synthetic_cache;
 using test::tiny_hparams;
 using test::tiny_key;
 
+// The store key of every store and tier in these tests (a remote tier needs one).
+std::shared_ptr<const EntryAuth> test_key() {
+  return std::make_shared<const EntryAuth>(std::vector<uint8_t>(32, 0x5a));
+}
+
 RemoteTierOptions remote_options(const RedisServer& r) {
   RemoteTierOptions o;
   o.url = r.url();
+  o.auth = test_key();
   o.piece_bytes = 700;  // several pieces per entry, so the piece logic is exercised
   o.retry_ms = 200;
   o.command_timeout_ms = 500;
@@ -45,6 +52,18 @@ class Reports {
     return lines_.size();
   }
   bool empty() const { return size() == 0; }
+  bool any_contains(const std::string& text) const {
+    std::lock_guard lock(mu_);
+    for (const auto& l : lines_)
+      if (l.find(text) != std::string::npos) return true;
+    return false;
+  }
+  std::string all() const {
+    std::lock_guard lock(mu_);
+    std::string out;
+    for (const auto& l : lines_) out += l + "\n";
+    return out;
+  }
 
  private:
   mutable std::mutex mu_;
@@ -56,7 +75,7 @@ ChunkStoreOptions store_options(const RedisServer& r, const std::string& dir, Re
   o.dir = dir;
   o.durable = false;
   o.model = StoreModel{test::kTinyFingerprint, tiny_hparams()};
-  o.auth = std::make_shared<const EntryAuth>(std::vector<uint8_t>(32, 0x5a));  // a remote tier needs a key
+  o.auth = test_key();  // a remote tier needs a key
   o.remote = remote_options(r);
   if (reports) o.report = [reports](const std::string& s) { reports->add(s); };
   return o;
@@ -105,16 +124,27 @@ TEST(RedisUrl, Parses) {
 }
 
 TEST(RemoteManifest, ParsesAndBoundsWhatReadersWillAllocate) {
-  const auto m = parse_remote_manifest(R"({"format":1,"raw":100,"zlen":20,"sum":"0123456789abcdef","pieces":1})");
+  const std::string tag(64, 'a');
+  const auto m = parse_remote_manifest(R"({"format":2,"raw":100,"zlen":20,"sum":"0123456789abcdef","pieces":1,"tag":")" +
+                                       tag + "\"}");
   ASSERT_TRUE(m.has_value());
   EXPECT_EQ(m->raw, 100u);
   EXPECT_EQ(m->pieces, 1u);
-  for (const char* bad : {"", "{", "[]", R"({"format":2,"raw":1,"zlen":1,"sum":"0123456789abcdef","pieces":1})",
+  EXPECT_EQ(m->tag, tag);
+  for (const char* bad : {"", "{", "[]", R"({"format":3,"raw":1,"zlen":1,"sum":"0123456789abcdef","pieces":1})",
+                          R"({"format":2,"raw":1,"zlen":1,"sum":"0123456789abcdef","pieces":1})",  // no tag
+                          R"({"format":2,"raw":1,"zlen":1,"sum":"0123456789abcdef","pieces":1,"tag":"xy"})",
                           R"({"format":1,"raw":1,"zlen":1,"sum":"XYZ","pieces":1})",
                           R"({"format":1,"raw":1,"zlen":1,"sum":"0123456789abcdef","pieces":0})",
                           R"({"format":1,"raw":1e30,"zlen":1,"sum":"0123456789abcdef","pieces":1})",
                           R"({"format":1,"raw":-1,"zlen":1,"sum":"0123456789abcdef","pieces":1})"})
     EXPECT_FALSE(parse_remote_manifest(bad).has_value()) << bad;
+  // Format 1 parses (so that its pieces can be deleted) but no reader fetches it.
+  const auto old = parse_remote_manifest(R"({"format":1,"raw":100,"zlen":20,"sum":"0123456789abcdef","pieces":1})");
+  ASSERT_TRUE(old.has_value());
+  std::string why;
+  EXPECT_FALSE(remote_manifest_within(*old, size_t{1} << 30, why));
+  EXPECT_NE(why.find("format 1"), std::string::npos) << why;
 
   // A manifest whose size disagrees with the zstd frame is refused before any allocation.
   const std::vector<uint8_t> image = encode_cache_file(tiny_cache(tiny_key(1, 40)), KvDtype::f16);
@@ -124,22 +154,30 @@ TEST(RemoteManifest, ParsesAndBoundsWhatReadersWillAllocate) {
     ASSERT_TRUE(t.put_async("x", image));
     ASSERT_TRUE(t.flush(10000));
   }
-  auto stored = parse_remote_manifest(redis.text({"GET", "chunkfuse:v1:{x}"}));
+  auto stored = parse_remote_manifest(redis.text({"GET", "chunkfuse:v2:{x}"}));
   ASSERT_TRUE(stored.has_value());
   std::vector<uint8_t> z;
   for (size_t i = 0; i < stored->pieces; ++i) {
-    const std::string piece = redis.text({"GET", "chunkfuse:v1:{x}:" + stored->sum + ":" + std::to_string(i)});
+    const std::string piece = redis.text({"GET", "chunkfuse:v2:{x}:" + stored->sum + ":" + std::to_string(i)});
     z.insert(z.end(), piece.begin(), piece.end());
   }
-  std::string why;
-  auto out = unpack_remote_entry(*stored, z, size_t{1} << 30, why);
+  const auto key = test_key();
+  auto out = unpack_remote_entry(*stored, z, size_t{1} << 30, *key, "x", why);
   ASSERT_TRUE(out.has_value()) << why;
   EXPECT_EQ(*out, image);
   RemoteManifest lying = *stored;
   lying.raw = size_t{1} << 35;
-  EXPECT_FALSE(unpack_remote_entry(lying, z, size_t{1} << 36, why).has_value());
+  EXPECT_FALSE(unpack_remote_entry(lying, z, size_t{1} << 36, *key, "x", why).has_value());
+  EXPECT_NE(why.find("tag"), std::string::npos) << why;  // raw is under the tag
+  lying.tag = remote_entry_tag(*key, "x", lying.raw, z.data(), z.size());  // signed, yet lying about its size
+  EXPECT_FALSE(unpack_remote_entry(lying, z, size_t{1} << 36, *key, "x", why).has_value());
   EXPECT_NE(why.find("zstd frame"), std::string::npos) << why;
-  EXPECT_FALSE(unpack_remote_entry(*stored, z, 100, why).has_value());  // over the bound
+  EXPECT_FALSE(unpack_remote_entry(*stored, z, 100, *key, "x", why).has_value());  // over the bound
+  EXPECT_NE(why.find("entry limit"), std::string::npos) << why;
+  EXPECT_FALSE(unpack_remote_entry(*stored, z, size_t{1} << 30, *key, "y", why).has_value());  // another id's
+  const EntryAuth other(std::vector<uint8_t>(32, 0x33));
+  EXPECT_FALSE(unpack_remote_entry(*stored, z, size_t{1} << 30, other, "x", why).has_value());
+  EXPECT_NE(why.find("tag does not match"), std::string::npos) << why;
 }
 
 TEST(RemoteTier, ASecondStoreReadsWhatTheFirstWrote) {
@@ -165,8 +203,8 @@ TEST(RemoteTier, ASecondStoreReadsWhatTheFirstWrote) {
   EXPECT_EQ(st.remote.read_ms_buckets.back(), keys.size());
   EXPECT_TRUE(reports.empty());
   // Entries are pieces plus a manifest, committed together.
-  EXPECT_EQ(redis.keys("chunkfuse:v1:{" + keys[2].id() + "}").size(), 1u);
-  EXPECT_GT(redis.keys("chunkfuse:v1:{" + keys[2].id() + "}:*").size(), 1u);
+  EXPECT_EQ(redis.keys("chunkfuse:v2:{" + keys[2].id() + "}").size(), 1u);
+  EXPECT_GT(redis.keys("chunkfuse:v2:{" + keys[2].id() + "}:*").size(), 1u);
   // A second writer of the same bytes writes nothing.
   b.put(tiny_cache(keys[0]));
   ASSERT_TRUE(b.flush_remote(10000));
@@ -196,8 +234,10 @@ struct Damage {
   bool counted_corrupt;  // false: a plain miss (incomplete entry)
 };
 
-void overwrite_entry(RedisServer& redis, const ChunkKey& k, const std::vector<uint8_t>& image) {
+void overwrite_entry(RedisServer& redis, const ChunkKey& k, const std::vector<uint8_t>& image,
+                     std::shared_ptr<const EntryAuth> key = test_key()) {
   RemoteTierOptions o = remote_options(redis);
+  o.auth = std::move(key);
   RemoteTier t(o);  // model-agnostic: stores whatever image it is given under k's name
   ASSERT_TRUE(t.put_async(k.id(), image));
   ASSERT_TRUE(t.flush(10000));
@@ -207,16 +247,16 @@ std::vector<Damage> damages() {
   return {
       {"piece_bytes_flipped_in_place",
        [](RedisServer& r, const ChunkKey& k) {
-         auto pieces = r.keys("chunkfuse:v1:{" + k.id() + "}:*");
+         auto pieces = r.keys("chunkfuse:v2:{" + k.id() + "}:*");
          ASSERT_FALSE(pieces.empty());
          EXPECT_NE(r.text({"SETRANGE", pieces[0], "10", "garbage!"}), "");
        },
        true},
       {"manifest_not_json",
-       [](RedisServer& r, const ChunkKey& k) { r.text({"SET", "chunkfuse:v1:{" + k.id() + "}", "{nope"}); }, true},
+       [](RedisServer& r, const ChunkKey& k) { r.text({"SET", "chunkfuse:v2:{" + k.id() + "}", "{nope"}); }, true},
       {"piece_evicted",
        [](RedisServer& r, const ChunkKey& k) {
-         auto pieces = r.keys("chunkfuse:v1:{" + k.id() + "}:*");
+         auto pieces = r.keys("chunkfuse:v2:{" + k.id() + "}:*");
          ASSERT_FALSE(pieces.empty());
          r.text({"DEL", pieces.back()});
        },
@@ -324,7 +364,7 @@ TEST(RemoteTier, RedisDownMeansLocalTiersThenReconnects) {
     b.remove(k2.id());  // so that put writes it again
     b.put(tiny_cache(k2));
     b.flush_remote(5000);
-    written = !redis->keys("chunkfuse:v1:{" + k2.id() + "}").empty();
+    written = !redis->keys("chunkfuse:v2:{" + k2.id() + "}").empty();
   }
   EXPECT_TRUE(written);
   EXPECT_TRUE(b.stats().remote.up);
@@ -416,11 +456,11 @@ TEST(RemoteTier, AWriterKilledMidWayLeavesNoPartialEntry) {
   }
   ASSERT_GT(child, 0);
   // Kill once some entries are committed, mid-stream.
-  for (int i = 0; i < 400 && redis.keys("chunkfuse:v1:{*}").size() < 5; ++i)
+  for (int i = 0; i < 400 && redis.keys("chunkfuse:v2:{*}").size() < 5; ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   ::kill(child, SIGKILL);
   ::waitpid(child, nullptr, 0);
-  const size_t committed = redis.keys("chunkfuse:v1:{*}").size();
+  const size_t committed = redis.keys("chunkfuse:v2:{*}").size();
   EXPECT_GT(committed, 0u);
   EXPECT_LT(committed, keys.size());  // killed mid-way, not after the last write
   test::TempDir dir;
@@ -437,6 +477,96 @@ TEST(RemoteTier, AWriterKilledMidWayLeavesNoPartialEntry) {
   EXPECT_EQ(st.remote.corrupt, 0u);
   EXPECT_EQ(st.remote.incomplete, 0u);
   EXPECT_TRUE(reports.empty());
+}
+
+// Issue 29 item 9: a manifest may claim up to 64 GiB, and the reader used to reserve that
+// before any check: std::bad_alloc on the prefetch thread ended the process. Now the entry
+// limit is checked on the manifest, before any piece is fetched or any buffer sized, and an
+// entry of the format before issue 29 is refused by name.
+TEST(RemoteTier, AManifestOverTheEntryLimitIsRefusedBeforeAnythingIsFetched) {
+  RedisServer redis;
+  const ChunkKey k1 = tiny_key(40, 30), k2 = tiny_key(41, 30);
+  fill_remote(redis, {k1, k2});
+  const std::string huge = std::to_string(size_t{1} << 36);  // 64 GiB, the old parser's bound
+  auto forge = [&](const ChunkKey& k, int format) {
+    const std::string key = "chunkfuse:v2:{" + k.id() + "}";
+    const auto m = parse_remote_manifest(redis.text({"GET", key}));
+    ASSERT_TRUE(m.has_value());
+    std::string j = R"({"format":)" + std::to_string(format) + R"(,"raw":)" + huge + R"(,"zlen":)" + huge +
+                    R"(,"sum":")" + m->sum + R"(","pieces":)" + std::to_string(m->pieces);
+    if (format == 2) j += R"(,"tag":")" + m->tag + "\"";
+    ASSERT_EQ(redis.text({"SET", key, j + "}"}), "OK");
+  };
+  forge(k1, 1);
+  forge(k2, 2);
+  test::TempDir dir;
+  Reports reports;
+  ChunkStore b(store_options(redis, dir.path(), &reports));
+  b.prefetch({k1, k2});  // on the prefetch thread, where an escaping exception ends the process
+  b.wait_prefetches();
+  EXPECT_TRUE(reports.any_contains("manifest format 1")) << reports.all();
+  EXPECT_TRUE(reports.any_contains("over the entry limit")) << reports.all();
+  const auto st = b.stats();
+  EXPECT_EQ(st.remote.corrupt, 2u);
+  EXPECT_EQ(st.remote.bytes_read, 0u);  // no piece was fetched
+  EXPECT_TRUE(redis.keys("chunkfuse:v2:{" + k1.id() + "}*").empty());  // deleted, pieces too
+  EXPECT_TRUE(redis.keys("chunkfuse:v2:{" + k2.id() + "}*").empty());
+  int computes = 0;
+  for (const auto& k : {k1, k2})
+    b.get_or_compute(k, [&] {
+      ++computes;
+      return tiny_cache(k);
+    });
+  EXPECT_EQ(computes, 2);
+}
+
+// Issue 29 item 9: a zstd bomb (a few KB that inflate to 64 MiB) written by whoever can reach
+// Redis without the key used to be decompressed before any tag was checked. The manifest's
+// tag over the compressed bytes is checked first: it is refused without being inflated.
+TEST(RemoteTier, AnEntryWithoutTheKeysTagIsNeverDecompressed) {
+  RedisServer redis;
+  const ChunkKey k = tiny_key(42, 30);
+  const auto intruder = std::make_shared<const EntryAuth>(std::vector<uint8_t>(32, 0x77));
+  overwrite_entry(redis, k, std::vector<uint8_t>(size_t{64} << 20, 0), intruder);
+  const auto m = parse_remote_manifest(redis.text({"GET", "chunkfuse:v2:{" + k.id() + "}"}));
+  ASSERT_TRUE(m.has_value());
+  EXPECT_EQ(m->raw, size_t{64} << 20);
+  EXPECT_LT(m->zlen, size_t{64} << 10);  // the bomb: under 64 KB on the wire
+  test::TempDir dir;
+  Reports reports;
+  ChunkStore b(store_options(redis, dir.path(), &reports));
+  EXPECT_EQ(b.get(k), nullptr);
+  EXPECT_TRUE(reports.any_contains("manifest tag does not match")) << reports.all();
+  EXPECT_FALSE(reports.any_contains("magic")) << reports.all();  // the image was never looked at
+  EXPECT_EQ(b.stats().remote.corrupt, 1u);
+  EXPECT_TRUE(redis.keys("chunkfuse:v2:{" + k.id() + "}*").empty());
+}
+
+// Issue 29 item 11: the folder a remote hit is written to is created private (0700) and a
+// symlink planted in its place is never written through (as put already did).
+TEST(RemoteTier, ARemoteHitIsKeptInAPrivateRealFolder) {
+  RedisServer redis;
+  const ChunkKey k1 = tiny_key(43, 30), k2 = tiny_key(44, 30);
+  ASSERT_NE(k1.id().substr(0, 2), k2.id().substr(0, 2));
+  fill_remote(redis, {k1, k2});
+  test::TempDir root;
+  const std::string store = root.path() + "/store", outside = root.path() + "/outside";
+  fs::create_directories(store);
+  fs::create_directories(outside);
+  fs::create_directory_symlink(outside, store + "/" + k2.id().substr(0, 2));
+  const mode_t old = ::umask(022);
+  Reports reports;
+  {
+    ChunkStore b(store_options(redis, store, &reports));
+    EXPECT_NE(b.get(k1), nullptr);
+    EXPECT_NE(b.get(k2), nullptr);  // served from memory; not kept on disk
+  }
+  ::umask(old);
+  struct stat st {};
+  ASSERT_EQ(::stat((store + "/" + k1.id().substr(0, 2)).c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0700u);
+  EXPECT_TRUE(fs::is_empty(outside));
+  EXPECT_TRUE(reports.any_contains("kept in memory only")) << reports.all();
 }
 
 }  // namespace

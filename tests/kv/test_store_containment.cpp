@@ -2,10 +2,12 @@
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 
+#include <cctype>
 #include <filesystem>
 #include <fstream>
 
 #include "kv/chunk_store.h"
+#include "kv/store_paths.h"
 #include "kv_test_util.h"
 
 namespace cf {
@@ -81,6 +83,58 @@ TEST(StoreContainment, FilesArePrivate) {
   EXPECT_EQ(mode_of(store_dir), 0700u);
   EXPECT_EQ(mode_of(fs::path(path).parent_path().string()), 0700u);
   EXPECT_EQ(mode_of(path), 0600u);
+}
+
+// DELETE /v1/chunks/..x removed ..x.cfkv from the folder above the store (issue 29 item 8):
+// the store itself refuses any id that is not 32 lower-case hex digits, whoever calls it.
+TEST(StoreContainment, OnlyKeyIdsNameFiles) {
+  test::TempDir root;
+  const std::string store_dir = root.path() + "/store";
+  const std::string above = root.path() + "/..x.cfkv";
+  std::ofstream(above) << "not the store's";
+  ChunkStore s(options_for(store_dir));
+  const ChunkKey k = tiny_key(3, 5);
+  const std::string nul_id = k.id().substr(0, 10) + std::string(1, '\0') + k.id().substr(11);
+  std::string upper = k.id();
+  for (char& c : upper) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  for (const std::string& bad : {std::string("..x"), std::string("../../etc/passwd"), nul_id, upper,
+                                 k.id() + "0", k.id().substr(1), std::string("")}) {
+    EXPECT_THROW(s.remove(bad), std::invalid_argument) << bad;
+    EXPECT_THROW(s.path_for(bad), std::invalid_argument) << bad;
+    EXPECT_THROW(s.tiers(bad), std::invalid_argument) << bad;
+  }
+  EXPECT_TRUE(fs::exists(above));
+  try {
+    s.remove("..x");
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("..x"), std::string::npos) << e.what();
+  }
+  // A well-formed id the store does not hold is simply not there.
+  EXPECT_FALSE(s.remove(k.id()));
+  s.put(synthetic_cache(k, tiny_hparams()));
+  EXPECT_TRUE(s.remove(k.id()));
+}
+
+// The one atomic writer (issue 29 item 11): private whatever the umask, nothing left behind,
+// and a link planted at the target name is replaced, never written through.
+TEST(StoreContainment, AtomicPrivateWrite) {
+  test::TempDir root;
+  const std::string target = root.path() + "/index.json", elsewhere = root.path() + "/elsewhere";
+  std::ofstream(elsewhere) << "keep";
+  fs::create_symlink(elsewhere, target);
+  const mode_t old = ::umask(0);
+  write_private_file_atomic(target, std::string_view("{\"a\":1}"));
+  ::umask(old);
+  EXPECT_TRUE(is_real_file(target));
+  EXPECT_EQ(mode_of(target), 0600u);
+  std::ifstream in(elsewhere);
+  std::string kept;
+  in >> kept;
+  EXPECT_EQ(kept, "keep");
+  size_t n = 0;
+  for (const auto& e : fs::directory_iterator(root.path())) n += e.path().filename().string()[0] == '.';
+  EXPECT_EQ(n, 0u);  // no temp file left
+  EXPECT_THROW(write_private_file_atomic(root.path() + "/missing/x", std::string_view("x")), std::runtime_error);
 }
 
 }  // namespace
