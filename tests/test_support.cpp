@@ -28,4 +28,18 @@ std::string gemma3_model_path() {
 
 bool have_gemma3_model() { return std::filesystem::exists(gemma3_model_path()); }
 
+std::string qwen05_model_path() {
+  if (const char* env = std::getenv("CHUNKFUSE_QWEN05_MODEL"); env && *env) return env;
+  return cf::cache_root() + "/models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf";
+}
+
+bool have_qwen05_model() { return std::filesystem::exists(qwen05_model_path()); }
+
+std::string qwen15_model_path() {
+  if (const char* env = std::getenv("CHUNKFUSE_QWEN15_MODEL"); env && *env) return env;
+  return cf::cache_root() + "/models/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf";
+}
+
+bool have_qwen15_model() { return std::filesystem::exists(qwen15_model_path()); }
+
 }  // namespace cf::test

@@ -7,6 +7,12 @@ Run with the reference venv (llama-cpp-python built from source, plus jinja2):
         [--out tests/golden/smollm2_q4_1.json]
     .venv/bin/python tools/make_golden.py --model ~/.cache/chunkfuse/models/gemma-3-270m-q4_k_m.gguf \
         --out tests/golden/gemma3_270m_q4_k_m.json
+    .venv/bin/python tools/make_golden.py --n-predict 16 \
+        --model ~/.cache/chunkfuse/models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf \
+        --out tests/golden/qwen2.5_coder_0.5b_instruct_q4_k_m.json
+    .venv/bin/python tools/make_golden.py \
+        --model ~/.cache/chunkfuse/models/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf \
+        --out tests/golden/qwen2.5_coder_1.5b_instruct_q4_k_m.json
 A base model without tokenizer.chat_template (Gemma 3 270M) gets no chat cases; its greedy
 and logits prompts are plain text, and it gets "long" cases (prompts past 512 tokens) so
 that a sliding attention window is exercised; those are evaluated in ONE ubatch
@@ -19,13 +25,19 @@ Fixture format (JSON object, format_version 1):
   generator              "tools/make_golden.py"
   llama_cpp_python_version  e.g. "0.3.36"
   model                  {file, size, sha256}            the GGUF the fixture belongs to
+  reference              {cpu, isa: [instruction-set flags of /proc/cpuinfo that ggml uses],
+                          llama_system_info}   the machine and build that produced the logits:
+                         llama.cpp's float order (and so its last bits) depends on the ISA its
+                         ggml was built for (absent in fixtures made before issue 23, which
+                         came from AVX-512 machines too)
   tokenize: [            llama.cpp's llama_tokenize on the vocabulary
     {name, text, add_special, parse_special,
      ids: [int],                                     Llama.tokenize(text, add_bos=add_special, special=parse_special)
-     detok: str,                                     Llama.detokenize(ids, special=True) as UTF-8
-     detok_plain: str}]                              Llama.detokenize(ids, special=False) as UTF-8
+     detok: str,                                     llama_token_to_piece(id, special=True) of each id, joined (detokenize below), UTF-8
+     detok_plain: str}]                              the same with special=False
   chat: [                Jinja2 renderings of chat templates (HF settings: trim_blocks,
-                         lstrip_blocks; bos_token "" since the tokenizer adds BOS itself)
+                         lstrip_blocks; bos_token "" since the tokenizer adds BOS itself;
+                         tools=None, so Qwen's template takes its branch without tools)
     {name, family, template: "model" | "llama3_reference" | "mistral_reference",
      messages: [{role, content}], add_generation_prompt, text}]
   chat_templates         {name: jinja text} for the templates referenced above
@@ -45,6 +57,7 @@ Fixture format (JSON object, format_version 1):
   eval_settings          {n_ctx, n_threads, n_batch, n_ubatch, seed, use_extra_bufts (false: no AMX)}
 """
 import argparse
+import ctypes
 import hashlib
 import json
 import os
@@ -102,7 +115,7 @@ def long_passage(llm, target_tokens=2000, item=0):
     ids = llm.tokenize(text.encode(), add_bos=False, special=False)
     if len(ids) > target_tokens:
         # Cut at the last space before the target so the passage ends on a word.
-        prefix = llm.detokenize(ids[:target_tokens]).decode("utf-8", errors="ignore")
+        prefix = detokenize(llm, ids[:target_tokens], False).decode("utf-8", errors="ignore")
         text = prefix[: prefix.rfind(" ")]
     return text
 
@@ -185,7 +198,47 @@ def render(template_text, messages, add_generation_prompt):
 
     env.globals["raise_exception"] = raise_exception
     return env.from_string(template_text).render(
-        messages=messages, add_generation_prompt=add_generation_prompt, bos_token="", eos_token="</s>")
+        messages=messages, add_generation_prompt=add_generation_prompt, bos_token="", eos_token="</s>",
+        tools=None)
+
+
+# The /proc/cpuinfo flags that select ggml's CPU code paths (x86).
+ISA_FLAGS = ("sse4_2", "avx", "f16c", "fma", "avx2", "avx_vnni", "avx512f", "avx512bw", "avx512vl", "avx512dq",
+             "avx512vbmi", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_int8", "amx_bf16")
+
+
+def reference_machine():
+    cpu, flags = "", set()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() == "model name" and not cpu:
+                    cpu = value.strip()
+                elif key.strip() == "flags" and not flags:
+                    flags = set(value.split())
+    except OSError:
+        pass
+    info = llama_cpp.llama_print_system_info()
+    return {"cpu": cpu, "isa": [f for f in ISA_FLAGS if f in flags],
+            "llama_system_info": (info.decode() if isinstance(info, bytes) else str(info)).strip()}
+
+
+def detokenize(llm, ids, special):
+    """Llama.detokenize without its 32-byte piece buffer: llama-cpp-python 0.3.36 passes 32
+    bytes to llama_token_to_piece and keeps nothing of a longer piece (the call returns minus
+    the size it needs), e.g. Qwen2.5's " ==...=" (51 bytes); llama.cpp itself keeps it."""
+    out, buf = b"", ctypes.create_string_buffer(64)
+    for t in ids:
+        n = llama_cpp.llama_token_to_piece(llm._model.vocab, llama_cpp.llama_token(t), buf, len(buf), 0, special)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = llama_cpp.llama_token_to_piece(llm._model.vocab, llama_cpp.llama_token(t), buf, len(buf), 0, special)
+        out += buf.raw[:n]
+    # As Llama.detokenize: a leading space after BOS is dropped.
+    if ids and ids[0] == llm.token_bos() and out[:1] == b" ":
+        out = out[1:]
+    return out
 
 
 def topk(row, k):
@@ -198,6 +251,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default=DEFAULT_MODEL)
     ap.add_argument("--out", default=DEFAULT_OUT)
+    ap.add_argument("--n-predict", type=int, default=N_PREDICT,
+                    help="tokens per greedy continuation (16 keeps a CI fixture of a bigger model quick)")
     args = ap.parse_args()
 
     vocab = llama_cpp.Llama(model_path=args.model, vocab_only=True, verbose=False)
@@ -206,7 +261,7 @@ def main():
         return vocab.tokenize(text.encode("utf-8"), add_bos=add_special, special=parse_special)
 
     def detok(ids, special):
-        return vocab.detokenize(ids, special=special).decode("utf-8", errors="replace")
+        return detokenize(vocab, ids, special).decode("utf-8", errors="replace")
 
     out = {
         "format_version": 1,
@@ -214,6 +269,7 @@ def main():
         "llama_cpp_python_version": llama_cpp.__version__,
         "model": {"file": os.path.basename(args.model), "size": os.path.getsize(args.model),
                   "sha256": sha256_of(args.model)},
+        "reference": reference_machine(),
         "eval_settings": {"n_ctx": N_CTX, "n_threads": N_THREADS, "n_batch": N_BATCH, "seed": 0,
                           "use_extra_bufts": False},
     }
@@ -288,15 +344,15 @@ def main():
         llm.reset()
         llm.eval(ids)
         generated, margins = [], []
-        for _ in range(N_PREDICT):
+        for _ in range(args.n_predict):
             row = np.asarray(llm.scores[llm.n_tokens - 1], dtype=np.float32)
             best, vals = topk(row, 2)
             generated.append(best[0])
             margins.append(round(vals[0] - vals[1], 5))
             llm.eval([best[0]])
         greedy.append({"name": name, "prompt": prompt, "chat": is_chat, "prompt_ids": ids,
-                       "n_predict": N_PREDICT, "output_ids": generated,
-                       "output_text": llm.detokenize(generated, special=True).decode("utf-8", errors="replace"),
+                       "n_predict": args.n_predict, "output_ids": generated,
+                       "output_text": detokenize(llm, generated, True).decode("utf-8", errors="replace"),
                        "margins": margins})
     out["greedy"] = greedy
 

@@ -26,9 +26,10 @@ void add_remote_options(CLI::App& cmd, RemoteArgs& a) {
 
 void add_store_key_option(CLI::App& cmd, std::string& key_file) {
   cmd.add_option("--store-key-file", key_file,
-                 "secret key (file, >= 16 bytes; the same on every replica and for `chunks precompute`): cache "
-                 "entries carry an HMAC-SHA256 and entries without a valid one are never served; required with "
-                 "--remote")
+                 "secret key file, the same on every replica and for `chunks precompute`: 64 hex digits (or at "
+                 "least 32 raw bytes), a regular file owned by you or root with mode 600, made by `head -c 32 "
+                 "/dev/urandom | xxd -p -c 64 > KEY && chmod 600 KEY`. Cache entries carry an HMAC-SHA256 and "
+                 "entries without a valid one are never served; required with --remote")
       ->check(CLI::ExistingFile);
 }
 

@@ -165,14 +165,9 @@ struct Engine::Impl {
   void save_index_locked() const {
     nlohmann::json texts = nlohmann::json::array();
     for (const auto& [id, c] : registered) texts.push_back(c.text);
-    const std::string tmp = index_path() + ".tmp";
-    {
-      std::ofstream out(tmp, std::ios::trunc);
-      make_private_file(tmp);  // document texts: 0600
-      out << nlohmann::json{{"version", 1}, {"chunks", texts}}.dump();
-      if (!out) throw std::runtime_error(tmp + ": cannot write the chunk index");
-    }
-    std::filesystem::rename(tmp, index_path());
+    // Document texts: a fresh 0600 temp file (O_EXCL|O_NOFOLLOW, never a planted link), fsync,
+    // rename; the store's one atomic writer (issue 29 item 11).
+    write_private_file_atomic(index_path(), nlohmann::json{{"version", 1}, {"chunks", texts}}.dump());
   }
 
   // ---- validation and layout (caller's thread).

@@ -208,16 +208,25 @@ struct HttpServer::Impl {
     auto no_chunk = [](const std::string& id) {
       return RequestError(404, "not_found_error", "no chunk with id '" + id + "'", "id");
     };
-    svr.Get(R"(/v1/chunks/([^/]+))", guarded([this, no_chunk](const httplib::Request& req, httplib::Response& res) {
+    // 400 before the id names anything: "..x" reached outside the store (issue 29 item 8).
+    auto chunk_id_of = [](const httplib::Request& req) {
       const std::string id = req.matches[1];
+      if (!is_chunk_id(id))
+        throw RequestError(400, "invalid_request_error",
+                           "'" + printable_chunk_id(id) + "' is not a chunk id (32 lower-case hex digits)", "id");
+      return id;
+    };
+    svr.Get(R"(/v1/chunks/([^/]+))", guarded([this, no_chunk, chunk_id_of](const httplib::Request& req,
+                                                                           httplib::Response& res) {
+      const std::string id = chunk_id_of(req);
       if (isolation.enabled() && !isolation.owns(tenant(req), id)) throw no_chunk(id);
       auto c = engine.chunk(id);
       if (!c) throw no_chunk(id);
       reply_json(res, 200, api::chunk_json(*c, true));
     }));
-    svr.Delete(R"(/v1/chunks/([^/]+))", guarded_no_body([this, no_chunk](const httplib::Request& req,
-                                                                         httplib::Response& res) {
-      const std::string id = req.matches[1];
+    svr.Delete(R"(/v1/chunks/([^/]+))", guarded_no_body([this, no_chunk, chunk_id_of](const httplib::Request& req,
+                                                                                      httplib::Response& res) {
+      const std::string id = chunk_id_of(req);
       bool deleted = true;
       if (isolation.enabled()) {
         bool was_owner = false;

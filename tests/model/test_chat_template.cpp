@@ -15,9 +15,9 @@ namespace {
 
 using nlohmann::json;
 
-json load_fixture() {
-  std::ifstream f(test::fixture_path("smollm2_q4_1.json"));
-  if (!f) throw std::runtime_error("cannot open fixture");
+json load_fixture(const std::string& name = "smollm2_q4_1.json") {
+  std::ifstream f(test::fixture_path(name));
+  if (!f) throw std::runtime_error("cannot open fixture " + name);
   return json::parse(f);
 }
 
@@ -27,20 +27,24 @@ std::vector<ChatMessage> messages_of(const json& j) {
   return out;
 }
 
+// SmolLM2's template and Qwen2.5's (ChatML with a tools branch, rendered without tools).
 TEST(ChatTemplate, MatchesJinjaRenderingOfFixtureTemplates) {
-  const json fixture = load_fixture();
-  const json& templates = fixture.at("chat_templates");
-  size_t checked = 0;
-  for (const json& c : fixture.at("chat")) {
-    const std::string jinja = templates.at(c.at("template").get<std::string>());
-    const auto tmpl = ChatTemplate::from_template_text(jinja);
-    ASSERT_TRUE(tmpl.has_value()) << c.at("template");
-    EXPECT_EQ(tmpl->name(), c.at("family").get<std::string>());
-    EXPECT_EQ(tmpl->apply(messages_of(c.at("messages")), c.at("add_generation_prompt")), c.at("text").get<std::string>())
-        << c.at("template") << " / " << c.at("name");
-    ++checked;
+  for (const char* name : {"smollm2_q4_1.json", "qwen2.5_coder_0.5b_instruct_q4_k_m.json"}) {
+    SCOPED_TRACE(name);
+    const json fixture = load_fixture(name);
+    const json& templates = fixture.at("chat_templates");
+    size_t checked = 0;
+    for (const json& c : fixture.at("chat")) {
+      const std::string jinja = templates.at(c.at("template").get<std::string>());
+      const auto tmpl = ChatTemplate::from_template_text(jinja);
+      ASSERT_TRUE(tmpl.has_value()) << c.at("template");
+      EXPECT_EQ(tmpl->name(), c.at("family").get<std::string>());
+      EXPECT_EQ(tmpl->apply(messages_of(c.at("messages")), c.at("add_generation_prompt")), c.at("text").get<std::string>())
+          << c.at("template") << " / " << c.at("name");
+      ++checked;
+    }
+    EXPECT_GE(checked, 15u);
   }
-  EXPECT_GE(checked, 15u);
 }
 
 TEST(ChatTemplate, SmolLM2FromModelFile) {

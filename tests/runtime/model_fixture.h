@@ -19,6 +19,17 @@ inline const Model& shared_gemma3() {
   return *m;
 }
 
+// Qwen2.5-Coder-0.5B / 1.5B-Instruct Q4_K_M (qwen2), loaded once per test binary.
+inline const Model& shared_qwen05() {
+  static std::unique_ptr<Model> m = Model::load(qwen05_model_path());
+  return *m;
+}
+
+inline const Model& shared_qwen15() {
+  static std::unique_ptr<Model> m = Model::load(qwen15_model_path());
+  return *m;
+}
+
 inline ThreadPool& shared_pool() {
   static ThreadPool pool(2);
   return pool;

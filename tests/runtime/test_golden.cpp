@@ -77,6 +77,21 @@ const json& gemma3_fixture() {
   return j;
 }
 
+// Qwen2.5-Coder-0.5B/1.5B-Instruct Q4_K_M (qwen2: QKV biases, RoPE base 1e6, tied output
+// on the 0.5B; Q4_K / Q5_0 / Q6_K / Q8_0 matrices): the same bar as SmolLM2's. The 0.5B
+// fixture is CI's (16-token continuations keep it quick), the 1.5B's a manual check.
+constexpr Bounds kQwenBounds = kSmolBounds;
+
+const json& qwen05_fixture() {
+  static json j = load_fixture("qwen2.5_coder_0.5b_instruct_q4_k_m.json");
+  return j;
+}
+
+const json& qwen15_fixture() {
+  static json j = load_fixture("qwen2.5_coder_1.5b_instruct_q4_k_m.json");
+  return j;
+}
+
 // Full prefill of every logits prompt: top-1 equal at every position, top-10 logits within
 // the bounds above.
 void check_prompt_logits(const Model& m, const json& fx, const Bounds& b) {
@@ -196,6 +211,50 @@ TEST(GoldenGemma3, PromptLogitsMatchLlamaCppSlow) {
 TEST(GoldenGemma3, GreedyContinuationsMatchLlamaCppSlow) {
   CF_REQUIRE_GEMMA3();
   check_greedy(test::shared_gemma3(), gemma3_fixture(), kGemmaBounds);
+}
+
+void check_fixture_file(const Model& m, const json& fx) {
+  EXPECT_EQ(fx["model"]["size"].get<uint64_t>(), m.file().file_size())
+      << "the fixture was made from another model file; regenerate it with tools/make_golden.py";
+  EXPECT_EQ(m.hparams().arch, "qwen2");
+  // Which instruction set's llama.cpp made the logits (its last bits depend on it): the
+  // engine reproduces the AVX-512 build's float order on every CPU (README, "Golden fixtures").
+  const auto isa = fx.at("reference").at("isa").get<std::vector<std::string>>();
+  EXPECT_NE(std::find(isa.begin(), isa.end(), "avx512f"), isa.end())
+      << "fixture made by a non-AVX-512 llama.cpp: chunkfuse reproduces the AVX-512 build's order";
+}
+
+TEST(GoldenQwen05, FixtureMatchesTheModelFile) {
+  CF_REQUIRE_QWEN05();
+  check_fixture_file(test::shared_qwen05(), qwen05_fixture());
+}
+
+// Slow: ~150k-token vocabulary, every row's logits; skipped under ASan (the Release ctest runs it).
+TEST(GoldenQwen05, PromptLogitsMatchLlamaCppSlow) {
+  CF_REQUIRE_QWEN05();
+  check_prompt_logits(test::shared_qwen05(), qwen05_fixture(), kQwenBounds);
+}
+
+TEST(GoldenQwen05, GreedyContinuationsMatchLlamaCppSlow) {
+  CF_REQUIRE_QWEN05();
+  check_greedy(test::shared_qwen05(), qwen05_fixture(), kQwenBounds);
+}
+
+// Manual check (CI does not fetch the 1.5B): scripts/setup.sh --models qwen2.5-1.5b, then
+// ctest --test-dir build -R Qwen15Manual --output-on-failure.
+TEST(GoldenQwen15Manual, FixtureMatchesTheModelFile) {
+  CF_REQUIRE_QWEN15_MANUAL();
+  check_fixture_file(test::shared_qwen15(), qwen15_fixture());
+}
+
+TEST(GoldenQwen15Manual, PromptLogitsMatchLlamaCppSlow) {
+  CF_REQUIRE_QWEN15_MANUAL();
+  check_prompt_logits(test::shared_qwen15(), qwen15_fixture(), kQwenBounds);
+}
+
+TEST(GoldenQwen15Manual, GreedyContinuationsMatchLlamaCppSlow) {
+  CF_REQUIRE_QWEN15_MANUAL();
+  check_greedy(test::shared_qwen15(), qwen15_fixture(), kQwenBounds);
 }
 
 }  // namespace

@@ -31,8 +31,8 @@ class Redis:
         path = os.path.join(self.tmp, "store.key")
         if not os.path.exists(path):
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(fd, "wb") as f:
-                f.write(os.urandom(32))
+            with os.fdopen(fd, "w") as f:  # 64 hex digits, mode 0600 (issue 29 item 10)
+                f.write(os.urandom(32).hex() + "\n")
         return path
 
     def replica_args(self):
@@ -77,4 +77,4 @@ class Redis:
 
     def manifests(self):
         """chunk id -> manifest key of every committed entry."""
-        return {k[len("chunkfuse:v1:{"):-1]: k for k in self.keys("chunkfuse:v1:{*}")}
+        return {k[len("chunkfuse:v2:{"):-1]: k for k in self.keys("chunkfuse:v2:{*}")}

@@ -30,6 +30,15 @@ def report(what, value):
     print("RELIABILITY %s: %s" % (what, value), file=sys.stderr, flush=True)
 
 
+def write_store_key(path, mode=0o600):
+    """A store key file as the README says to make one: 64 hex digits, mode 0600 (issue 29 item 10)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+    with os.fdopen(fd, "w") as f:
+        f.write(os.urandom(32).hex() + "\n")
+    os.chmod(path, mode)  # whatever the umask
+    return path
+
+
 def status_of(reply):
     """The status code of a raw HTTP reply, or None when nothing (or no status line) came back."""
     if not reply.startswith(b"HTTP/1."):
@@ -492,11 +501,8 @@ class StoreKeyTest(unittest.TestCase):
         tmp = tempfile.mkdtemp(prefix="chunkfuse-storekey-")
         store = os.path.join(tmp, "store")
         keys = []
-        for name, secret in [("right", b"the-right-store-key-0123456789"), ("other", b"another-store-key-9876543210")]:
-            path = os.path.join(tmp, name)
-            with open(path, "wb") as f:
-                f.write(secret)
-            keys.append(path)
+        for name in ["right", "other"]:
+            keys.append(write_store_key(os.path.join(tmp, name)))
         doc = "The Eiffel Tower is in Paris. It was finished in 1889 for the World's Fair."
         body = dict(HELLO, messages=[{"role": "user", "content": "When was the tower finished?"}],
                     documents=[doc], fusion={"method": "reuse"})
@@ -523,6 +529,87 @@ class StoreKeyTest(unittest.TestCase):
             for f in files:
                 self.assertEqual(os.stat(os.path.join(root, f)).st_mode & 0o777, 0o600, f)
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+class StorePathsTest(unittest.TestCase):
+    """Issue 29 items 8, 10, 11: ids from the URL never name a path outside the store, the
+    store key file must be private, and the registered-chunk index is never written through a
+    planted link."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.mkdtemp(prefix="chunkfuse-paths-")
+        cls.store = os.path.join(cls.tmp, "store")
+        os.makedirs(cls.store)
+        # What `DELETE /v1/chunks/..x` removed before: ..x.cfkv in the folder above the store.
+        cls.above = os.path.join(cls.tmp, "..x.cfkv")
+        with open(cls.above, "w") as f:
+            f.write("not the store's")
+        # A link at the old fixed temp name of the index, pointing outside the store.
+        cls.target = os.path.join(cls.tmp, "precious.txt")
+        with open(cls.target, "w") as f:
+            f.write("keep me")
+        os.symlink(cls.target, os.path.join(cls.store, "serve-chunks.json.tmp"))
+        cls.server = h.Server(cache_dir=cls.store)
+
+    @classmethod
+    def tearDownClass(cls):
+        m = cls.server.metrics()
+        code, log = cls.server.stop()
+        shutil.rmtree(cls.tmp, ignore_errors=True)
+        assert code == 0, log
+        assert m['chunkfuse_http_responses_total{code="5xx"}'] == 0, m
+
+    def test_malformed_chunk_ids_are_400_and_name_nothing(self):
+        for method in ["DELETE", "GET"]:
+            for bad in ["..x", "..", "%2e%2ex", "%00" + "0" * 31, "A" * 32, "0" * 31, "0" * 33, "x" * 300]:
+                status, reply = self.server.request(method, "/v1/chunks/" + bad)
+                self.assertEqual(status, 400, (method, bad, reply))
+                self.assertEqual(reply["error"]["type"], "invalid_request_error", reply)
+                self.assertEqual(reply["error"]["param"], "id", reply)
+                self.assertIn("not a chunk id", reply["error"]["message"])
+        status, reply = self.server.request("DELETE", "/v1/chunks/..x")
+        self.assertIn("'..x'", reply["error"]["message"])
+        report("DELETE /v1/chunks/..x", "%d %s" % (status, reply["error"]["message"]))
+        self.assertTrue(os.path.exists(self.above), "the file above the store was removed")
+        # A well-formed id the server does not know: 404, as before.
+        for method in ["DELETE", "GET"]:
+            status, reply = self.server.request(method, "/v1/chunks/" + "0" * 32)
+            self.assertEqual(status, 404, reply)
+
+    def test_the_chunk_index_is_never_written_through_a_link(self):
+        status, reply = self.server.post("/v1/chunks", {"texts": ["Paris is the capital of France."]})
+        self.assertEqual(status, 200, reply)
+        with open(self.target) as f:
+            self.assertEqual(f.read(), "keep me")
+        index = os.path.join(self.store, "serve-chunks.json")
+        self.assertFalse(os.path.islink(index))
+        self.assertEqual(os.stat(index).st_mode & 0o777, 0o600)
+        with open(index) as f:
+            self.assertIn("Paris", f.read())
+        self.assertTrue(os.path.islink(os.path.join(self.store, "serve-chunks.json.tmp")))  # left alone
+
+    def test_a_store_key_file_must_be_private_and_long_enough(self):
+        cases = [("open", 0o644, None, "group or others"),
+                 ("short", 0o600, b"abcdefghijklmnop\n", "16 bytes")]
+        for name, mode, content, want in cases:
+            path = write_store_key(os.path.join(self.tmp, name + ".key"), mode)
+            if content is not None:
+                with open(path, "wb") as f:
+                    f.write(content)
+            proc = h.subprocess.run([h.binary_path(), "serve", "-m", h.model_path(), "--port", "0",
+                                     "--cache-dir", os.path.join(self.tmp, "s-" + name), "--store-key-file", path],
+                                    capture_output=True, text=True, timeout=120)
+            self.assertNotEqual(proc.returncode, 0, name)
+            self.assertIn(want, proc.stderr + proc.stdout, name)
+            report("store key file " + name, (proc.stderr + proc.stdout).strip().splitlines()[-1])
+        link = os.path.join(self.tmp, "link.key")
+        os.symlink(write_store_key(os.path.join(self.tmp, "real.key")), link)
+        proc = h.subprocess.run([h.binary_path(), "serve", "-m", h.model_path(), "--port", "0",
+                                 "--cache-dir", os.path.join(self.tmp, "s-link"), "--store-key-file", link],
+                                capture_output=True, text=True, timeout=120)
+        self.assertNotEqual(proc.returncode, 0)
+        self.assertIn("symlink", proc.stderr + proc.stdout)
 
 
 if __name__ == "__main__":

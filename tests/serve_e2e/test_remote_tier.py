@@ -213,8 +213,9 @@ class RemoteTierTest(unittest.TestCase):
         # A writer with another key (an attacker with Redis access, or a misconfigured replica):
         # its entries fail B's HMAC check, are counted, and B recomputes.
         other_key = os.path.join(self.redis.tmp, "other.key")
-        with open(other_key, "wb") as f:
-            f.write(os.urandom(32))
+        fd = os.open(other_key, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)  # private (issue 29 item 10)
+        with os.fdopen(fd, "w") as f:
+            f.write(os.urandom(32).hex() + "\n")
         intruder = h.Server("--remote", self.redis.url, "--store-key-file", other_key)
         docs = [passage("intruder")]
         try:
