@@ -202,7 +202,8 @@ class RemoteTierTest(unittest.TestCase):
         self.assertEqual(self.metric(self.b, "chunkfuse_remote_corrupt_total"), corrupt + 2)
         self.assertEqual(self.metric(self.b, "chunkfuse_store_computes_total"), computes + 2)
         self.assertIn("checksum differs", self.b.log_text())
-        self.assertIn("key mismatch", self.b.log_text())
+        # The manifest's tag binds the entry to its id (issue 29 item 9): refused before decompressing.
+        self.assertIn("manifest tag does not match", self.b.log_text())
 
     def test_a_remote_tier_needs_a_store_key_and_a_wrong_key_is_never_served(self):
         # Without a key, whoever can write to Redis could poison every replica: refused at start.
@@ -232,7 +233,8 @@ class RemoteTierTest(unittest.TestCase):
         self.assertEqual(self.ask(self.b, docs), want)
         self.assertEqual(self.metric(self.b, "chunkfuse_remote_corrupt_total"), corrupt + 1)
         self.assertEqual(self.metric(self.b, "chunkfuse_store_computes_total"), computes + 1)
-        self.assertIn("HMAC tag does not match", self.b.log_text())
+        # Refused on the manifest's tag over the compressed bytes, before decompressing (issue 29 item 9).
+        self.assertIn("manifest tag does not match", self.b.log_text())
 
     def test_replica_killed_while_writing_leaves_no_partial_entry(self):
         c = h.Server(*remote_args(self.redis))
