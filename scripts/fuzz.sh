@@ -25,8 +25,10 @@ for src in fuzz/*_fuzz.cpp; do
 done
 ((${#targets[@]})) || cf_die "no fuzz/*_fuzz.cpp targets"
 
+# Warnings stay errors in the GCC Release build; clang's own set is not gated here (the
+# whole serve layer is built for http_request_fuzz).
 CXX=clang++-14 CF_TARGETS="${targets[*]}" cf_build "$build_dir" RelWithDebInfo -DCHUNKFUSE_FUZZ=ON \
-  -DCMAKE_CXX_COMPILER=clang++-14 || cf_die "fuzz build failed"
+  -DCMAKE_CXX_COMPILER=clang++-14 -DCHUNKFUSE_WERROR=OFF || cf_die "fuzz build failed"
 
 export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1}"
 export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}"
@@ -40,12 +42,17 @@ for target in "${targets[@]}"; do
   if [[ -f "tools/make_${name}_seeds.py" ]]; then
     python3 "tools/make_${name}_seeds.py" "$seeds"
   fi
-  dict=()
-  [[ -f "fuzz/$name.dict" ]] && dict=(-dict="fuzz/$name.dict")
+  opts=()
+  [[ -f "fuzz/$name.dict" ]] && opts=(-dict="fuzz/$name.dict")
+  # fuzz/<name>.flags: the target's own libFuzzer flags (e.g. a larger -max_len), one line.
+  if [[ -f "fuzz/$name.flags" ]]; then
+    read -r -a flags <"fuzz/$name.flags"
+    opts+=("${flags[@]}")
+  fi
   cf_log "fuzz $target for ${seconds}s (corpus $corpus, $(find "$seeds" -type f | wc -l) seeds)"
   # -timeout: one input taking >10 s is a hang; -rss_limit_mb also caps single mallocs,
   # so a file that makes the reader allocate hugely is reported as a finding.
-  if ! "$build_dir/$target" "${dict[@]}" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 \
+  if ! "$build_dir/$target" "${opts[@]}" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 \
       -print_final_stats=1 -artifact_prefix="$artifacts/$target-" "$corpus" "$seeds"; then
     cf_log "FAIL: $target found a crash; inputs in $artifacts (reproduce: $build_dir/$target FILE)"
     failed=1

@@ -35,9 +35,20 @@ cf_model_path() {
 cf_build() {
   local dir="$1" type="$2"
   shift 2
+  # ccache (installed by setup.sh) when present: objects are shared between the build trees
+  # and between clones of the repository (paths are taken relative to the clone, and the
+  # folder a debug build ran in is left out of the hash), so a rebuild of unchanged files
+  # costs a cache look-up. CHUNKFUSE_CCACHE=0 builds without it.
+  local launcher=()
+  if [[ "${CHUNKFUSE_CCACHE:-1}" != 0 ]] && command -v ccache >/dev/null; then
+    export CCACHE_BASEDIR="$CF_REPO_ROOT" CCACHE_NOHASHDIR=1
+    launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+  else
+    launcher=(-UCMAKE_CXX_COMPILER_LAUNCHER)
+  fi
   # Re-running cmake on a configured tree is cheap and applies changed options.
   cf_log "configure $dir ($type${*:+ $*})"
-  cmake -S "$CF_REPO_ROOT" -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE="$type" "$@" >/dev/null || return 1
+  cmake -S "$CF_REPO_ROOT" -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE="$type" "${launcher[@]}" "$@" >/dev/null || return 1
   cf_log "build $dir (-j$CF_JOBS${CF_TARGETS:+, targets: $CF_TARGETS})"
   # shellcheck disable=SC2086  # targets are deliberately word-split
   ninja -C "$dir" -j"$CF_JOBS" ${CF_TARGETS:-}

@@ -53,7 +53,7 @@ done
 
 # --- 1. System packages -----------------------------------------------------------------
 PACKAGES=(
-  cmake ninja-build g++ pkg-config
+  cmake ninja-build g++ pkg-config ccache
   libgtest-dev libgmock-dev nlohmann-json3-dev libcli11-dev libcpp-httplib-dev
   libspdlog-dev libfmt-dev libxxhash-dev libbenchmark-dev libzstd-dev libssl-dev libhiredis-dev
   redis-server  # the remote tier's tests start their own on loopback
