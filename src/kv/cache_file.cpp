@@ -11,6 +11,7 @@
 #include <cstring>
 #include <filesystem>
 
+#include "base/bounded_json.h"
 #include "kv/entry_auth.h"
 #include "kv/store_paths.h"
 #include "model/kernels.h"
@@ -163,7 +164,7 @@ Parsed parse(const Image& f, const std::string& path) {
 
 void parse_meta(const Image& f, Parsed& r, const std::string& path) {
   try {
-    r.meta = nlohmann::json::parse(f.data() + r.meta_off, f.data() + r.meta_off + r.meta_len);
+    r.meta = parse_json_bounded(std::string_view(reinterpret_cast<const char*>(f.data()) + r.meta_off, r.meta_len));
     if (!r.meta.is_object() || !r.meta.at("variant").is_object())
       throw std::runtime_error("not an object with a variant");
   } catch (const std::exception& e) {

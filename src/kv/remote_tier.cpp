@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 
+#include "base/bounded_json.h"
 #include "kv/entry_auth.h"
 
 namespace cf {
@@ -220,7 +221,8 @@ void RemoteTier::note_error(const std::string& what, bool connection_lost) {
 
 std::optional<RemoteManifest> parse_remote_manifest(const std::string& text) {
   try {
-    const auto j = nlohmann::json::parse(text);
+    // Bounded nesting: a manifest comes from Redis, which other replicas write (issue 29).
+    const auto j = parse_json_bounded(text);
     // Whole non-negative numbers only: a float or negative one would not convert safely.
     auto count = [&](const char* k) {
       const auto& v = j.at(k);

@@ -80,6 +80,8 @@ SavedKnowledgeBase parse_knowledge_base_file(std::string_view text, size_t max_d
     }
   } catch (const json::exception& e) {
     throw std::runtime_error(e.what());
+  } catch (const JsonTooDeep& e) {  // found by knowledge_base_file_fuzz: the same runtime_error as any defect
+    throw std::runtime_error(e.what());
   }
   return kb;
 }

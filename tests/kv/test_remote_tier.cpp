@@ -3,6 +3,8 @@
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <xxhash.h>
+#include <zstd.h>
 
 #include <chrono>
 #include <mutex>
@@ -540,6 +542,36 @@ TEST(RemoteTier, AnEntryWithoutTheKeysTagIsNeverDecompressed) {
   EXPECT_FALSE(reports.any_contains("magic")) << reports.all();  // the image was never looked at
   EXPECT_EQ(b.stats().remote.corrupt, 1u);
   EXPECT_TRUE(redis.keys("chunkfuse:v2:{" + k.id() + "}*").empty());
+}
+
+// The order itself (issue 29 item 9): a bomb whose tag is wrong and whose zstd frame is also
+// damaged past its header. Checked in the right order it is refused on the tag; a reader that
+// decompressed first would inflate 64 MiB and then report the frame, so this fails then.
+TEST(RemoteTier, TheTagIsCheckedBeforeAnyByteIsDecompressed) {
+  const std::vector<uint8_t> raw(size_t{64} << 20, 0);
+  std::vector<uint8_t> z(ZSTD_compressBound(raw.size()));
+  z.resize(ZSTD_compress(z.data(), z.size(), raw.data(), raw.size(), 1));
+  ASSERT_GT(z.size(), 16u);
+  for (size_t i = z.size() - 8; i < z.size(); ++i) z[i] ^= 0xA5;  // the last block, not the header
+  const EntryAuth right(std::vector<uint8_t>(32, 0x11)), intruder(std::vector<uint8_t>(32, 0x77));
+  const std::string id(32, 'a');
+  RemoteManifest m;
+  m.raw = raw.size();
+  m.zlen = z.size();
+  m.pieces = 1;
+  char sum[17];
+  std::snprintf(sum, sizeof sum, "%016llx", static_cast<unsigned long long>(XXH3_64bits(z.data(), z.size())));
+  m.sum = sum;
+  m.tag = remote_entry_tag(intruder, id, m.raw, z.data(), z.size());
+  std::string why;
+  EXPECT_FALSE(unpack_remote_entry(m, z, raw.size(), right, id, why).has_value());
+  EXPECT_NE(why.find("manifest tag does not match"), std::string::npos) << why;
+  // With the right key's tag the same bytes reach zstd, which finds the damage.
+  m.tag = remote_entry_tag(right, id, m.raw, z.data(), z.size());
+  why.clear();
+  EXPECT_FALSE(unpack_remote_entry(m, z, raw.size(), right, id, why).has_value());
+  EXPECT_FALSE(why.empty());
+  EXPECT_EQ(why.find("manifest tag"), std::string::npos) << why;
 }
 
 // Issue 29 item 11: the folder a remote hit is written to is created private (0700) and a

@@ -8,6 +8,7 @@
 
 #include "serve/document_text.h"
 #include "serve/http_access.h"
+#include "serve/knowledge_base_file.h"
 #include "serve/server.h"
 
 namespace cf {
@@ -65,6 +66,12 @@ TEST(HostileInput, DocumentTextIsBoundedInEveryFormat) {
   // Under the cap, the same shapes are extracted as before.
   EXPECT_EQ(extract_document_text("csv", "name,age\nAda,36\n", small), "name: Ada; age: 36\n\n");
   EXPECT_EQ(extract_document_text("txt", "plain", small), "plain");
+}
+
+// The saved knowledge base goes through the same bound, refused as any damaged file is
+// (knowledge_base_file_fuzz found it escaping as another exception type at first).
+TEST(HostileInput, DeepKnowledgeBaseFileIsADamagedFile) {
+  EXPECT_THROW(parse_knowledge_base_file("{\"version\": " + nested(1000) + "}", 10, 10), std::runtime_error);
 }
 
 // Item 3: without keys, only IP literals, localhost and the listed names reach the server.
