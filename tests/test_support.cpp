@@ -7,7 +7,12 @@
 
 namespace cf::test {
 
-std::string default_model_path() { return cf::default_model_path(); }
+// SmolLM2-135M-Instruct Q4_1, not the engine's default model: the fast model of the unit
+// tests, whose fixtures (smollm2_q4_1.json) and expectations are made for it.
+std::string default_model_path() {
+  if (const char* env = std::getenv("CHUNKFUSE_MODEL"); env && *env) return env;
+  return cf::cache_root() + "/models/SmolLM2-135M-Instruct.Q4_1.gguf";
+}
 
 bool have_default_model() { return std::filesystem::exists(default_model_path()); }
 

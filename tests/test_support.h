@@ -4,8 +4,8 @@
 #include <string>
 
 namespace cf::test {
-// Path of the default GGUF model (CHUNKFUSE_MODEL, else the setup script's cache
-// location). Tests that need it call GTEST_SKIP() only when CHUNKFUSE_ALLOW_NO_MODEL is
+// Path of the tests' model, SmolLM2-135M-Instruct Q4_1 (CHUNKFUSE_MODEL, else the setup
+// script's cache location; the engine's own default is Qwen2.5-Coder-0.5B). Tests that need it call GTEST_SKIP() only when CHUNKFUSE_ALLOW_NO_MODEL is
 // set; otherwise a missing model is a failure, so CI cannot pass without running them.
 std::string default_model_path();
 bool have_default_model();

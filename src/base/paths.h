@@ -6,5 +6,8 @@
 namespace cf {
 std::string cache_root();          // $XDG_CACHE_HOME/chunkfuse or ~/.cache/chunkfuse
 std::string default_model_path();  // $CHUNKFUSE_MODEL, else <cache_root>/models/<default file>
-inline constexpr const char* kDefaultModelFile = "SmolLM2-135M-Instruct.Q4_1.gguf";
+// The smallest model that answers well (Qwen2.5-Coder-0.5B-Instruct Q4_K_M; BENCHMARKS.md,
+// issue 23), fetched by scripts/setup.sh; scripts/lib.sh names the same file. The unit tests
+// keep SmolLM2-135M (tests/test_support.cpp).
+inline constexpr const char* kDefaultModelFile = "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf";
 }  // namespace cf
