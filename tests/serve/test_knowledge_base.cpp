@@ -79,6 +79,24 @@ int status_of(const std::function<void()>& f) {
   return 0;
 }
 
+// Issue 29, items 1 and 2: uploads. A nested .jsonl line is refused; every format's text is capped,
+// the CSV whose header repeats per row included (it asked for terabytes).
+TEST(DocumentText, TextIsBoundedInEveryFormat) {
+  EXPECT_EQ(status_of([] { extract_document_text("jsonl", "{\"a\": " + std::string(100000, '[') + std::string(100000, ']') + "}\n"); }), 400);
+  ExtractOptions small;
+  small.max_text_bytes = 1 << 20;
+  std::string csv = std::string(100000, 'h') + "\n";
+  for (int i = 0; i < 20; ++i) csv += "x\n";  // 20 rows x 100 KB of header = 2 MB of text
+  EXPECT_EQ(status_of([&] { extract_document_text("csv", csv, small); }), 413);
+  std::string jsonl;
+  for (int i = 0; i < 40; ++i) jsonl += "{\"text\": \"" + std::string(30000, 'y') + "\"}\n";
+  EXPECT_EQ(status_of([&] { extract_document_text("jsonl", jsonl, small); }), 413);
+  EXPECT_EQ(status_of([&] { extract_document_text("txt", std::string((1 << 20) + 1, 'z'), small); }), 413);
+  // Under the cap, the same shapes are extracted as before.
+  EXPECT_EQ(extract_document_text("csv", "name,age\nAda,36\n", small), "name: Ada; age: 36\n\n");
+  EXPECT_EQ(extract_document_text("txt", "plain", small), "plain");
+}
+
 TEST(DocumentText, CsvAndJsonlBecomeParagraphs) {
   EXPECT_EQ(extract_document_text("csv", "name,city\nAda,\"London, UK\"\n\nBob,Paris\n"),
             "name: Ada; city: London, UK\n\nname: Bob; city: Paris\n\n");
