@@ -36,14 +36,20 @@ TEST(Sampler, SameSeedSameDraws) {
 }
 
 TEST(Sampler, MinPAndTopPCutTheTail) {
-  // Token 0 has almost all the mass; min_p 0.5 leaves only it.
-  const std::vector<float> l = {10.0f, 1.0f, 1.0f, 1.0f};
+  // p = 0.5, 0.3, 0.2: min_p 0.5 (cutoff 0.25) leaves ids 0 and 1; top_p 0.45 leaves id 0.
+  // Without the filters id 2 would be drawn ~100 times in 500 (issue 24: the old logits had
+  // p(0) = 0.9996, so the test passed with both filters off).
+  const std::vector<float> l = {std::log(0.5f), std::log(0.3f), std::log(0.2f)};
   Sampler minp(SamplingParams{1.0f, 0, 1.0f, 0.5f, 1.0f, 64, 1});
-  Sampler topp(SamplingParams{1.0f, 0, 0.5f, 0.0f, 1.0f, 64, 1});
-  for (int i = 0; i < 100; ++i) {
-    EXPECT_EQ(minp.sample(l.data(), l.size(), {}), 0);
+  Sampler topp(SamplingParams{1.0f, 0, 0.45f, 0.0f, 1.0f, 64, 1});
+  int minp_ones = 0;
+  for (int i = 0; i < 500; ++i) {
+    const TokenId a = minp.sample(l.data(), l.size(), {});
+    EXPECT_NE(a, 2);
+    minp_ones += a == 1;
     EXPECT_EQ(topp.sample(l.data(), l.size(), {}), 0);
   }
+  EXPECT_GT(minp_ones, 0) << "min_p 0.5 must keep id 1";
 }
 
 TEST(Sampler, TemperatureFollowsTheDistribution) {
