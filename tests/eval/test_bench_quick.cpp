@@ -193,14 +193,16 @@ TEST(BenchQuick, TwoMusiqueExamples) {
       EXPECT_GT(ttft, 0.0);
       const double phases = row["lookup_ms"].get<double>() + row["load_ms"].get<double>() +
                             row["selection_ms"].get<double>() + row["recompute_ms"].get<double>();
+      // The phases are measured inside the TTFT (an invariant); how much of it they cover
+      // depends on the machine's load, so it is no test (issue 24: no wall-clock bounds).
       EXPECT_LE(phases, ttft + 1e-6);
-      EXPECT_GT(phases, 0.5 * ttft);  // the phases cover the TTFT
+      for (const char* k : {"lookup_ms", "load_ms", "selection_ms", "recompute_ms"}) EXPECT_GE(row[k].get<double>(), 0.0) << k;
       EXPECT_EQ(row["max_tokens"], 12);
       EXPECT_EQ(row["store"], "disk-f16");
       EXPECT_LE(row["generated_tokens"].get<size_t>(), 12u);
     }
-    // Reusing caches must be faster than prefilling ~1500 tokens.
-    EXPECT_LT(reuse["ttft_ms"].get<double>(), full["ttft_ms"].get<double>());
+    // Reuse being faster than full prefill is a benchmark (BENCHMARKS.md), not a unit test
+    // (issue 24): here, the work it skips is what is checked (recomputed_tokens == 0 above).
   }
 
   // The peer's input: one line per example holding exactly the full-prefill prompt's ids.
@@ -307,7 +309,8 @@ TEST(BenchQuick, FusionRagEnrichesAgainstTheWholeDataset) {
   EXPECT_EQ(rows[2]["ratio"], 0.3);
   EXPECT_EQ(rows[2]["enriched_chunks"], 2);
   EXPECT_EQ(rows[2]["chunks_computed"], 0u);
-  EXPECT_LT(rows[2]["method_offline_ms"].get<double>(), rows[0]["method_offline_ms"].get<double>());
+  // (No timing comparison, issue 24: "chunks_computed 0" and the enriched chunks found are
+  // the invariant that the offline work was not redone.)
   fs::remove_all(out);
 
   // A named variant of FusionRAG alone (no plain "fusionrag" in the methods) gets the same

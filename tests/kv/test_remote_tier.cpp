@@ -382,13 +382,18 @@ TEST(RemoteTier, AStalledRedisCostsAtMostTheCommandTimeout) {
   ChunkStore b(o);
   EXPECT_EQ(b.get(k), nullptr);  // connected
   redis.pause();
-  const auto t0 = std::chrono::steady_clock::now();
+  const uint64_t errors_before = b.stats().remote.errors;
+  // Redis is stopped (SIGSTOP) until resume() below: had a get waited for its reply instead of
+  // timing out, it would never return and ctest's timeout would fail the test. No wall-clock
+  // bound here (issue 24: it flaked on a loaded machine); the invariant is that both gets
+  // return a miss and the stall was counted as a failed command (the second get may skip
+  // Redis while the tier is marked down).
   EXPECT_EQ(b.get(k), nullptr);
   EXPECT_EQ(b.get(tiny_key(10, 20)), nullptr);  // a new connection: accepted by the kernel, then times out too
-  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const auto st = b.stats().remote;
   redis.resume();
-  EXPECT_LT(s, 3.0);  // bounded by the timeouts, not hung
-  EXPECT_GE(b.stats().remote.errors, 1u);
+  EXPECT_GE(st.errors, errors_before + 1) << "the stall is a counted failure, not a hang";
+  EXPECT_FALSE(st.up);
 }
 
 TEST(RemoteTier, FullRedisRefusesWritesAndNothingBadIsServed) {
