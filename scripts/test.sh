@@ -13,9 +13,23 @@
 # containing "Slow", "Timing" or "Milliseconds", i.e. slow model runs and wall-clock
 # budgets, which sanitizers slow down 3-10x), CHUNKFUSE_SKIP_ASAN=1 / CHUNKFUSE_SKIP_FUZZ=1
 # / CHUNKFUSE_SKIP_E2E=1 for quick local runs.
+#
+# Skips are never silent (issue 24): ctest runs with --no-tests=error; under CI=true the
+# CHUNKFUSE_SKIP_* and CHUNKFUSE_ALLOW_NO_MODEL variables are refused; the skip-check phase
+# (tools/ci_skips.py) counts every skipped test (ctest and the e2e unittest) with its reason
+# and fails on any skip not in tests/skip_allowlist.txt.
 set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 cd "$CF_REPO_ROOT"
+
+if [[ "${CI:-}" == true ]]; then
+  for v in CHUNKFUSE_SKIP_E2E CHUNKFUSE_SKIP_ASAN CHUNKFUSE_SKIP_FUZZ CHUNKFUSE_ALLOW_NO_MODEL; do
+    if [[ -n "${!v:-}" ]]; then
+      cf_log "$v is set, but CI=true: CI runs every phase and every test (unset it, or run outside CI)"
+      exit 2
+    fi
+  done
+fi
 
 build_dir="${CHUNKFUSE_BUILD_DIR:-build}"
 asan_dir="${CHUNKFUSE_ASAN_BUILD_DIR:-build-asan}"
@@ -65,7 +79,9 @@ ctest_in() {
   local dir="$1"
   shift
   rm -f "$dir/Testing/Temporary/LastTestsFailed.log"  # listed in the summary when present
-  ctest --test-dir "$dir" --output-on-failure -j"$CF_JOBS" "$@"
+  rm -f "$dir/ctest-junit.xml"                           # read by the skip check
+  ctest --test-dir "$dir" --output-on-failure --no-tests=error --output-junit "$(cd "$dir" && pwd)/ctest-junit.xml" \
+    -j"$CF_JOBS" "$@"
 }
 
 asan_ctest() {
@@ -89,8 +105,18 @@ smoke_generate() {
 # The server on loopback against the Release binary, with the venv setup.sh made.
 serve_e2e() {
   # Screenshots of the web page's browser test (test_web_ui.py) are kept as CI artefacts.
+  # Its verbose log is kept for the skip check ("... skipped 'reason'" lines).
   CHUNKFUSE_BIN="$build_dir/chunkfuse" CHUNKFUSE_ARTIFACTS="$build_dir/e2e-artifacts" \
-    .venv-serve/bin/python -m unittest discover -s tests/serve_e2e -v
+    .venv-serve/bin/python -m unittest discover -s tests/serve_e2e -v 2>&1 | tee "$build_dir/e2e-unittest.log"
+}
+
+# Every skipped test of the phases that ran, with its reason; any not on the allow-list fails.
+skip_check() {
+  local args=()
+  [[ -f "$build_dir/ctest-junit.xml" ]] && args+=(--junit "$build_dir/ctest-junit.xml")
+  [[ -f "$asan_dir/ctest-junit.xml" ]] && args+=(--junit "$asan_dir/ctest-junit.xml")
+  [[ -f "$build_dir/e2e-unittest.log" ]] && args+=(--unittest-log "$build_dir/e2e-unittest.log")
+  python3 tools/ci_skips.py "${args[@]}" | tee "$build_dir/skip-check.txt"
 }
 
 # --test-shapes: the Q8_0 random-weight Qwen/Llama shape files tests/runtime/test_shapes.cpp
@@ -107,6 +133,7 @@ else
   release_ok=0
 fi
 
+rm -f "$build_dir/e2e-unittest.log"
 if [[ "${CHUNKFUSE_SKIP_E2E:-0}" == 1 ]]; then
   skip_phase e2e "CHUNKFUSE_SKIP_E2E=1"
 elif ((release_ok)); then
@@ -139,6 +166,9 @@ else
   skip_phase smoke-generate "release build failed"
 fi
 
+rm -f "$build_dir/skip-check.txt"
+run_phase skip-check skip_check
+
 total=$(($(cf_now) - t_start))
 printf '\n===== summary =====\n' >&2
 summary=""
@@ -146,6 +176,7 @@ for i in "${!phase_names[@]}"; do
   printf '  %-16s %-10s %5ss\n' "${phase_names[$i]}" "${phase_results[$i]}" "${phase_secs[$i]}" >&2
   summary+="${phase_names[$i]}=${phase_results[$i]}(${phase_secs[$i]}s) "
 done
+[[ -s "$build_dir/skip-check.txt" ]] && printf '  %s\n' "$(tail -n1 "$build_dir/skip-check.txt")" >&2
 if ((failed)); then
   # The failing tests' names by the summary (CI shows only the log's tail).
   for dir in "$build_dir" "$asan_dir"; do

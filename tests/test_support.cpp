@@ -21,6 +21,8 @@ std::string source_dir() { return CHUNKFUSE_SOURCE_DIR; }
 std::string fixture_path(const std::string& name) { return source_dir() + "/tests/golden/" + name; }
 
 std::string shared_datasets_dir() {
+  // CHUNKFUSE_DATA_DIR first, as the engine's own datasets do (issue 24: it was ignored here).
+  if (const char* env = std::getenv("CHUNKFUSE_DATA_DIR"); env && *env) return std::filesystem::is_directory(env) ? env : "";
   for (const char* up : {"/../shared/datasets", "/../../shared/datasets"})  // a worktree under /work/wt/<name>
     if (std::filesystem::is_directory(source_dir() + up)) return source_dir() + up;
   return "";

@@ -248,9 +248,9 @@ TEST_F(Qcfuse, AnchorRatioOneWithAllLayersSelectsExactlyProphetsPositionsSlow) {
     const FusionResult rd = ex.prefill(req, c), rp = ex.prefill(req, {"prophet", 0.3, 0});
     EXPECT_NE(rd.recomputed, rp.recomputed) << q;
   }
-  if (fs::exists(hotpot)) {
-    EXPECT_EQ(cases.size(), 3u);
-  }
+  // Without the data only the built-in case ran: a reported skip, not a silent pass (issue 24).
+  if (!fs::exists(hotpot)) GTEST_SKIP() << "calibration data not found (" << hotpot << "): only the built-in case ran";
+  EXPECT_EQ(cases.size(), 3u);
 }
 
 // A profile made for another model is refused, never used: by name of file (an error naming
