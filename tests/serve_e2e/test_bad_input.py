@@ -99,10 +99,15 @@ class BadInputTest(unittest.TestCase):
             status, body = self.server.post("/v1/chat/completions",
                                             self.chat_body(documents=[{"id": "0123456789abcdef"}], stream=stream))
             self.assert_error(status, body, 404)
-        status, body = self.server.get("/v1/chunks/0123456789abcdef")
+        unknown = "0123456789abcdef" * 2  # well-formed (32 hex digits), never registered
+        status, body = self.server.get("/v1/chunks/" + unknown)
         self.assert_error(status, body, 404)
-        status, body = self.server.request("DELETE", "/v1/chunks/0123456789abcdef")
+        status, body = self.server.request("DELETE", "/v1/chunks/" + unknown)
         self.assert_error(status, body, 404)
+        # Not a chunk id at all: 400 before the store sees it (issue 29, item 8).
+        for method in ("GET", "DELETE"):
+            status, body = self.server.request(method, "/v1/chunks/0123456789abcdef")
+            self.assert_error(status, body, 400)
 
     def check_ratio_outside_unit_interval(self):
         for ratio in (1.5, -0.1):
@@ -147,7 +152,7 @@ class BadInputTest(unittest.TestCase):
 
     def check_truncated_request(self):
         # Headers promise 500 bytes, 10 arrive, the client leaves.
-        self.raw_http(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        self.raw_http(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                       b"Content-Length: 500\r\n\r\n{\"model\": ", read=False)
         # Garbage instead of HTTP.
         reply = self.raw_http(b"\x00\x01\x02 not http\r\n\r\n")
@@ -160,7 +165,7 @@ class BadInputTest(unittest.TestCase):
                            "temperature": 0, "stream": True}).encode()
         host, port = self.server.url[len("http://"):].split(":")
         s = socket.create_connection((host, int(port)), timeout=60)
-        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                   b"Content-Length: %d\r\n\r\n" % len(body) + body)
         got = b""
         while b"data: " not in got:

@@ -112,7 +112,7 @@ class HostileBodyTest(unittest.TestCase):
 
     def test_chunked_50mb_body_is_refused_while_reading(self):
         _, peak_before = self.server.memory_kb()
-        head = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        head = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                 b"Transfer-Encoding: chunked\r\n\r\n")
         chunk = b"%x\r\n%s\r\n" % (64 * 1024, b"a" * 64 * 1024)
         t0 = time.time()
@@ -128,7 +128,7 @@ class HostileBodyTest(unittest.TestCase):
 
     def test_body_without_length_is_bounded(self):
         _, peak_before = self.server.memory_kb()
-        head = b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\r\n"
+        head = b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n\r\n"
         reply, _ = push_body(self.server, head, lambda: b"b" * 65536, 30 * MiB)
         _, peak_after = self.server.memory_kb()
         self.assertEqual(status_of(reply), 413, reply[:300])
@@ -137,7 +137,7 @@ class HostileBodyTest(unittest.TestCase):
     def test_declared_length_past_limit_is_refused_before_reading(self):
         s = socket.create_connection(self.server.host_port(), timeout=30)
         t0 = time.time()
-        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                   b"Content-Length: 52428800\r\n\r\n{")
         reply = read_reply(s, 10)
         s.close()
@@ -147,9 +147,9 @@ class HostileBodyTest(unittest.TestCase):
     def test_other_routes_and_methods_never_buffer_a_body(self):
         chunk = b"%x\r\n%s\r\n" % (65536, b"c" * 65536)
         for method, path, want in [(b"PUT", b"/v1/chat/completions", 405), (b"PATCH", b"/v1/chunks", 405),
-                                   (b"POST", b"/v1/nothing-here", 404), (b"DELETE", b"/v1/chunks/abc", 404)]:
+                                   (b"POST", b"/v1/nothing-here", 404), (b"DELETE", b"/v1/chunks/" + b"0" * 32, 404)]:
             with self.subTest(method=method, path=path):
-                head = (b"%s %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                head = (b"%s %s HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                         b"Transfer-Encoding: chunked\r\n\r\n" % (method, path))
                 reply, sent = push_body(self.server, head, lambda: chunk, 40 * MiB)
                 self.assertEqual(status_of(reply), want, reply[:300])
@@ -177,7 +177,7 @@ class HostileBodyTest(unittest.TestCase):
 
     def test_no_cors_headers_by_default(self):
         req = socket.create_connection(self.server.host_port(), timeout=30)
-        req.sendall(b"GET /v1/models HTTP/1.1\r\nHost: x\r\nOrigin: https://evil.example\r\n\r\n")
+        req.sendall(b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\nOrigin: https://evil.example\r\n\r\n")
         reply = read_reply(req, 10)
         req.close()
         self.assertEqual(status_of(reply), 200, reply[:300])
@@ -245,7 +245,7 @@ class HostileConnectionTest(unittest.TestCase):
     def test_trickling_headers_are_cut_at_the_deadline(self):
         before = self.server.metrics()["chunkfuse_http_connection_timeouts_total"]
         s = socket.create_connection(self.server.host_port(), timeout=30)
-        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n")
+        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n")
         t0 = time.time()
         closed_after = None
         while time.time() - t0 < 15:
@@ -271,7 +271,7 @@ class HostileConnectionTest(unittest.TestCase):
         slow = []
         for _ in range(100):
             s = socket.create_connection(self.server.host_port(), timeout=30)
-            s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n")
+            s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n")
             slow.append(s)
 
         def trickle():
@@ -319,7 +319,7 @@ class ConnectionCapTest(unittest.TestCase):
         held = []
         for _ in range(self.CAP):
             s = socket.create_connection(self.server.host_port(), timeout=30)
-            s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n")  # headers never finished
+            s.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n")  # headers never finished
             held.append(s)
         try:
             # On a loaded machine the server may not have accepted every held connection yet
@@ -330,7 +330,7 @@ class ConnectionCapTest(unittest.TestCase):
                 time.sleep(0.5)
                 t0 = time.time()
                 extra = socket.create_connection(self.server.host_port(), timeout=30)
-                extra.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+                extra.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
                 reply = read_reply(extra, 5)
                 extra.close()
                 if status_of(reply) != 200 or time.time() > deadline:
@@ -401,7 +401,7 @@ class AccessTest(unittest.TestCase):
         self.assertGreaterEqual(self.server.metrics()["chunkfuse_http_unauthorized_total"] - before, 25)
 
     def test_unauthenticated_body_is_never_read(self):
-        head = (b"POST /v1/chunks HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        head = (b"POST /v1/chunks HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                 b"Transfer-Encoding: chunked\r\n\r\n")
         chunk = b"%x\r\n%s\r\n" % (65536, b"d" * 65536)
         reply, sent = push_body(self.server, head, lambda: chunk, 40 * MiB)
@@ -421,7 +421,7 @@ class AccessTest(unittest.TestCase):
         status, _ = self.call("GET", "/v1/models", "key-one", headers={"Origin": "https://app.example"})
         self.assertEqual(status, 200)
         s = socket.create_connection(self.server.host_port(), timeout=30)
-        s.sendall(b"OPTIONS /v1/chat/completions HTTP/1.1\r\nHost: x\r\nOrigin: https://app.example\r\n"
+        s.sendall(b"OPTIONS /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nOrigin: https://app.example\r\n"
                   b"Access-Control-Request-Method: POST\r\n"
                   b"Access-Control-Request-Headers: authorization, content-type\r\n\r\n")
         reply = read_reply(s, 5)
@@ -432,7 +432,7 @@ class AccessTest(unittest.TestCase):
         self.assertIn(b"authorization", reply)
         for origin, allowed in [(b"https://app.example", True), (b"https://evil.example", False)]:
             s = socket.create_connection(self.server.host_port(), timeout=30)
-            s.sendall(b"GET /v1/models HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer key-one\r\nOrigin: %s\r\n\r\n"
+            s.sendall(b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer key-one\r\nOrigin: %s\r\n\r\n"
                       % origin)
             reply = read_reply(s, 5)
             s.close()
