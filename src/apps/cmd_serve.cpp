@@ -26,6 +26,7 @@ struct ServeArgs {
   std::vector<std::string> api_key_files;
   RemoteArgs remote;
   std::string chunk_variant = "alone";
+  bool method_given = false;
 };
 
 int run_serve(ServeArgs a) {
@@ -34,6 +35,12 @@ int run_serve(ServeArgs a) {
     for (auto& k : read_api_key_file(f)) a.http.access.api_keys.push_back(std::move(k));
   a.engine.threads = a.model.threads;
   a.engine.remote = remote_tier_options(a.remote);
+  if (a.http.match_chunks && a.engine.default_method == "full") {
+    if (a.method_given)
+      throw std::invalid_argument("--match-chunks needs a fusion method: --method full would recompute every passage");
+    a.engine.default_method = "qcfuse";  // the project's default fusion method (run.sh's)
+    std::fprintf(stderr, "chunkfuse serve: --match-chunks: fusion method qcfuse at ratio %.2f\n", a.engine.default_ratio);
+  }
   if (a.engine.default_method != "full") make_selector(a.engine.default_method);  // unknown names fail now
   parse_chunk_variant(a.chunk_variant, a.engine.default_chunk_variant);  // CLI11 checked the name
 
@@ -139,9 +146,18 @@ void add_serve_command(CLI::App& app, CommandRunner& run) {
       ->capture_default_str();
   std::string methods = "full";
   for (const auto& n : selector_names()) methods += ", " + n;
-  cmd->add_option("--method", a->engine.default_method,
-                  "fusion method of requests with documents that name none: " + methods)
+  CLI::Option* method = cmd->add_option("--method", a->engine.default_method,
+                                        "fusion method of requests with documents that name none: " + methods +
+                                            " (with --match-chunks and no --method: qcfuse)")
+                            ->capture_default_str();
+  cmd->add_option("--ratio", a->engine.default_ratio,
+                  "fusion ratio (share of context tokens recomputed) of requests that name none")
+      ->check(CLI::Range(0.0, 1.0))
       ->capture_default_str();
+  cmd->add_flag("--match-chunks", a->http.match_chunks,
+                "find passages (blank-line-separated paragraphs, registered chunks) inside plain messages and "
+                "prompts and serve them from chunk caches with the fusion method's recomputation (approximate; off "
+                "by default)");
   cmd->add_option("--chunk-variant", a->chunk_variant,
                   "chunk caches of requests that name none (fusion.chunk_variant): alone (each chunk computed from "
                   "position 0) or prefixed (after the request's system prefix S, FusionRAG eq. 5; keyed apart)")
@@ -151,7 +167,10 @@ void add_serve_command(CLI::App& app, CommandRunner& run) {
   add_remote_options(*cmd, a->remote);
   cmd->add_option("--web-dir", a->http.web_dir,
                   "folder of the built web page served at /ui/ (default: found beside the binary or in web/dist)");
-  cmd->callback([&run, a] { run = [a] { return run_serve(*a); }; });
+  cmd->callback([&run, a, method] {
+    a->method_given = method->count() > 0;
+    run = [a] { return run_serve(*a); };
+  });
 }
 
 }  // namespace cf::apps

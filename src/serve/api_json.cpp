@@ -16,7 +16,7 @@ namespace cf {
 using nlohmann::json;
 
 nlohmann::json CompletionResult::to_json() const {
-  return json{{"prompt_tokens", prompt_tokens},
+  json j{{"prompt_tokens", prompt_tokens},
               {"completion_tokens", completion_tokens},
               {"prefix_hit_tokens", prefix_hit_tokens},
               {"prefilled_tokens", prefilled_tokens},
@@ -35,6 +35,8 @@ nlohmann::json CompletionResult::to_json() const {
                 {"recompute", timings.recompute_ms},
                 {"ttft", timings.ttft_ms},
                 {"decode", timings.decode_ms}}}};
+  if (!passages.is_null()) j["passages"] = passages;  // serve --match-chunks (passage_matching.h)
+  return j;
 }
 
 namespace api {

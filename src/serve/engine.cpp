@@ -26,6 +26,7 @@
 #include "serve/engine.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
@@ -47,6 +48,7 @@
 #include "runtime/forward.h"
 #include "serve/craft.h"
 #include "serve/fusion_trace.h"
+#include "serve/passage_matching.h"
 #include "serve/prefix_cache.h"
 #include "serve/scheduler.h"
 
@@ -267,6 +269,10 @@ struct Engine::Impl {
     Layout l;
     const Tokenizer& tok = model->tokenizer();
     add_documents(req, l);
+    if (req.inline_passages) {  // passages found in a plain message (serve/passage_matching.h)
+      lay_out_inline_passages(tok, model->chat_template(), req, l.system, l.suffix);
+      return l;
+    }
     if (!req.chat) {
       std::vector<TokenId> prompt = tok.encode(req.prompt, true, false);
       if (prompt.empty()) throw invalid("prompt has no tokens", "prompt");
@@ -356,6 +362,7 @@ struct Engine::Impl {
 
   mutable std::mutex chunks_mu;
   std::map<std::string, RegisteredChunk> registered;
+  std::atomic<uint64_t> registry_version{0};  // bumped when `registered` changes
 
   std::mutex conv_mu;
   std::unordered_map<std::string, Conversation> conversations;
@@ -567,7 +574,9 @@ Engine::~Engine() = default;
 
 CompletionResult Engine::complete(const CompletionRequest& req, const std::function<bool(std::string_view)>& on_text) {
   try {
-    return impl_->complete(req, on_text);
+    CompletionResult r = impl_->complete(req, on_text);
+    if (req.inline_passages) r.passages = passages_report(*req.inline_passages, r);
+    return r;
   } catch (const RequestError&) {
     impl_->record_metrics(nullptr, true);
     throw;
@@ -604,6 +613,7 @@ std::vector<ChunkInfo> Engine::register_chunks(const std::vector<std::string>& t
   });
   std::lock_guard<std::mutex> lock(im.chunks_mu);
   for (size_t i = 0; i < texts.size(); ++i) im.registered[infos[i].id] = {texts[i], std::move(tokens[i])};
+  ++im.registry_version;
   im.save_index_locked();
   return infos;
 }
@@ -617,12 +627,25 @@ std::optional<ChunkInfo> Engine::chunk(const std::string& id) const {
 
 const ChunkStore& Engine::chunk_store() const { return impl_->store; }
 
+std::vector<std::string> Engine::registered_texts() const {
+  std::lock_guard<std::mutex> lock(impl_->chunks_mu);
+  std::vector<std::string> out;
+  out.reserve(impl_->registered.size());
+  for (const auto& [id, c] : impl_->registered) out.push_back(c.text);
+  return out;
+}
+
+uint64_t Engine::registry_version() const { return impl_->registry_version.load(); }
+
 bool Engine::remove_chunk(const std::string& id) {
   bool known = false;
   {
     std::lock_guard<std::mutex> lock(impl_->chunks_mu);
     known = impl_->registered.erase(id) > 0;
-    if (known) impl_->save_index_locked();
+    if (known) {
+      ++impl_->registry_version;
+      impl_->save_index_locked();
+    }
   }
   const bool stored = impl_->store.remove(id);
   return known || stored;

@@ -55,6 +55,15 @@ struct FusionSpec {
   std::string chunk_variant;    // alone | prefixed (kv/chunk_key.h); empty: EngineOptions's default
 };
 
+// Set by passage matching (serve/passage_matching.h, issue 27): the request's documents are
+// passages cut out of message `message` (or of the prompt), which is laid out as
+// [.. before][documents][after ..] instead of S documents U.
+struct InlinePassages {
+  size_t message = 0;         // index into messages (chat)
+  std::string before, after;  // the message's (prompt's) text around the passages
+  size_t passages = 0, registered = 0, glue = 0;  // documents that are passages / registered texts / glue
+};
+
 struct CompletionRequest {
   bool chat = true;
   std::vector<ChatMessage> messages;  // chat
@@ -67,6 +76,7 @@ struct CompletionRequest {
   std::optional<uint64_t> seed;
   std::vector<std::string> stop;
   std::string model;  // echoed back
+  std::optional<InlinePassages> inline_passages;  // never from the API: set by passage matching
 };
 
 struct CompletionTimings {
@@ -89,6 +99,7 @@ struct CompletionResult {
   size_t deduped_chunks = 0;
   CompletionTimings timings;
   std::shared_ptr<const FusionTrace> trace;  // positions and selector facts, for the web page's details
+  nlohmann::json passages;           // passage matching's report (null: not matched)
   nlohmann::json to_json() const;    // the "chunkfuse" extension object of a response
 };
 
@@ -114,6 +125,7 @@ struct EngineOptions {
   size_t max_batch = 8;                // requests decoding together
   size_t max_documents = 64;
   std::string default_method = "full";
+  double default_ratio = 0.15;         // serve --ratio: fusion.ratio of requests that name none
   ChunkVariant default_chunk_variant = ChunkVariant::alone;  // serve --chunk-variant
   std::optional<RemoteTierOptions> remote;  // shared chunk-cache tier on Redis (issue 13)
 };
@@ -149,6 +161,9 @@ class Engine {
   std::optional<ChunkInfo> chunk(const std::string& id) const;
   bool remove_chunk(const std::string& id);
   const ChunkStore& chunk_store() const;  // for listings (serve/chunk_cache_state.h)
+  // Registered chunk texts, and a counter that changes whenever they do (passage matching).
+  std::vector<std::string> registered_texts() const;
+  uint64_t registry_version() const;
 
   EngineMetrics metrics() const;
   std::string model_name() const;  // GGUF general.name or the file stem

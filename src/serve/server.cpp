@@ -4,6 +4,7 @@
 
 #include "serve/key_isolation.h"
 #include "serve/knowledge_routes.h"
+#include "serve/passage_matching.h"
 #include "serve/request_limits.h"
 #include "serve/route_wrappers.h"
 
@@ -89,6 +90,7 @@ struct HttpServer::Impl {
   KeyIsolation isolation;
   const InputBound input;
   KnowledgeService knowledge;  // the web page, its knowledge base and request details (issue 12)
+  std::unique_ptr<PassageMatcher> matcher;  // --match-chunks (issue 27); null when off
   std::atomic<uint64_t> n2xx{0}, n4xx{0}, n5xx{0}, n_cancelled{0};
   const int64_t started = unix_seconds();
 
@@ -100,6 +102,7 @@ struct HttpServer::Impl {
         isolation(opt.isolate_keys),
         input(input_bound(e.tokenizer(), e.options().max_prompt_tokens)),
         knowledge(e, knowledge_options(opt), [this](const httplib::Request& req) { return access.matched_key(req); }) {
+    if (opt.match_chunks) matcher = std::make_unique<PassageMatcher>(e, PassageMatchOptions{});
     if (isolation.enabled() && !access.keys_required())
       throw std::invalid_argument("--isolate-keys needs API keys (--api-key or --api-key-file)");
     setup();
@@ -282,8 +285,11 @@ struct HttpServer::Impl {
     const json body_json = api::parse_body(body);
     api::ParsedCompletion pc = api::parse_completion(body_json, chat, engine.options().default_method);
     if (opt.max_completion_tokens > 0) pc.request.max_tokens = std::min(pc.request.max_tokens, opt.max_completion_tokens);
+    if (const auto f = body_json.find("fusion"); f == body_json.end() || !f->is_object() || !f->contains("ratio"))
+      pc.request.fusion.ratio = engine.options().default_ratio;  // serve --ratio
     const auto retrieved = knowledge.apply_retrieval(body_json, pc.request);
     check_input_size(pc.request, input);
+    if (matcher) matcher->apply(pc.request);  // after the size check: it bounds the original text
     const bool isolated = isolation.enabled();
     const int caller = access.matched_key(req);  // -1 without keys
     if (isolated) isolation.check_documents(tenant(req), pc.request);

@@ -97,6 +97,7 @@ struct HttpServerOptions {
   int max_completion_tokens = 0;                 // a request's max_tokens is lowered to this; 0: no cap
   bool log_requests = false;                     // one line per request on stderr
   std::string web_dir;                           // the built page; empty: find_web_dir() (knowledge_routes.h)
+  bool match_chunks = false;                     // find passages in plain messages (passage_matching.h)
 };
 
 class HttpServer {

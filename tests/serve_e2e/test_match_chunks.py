@@ -1,0 +1,126 @@
+"""`chunkfuse serve --match-chunks` (issue 27) against the real server: an unmodified openai
+client that stuffs passages into its messages, as LangChain's "stuff" chain does, gets its
+passages served from chunk caches the second time, in any order; /v1/completions too; a
+server without the flag never matches; near-duplicates are computed, not served from their
+neighbour's cache; hostile message shapes get answers, not errors or stalls."""
+import json
+import os
+import sys
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import serve_helpers as h  # noqa: E402
+
+SYSTEM = "You are a helpful assistant. Answer the question using the passages. Answer briefly."
+PASSAGES = [
+    "The Carrow Lighthouse stands on the northern cliffs of Port Elwen. It was designed by the engineer "
+    "Margaret Hale and first lit in 1868, after the wreck of the schooner Alba on the Elwen reefs.",
+    "Port Elwen is the main harbour of the island of Tresk. Its ferry to the mainland sails twice a day in "
+    "summer and once a day in winter, weather permitting, from the granite quay built in 1901.",
+    "The island of Tresk is known for its salt marshes, its granite quarries and the chapel of Saint Elwen, "
+    "whose bell was cast from the bronze of the Alba's recovered cannon in 1870.",
+    "Margaret Hale trained under the lighthouse builder Thomas Stevenson in Edinburgh before she moved to "
+    "Tresk, where she also designed the harbour beacon and the quay's iron crane.",
+]
+
+
+def stuffed(order, question="Who designed the lighthouse near Port Elwen?", tag=""):
+    # What LangChain's stuff chain sends: the documents joined by blank lines in one message.
+    context = "\n\n".join(PASSAGES[i] + tag for i in order)
+    return "Use the following context to answer.\n\n" + context + "\n\nQuestion: " + question
+
+
+class MatchChunksTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.server = h.Server("--match-chunks", "--method", "cacheblend", "--ratio", "0.2")
+        cls.client = h.openai_client(cls.server)
+        cls.model = cls.client.models.list().data[0].id
+
+    @classmethod
+    def tearDownClass(cls):
+        code, log = cls.server.stop()
+        if code != 0:
+            raise AssertionError("server exited with %s on SIGTERM:\n%s" % (code, log))
+
+    def chat(self, user, **kw):
+        raw = self.client.chat.completions.with_raw_response.create(
+            model=self.model, messages=[{"role": "system", "content": SYSTEM}, {"role": "user", "content": user}],
+            max_tokens=kw.pop("max_tokens", 8), temperature=0, **kw)
+        body = json.loads(raw.text)
+        return raw.parse(), body["chunkfuse"]
+
+    def test_permuted_passages_hit_their_chunk_caches(self):
+        tag = " (Permutation test.)"  # passages no other test sends
+        reply, cf = self.chat(stuffed([0, 1, 2, 3], tag=tag))
+        self.assertTrue(reply.choices[0].message.content is not None)
+        self.assertEqual(cf["passages"]["matched"], 4)
+        self.assertEqual(cf["passages"]["computed"], 4)
+        _, cf2 = self.chat(stuffed([3, 1, 0, 2], tag=tag))
+        self.assertEqual(cf2["passages"]["matched"], 4)
+        self.assertEqual(cf2["passages"]["hit"], 4)  # every passage seen before, at any position
+        self.assertEqual(cf2["passages"]["computed"], 0)
+        self.assertGreater(cf2["prefix_hit_tokens"], 0)  # the system prompt, exact
+        _, cf3 = self.chat(stuffed([2, 0], tag=tag))
+        self.assertEqual((cf3["passages"]["hit"], cf3["passages"]["computed"]), (2, 0))
+
+    def test_a_one_character_near_duplicate_is_computed(self):
+        self.chat(stuffed([0, 1]))
+        near = PASSAGES[1].replace("twice", "twice!")
+        user = "Context:\n\n" + PASSAGES[0] + "\n\n" + near + "\n\nQuestion: when does the ferry sail?"
+        _, cf = self.chat(user)
+        self.assertEqual((cf["passages"]["hit"], cf["passages"]["computed"]), (1, 1))
+
+    def test_completions_prompt_is_matched(self):
+        prompt = "Passages:\n\n" + PASSAGES[2] + "\n\n" + PASSAGES[3] + "\n\nQ: who designed the beacon?\nA:"
+        status, body = self.server.post("/v1/completions", {"model": self.model, "prompt": prompt, "max_tokens": 6,
+                                                            "temperature": 0})
+        self.assertEqual(status, 200, body)
+        self.assertEqual(body["chunkfuse"]["passages"]["matched"], 2)
+
+    def test_request_naming_full_prefill_is_not_matched(self):
+        raw = self.client.chat.completions.with_raw_response.create(
+            model=self.model, messages=[{"role": "user", "content": stuffed([0, 1, 2])}], max_tokens=4,
+            temperature=0, extra_body={"fusion": {"method": "full"}})
+        self.assertNotIn("passages", json.loads(raw.text)["chunkfuse"])
+
+    def test_hostile_shapes_answer(self):
+        tiny = "\n\n".join(["ab"] * 1000) + "\n\nQuestion: what?"
+        _, cf = self.chat(tiny, max_tokens=2)
+        self.assertNotIn("passages", cf)  # no paragraph is long enough: an ordinary prompt
+        huge_system = "Context:\n\n" + " ".join(["granite"] * 600)
+        raw = self.client.chat.completions.with_raw_response.create(
+            model=self.model, messages=[{"role": "system", "content": huge_system}, {"role": "user", "content": "Q?"}],
+            max_tokens=2, temperature=0)
+        self.assertEqual(json.loads(raw.text)["chunkfuse"]["passages"]["matched"], 1)
+        many = "\n\n".join("Passage %d on the granite quay of Port Elwen, whose ferry sails twice a day in summer "
+                           "and once in winter; the quay was built in 1901 from island granite." % i for i in range(80)) + "\n\nQuestion: what?"
+        status, body = self.server.post("/v1/chat/completions", {
+            "model": self.model, "messages": [{"role": "user", "content": many}], "max_tokens": 2})
+        # More passages than --max-documents (64): the rest stays text; or the prompt is too long.
+        self.assertIn(status, (200, 413), body)
+        if status == 200:
+            self.assertLessEqual(body["chunkfuse"]["passages"]["matched"], 64)
+
+
+class WithoutMatchChunksTest(unittest.TestCase):
+    def test_off_by_default(self):
+        server = h.Server("--method", "cacheblend")
+        try:
+            status, body = server.post("/v1/chat/completions", {
+                "messages": [{"role": "user", "content": stuffed([0, 1, 2])}], "max_tokens": 4})
+            self.assertEqual(status, 200, body)
+            self.assertNotIn("passages", body["chunkfuse"])
+            self.assertEqual(body["chunkfuse"]["chunk_misses"] + body["chunkfuse"]["chunk_hits"], 0)
+        finally:
+            code, log = server.stop()
+            self.assertEqual(code, 0, log)
+
+    def test_match_chunks_with_full_prefill_is_refused(self):
+        with self.assertRaises(RuntimeError) as ctx:
+            h.Server("--match-chunks", "--method", "full")
+        self.assertIn("--match-chunks needs a fusion method", str(ctx.exception))
+
+
+if __name__ == "__main__":
+    unittest.main()
