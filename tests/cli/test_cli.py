@@ -1,0 +1,256 @@
+"""Every `chunkfuse` subcommand run as a process, as a user runs it (issue 24, item 4): the
+real binary on the real SmolLM2 model and real files, asserting on what it prints, the files
+it writes and its exit code, for good arguments and bad ones. `serve` is the e2e suite's
+(tests/serve_e2e).
+
+Run by ctest as `cli_py` (CHUNKFUSE_BIN names the binary of that build tree, so the ASan tree
+runs its own); by hand: CHUNKFUSE_BIN=build/chunkfuse python3 -m unittest discover -s tests/cli
+"""
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import unittest
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+BIN = os.environ.get("CHUNKFUSE_BIN", os.path.join(REPO, "build", "chunkfuse"))
+PASSAGES = os.path.join(REPO, "examples", "passages.jsonl")
+QUESTION = "Who designed the lighthouse near Port Elwen, and when was it first lit?"
+
+
+def model_path():
+    # The unit tests' model (tests/test_support.cpp): SmolLM2, small enough for every command.
+    if os.environ.get("CHUNKFUSE_TEST_MODEL"):
+        return os.environ["CHUNKFUSE_TEST_MODEL"]
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.environ.get("HOME", "/tmp"), ".cache")
+    return os.path.join(cache, "chunkfuse", "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
+
+
+MODEL = model_path()
+
+
+def run(*args, timeout=300):
+    """(exit code, stdout, stderr) of `chunkfuse ARGS`."""
+    p = subprocess.run([BIN, *args], capture_output=True, text=True, timeout=timeout)
+    return p.returncode, p.stdout, p.stderr
+
+
+class CliCase(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        if not os.path.isfile(MODEL):
+            raise AssertionError("missing model %s (scripts/setup.sh fetches it)" % MODEL)
+        cls.tmp = tempfile.mkdtemp(prefix="chunkfuse-cli-")
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.tmp, ignore_errors=True)
+
+    def ok(self, *args, **kw):
+        code, out, err = run(*args, **kw)
+        self.assertEqual(code, 0, "chunkfuse %s failed:\n%s" % (" ".join(args), err[-2000:]))
+        return out, err
+
+    def refused(self, *args, message):
+        """The command exits non-zero and says `message` (on stderr), never a crash."""
+        code, out, err = run(*args)
+        self.assertNotEqual(code, 0, out)
+        self.assertLess(code, 128, "killed by a signal:\n" + err[-2000:])
+        self.assertIn(message, err)
+
+
+class InfoGenerateTest(CliCase):
+    def test_info(self):
+        out, _ = self.ok("info", MODEL)
+        self.assertIn("architecture:  llama", out)
+        self.assertIn("GGUF version:  3", out)
+        self.assertIn("block_count = 30", out)
+        out, _ = self.ok("info", "--tensors", MODEL)
+        self.assertIn("token_embd.weight", out)
+        self.assertIn("blk.29.ffn_down.weight", out)
+        not_gguf = os.path.join(self.tmp, "notes.gguf")
+        with open(not_gguf, "w") as f:
+            f.write("plain text, not a model\n")
+        self.refused("info", not_gguf, message="not a GGUF file")
+        self.refused("info", os.path.join(self.tmp, "missing.gguf"), message="missing.gguf")
+
+    def test_generate_is_greedy_and_deterministic(self):
+        args = ("generate", "-m", MODEL, "-t", "1", "-p", "The capital of France is", "-n", "6", "--temp", "0")
+        first, err = self.ok(*args)
+        self.assertTrue(first.strip(), err)
+        self.assertIn("prefill", err)
+        second, _ = self.ok(*args)
+        self.assertEqual(first, second)
+        self.refused("generate", "-m", MODEL, "-p", "Hi", "-n", "-1", message="--n-predict")
+        self.refused("generate", "-m", os.path.join(self.tmp, "none.gguf"), "-p", "Hi", message="none.gguf")
+
+
+class PerfTest(CliCase):
+    def test_perf_json_schema(self):
+        out, _ = self.ok("perf", "-m", MODEL, "-t", "1", "--prompt-tokens", "16", "--prompt-tokens", "24",
+                         "--gen-tokens", "3", "--decode-context", "16", "--json")
+        j = json.loads(out)
+        self.assertEqual(j["threads"], 1)
+        self.assertIn(j["isa"], ["portable", "avx2", "avx512"])
+        self.assertEqual([p["n_tokens"] for p in j["prefill"]], [16, 24])
+        for p in j["prefill"]:
+            self.assertGreater(p["seconds"], 0)
+            self.assertAlmostEqual(p["tok_per_s"], p["n_tokens"] / p["seconds"], delta=p["tok_per_s"] * 1e-6)
+        self.assertEqual((j["decode"]["n_tokens"], j["decode"]["context"]), (3, 16))
+        self.assertGreater(j["rss_peak_bytes"], 50 << 20)  # the model is in memory
+        self.refused("perf", "-m", MODEL, "--gen-tokens", "-5", message="--gen-tokens")
+
+
+class AskTest(CliCase):
+    def test_ask_reports_the_fused_prefill(self):
+        store = os.path.join(self.tmp, "ask-store")
+        args = ("ask", "-m", MODEL, "-t", "1", "--passages", PASSAGES, "-q", QUESTION, "--method", "cacheblend",
+                "--ratio", "0.2", "-n", "8", "--store", store, "--json")
+        j = json.loads(self.ok(*args)[0])
+        self.assertEqual((j["method"], j["ratio"]), ("cacheblend", 0.2))
+        self.assertTrue(j["answer"].strip())
+        self.assertEqual((j["chunk_hits"], j["chunk_misses"]), (0, 5))  # examples/passages.jsonl: 5 passages
+        pos = j["recomputed_positions"]
+        self.assertEqual(pos, sorted(set(pos)))
+        # Cache slots of the context: after the system prefix, before the question.
+        self.assertTrue(all(0 < p < j["prompt_tokens"] for p in pos))
+        self.assertLess(pos[-1] - pos[0], j["context_tokens"])
+        # CacheBlend recomputes ceil-ish 20% of the context tokens, not all and not none.
+        self.assertAlmostEqual(len(pos) / j["context_tokens"], 0.2, delta=0.02)
+        again = json.loads(self.ok(*args)[0])
+        self.assertEqual((again["chunk_hits"], again["chunk_misses"]), (5, 0))  # the store kept them
+        self.assertEqual(again["answer"], j["answer"])
+        full = json.loads(self.ok("ask", "-m", MODEL, "-t", "1", "--passages", PASSAGES, "-q", QUESTION,
+                                  "--method", "full", "-n", "8", "--store", store, "--json")[0])
+        self.assertEqual(full["method"], "full")
+        self.refused("ask", "-m", MODEL, "--passages", PASSAGES, "-q", "x", "--method", "nope",
+                     message="unknown fusion method 'nope'")
+        self.refused("ask", "-m", MODEL, "--passages", PASSAGES, "-q", "x", "--ratio", "2", message="--ratio")
+        bad = os.path.join(self.tmp, "bad.jsonl")
+        with open(bad, "w") as f:
+            f.write('{"title": "a", "text": "fine"}\n{not json\n')
+        self.refused("ask", "-m", MODEL, "--passages", bad, "-q", "x", message="bad.jsonl:2: not valid JSON")
+
+
+class ChunksTest(CliCase):
+    def test_precompute_ls_verify_rm(self):
+        root = os.path.join(self.tmp, "chunks")
+        store = os.path.join(root, "store")
+        os.makedirs(root)
+        bystander = os.path.join(root, "keep.cfkv")  # a file beside the store that rm must never touch
+        with open(bystander, "w") as f:
+            f.write("not ours")
+        out, _ = self.ok("chunks", "precompute", "-m", MODEL, "-t", "1", "--passages", PASSAGES, "--store", store)
+        self.assertIn("chunks 5: computed 5, already stored 0", out)
+        out, _ = self.ok("chunks", "precompute", "-m", MODEL, "-t", "1", "--passages", PASSAGES, "--store", store)
+        self.assertIn("computed 0, already stored 5", out)
+        out, _ = self.ok("chunks", "ls", "--store", store)
+        ids = [line.split()[0] for line in out.splitlines()[1:] if len(line.split()) > 1 and len(line.split()[0]) == 32]
+        self.assertEqual(len(ids), 5, out)
+        self.assertIn("5 entries", out)
+        out, _ = self.ok("chunks", "verify", "--store", store, "-m", MODEL)
+        self.assertIn("5 valid", out)
+        # Damage one entry's body: verify names it and fails.
+        victim = os.path.join(store, ids[0][:2], ids[0] + ".cfkv")
+        with open(victim, "r+b") as f:
+            f.seek(os.path.getsize(victim) // 2)
+            f.write(b"\xff\xfe\xfd\xfc")
+        code, out, err = run("chunks", "verify", "--store", store, "-m", MODEL)
+        self.assertEqual(code, 1, out + err)
+        self.assertIn("BAD", out + err)
+        self.assertIn(ids[0], out + err)
+        self.assertIn("4 valid", out + err)
+        # rm refuses anything that is not an id, outside the store included.
+        for bad in ["../keep", "../../etc", ids[0].upper(), ids[0][:-1]]:
+            code, out, err = run("chunks", "rm", "--store", store, bad)
+            self.assertEqual(code, 1, out + err)
+            self.assertIn("not a chunk id", out + err)
+        self.assertTrue(os.path.isfile(bystander))
+        out, _ = self.ok("chunks", "rm", "--store", store, ids[0])
+        self.assertIn("removed 1 entries", out)
+        out, _ = self.ok("chunks", "verify", "--store", store, "-m", MODEL)
+        self.assertIn("4 valid", out)
+        out, _ = self.ok("chunks", "rm", "--store", store, "--all")
+        self.assertIn("removed 4 entries", out)
+        self.assertIn("0 entries", self.ok("chunks", "ls", "--store", store)[0])
+        self.assertTrue(os.path.isfile(bystander))
+
+
+def tiny_dataset(path):
+    """Two questions over examples/passages.jsonl, in the user JSON Lines format of `bench`."""
+    with open(PASSAGES) as f:
+        passages = [json.loads(line) for line in f if line.strip()]
+    rows = [{"id": "q1", "question": QUESTION, "answers": ["Margaret Hale"], "passages": passages},
+            {"id": "q2", "question": "When was the lighthouse first lit?", "answers": ["1868"],
+             "passages": passages[::-1]}]
+    with open(path, "w") as f:
+        for r in rows:
+            f.write(json.dumps(r) + "\n")
+
+
+class BenchDeviationProfileTest(CliCase):
+    def test_bench_rows(self):
+        data = os.path.join(self.tmp, "tiny.jsonl")
+        tiny_dataset(data)
+        out_dir = os.path.join(self.tmp, "bench")
+        self.ok("bench", "-m", MODEL, "-t", "1", "--data", data, "--methods", "full,reuse,epic", "--ratios", "0.15",
+                "-n", "6", "--memory-store", "--no-report", "--out", out_dir)
+        with open(os.path.join(out_dir, "results.jsonl")) as f:
+            rows = [json.loads(line) for line in f]
+        self.assertEqual(sorted((r["example"], r["method"]) for r in rows),
+                         sorted((e, m) for e in ["q1", "q2"] for m in ["full", "reuse", "epic"]))
+        for r in rows:
+            for key in ["answer", "f1", "em", "fidelity_f1", "kl", "ttft_ms", "context_tokens", "ratio"]:
+                self.assertIn(key, r)
+            self.assertGreaterEqual(r["kl"], 0.0)
+            self.assertTrue(0.0 <= r["f1"] <= 1.0 and 0.0 <= r["fidelity_f1"] <= 1.0)
+            if r["method"] == "full":
+                self.assertEqual((r["fidelity_f1"], r["kl"]), (1.0, 0.0))
+                self.assertEqual(r["answer"], r["full_answer"])
+        # Resumable: the same command adds nothing.
+        stdout, err = self.ok("bench", "-m", MODEL, "-t", "1", "--data", data, "--methods", "full,reuse,epic",
+                              "--ratios", "0.15", "-n", "6", "--memory-store", "--no-report", "--out", out_dir)
+        self.assertIn("0 rows written, 6 already present", stdout + err)
+        self.refused("bench", "-m", MODEL, "--data", data, "--methods", "nope", "--out", out_dir, message="nope")
+        self.refused("bench", "-m", MODEL, "--data", os.path.join(self.tmp, "none.jsonl"), "--out", out_dir,
+                     message="none.jsonl")
+
+    def test_deviation_csv(self):
+        data = os.path.join(self.tmp, "tiny-dev.jsonl")
+        tiny_dataset(data)
+        out_dir = os.path.join(self.tmp, "deviation")
+        self.ok("deviation", "-m", MODEL, "-t", "1", "--data", data, "--limit", "1", "--methods", "reuse,cacheblend",
+                "--ratios", "0,0.15", "--chunk-variants", "alone", "--no-report", "--out", out_dir)
+        with open(os.path.join(out_dir, "deviation.csv")) as f:
+            header, *lines = f.read().splitlines()
+        self.assertEqual(header, "dataset,example,chunk_variant,method,ratio,part,layer,k_rel,v_rel")
+        rows = [dict(zip(header.split(","), line.split(","))) for line in lines]
+        self.assertTrue(rows)
+        self.assertEqual({r["layer"] for r in rows}, {str(i) for i in range(30)})
+        for r in rows:
+            self.assertGreaterEqual(float(r["k_rel"]), 0.0)
+        # Reuse keeps every chunk's cache as computed alone: its deviation past layer 0 is not zero.
+        reuse_deep = [float(r["k_rel"]) for r in rows if r["method"] == "reuse" and r["part"] == "context"
+                      and int(r["layer"]) > 0]
+        self.assertGreater(max(reuse_deep), 0.0)
+
+    def test_profile_layers(self):
+        out = os.path.join(self.tmp, "profile.qcfuse.json")
+        data_dir = os.environ.get("CHUNKFUSE_DATA_DIR") or os.path.join(REPO, "..", "shared", "datasets")
+        stdout, err = self.ok("profile-layers", "-m", MODEL, "-t", "1", "--data-dir", data_dir, "--limit", "1",
+                              "--layers", "2", "--out", out)
+        with open(out) as f:
+            p = json.load(f)
+        layers = p["critical_layers"]
+        self.assertEqual(len(layers), 2)
+        self.assertEqual(len(set(layers)), 2)
+        self.assertTrue(all(0 <= l < 30 for l in layers))
+        self.assertTrue(0.0 <= p["critical_set_recall"] <= p["all_layers_recall"] <= 1.0)
+        self.assertIn("critical layers:", stdout + err)
+        self.refused("profile-layers", "-m", MODEL, "--data-dir", os.path.join(self.tmp, "no-data"), "--limit", "1",
+                     "--out", out, message="no-data")
+
+
+if __name__ == "__main__":
+    unittest.main()
