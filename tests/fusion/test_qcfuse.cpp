@@ -333,6 +333,14 @@ TEST_F(Qcfuse, SelectorUsesTheCachedProfileElseTheBundledOne) {
   EXPECT_EQ(pr.selection_details.at("probe_depth").get<int>(), 13);
   EXPECT_EQ(pr.recomputed.size(), fb.recomputed.size());
   EXPECT_NE(pr.recomputed, fb.recomputed) << "other layers should rank differently";
+  // The cached profile's layers are used as such: the same set as naming them in the
+  // options, and the bundled profile's set as naming its layers. (Whether a set ranks the
+  // right tokens is SelectorReference's: tests/fusion/test_selector_reference.cpp.)
+  FusionOptions named{"qcfuse", 0.15, 0};
+  named.method_options = {{"layers", {7, 3, 12}}};
+  EXPECT_EQ(ex.prefill(req, named).recomputed, pr.recomputed);
+  named.method_options = {{"layers", bundled->critical_layers}};
+  EXPECT_EQ(ex.prefill(req, named).recomputed, fb.recomputed);
 }
 
 TEST_F(Qcfuse, MethodOptionsSetTheLayersAndTheAnchorRatio) {
