@@ -180,6 +180,73 @@ TEST_F(CacheCraft, VariantsCarryTheirPrefixAndAreMadeOncePerPrefix) {
   EXPECT_EQ(rep2.skipped_full, 2u);
 }
 
+// Issue 24: the attention statistics behind CCI (Cache-Craft §3.2, Eqs. 9-11) against a
+// separately written computation. The variant builder recomputes each row's softmax from the
+// tapped queries and the finished keys and sums it per prefix segment; here the forward pass's
+// own captured probabilities are summed with plain loops and Eqs. 9-11 written out again.
+TEST_F(CacheCraft, VariantStatisticsMatchAPlainRecomputation) {
+  const Model& m = test::shared_model();
+  const ModelHparams& h = m.hparams();
+  Forward fwd(m, test::shared_pool());
+  ChunkStore store = memory_store(m);
+  const RagRequest r = request_of(m, {0, 1, 2}, "Where was Curie born?");
+  ASSERT_EQ(build_cachecraft_variants(fwd, store, r).created, 3u);
+
+  const std::vector<TokenId> toks = r.flatten();
+  std::vector<size_t> begin{r.system.size()};  // begin[i]: first slot of chunk i; begin[3]: U
+  for (const auto& c : r.chunks) begin.push_back(begin.back() + c.size());
+  ForwardHooks hooks;
+  hooks.capture_attention = true;
+  for (size_t s = begin[0]; s < begin[3]; ++s) hooks.rows.push_back(s);
+  // mass[row][segment]: 0 = S, 1..3 = chunks; self[row]: the row's own chunk, keys before it.
+  std::vector<std::vector<double>> mass(hooks.rows.size(), std::vector<double>(4, 0.0));
+  std::vector<double> self(hooks.rows.size(), 0.0);
+  hooks.on_layer = [&](const LayerTap& t) {
+    for (size_t ri = 0; ri < t.rows.size(); ++ri) {
+      const size_t slot = t.rows[ri];
+      size_t own = 0;
+      while (slot >= begin[own + 1]) ++own;
+      for (int hh = 0; hh < h.n_heads; ++hh) {
+        const float* p = t.attn_probs + (ri * h.n_heads + hh) * t.n_entries;
+        for (size_t e = 0; e < slot; ++e) {
+          const size_t segment = e < begin[0] ? 0 : [&] { size_t c = 0; while (e >= begin[c + 1]) ++c; return c + 1; }();
+          mass[ri][segment] += p[e];
+          if (e >= begin[own]) self[ri] += p[e];
+        }
+      }
+    }
+  };
+  KvCache full(h, toks.size());
+  fwd.run(full, {toks, test::iota_positions(toks.size()), {}, {}}, &hooks);
+  const double norm = static_cast<double>(h.n_heads) * h.n_layers;
+
+  for (size_t i = 1; i < 3; ++i) {  // chunks with an old prefix of other chunks
+    SCOPED_TRACE("chunk " + std::to_string(i));
+    const size_t n = r.chunks[i].size();
+    std::vector<double> inter(i, 0.0);
+    double intra = 0;
+    for (size_t t = 0; t < n; ++t) {
+      const size_t ri = begin[i] + t - begin[0];
+      for (size_t j = 0; j < i; ++j) inter[j] += mass[ri][j + 1] / norm;
+      intra += self[ri] / norm;
+    }
+    double a = 0;
+    for (size_t j = 0; j < i; ++j) a += inter[j] / (static_cast<double>(n) * static_cast<double>(r.chunks[j].size()));
+    const double b = intra / (static_cast<double>(n) * static_cast<double>(n));
+    const double cci = 1.0 / (1.0 + std::exp(-a / b));
+
+    const auto& e = index_of(store, m, r.chunks[i]);
+    ASSERT_EQ(e.at("variants").size(), 1u);
+    const VariantStats st = VariantStats::from_json(e.at("variants")[0].at("stats"));
+    ASSERT_EQ(st.prefix.size(), i);
+    for (size_t j = 0; j < i; ++j) EXPECT_NEAR(st.prefix[j].inter, inter[j], 1e-3 * inter[j] + 1e-6) << "segment " << j;
+    EXPECT_NEAR(st.intra, intra, 1e-3 * intra);
+    EXPECT_NEAR(st.a_bar, a, 1e-3 * a);
+    EXPECT_NEAR(st.b_bar, b, 1e-3 * b);
+    EXPECT_NEAR(st.cci, cci, 1e-4);
+  }
+}
+
 TEST_F(CacheCraft, TokensAreRankedByAttentionToTheOldPrefix) {
   const Model& m = test::shared_model();
   Forward fwd(m, test::shared_pool());
