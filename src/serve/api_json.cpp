@@ -164,9 +164,10 @@ std::vector<DocumentRef> parse_documents(const json& v) {
   return out;
 }
 
-FusionSpec parse_fusion(const json* v, const std::string& default_method) {
+FusionSpec parse_fusion(const json* v, const std::string& default_method, double default_ratio) {
   FusionSpec f;
   f.method = default_method;
+  f.ratio = default_ratio;
   if (!v) return f;
   if (!v->is_object()) bad("fusion", "'fusion' must be an object");
   if (const json* x = field(*v, "method")) f.method = get_string(*x, "fusion.method");
@@ -237,7 +238,8 @@ json parse_body(const std::string& body) {
   return j;
 }
 
-ParsedCompletion parse_completion(const json& body, bool chat, const std::string& default_method) {
+ParsedCompletion parse_completion(const json& body, bool chat, const std::string& default_method,
+                                  double default_ratio) {
   ParsedCompletion pc;
   CompletionRequest& r = pc.request;
   r.chat = chat;
@@ -267,7 +269,7 @@ ParsedCompletion parse_completion(const json& body, bool chat, const std::string
     if (const json* u = field(*x, "include_usage")) pc.include_usage = get_bool(*u, "stream_options.include_usage");
   }
   if (const json* x = field(body, "documents")) r.documents = parse_documents(*x);
-  r.fusion = parse_fusion(field(body, "fusion"), default_method);
+  r.fusion = parse_fusion(field(body, "fusion"), default_method, default_ratio);
   return pc;
 }
 

@@ -283,10 +283,9 @@ struct HttpServer::Impl {
 
   void completion(const httplib::Request& req, const std::string& body, httplib::Response& res, bool chat) {
     const json body_json = api::parse_body(body);
-    api::ParsedCompletion pc = api::parse_completion(body_json, chat, engine.options().default_method);
+    api::ParsedCompletion pc =
+        api::parse_completion(body_json, chat, engine.options().default_method, engine.options().default_ratio);
     if (opt.max_completion_tokens > 0) pc.request.max_tokens = std::min(pc.request.max_tokens, opt.max_completion_tokens);
-    if (const auto f = body_json.find("fusion"); f == body_json.end() || !f->is_object() || !f->contains("ratio"))
-      pc.request.fusion.ratio = engine.options().default_ratio;  // serve --ratio
     const auto retrieved = knowledge.apply_retrieval(body_json, pc.request);
     check_input_size(pc.request, input);
     if (matcher) matcher->apply(pc.request);  // after the size check: it bounds the original text

@@ -32,8 +32,10 @@ nlohmann::json parse_body(const std::string& body);
 
 // Validates an OpenAI-style body (chat: /v1/chat/completions, else /v1/completions). Unknown
 // fields are ignored, as OpenAI does; a known field of the wrong type or out of range throws
-// RequestError 400 naming the field. `default_method` fills fusion.method when absent.
-ParsedCompletion parse_completion(const nlohmann::json& body, bool chat, const std::string& default_method);
+// RequestError 400 naming the field. `default_method` and `default_ratio` (serve --method,
+// --ratio) fill fusion.method and fusion.ratio when absent.
+ParsedCompletion parse_completion(const nlohmann::json& body, bool chat, const std::string& default_method,
+                                  double default_ratio = FusionSpec{}.ratio);
 
 // POST /v1/chunks: {"texts": [str...]} or {"documents": [str | {"text": str}...]}.
 std::vector<std::string> parse_chunk_texts(const nlohmann::json& body);

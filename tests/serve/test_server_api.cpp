@@ -95,7 +95,14 @@ TEST(ServerApi, DefaultsAndNullsMeanNotGiven) {
   EXPECT_TRUE(r.stop.empty());
   EXPECT_FALSE(r.seed.has_value());
   EXPECT_EQ(r.fusion.method, "cacheblend");  // the server's default method
+  EXPECT_DOUBLE_EQ(r.fusion.ratio, FusionSpec{}.ratio);
   EXPECT_FALSE(chat(b).stream);
+  // serve --ratio fills fusion.ratio when the request names none, with or without a fusion object.
+  EXPECT_DOUBLE_EQ(api::parse_completion(b, true, "cacheblend", 0.3).request.fusion.ratio, 0.3);
+  b["fusion"] = json{{"method", "epic"}};
+  EXPECT_DOUBLE_EQ(api::parse_completion(b, true, "cacheblend", 0.3).request.fusion.ratio, 0.3);
+  b["fusion"]["ratio"] = 0.05;
+  EXPECT_DOUBLE_EQ(api::parse_completion(b, true, "cacheblend", 0.3).request.fusion.ratio, 0.05);
 }
 
 TEST(ServerApi, MaxCompletionTokensWinsAndStopMayBeAString) {
