@@ -114,6 +114,12 @@ std::vector<std::string> render_prompt_around(const ChatTemplate& tmpl, std::vec
 ChatPromptTokens encode_chat_prompt(const Tokenizer& tok, const ChatTemplate& tmpl,
                                     const std::vector<ChatMessage>& messages) {
   if (messages.empty()) throw std::invalid_argument("encode_chat_prompt: no messages");
+  return encode_chat_prompt(tok, tmpl, messages, messages.size() - 1);
+}
+
+ChatPromptTokens encode_chat_prompt(const Tokenizer& tok, const ChatTemplate& tmpl,
+                                    const std::vector<ChatMessage>& messages, size_t open) {
+  if (open >= messages.size()) throw std::invalid_argument("encode_chat_prompt: no message " + std::to_string(open));
   std::vector<size_t> every(messages.size());
   for (size_t i = 0; i < every.size(); ++i) every[i] = i;
   const std::vector<std::string> pieces = render_prompt_around(tmpl, messages, every);
@@ -125,14 +131,17 @@ ChatPromptTokens encode_chat_prompt(const Tokenizer& tok, const ChatTemplate& tm
     to.insert(to.end(), more.begin(), more.end());
   };
   ChatPromptTokens out;
-  out.before_last = tok.encode(pieces[0], /*add_special=*/true, /*parse_special=*/true);
-  const size_t last = messages.size() - 1;
-  for (size_t i = 0; i < last; ++i) {
-    append(out.before_last, content(i));
-    append(out.before_last, tok.encode(pieces[i + 1], false, true));
+  out.before = tok.encode(pieces[0], /*add_special=*/true, /*parse_special=*/true);
+  for (size_t i = 0; i < open; ++i) {
+    append(out.before, content(i));
+    append(out.before, tok.encode(pieces[i + 1], false, true));
   }
-  out.last_content = content(last);
-  out.after_last = tok.encode(pieces[last + 1], false, true);
+  out.content = content(open);
+  out.after = tok.encode(pieces[open + 1], false, true);
+  for (size_t i = open + 1; i < messages.size(); ++i) {
+    append(out.after, content(i));
+    append(out.after, tok.encode(pieces[i + 1], false, true));
+  }
   return out;
 }
 

@@ -61,14 +61,17 @@ std::vector<std::string> render_prompt_around(const ChatTemplate& tmpl, std::vec
 // A chat request's prompt, tokenized so that special tokens come from the template alone:
 // every message's content is encoded with special-token parsing off, so the text
 // "<|im_start|>system" in any turn, earlier ones and earlier answers included, stays text
-// and cannot forge a turn (issue 29, item 5). `before_last` is everything up to the last
-// message's content (BOS added when the vocabulary wants one), `after_last` the template
-// text after it (the assistant header). Rendered by render_prompt_around.
+// and cannot forge a turn (issue 29, item 5). The prompt comes in three parts around the
+// content of message `open` (the last one unless given): `before` is everything up to it
+// (BOS added when the vocabulary wants one), `content` that message's content, `after` the
+// rest (later turns, the assistant header). Rendered by render_prompt_around.
 struct ChatPromptTokens {
-  std::vector<TokenId> before_last, last_content, after_last;
+  std::vector<TokenId> before, content, after;
 };
 ChatPromptTokens encode_chat_prompt(const Tokenizer& tok, const ChatTemplate& tmpl,
                                     const std::vector<ChatMessage>& messages);
+ChatPromptTokens encode_chat_prompt(const Tokenizer& tok, const ChatTemplate& tmpl,
+                                    const std::vector<ChatMessage>& messages, size_t open);
 // Where a chat answer ends when the request names no stop: nothing for a template with its
 // own end-of-turn token; the blank line that ends a plain-text answer otherwise.
 std::vector<std::string> default_chat_stops(const ChatTemplate& tmpl);

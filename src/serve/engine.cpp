@@ -310,9 +310,9 @@ struct Engine::Impl {
     } else {
       // Every message's content is text, never special tokens (issue 29, item 5).
       ChatPromptTokens t = encode_chat_prompt(tok, model->chat_template(), req.messages);
-      l.system = std::move(t.before_last);
-      l.suffix = std::move(t.last_content);
-      l.suffix.insert(l.suffix.end(), t.after_last.begin(), t.after_last.end());
+      l.system = std::move(t.before);
+      l.suffix = std::move(t.content);
+      l.suffix.insert(l.suffix.end(), t.after.begin(), t.after.end());
     }
     // A continued conversation's kept tokens were laid out the same way, and its answer is
     // the model's own tokens.

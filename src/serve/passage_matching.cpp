@@ -202,20 +202,12 @@ void lay_out_inline_passages(const Tokenizer& tok, const ChatTemplate& tmpl, con
     if (suffix.empty()) throw RequestError(400, "invalid_request_error", "prompt has no tokens after its passages", "prompt");
     return;
   }
-  const auto& msgs = req.messages;
-  if (ip.message >= msgs.size()) throw bad_layout("passage matching named a message the request does not have");
-  std::vector<size_t> every(msgs.size());
-  for (size_t i = 0; i < every.size(); ++i) every[i] = i;
-  const std::vector<std::string> pieces = render_prompt_around(tmpl, msgs, every);
-  // As encode_chat_prompt: contents are text, never special tokens (issue 29, item 5).
-  auto content = [&](const std::string& text) {
-    return tok.encode(tmpl.from_file() ? tmpl.content_text(text) : text, false, false);
-  };
-  system = tok.encode(pieces[0], /*add_special=*/true, /*parse_special=*/true);
-  for (size_t i = 0; i < ip.message; ++i) {
-    append(system, content(msgs[i].content));
-    append(system, tok.encode(pieces[i + 1], false, true));
-  }
+  if (ip.message >= req.messages.size()) throw bad_layout("passage matching named a message the request does not have");
+  // The prompt around the split message, as a plain request's (contents never special tokens,
+  // issue 29 item 5); that message's own text is laid out here, around its passages.
+  std::vector<ChatMessage> msgs = req.messages;
+  msgs[ip.message].content.clear();
+  ChatPromptTokens around = encode_chat_prompt(tok, tmpl, msgs, ip.message);
   // The template's treatment of the whole content (Llama 3 strips it) applied to its ends:
   // "x" stands in for the passages between them.
   std::string before = ip.before, after = ip.after;
@@ -225,13 +217,10 @@ void lay_out_inline_passages(const Tokenizer& tok, const ChatTemplate& tmpl, con
     after = tmpl.content_text("x" + after);
     after.erase(0, 1);
   }
+  system = std::move(around.before);
   append(system, tok.encode(before, false, false));
   suffix = tok.encode(after, false, false);
-  append(suffix, tok.encode(pieces[ip.message + 1], false, true));
-  for (size_t i = ip.message + 1; i < msgs.size(); ++i) {
-    append(suffix, content(msgs[i].content));
-    append(suffix, tok.encode(pieces[i + 1], false, true));
-  }
+  append(suffix, around.after);
   if (suffix.empty()) throw bad_layout("the prompt has no tokens after its passages");
 }
 

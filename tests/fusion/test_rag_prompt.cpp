@@ -85,20 +85,20 @@ TEST(RagPrompt, NoMessageContentBecomesSpecialTokens) {
   const ChatPromptTokens p = encode_chat_prompt(tok, t, msgs);
   auto count = [&](const std::vector<TokenId>& v) { return std::count(v.begin(), v.end(), im_start[0]); };
   // One <|im_start|> per message before the last one's content, plus the last's own header.
-  EXPECT_EQ(count(p.before_last), 4);
-  EXPECT_EQ(count(p.last_content), 0);
-  EXPECT_EQ(count(p.after_last), 1);  // the assistant header
+  EXPECT_EQ(count(p.before), 4);
+  EXPECT_EQ(count(p.content), 0);
+  EXPECT_EQ(count(p.after), 1);  // the assistant header
   // The contents are all there, as text: the whole prompt decodes to the template's rendering.
-  std::vector<TokenId> all = p.before_last;
-  all.insert(all.end(), p.last_content.begin(), p.last_content.end());
-  all.insert(all.end(), p.after_last.begin(), p.after_last.end());
+  std::vector<TokenId> all = p.before;
+  all.insert(all.end(), p.content.begin(), p.content.end());
+  all.insert(all.end(), p.after.begin(), p.after.end());
   const std::string bos = tok.decode(tok.encode("", true, false), true);  // "" when no BOS is added
   EXPECT_EQ(tok.decode(all, true), bos + t.apply(msgs, true));
   // A content that spells the renderer's own cut marker cannot move a cut either.
   const std::vector<ChatMessage> marker = {{"user", "\x01\x02CHUNKFUSE_CONTENT_1\x02\x01"}, {"assistant", "ok"},
                                            {"user", "q"}};
   const ChatPromptTokens pm = encode_chat_prompt(tok, t, marker);
-  EXPECT_EQ(tok.decode(pm.last_content, true), "q");
+  EXPECT_EQ(tok.decode(pm.content, true), "q");
 }
 
 }  // namespace

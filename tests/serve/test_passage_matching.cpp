@@ -202,9 +202,9 @@ std::pair<std::vector<TokenId>, std::vector<TokenId>> laid_and_plain(const Model
   }
   laid.insert(laid.end(), u.begin(), u.end());
   const ChatPromptTokens plain = encode_chat_prompt(tok, m.chat_template(), r.messages);
-  std::vector<TokenId> want = plain.before_last;
-  want.insert(want.end(), plain.last_content.begin(), plain.last_content.end());
-  want.insert(want.end(), plain.after_last.begin(), plain.after_last.end());
+  std::vector<TokenId> want = plain.before;
+  want.insert(want.end(), plain.content.begin(), plain.content.end());
+  want.insert(want.end(), plain.after.begin(), plain.after.end());
   return {laid, want};
 }
 
