@@ -6,42 +6,19 @@
 // the checksums and reaches the metadata JSON and the body.
 #include <cstddef>
 #include <cstdint>
-#include <random>
 #include <vector>
 
 #include "kv/cache_file.h"
 #include "kv/chunk_cache.h"
+#include "kv/kv_test_util.h"  // tests/kv: the synthetic caches of the kv tests
 
 namespace {
-constexpr uint64_t kFingerprint = 0x1234abcd5678ef00ull;
+using cf::test::kTinyFingerprint;
 
-// A small cache with deterministic K/V (as tests/kv/kv_test_util.h makes them).
+// A small cache with deterministic K/V, the kv tests' own synthetic cache.
 cf::ChunkCache synthetic(int n_layers, int n_kv_heads, int head_dim, size_t n, int32_t first_pos) {
-  cf::ModelHparams h;
-  h.arch = "llama";
-  h.n_layers = n_layers;
-  h.d_model = 32;
-  h.n_heads = 4;
-  h.n_kv_heads = n_kv_heads;
-  h.head_dim = head_dim;
-  h.d_ff = 64;
-  h.vocab_size = 1000;
-  h.context_length = 4096;
-  h.rope_dims = head_dim;
-  std::vector<cf::TokenId> t(n);
-  for (size_t i = 0; i < n; ++i) t[i] = static_cast<cf::TokenId>((first_pos * 7919 + static_cast<int>(i) * 31) % 1000);
-  cf::KvCache kv(h, n);
-  kv.append(n);
-  std::mt19937 rng(7);
-  std::normal_distribution<float> dist(0.f, 2.f);
-  for (size_t i = 0; i < n; ++i) kv.set_position(i, first_pos + static_cast<int32_t>(i));
-  std::vector<float> k(n * kv.kv_dim()), v(n * kv.kv_dim());
-  for (int l = 0; l < n_layers; ++l) {
-    for (size_t i = 0; i < k.size(); ++i) k[i] = dist(rng), v[i] = dist(rng);
-    kv.write_k(l, 0, n, k.data());
-    kv.write_v(l, 0, n, v.data());
-  }
-  cf::ChunkCache c(cf::ChunkKey(kFingerprint, t), std::move(kv));
+  cf::ChunkCache c = cf::test::synthetic_cache(cf::ChunkKey(kTinyFingerprint, cf::test::tokens_for(first_pos, n)),
+                                               cf::test::tiny_hparams(n_layers, n_kv_heads, head_dim), first_pos);
   c.extra = {{"anchors", {1, 2, 3}}, {"note", "fuzz seed"}};
   return c;
 }
@@ -75,7 +52,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   cf::CacheFileExpect plain;
   cf::CacheFileExpect strict;
-  strict.model_fingerprint = kFingerprint;
+  strict.model_fingerprint = kTinyFingerprint;
   // (No auth here: the images carry no HMAC trailer; remote_entry_fuzz covers the tag.)
   for (const cf::CacheFileExpect* e : {&plain, &strict}) {
     try {
