@@ -6,6 +6,21 @@
 // reach httplib's internals by accident.
 #include <httplib.h>
 
+#include <string_view>
+
+// Both members below are private, so a new cpp-httplib may rename, retype or drop them, or
+// change what process_and_close_socket does, without any compile error in code that can see
+// through access control. An upgrade therefore fails here, at build time: re-check that
+// (1) Server::process_and_close_socket(socket_t) is still the virtual that the accept loop
+// calls once per accepted socket, reads/writes the whole keep-alive connection and closes it;
+// (2) Server::svr_sock_ is still the listening socket (-1 before listen / after stop); and
+// (3) CPPHTTPLIB_LISTEN_BACKLOG is still the compile-time backlog. Then run
+// tests/serve_e2e (test_hostile*.py: the connection cap and deadlines) and update the version.
+static_assert(std::string_view(CPPHTTPLIB_VERSION) == "0.11.4",
+              "http_guard_base.cpp reaches private members of httplib::Server written against cpp-httplib "
+              "0.11.4: re-check process_and_close_socket and svr_sock_ in the new httplib.h (see the comment "
+              "above), then update this version");
+
 namespace cf::detail {
 
 bool httplib_process_and_close_socket(httplib::Server& svr, int sock) {
