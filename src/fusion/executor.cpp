@@ -46,6 +46,25 @@ void extend_prefix(Forward& fwd, KvCache& kv, std::span<const TokenId> tokens) {
   fwd.run(kv, {tokens.subspan(have), pos, {}, {}});
 }
 
+ChunkKey FusionExecutor::chunk_key(uint64_t model_fingerprint, const RagRequest& req, const FusionOptions& opt,
+                                   size_t i) {
+  return base_chunk_key(model_fingerprint, req.chunks.at(i), opt.chunk_variant, req.system);
+}
+
+std::vector<ChunkKey> FusionExecutor::chunk_keys(uint64_t model_fingerprint, const RagRequest& req,
+                                                 const FusionOptions& opt) {
+  std::vector<ChunkKey> keys;
+  if (opt.method == "full") return keys;
+  for (size_t i = 0; i < req.chunks.size(); ++i) keys.push_back(chunk_key(model_fingerprint, req, opt, i));
+  return keys;
+}
+
+void FusionExecutor::prefetch(ChunkStore& store, uint64_t model_fingerprint, const RagRequest& req,
+                              const FusionOptions& opt) {
+  const std::vector<ChunkKey> keys = chunk_keys(model_fingerprint, req, opt);
+  if (!keys.empty()) store.prefetch(keys);
+}
+
 FusionExecutor::FusionExecutor(Forward& fwd, ChunkStore& store, PrefixSource* prefixes)
     : fwd_(fwd), store_(store), external_prefixes_(prefixes) {}
 
@@ -111,7 +130,7 @@ FusionResult FusionExecutor::prefill(const RagRequest& req, const FusionOptions&
   std::vector<std::shared_ptr<const ChunkCache>> caches;
   double offline = 0;
   for (size_t i = 0; i < req.chunks.size(); ++i) {
-    const ChunkKey key = base_chunk_key(fwd_.model().fingerprint(), req.chunks[i], opt.chunk_variant, req.system);
+    const ChunkKey key = chunk_key(fwd_.model().fingerprint(), req, opt, i);
     auto c = selector->lookup_chunk(fwd_, store_, key, req, i);
     if (!c) c = store_.get(key);
     if (c) {

@@ -74,6 +74,17 @@ class FusionExecutor {
   // Throws std::invalid_argument on an unknown method or a ratio outside [0, 1].
   FusionResult prefill(const RagRequest& request, const FusionOptions& opt);
 
+  // The store key prefill() looks chunk i of `request` up by (its base cache: PIC or prefixed,
+  // kv/chunk_key.h), and all of them in chunk order (none for "full", which looks none up).
+  // The one place these keys are made: whoever prefetches uses them (issue 25 item 2).
+  static ChunkKey chunk_key(uint64_t model_fingerprint, const RagRequest& request, const FusionOptions& opt, size_t i);
+  static std::vector<ChunkKey> chunk_keys(uint64_t model_fingerprint, const RagRequest& request,
+                                          const FusionOptions& opt);
+  // Queues the loads of chunk_keys() (ChunkStore::prefetch, Cache-Craft §3.5) for a request
+  // that waits before its prefill; returns at once.
+  static void prefetch(ChunkStore& store, uint64_t model_fingerprint, const RagRequest& request,
+                       const FusionOptions& opt);
+
  private:
   std::shared_ptr<const KvCache> prefix_cache(const std::vector<TokenId>& system, size_t& hit_tokens);
   Forward& fwd_;

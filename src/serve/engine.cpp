@@ -508,11 +508,8 @@ CompletionResult Engine::Impl::complete(const CompletionRequest& req,
     });
   // Cache-Craft §3.5: the request's chunk caches load from disk while it waits in the queue
   // (on the store's worker; a get of a key being loaded waits for that load).
-  if (fused && !rr.chunks.empty()) {
-    std::vector<ChunkKey> keys;
-    for (const auto& c : rr.chunks) keys.push_back(base_chunk_key(model->fingerprint(), c, fo.chunk_variant, rr.system));
-    store.prefetch(keys);
-  }
+  // The executor's own keys: what it prefetches is what its prefill looks up.
+  if (fused && !rr.chunks.empty()) FusionExecutor::prefetch(store, model->fingerprint(), rr, fo);
   try {
     scheduler->wait(job);
   } catch (...) {

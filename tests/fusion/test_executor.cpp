@@ -2,7 +2,10 @@
 // prefill and rho = 0 reproduces full reuse, for every selector.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <cmath>
+#include <filesystem>
 
 #include "../runtime/model_fixture.h"
 #include "fusion_invariants.h"
@@ -76,6 +79,40 @@ TEST_F(Fusion, RejectsBadOptions) {
   EXPECT_THROW(ex.prefill(req, {"nonsense", 0.1, 0}), std::invalid_argument);
   EXPECT_THROW(ex.prefill(req, {"epic", 1.5, 0}), std::invalid_argument);
   EXPECT_THROW(ex.prefill(req, {"epic", -0.1, 0}), std::invalid_argument);
+}
+
+// The executor owns its chunk keys (issue 25 item 2): what FusionExecutor::prefetch loads is
+// what prefill then looks up, for both chunk variants, so every chunk is a prefetch hit.
+TEST_F(Fusion, PrefetchThenPrefillHitsEveryChunk) {
+  namespace fs = std::filesystem;
+  const Model& m = test::shared_model();
+  Forward fwd(m, test::shared_pool());
+  const fs::path dir = fs::temp_directory_path() / ("cf_prefetch_test_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  ChunkStoreOptions o;
+  o.model = StoreModel{m.fingerprint(), m.hparams()};
+  o.dir = dir.string();
+  o.durable = false;
+  const RagRequest req = build_rag_request(m, passages(), "Where was Marie Curie born?");
+  EXPECT_TRUE(FusionExecutor::chunk_keys(m.fingerprint(), req, {"full", 0.15, 0}).empty());  // looks none up
+  for (ChunkVariant variant : {ChunkVariant::alone, ChunkVariant::prefixed}) {
+    FusionOptions fo{"epic", 0.15, 0};
+    fo.chunk_variant = variant;
+    {
+      ChunkStore writer(o);  // the caches on disk
+      FusionExecutor(fwd, writer).prefill(req, fo);
+    }
+    ChunkStore store(o);  // a fresh memory tier over the same files
+    FusionExecutor::prefetch(store, m.fingerprint(), req, fo);
+    store.wait_prefetches();
+    const FusionResult r = FusionExecutor(fwd, store).prefill(req, fo);
+    const ChunkStoreStats s = store.stats();
+    EXPECT_EQ(s.prefetches, req.chunks.size()) << chunk_variant_name(variant);
+    EXPECT_EQ(s.prefetch_hits, req.chunks.size()) << chunk_variant_name(variant);
+    EXPECT_EQ(r.chunk_hits, req.chunks.size()) << chunk_variant_name(variant);
+    EXPECT_EQ(s.computes, 0u) << chunk_variant_name(variant);
+  }
+  fs::remove_all(dir);
 }
 
 }  // namespace
