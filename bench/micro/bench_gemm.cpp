@@ -46,6 +46,8 @@ void run(benchmark::State& state, cf::GgmlType t) {
 
 void q4_1(benchmark::State& s) { run(s, cf::GgmlType::Q4_1); }
 void q8_0(benchmark::State& s) { run(s, cf::GgmlType::Q8_0); }
+void q4_0(benchmark::State& s) { run(s, cf::GgmlType::Q4_0); }
+void q5_0(benchmark::State& s) { run(s, cf::GgmlType::Q5_0); }
 void q4_k(benchmark::State& s) { run(s, cf::GgmlType::Q4_K); }
 void q6_k(benchmark::State& s) { run(s, cf::GgmlType::Q6_K); }
 
@@ -55,6 +57,15 @@ void llama_1b_shapes(benchmark::internal::Benchmark* b) {
     for (auto [rows, cols] : {std::pair{2048, 2048}, {8192, 2048}}) b->Args({rows, cols, n, 1});
 }
 
+// Qwen2.5-0.5B (d 896, MLP 4864): its Q5_0 / Q8_0 / Q4_0 attention and MLP-in matrices and
+// its K-quant MLP-out (4864 wide), decode and prefill (issue 28).
+void qwen_shapes(benchmark::internal::Benchmark* b) {
+  for (int n : {1, 512})
+    for (auto [rows, cols] : {std::pair{896, 896}, {4864, 896}}) b->Args({rows, cols, n, 1});
+}
+void qwen_down_shapes(benchmark::internal::Benchmark* b) {
+  for (int n : {1, 512}) b->Args({896, 4864, n, 1});
+}
 void layer_shapes(benchmark::internal::Benchmark* b) {
   for (int threads : {1, 2})
     for (int n : {1, 64, 512, 2048})
@@ -67,6 +78,12 @@ void layer_shapes(benchmark::internal::Benchmark* b) {
 BENCHMARK(q4_1)->Apply(layer_shapes)->UseRealTime()->MinTime(0.2);
 BENCHMARK(q8_0)->Args({49152, 576, 1, 1})->Args({49152, 576, 1, 2})->Args({49152, 576, 16, 2})
     ->UseRealTime()->MinTime(0.2);
+BENCHMARK(q5_0)->Apply(qwen_shapes)->UseRealTime()->MinTime(0.2);
+BENCHMARK(q4_0)->Apply(qwen_shapes)->UseRealTime()->MinTime(0.2);
+BENCHMARK(q8_0)->Apply(qwen_shapes)->UseRealTime()->MinTime(0.2);
+BENCHMARK(q4_1)->Apply(qwen_shapes)->UseRealTime()->MinTime(0.2);
+BENCHMARK(q4_k)->Apply(qwen_down_shapes)->UseRealTime()->MinTime(0.2);
+BENCHMARK(q6_k)->Apply(qwen_down_shapes)->UseRealTime()->MinTime(0.2);
 BENCHMARK(q4_k)->Apply(llama_1b_shapes)->UseRealTime()->MinTime(0.2);
 BENCHMARK(q6_k)->Apply(llama_1b_shapes)->UseRealTime()->MinTime(0.2);
 // Decode through Llama-3.2-1B's tied output matrix (Q6_K in its Q4_K_M file, 128256 x 2048,

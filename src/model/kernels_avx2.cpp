@@ -8,7 +8,10 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
+#include <memory>
+#include <new>
 
 #include "model/kernels_impl.h"
 
@@ -97,71 +100,149 @@ inline void nib_block_half(const uint8_t* blk, int h, __m256i w[8]) {
   }
 }
 
-// Nibble tiles (nib_geom): 8 rows (half h of the tile) x R activation rows; 8 per-group
-// accumulators per row. Values are unsigned (<= 31), so maddubs cannot saturate.
-template <NibKind K, int R>
-void nib_half(const uint8_t* tile, size_t nb, const ActView& a, size_t r0, int h, float* out /*[R][8]*/) {
-  constexpr NibGeom G = nib_geom(K);
-  __m256 acc[R][8];
-  for (int r = 0; r < R; ++r)
-    for (int g = 0; g < 8; ++g) acc[r][g] = _mm256_setzero_ps();
-  const __m256i ones = _mm256_set1_epi16(1);
-  for (size_t b = 0; b < nb; ++b) {
-    const uint8_t* wb = tile + b * G.block;
-    if (h == 0) prefetch_ahead(wb, G.block);
-    __m256i w[8];
-    nib_block_half<G.high_bits>(wb, h, w);
-    const __m256 dw = load8_fp16(wb + G.d + 16 * h);
-    for (int r = 0; r < R; ++r) {
-      const int8_t* q = a.qs(r0 + r) + b * kQK;
-      const int32_t* c = a.corr(r0 + r) + 8 * b;
-      const __m256 dd = _mm256_mul_ps(dw, _mm256_set1_ps(a.d(r0 + r)[b]));
-      for (int g = 0; g < 8; ++g) {
-        __m256i s = _mm256_madd_epi16(_mm256_maddubs_epi16(w[g], bcast32(q + 4 * g)), ones);
-        if constexpr (G.start_shift > 0)  // Q4_0 / Q5_0: - 8 / 16 sum(q) = corr >> 4 / >> 3
-          s = _mm256_add_epi32(s, _mm256_set1_epi32(c[g] >> G.start_shift));
-        acc[r][g] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(s), acc[r][g]);
-      }
+// Several activation rows of a nibble or byte tile, in 4 passes over the blocks: pass L
+// holds only groups L and L+4 (one 64-byte line of a nibble block: its low and high
+// nibbles), 2 accumulators per row instead of 8, so that 4 rows fit AVX2's 16 registers
+// (8 accumulators per row spill to the stack). Each group's float sequence is the same
+// as in one pass (its own accumulator, blocks in order); a pass ends with lane L + lane
+// L+4, and the 4 pass sums are added as ((0 + 2) + (1 + 3)): hsum8_llama's tree.
+// Signed weights (Q4_0 / Q5_0 as q - 8 / q - 16, Q8_0 as u - 128) multiply as
+// |w| x sign(x, w): the exact integer dot, as the correction term gives it elsewhere.
+enum class PairKind { Q4_1, Q4_0, Q5_1, Q5_0, Q8_0 };
+template <PairKind P>
+struct PairTraits {
+  static constexpr bool kNib = P != PairKind::Q8_0;
+  static constexpr NibKind kK = P == PairKind::Q4_1 ? NibKind::Q4_1 : P == PairKind::Q4_0 ? NibKind::Q4_0
+                                : P == PairKind::Q5_1 ? NibKind::Q5_1 : NibKind::Q5_0;
+  static constexpr NibGeom kG = nib_geom(kK);
+  static constexpr bool kSigned = P == PairKind::Q4_0 || P == PairKind::Q5_0 || P == PairKind::Q8_0;
+  static constexpr bool kMin = kNib && kG.has_min;
+  static constexpr size_t kBlock = kNib ? kG.block : kByte16TileBlock;
+  static constexpr size_t kD = kNib ? kG.d : 512;
+  static constexpr int kOffset = P == PairKind::Q4_0 ? 8 : P == PairKind::Q5_0 ? 16 : 0;
+};
+
+// Groups L and L+4 of block `wb` for rows 8h..8h+7: the weight values (signed kinds:
+// already less their offset).
+template <PairKind P>
+inline void load_pair(const uint8_t* wb, int h, int L, __m256i& w0, __m256i& w1) {
+  using T = PairTraits<P>;
+  if constexpr (!T::kNib) {
+    const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80));
+    w0 = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + 64 * L + 32 * h)), flip);
+    w1 = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + 64 * (L + 4) + 32 * h)), flip);
+  } else {
+    const __m256i low4 = _mm256_set1_epi8(0x0F);
+    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + 64 * L + 32 * h));
+    w0 = _mm256_and_si256(v, low4);
+    w1 = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+    if constexpr (T::kG.high_bits == 1) {  // group g's bit at bit g of line 0: to bit 4
+      const __m256i hb = _mm256_set1_epi8(0x10);
+      const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + 256 + 32 * h));
+      const __m256i p0 = L == 0 ? _mm256_slli_epi16(x, 4) : L == 1 ? _mm256_slli_epi16(x, 3)
+                         : L == 2 ? _mm256_slli_epi16(x, 2) : _mm256_slli_epi16(x, 1);
+      const __m256i p1 = L == 0 ? x : L == 1 ? _mm256_srli_epi16(x, 1) : L == 2 ? _mm256_srli_epi16(x, 2)
+                                                                      : _mm256_srli_epi16(x, 3);
+      w0 = _mm256_or_si256(w0, _mm256_and_si256(p0, hb));
+      w1 = _mm256_or_si256(w1, _mm256_and_si256(p1, hb));
+    }
+    if constexpr (T::kSigned) {
+      w0 = _mm256_sub_epi8(w0, _mm256_set1_epi8(T::kOffset));
+      w1 = _mm256_sub_epi8(w1, _mm256_set1_epi8(T::kOffset));
     }
   }
+}
+
+// The exact dot of one group (8 rows x 4 elements) with 4 activation bytes at q.
+template <bool Signed>
+inline __m256i group_dot(__m256i w, __m256i wabs, const int8_t* q) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  if constexpr (Signed)
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(wabs, _mm256_sign_epi8(bcast32(q), w)), ones);
+  else
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(w, bcast32(q)), ones);
+}
+
+template <PairKind P, int R>
+void pair_rows(const uint8_t* tile, size_t nb, const ActView& a, size_t r0, int h, float* out /*[R][8]*/) {
+  using T = PairTraits<P>;
+  const int8_t* xq[R];
+  const float* xd[R];
   for (int r = 0; r < R; ++r) {
-    __m256 res = hsum8_lanes(acc[r]);
-    if constexpr (G.has_min) {
+    xq[r] = a.qs(r0 + r);
+    xd[r] = a.d(r0 + r);
+  }
+  __m256 t[R][4];
+  for (int L = 0; L < 4; ++L) {
+    __m256 acc[R][2];
+    for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+    for (size_t b = 0; b < nb; ++b) {
+      const uint8_t* wb = tile + b * T::kBlock;
+      __m256i w0, w1;
+      load_pair<P>(wb, h, L, w0, w1);
+      __m256i a0 = w0, a1 = w1;
+      if constexpr (T::kSigned) {
+        a0 = _mm256_abs_epi8(w0);
+        a1 = _mm256_abs_epi8(w1);
+      }
+      const __m256 dw = load8_fp16(wb + T::kD + 16 * h);
+      for (int r = 0; r < R; ++r) {
+        const int8_t* q = xq[r] + b * kQK + 4 * L;
+        const __m256 dd = _mm256_mul_ps(dw, _mm256_set1_ps(xd[r][b]));
+        acc[r][0] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(group_dot<T::kSigned>(w0, a0, q)), acc[r][0]);
+        acc[r][1] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(group_dot<T::kSigned>(w1, a1, q + 16)), acc[r][1]);
+      }
+    }
+    for (int r = 0; r < R; ++r) t[r][L] = _mm256_add_ps(acc[r][0], acc[r][1]);
+  }
+  for (int r = 0; r < R; ++r) {
+    __m256 res = _mm256_add_ps(_mm256_add_ps(t[r][0], t[r][2]), _mm256_add_ps(t[r][1], t[r][3]));
+    if constexpr (T::kMin) {
       const float* xs = a.s16(r0 + r);
       __m256 summ = _mm256_setzero_ps();
       for (size_t b = 0; b < nb; ++b)
-        summ = _mm256_fmadd_ps(load8_fp16(tile + b * G.block + G.m + 16 * h), _mm256_set1_ps(xs[b]), summ);
+        summ = _mm256_fmadd_ps(load8_fp16(tile + b * T::kBlock + T::kG.m + 16 * h), _mm256_set1_ps(xs[b]), summ);
       res = _mm256_add_ps(res, summ);
     }
     _mm256_storeu_ps(out + 8 * r, res);
   }
 }
 
-// Byte tiles: kByte16 (fp16 d; Q8_0).
-// Without VNNI: |w| x sign(x, w) so int16 pair sums cannot saturate.
-template <int R>
-void byte_half(const uint8_t* tile, size_t nb, const ActView& a, size_t r0, int h, float* out) {
-  __m256 acc[R][8];
-  for (int r = 0; r < R; ++r)
-    for (int g = 0; g < 8; ++g) acc[r][g] = _mm256_setzero_ps();
-  const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80));
-  const __m256i ones = _mm256_set1_epi16(1);
+// One activation row (decode): every group in one pass over the blocks (8 accumulators),
+// each line unpacked as it is used.
+template <PairKind P>
+void pair_row1(const uint8_t* tile, size_t nb, const ActView& a, size_t r0, int h, float* out) {
+  using T = PairTraits<P>;
+  __m256 acc[8];
+  for (int g = 0; g < 8; ++g) acc[g] = _mm256_setzero_ps();
+  const int8_t* xq = a.qs(r0);
+  const float* xd = a.d(r0);
   for (size_t b = 0; b < nb; ++b) {
-    const uint8_t* wb = tile + b * kByte16TileBlock;
-    if (h == 0) prefetch_ahead(wb, kByte16TileBlock);
-    const __m256 dw = load8_fp16(wb + 512 + 16 * h);
-    for (int r = 0; r < R; ++r) {
-      const int8_t* q = a.qs(r0 + r) + b * kQK;
-      const __m256 dd = _mm256_mul_ps(dw, _mm256_set1_ps(a.d(r0 + r)[b]));
-      for (int g = 0; g < 8; ++g) {
-        const __m256i ws = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + 64 * g + 32 * h)), flip);
-        const __m256i xs = _mm256_sign_epi8(bcast32(q + 4 * g), ws);
-        const __m256i s = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(ws), xs), ones);
-        acc[r][g] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(s), acc[r][g]);
+    const uint8_t* wb = tile + b * T::kBlock;
+    if (h == 0) prefetch_ahead(wb, T::kBlock);
+    const __m256 dd = _mm256_mul_ps(load8_fp16(wb + T::kD + 16 * h), _mm256_set1_ps(xd[b]));
+    for (int L = 0; L < 4; ++L) {
+      __m256i w0, w1;
+      load_pair<P>(wb, h, L, w0, w1);
+      __m256i a0 = w0, a1 = w1;
+      if constexpr (T::kSigned) {
+        a0 = _mm256_abs_epi8(w0);
+        a1 = _mm256_abs_epi8(w1);
       }
+      const int8_t* q = xq + b * kQK + 4 * L;
+      acc[L] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(group_dot<T::kSigned>(w0, a0, q)), acc[L]);
+      acc[L + 4] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(group_dot<T::kSigned>(w1, a1, q + 16)), acc[L + 4]);
     }
   }
-  for (int r = 0; r < R; ++r) _mm256_storeu_ps(out + 8 * r, hsum8_lanes(acc[r]));
+  __m256 res = hsum8_lanes(acc);
+  if constexpr (T::kMin) {
+    const float* xs = a.s16(r0);
+    __m256 summ = _mm256_setzero_ps();
+    for (size_t b = 0; b < nb; ++b)
+      summ = _mm256_fmadd_ps(load8_fp16(tile + b * T::kBlock + T::kG.m + 16 * h), _mm256_set1_ps(xs[b]), summ);
+    res = _mm256_add_ps(res, summ);
+  }
+  _mm256_storeu_ps(out, res);
 }
 
 // Float tiles' activations, 8 at a time (the values of round_f16_row / round_bf16_row).
@@ -404,20 +485,135 @@ void k_half(const uint8_t* tile, size_t nb, const ActView& a, size_t r0, int h, 
   }
 }
 
+// Prefill over a nibble or byte tile: each half tile (8 output rows) is unpacked once per
+// call into a buffer that the activation rows then share (the call gets up to 64 rows):
+// per block, the 8 groups' weight values (signed kinds: w, then |w|, for |w| x sign(x, w)),
+// then the 8 rows' d as floats (and m for Q4_1 / Q5_1). The dot of one row then reads
+// the weights as they are, 8 accumulators (one per group), all groups in one pass: per
+// group and block a broadcast, maddubs, madd, cvt and fma (+ sign for signed kinds).
+template <PairKind P>
+struct Unpacked {
+  using T = PairTraits<P>;
+  static constexpr size_t kGroupBytes = T::kSigned ? 64 : 32;
+  static constexpr size_t kD = 8 * kGroupBytes;
+  static constexpr size_t kM = kD + 32;
+  static constexpr size_t kStride = kM + (T::kMin ? 32 : 0);
+};
+
+template <PairKind P>
+void unpack_half(const uint8_t* tile, size_t nb, int h, uint8_t* buf) {
+  using T = PairTraits<P>;
+  using U = Unpacked<P>;
+  for (size_t b = 0; b < nb; ++b) {
+    const uint8_t* wb = tile + b * T::kBlock;
+    uint8_t* ub = buf + b * U::kStride;
+    for (int L = 0; L < 4; ++L) {
+      __m256i w[2];
+      load_pair<P>(wb, h, L, w[0], w[1]);
+      for (int i = 0; i < 2; ++i) {
+        uint8_t* gb = ub + (L + 4 * i) * U::kGroupBytes;
+        _mm256_store_si256(reinterpret_cast<__m256i*>(gb), w[i]);
+        if constexpr (T::kSigned) _mm256_store_si256(reinterpret_cast<__m256i*>(gb + 32), _mm256_abs_epi8(w[i]));
+      }
+    }
+    _mm256_store_ps(reinterpret_cast<float*>(ub + U::kD), load8_fp16(wb + T::kD + 16 * h));
+    if constexpr (T::kMin) _mm256_store_ps(reinterpret_cast<float*>(ub + U::kM), load8_fp16(wb + T::kG.m + 16 * h));
+  }
+}
+
+template <PairKind P>
+void unpacked_row(const uint8_t* buf, size_t nb, const ActView& a, size_t r, float* out) {
+  using T = PairTraits<P>;
+  using U = Unpacked<P>;
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256 acc[8];
+  for (int g = 0; g < 8; ++g) acc[g] = _mm256_setzero_ps();
+  const int8_t* xq = a.qs(r);
+  const float* xd = a.d(r);
+  for (size_t b = 0; b < nb; ++b) {
+    const uint8_t* ub = buf + b * U::kStride;
+    const int8_t* q = xq + b * kQK;
+    const __m256 dd = _mm256_mul_ps(_mm256_load_ps(reinterpret_cast<const float*>(ub + U::kD)), _mm256_set1_ps(xd[b]));
+    for (int g = 0; g < 8; ++g) {
+      const uint8_t* gb = ub + g * U::kGroupBytes;
+      const __m256i w = _mm256_load_si256(reinterpret_cast<const __m256i*>(gb));
+      __m256i p;
+      if constexpr (T::kSigned)
+        p = _mm256_maddubs_epi16(_mm256_load_si256(reinterpret_cast<const __m256i*>(gb + 32)),
+                                 _mm256_sign_epi8(bcast32(q + 4 * g), w));
+      else
+        p = _mm256_maddubs_epi16(w, bcast32(q + 4 * g));
+      acc[g] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones)), acc[g]);
+    }
+  }
+  __m256 res = hsum8_lanes(acc);
+  if constexpr (T::kMin) {
+    const float* xs = a.s16(r);
+    __m256 summ = _mm256_setzero_ps();
+    for (size_t b = 0; b < nb; ++b)
+      summ = _mm256_fmadd_ps(_mm256_load_ps(reinterpret_cast<const float*>(buf + b * U::kStride + U::kM)),
+                             _mm256_set1_ps(xs[b]), summ);
+    res = _mm256_add_ps(res, summ);
+  }
+  _mm256_storeu_ps(out, res);
+}
+
+uint8_t* unpack_scratch(size_t bytes) {
+  struct Free {
+    void operator()(uint8_t* p) const { std::free(p); }
+  };
+  thread_local std::unique_ptr<uint8_t, Free> buf;
+  thread_local size_t cap = 0;
+  if (bytes > cap) {
+    cap = (bytes + 63) / 64 * 64;
+    buf.reset(static_cast<uint8_t*>(std::aligned_alloc(64, cap)));
+    if (!buf) throw std::bad_alloc();
+  }
+  return buf.get();
+}
+
+// Fewer than kUnpackRows activation rows read the tile directly (decode); more share an
+// unpacked copy of each half tile.
+constexpr size_t kUnpackRows = 2;
+
+template <PairKind P>
+void pair_tile(const uint8_t* tile, size_t nb, const ActView& a, size_t r0, size_t nr, float* y, size_t y_stride,
+               unsigned o_lo, unsigned o_hi) {
+  alignas(32) float buf[8];
+  uint8_t* ub = nr >= kUnpackRows ? unpack_scratch(nb * Unpacked<P>::kStride) : nullptr;
+  for (int h = 0; h < 2; ++h) {
+    const unsigned lo = std::max(o_lo, 8u * h), hi = std::min(o_hi, 8u * h + 8);
+    if (lo >= hi) continue;
+    if (ub) unpack_half<P>(tile, nb, h, ub);
+    for (size_t r = 0; r < nr; ++r) {
+      if (ub) unpacked_row<P>(ub, nb, a, r0 + r, buf);
+      else pair_row1<P>(tile, nb, a, r0 + r, h, buf);
+      for (unsigned o = lo; o < hi; ++o) y[r * y_stride + o] = buf[o - 8 * h];
+    }
+  }
+}
+
 using HalfFn = void (*)(const uint8_t*, size_t, const ActView&, size_t, int, float*);
 
-template <HalfFn F1, HalfFn F2>
+// F4 (4 rows at a time; null: none), F2, F1.
+template <HalfFn F1, HalfFn F2, HalfFn F4 = nullptr>
 void run_tile(const uint8_t* tile, size_t nb, const ActView& a, size_t r0, size_t nr, float* y, size_t y_stride,
               unsigned o_lo, unsigned o_hi) {
-  alignas(32) float buf[2 * 8];
+  alignas(32) float buf[4 * 8];
   for (int h = 0; h < 2; ++h) {
     const unsigned lo = std::max(o_lo, 8u * h), hi = std::min(o_hi, 8u * h + 8);
     if (lo >= hi) continue;
     size_t r = 0;
     for (; r < nr; ) {
-      const size_t g = nr - r >= 2 ? 2 : 1;
-      if (g == 2) F2(tile, nb, a, r0 + r, h, buf);
-      else F1(tile, nb, a, r0 + r, h, buf);
+      const size_t left = nr - r;
+      const size_t g = F4 != nullptr && left >= 4 ? 4 : left >= 2 ? 2 : 1;
+      if (g == 4) {
+        if constexpr (F4 != nullptr) F4(tile, nb, a, r0 + r, h, buf);
+      } else if (g == 2) {
+        F2(tile, nb, a, r0 + r, h, buf);
+      } else {
+        F1(tile, nb, a, r0 + r, h, buf);
+      }
       for (size_t i = 0; i < g; ++i)
         for (unsigned o = lo; o < hi; ++o) y[(r + i) * y_stride + o] = buf[8 * i + o - 8 * h];
       r += g;
@@ -425,9 +621,9 @@ void run_tile(const uint8_t* tile, size_t nb, const ActView& a, size_t r0, size_
   }
 }
 
-template <NibKind K>
-constexpr TileKernelFn kNibTile = run_tile<nib_half<K, 1>, nib_half<K, 2>>;
-constexpr TileKernelFn kByteTile = run_tile<byte_half<1>, byte_half<2>>;
+template <PairKind P>
+constexpr TileKernelFn kPairTile = pair_tile<P>;
+
 
 }  // namespace
 
@@ -444,8 +640,8 @@ TileKernelFn kquant_tile_avx2(KQuant q, bool batched) {
 }
 
 const IsaKernels& avx2_kernels() {
-  static const IsaKernels k{quantize_q8_avx2,  quantize_q8_k_record, kNibTile<NibKind::Q4_1>, kNibTile<NibKind::Q4_0>,
-                            kNibTile<NibKind::Q5_1>, kNibTile<NibKind::Q5_0>, kByteTile,
+  static const IsaKernels k{quantize_q8_avx2,  quantize_q8_k_record, kPairTile<PairKind::Q4_1>, kPairTile<PairKind::Q4_0>,
+                            kPairTile<PairKind::Q5_1>, kPairTile<PairKind::Q5_0>, kPairTile<PairKind::Q8_0>,
                             half_tile<false, false>,
                             half_tile<true, false>,
                             half_tile<false, true>,
