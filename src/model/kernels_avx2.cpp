@@ -22,6 +22,21 @@ inline float fp16_round_f16c(float f) {
   return _cvtsh_ss(_cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
 }
 
+// A thread's buffer for unpacked half tiles (the tile kernels run on the pool's threads).
+uint8_t* unpack_scratch(size_t bytes) {
+  struct Free {
+    void operator()(uint8_t* p) const { std::free(p); }
+  };
+  thread_local std::unique_ptr<uint8_t, Free> buf;
+  thread_local size_t cap = 0;
+  if (bytes > cap) {
+    cap = (bytes + 63) / 64 * 64;
+    buf.reset(static_cast<uint8_t*>(std::aligned_alloc(64, cap)));
+    if (!buf) throw std::bad_alloc();
+  }
+  return buf.get();
+}
+
 inline float hmax8(__m256 v) {
   __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   m = _mm_max_ps(m, _mm_movehl_ps(m, m));
@@ -100,14 +115,10 @@ inline void nib_block_half(const uint8_t* blk, int h, __m256i w[8]) {
   }
 }
 
-// Several activation rows of a nibble or byte tile, in 4 passes over the blocks: pass L
-// holds only groups L and L+4 (one 64-byte line of a nibble block: its low and high
-// nibbles), 2 accumulators per row instead of 8, so that 4 rows fit AVX2's 16 registers
-// (8 accumulators per row spill to the stack). Each group's float sequence is the same
-// as in one pass (its own accumulator, blocks in order); a pass ends with lane L + lane
-// L+4, and the 4 pass sums are added as ((0 + 2) + (1 + 3)): hsum8_llama's tree.
-// Signed weights (Q4_0 / Q5_0 as q - 8 / q - 16, Q8_0 as u - 128) multiply as
-// |w| x sign(x, w): the exact integer dot, as the correction term gives it elsewhere.
+// Nibble and byte tiles, a pair of groups (L and L+4: the low and high nibbles of one
+// 64-byte line of a nibble block) at a time. Signed weights (Q4_0 / Q5_0 as q - 8 / q - 16,
+// Q8_0 as u - 128) multiply as |w| x sign(x, w): the exact integer dot, as the correction
+// term gives it elsewhere, and int16 pair sums cannot saturate (|w| <= 128, |x| <= 127).
 enum class PairKind { Q4_1, Q4_0, Q5_1, Q5_0, Q8_0 };
 template <PairKind P>
 struct PairTraits {
@@ -161,51 +172,6 @@ inline __m256i group_dot(__m256i w, __m256i wabs, const int8_t* q) {
     return _mm256_madd_epi16(_mm256_maddubs_epi16(wabs, _mm256_sign_epi8(bcast32(q), w)), ones);
   else
     return _mm256_madd_epi16(_mm256_maddubs_epi16(w, bcast32(q)), ones);
-}
-
-template <PairKind P, int R>
-void pair_rows(const uint8_t* tile, size_t nb, const ActView& a, size_t r0, int h, float* out /*[R][8]*/) {
-  using T = PairTraits<P>;
-  const int8_t* xq[R];
-  const float* xd[R];
-  for (int r = 0; r < R; ++r) {
-    xq[r] = a.qs(r0 + r);
-    xd[r] = a.d(r0 + r);
-  }
-  __m256 t[R][4];
-  for (int L = 0; L < 4; ++L) {
-    __m256 acc[R][2];
-    for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
-    for (size_t b = 0; b < nb; ++b) {
-      const uint8_t* wb = tile + b * T::kBlock;
-      __m256i w0, w1;
-      load_pair<P>(wb, h, L, w0, w1);
-      __m256i a0 = w0, a1 = w1;
-      if constexpr (T::kSigned) {
-        a0 = _mm256_abs_epi8(w0);
-        a1 = _mm256_abs_epi8(w1);
-      }
-      const __m256 dw = load8_fp16(wb + T::kD + 16 * h);
-      for (int r = 0; r < R; ++r) {
-        const int8_t* q = xq[r] + b * kQK + 4 * L;
-        const __m256 dd = _mm256_mul_ps(dw, _mm256_set1_ps(xd[r][b]));
-        acc[r][0] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(group_dot<T::kSigned>(w0, a0, q)), acc[r][0]);
-        acc[r][1] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(group_dot<T::kSigned>(w1, a1, q + 16)), acc[r][1]);
-      }
-    }
-    for (int r = 0; r < R; ++r) t[r][L] = _mm256_add_ps(acc[r][0], acc[r][1]);
-  }
-  for (int r = 0; r < R; ++r) {
-    __m256 res = _mm256_add_ps(_mm256_add_ps(t[r][0], t[r][2]), _mm256_add_ps(t[r][1], t[r][3]));
-    if constexpr (T::kMin) {
-      const float* xs = a.s16(r0 + r);
-      __m256 summ = _mm256_setzero_ps();
-      for (size_t b = 0; b < nb; ++b)
-        summ = _mm256_fmadd_ps(load8_fp16(tile + b * T::kBlock + T::kG.m + 16 * h), _mm256_set1_ps(xs[b]), summ);
-      res = _mm256_add_ps(res, summ);
-    }
-    _mm256_storeu_ps(out + 8 * r, res);
-  }
 }
 
 // One activation row (decode): every group in one pass over the blocks (8 accumulators),
@@ -396,14 +362,144 @@ inline __m256i scale_pairs8(__m256i s) {
   return _mm256_or_si256(_mm256_and_si256(s, _mm256_set1_epi32(0xFFFF)), _mm256_slli_epi32(s, 16));
 }
 
-template <KQuant Q, bool Batched, int R>
+// The K super-tiles in llama.cpp's tiled-GEMM order (Batched): each super-block's integer
+// sum over all groups is one number per output (t = float(sum_g S_g) * d, kernels_impl.h),
+// so a row needs one int32 accumulator, not 8 group lanes. Each half tile is unpacked once
+// per call into a buffer shared by the activation rows, per super-block: the 8 blocks' 8
+// groups of weight values (bytes <= 63), each block's scales as int16 pairs (vpmaddwd
+// with the vpmaddubsw pairs gives scale x 4-element sum exactly; Q6_K: the low and the
+// high 16 elements' scales), the terms of the min / offset sums as int16 pairs to multiply
+// with the activation's bsums pairs (Q4_K/Q5_K: (m_2i, m_2i+1) against (bs_2i, bs_2i+1),
+// bs_j = bs16[2j] + bs16[2j+1]; Q6_K: (sc_lo g, sc_hi g) against (bs16[2g], bs16[2g+1]), all
+// exact in int32), then d and dmin. 4 rows share each weight vector.
+template <KQuant Q>
+struct KUnpacked {
+  static constexpr size_t kW = 0;                                        // [c][g] 32 bytes
+  static constexpr size_t kSc = 2048;                                    // [c] (Q6: [c][lo, hi]) 32 bytes
+  static constexpr size_t kPairs = kSc + (Q == KQuant::Q6 ? 512 : 256);  // Q6: 8, else 4 x 32 bytes
+  static constexpr size_t kD = kPairs + (Q == KQuant::Q6 ? 256 : 128);
+  static constexpr size_t kDmin = kD + 32;
+  static constexpr size_t kStride = kDmin + (Q == KQuant::Q6 ? 0 : 32);
+};
+
+inline __m256i i16_pairs(__m256i lo, __m256i hi) {
+  return _mm256_or_si256(_mm256_and_si256(lo, _mm256_set1_epi32(0xFFFF)), _mm256_slli_epi32(hi, 16));
+}
+
+template <KQuant Q>
+void k_unpack_half(const uint8_t* tile, size_t nsb, int h, uint8_t* buf) {
+  constexpr KTileGeom G = ktile_geom(Q);
+  using U = KUnpacked<Q>;
+  for (size_t sb = 0; sb < nsb; ++sb) {
+    const uint8_t* t = tile + sb * G.bytes;
+    uint8_t* ub = buf + sb * U::kStride;
+    for (int c = 0; c < 8; ++c) {
+      __m256i w[8];
+      nib_block_half<G.high_bits>(t + G.block * c, h, w);
+      for (int g = 0; g < 8; ++g) _mm256_store_si256(reinterpret_cast<__m256i*>(ub + U::kW + 32 * (8 * c + g)), w[g]);
+      if constexpr (Q == KQuant::Q6) {
+        const __m256i lo = scales8(t + G.sc + 16 * c + 8 * h, true), hi = scales8(t + G.sc_hi + 16 * c + 8 * h, true);
+        _mm256_store_si256(reinterpret_cast<__m256i*>(ub + U::kSc + 64 * c), scale_pairs8(lo));
+        _mm256_store_si256(reinterpret_cast<__m256i*>(ub + U::kSc + 64 * c + 32), scale_pairs8(hi));
+        _mm256_store_si256(reinterpret_cast<__m256i*>(ub + U::kPairs + 32 * c), i16_pairs(lo, hi));
+      } else {
+        _mm256_store_si256(reinterpret_cast<__m256i*>(ub + U::kSc + 32 * c),
+                           scale_pairs8(scales8(t + G.sc + 16 * c + 8 * h, false)));
+      }
+    }
+    if constexpr (Q != KQuant::Q6) {
+      for (int i = 0; i < 4; ++i)
+        _mm256_store_si256(reinterpret_cast<__m256i*>(ub + U::kPairs + 32 * i),
+                           i16_pairs(scales8(t + G.m + 16 * (2 * i) + 8 * h, false),
+                                     scales8(t + G.m + 16 * (2 * i + 1) + 8 * h, false)));
+      _mm256_store_si256(reinterpret_cast<__m256i*>(ub + U::kDmin),
+                         _mm256_loadu_si256(reinterpret_cast<const __m256i*>(t + G.dmin + 32 * h)));
+    }
+    _mm256_store_si256(reinterpret_cast<__m256i*>(ub + U::kD),
+                       _mm256_loadu_si256(reinterpret_cast<const __m256i*>(t + G.d + 32 * h)));
+  }
+}
+
+template <KQuant Q, int R>
+void k_batched_rows(const uint8_t* buf, size_t nsb, const ActView& a, size_t r0, float* out /*[R][8]*/) {
+  using U = KUnpacked<Q>;
+  constexpr int kNPairs = Q == KQuant::Q6 ? 8 : 4;
+  __m256 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  for (size_t sb = 0; sb < nsb; ++sb) {
+    const uint8_t* ub = buf + sb * U::kStride;
+    const int8_t* xq[R];
+    for (int r = 0; r < R; ++r) xq[r] = a.qs(r0 + r) + sb * kQK_K;
+    __m256i S[R];
+    for (int r = 0; r < R; ++r) S[r] = _mm256_setzero_si256();
+    for (int c = 0; c < 8; ++c) {
+      const __m256i sc_lo = _mm256_load_si256(reinterpret_cast<const __m256i*>(ub + U::kSc + (Q == KQuant::Q6 ? 64 : 32) * c));
+      const __m256i sc_hi = Q == KQuant::Q6 ? _mm256_load_si256(reinterpret_cast<const __m256i*>(ub + U::kSc + 64 * c + 32)) : sc_lo;
+      for (int g = 0; g < 8; ++g) {
+        const __m256i w = _mm256_load_si256(reinterpret_cast<const __m256i*>(ub + U::kW + 32 * (8 * c + g)));
+        for (int r = 0; r < R; ++r)
+          S[r] = _mm256_add_epi32(S[r], _mm256_madd_epi16(_mm256_maddubs_epi16(w, bcast32(xq[r] + 32 * c + 4 * g)),
+                                                          g < 4 ? sc_lo : sc_hi));
+      }
+    }
+    const __m256 dw = _mm256_load_ps(reinterpret_cast<const float*>(ub + U::kD));
+    for (int r = 0; r < R; ++r) {
+      const int32_t* bs16 = a.kbs16(r0 + r) + 16 * sb;
+      __m256i s2 = _mm256_setzero_si256();
+      for (int i = 0; i < kNPairs; ++i) {
+        const int32_t lo = Q == KQuant::Q6 ? bs16[2 * i] : bs16[4 * i] + bs16[4 * i + 1];
+        const int32_t hi = Q == KQuant::Q6 ? bs16[2 * i + 1] : bs16[4 * i + 2] + bs16[4 * i + 3];
+        const auto pair = static_cast<int32_t>((static_cast<uint32_t>(lo) & 0xFFFFu) | (static_cast<uint32_t>(hi) << 16));
+        s2 = _mm256_add_epi32(s2, _mm256_madd_epi16(_mm256_load_si256(reinterpret_cast<const __m256i*>(ub + U::kPairs + 32 * i)),
+                                                    _mm256_set1_epi32(pair)));
+      }
+      __m256 v;
+      if constexpr (Q == KQuant::Q6) {  // the -32 offset of every group, summed with them
+        v = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(S[r], _mm256_slli_epi32(s2, 5))), dw);
+      } else {
+        v = _mm256_fnmadd_ps(_mm256_load_ps(reinterpret_cast<const float*>(ub + U::kDmin)), _mm256_cvtepi32_ps(s2),
+                             _mm256_mul_ps(_mm256_cvtepi32_ps(S[r]), dw));
+      }
+      acc[r] = _mm256_fmadd_ps(v, _mm256_set1_ps(a.kd(r0 + r)[sb]), acc[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) _mm256_storeu_ps(out + 8 * r, acc[r]);
+}
+
+template <KQuant Q>
+void k_batched_tile(const uint8_t* tile, size_t nb, const ActView& a, size_t r0, size_t nr, float* y, size_t y_stride,
+                    unsigned o_lo, unsigned o_hi) {
+  const size_t nsb = nb / 8;
+  uint8_t* ub = unpack_scratch(nsb * KUnpacked<Q>::kStride);
+  alignas(32) float buf[4 * 8];
+  for (int h = 0; h < 2; ++h) {
+    const unsigned lo = std::max(o_lo, 8u * h), hi = std::min(o_hi, 8u * h + 8);
+    if (lo >= hi) continue;
+    k_unpack_half<Q>(tile, nsb, h, ub);
+    for (size_t r = 0; r < nr;) {
+      const size_t g = std::min<size_t>(4, nr - r);
+      switch (g) {
+        case 4: k_batched_rows<Q, 4>(ub, nsb, a, r0 + r, buf); break;
+        case 3: k_batched_rows<Q, 3>(ub, nsb, a, r0 + r, buf); break;
+        case 2: k_batched_rows<Q, 2>(ub, nsb, a, r0 + r, buf); break;
+        default: k_batched_rows<Q, 1>(ub, nsb, a, r0 + r, buf); break;
+      }
+      for (size_t i = 0; i < g; ++i)
+        for (unsigned o = lo; o < hi; ++o) y[(r + i) * y_stride + o] = buf[8 * i + o - 8 * h];
+      r += g;
+    }
+  }
+}
+
+// The vec-dot order (fewer than kKQuantBatchedRows rows: decode).
+template <KQuant Q, int R>
 void k_half(const uint8_t* tile, size_t nb, const ActView& a, size_t r0, int h, float* out) {
   constexpr KTileGeom G = ktile_geom(Q);
-  __m256 lane[R][8], accm[R][4], summs[R], acc[R];
+  __m256 lane[R][8], accm[R][4], summs[R];
   for (int r = 0; r < R; ++r) {
     for (int g = 0; g < 8; ++g) lane[r][g] = _mm256_setzero_ps();
     for (int i = 0; i < 4; ++i) accm[r][i] = _mm256_setzero_ps();
-    summs[r] = acc[r] = _mm256_setzero_ps();
+    summs[r] = _mm256_setzero_ps();
   }
   for (size_t sb = 0; sb < nb / 8; ++sb) {
     const uint8_t* t = tile + sb * G.bytes;
@@ -436,22 +532,6 @@ void k_half(const uint8_t* tile, size_t nb, const ActView& a, size_t r0, int h, 
     const __m256 dw = _mm256_loadu_ps(reinterpret_cast<const float*>(t + G.d + 32 * h));
     for (int r = 0; r < R; ++r) {
       const float xd = a.kd(r0 + r)[sb];
-      if constexpr (Batched) {  // llama.cpp's tiled GEMM (its AVX-512 VNNI order)
-        __m256i s1 = S[r][0];
-        for (int g = 1; g < 8; ++g) s1 = _mm256_add_epi32(s1, S[r][g]);
-        __m256 v = _mm256_mul_ps(_mm256_cvtepi32_ps(s1), dw);
-        if constexpr (Q != KQuant::Q6) {
-          const int32_t* bs16 = a.kbs16(r0 + r) + 16 * sb;
-          __m256i s2 = _mm256_setzero_si256();
-          for (int j = 0; j < 8; ++j)
-            s2 = _mm256_add_epi32(s2, _mm256_mullo_epi32(scales8(t + G.m + 16 * j + 8 * h, false),
-                                                         _mm256_set1_epi32(bs16[2 * j] + bs16[2 * j + 1])));
-          v = _mm256_fnmadd_ps(_mm256_loadu_ps(reinterpret_cast<const float*>(t + G.dmin + 32 * h)),
-                               _mm256_cvtepi32_ps(s2), v);
-        }
-        acc[r] = _mm256_fmadd_ps(v, _mm256_set1_ps(xd), acc[r]);
-        continue;
-      }
       const __m256 dd = _mm256_mul_ps(_mm256_set1_ps(xd), dw);
       for (int g = 0; g < 8; ++g) lane[r][g] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(S[r][g]), lane[r][g]);
       if constexpr (Q != KQuant::Q6) {
@@ -473,10 +553,6 @@ void k_half(const uint8_t* tile, size_t nb, const ActView& a, size_t r0, int h, 
     }
   }
   for (int r = 0; r < R; ++r) {
-    if constexpr (Batched) {
-      _mm256_storeu_ps(out + 8 * r, acc[r]);
-      continue;
-    }
     __m256 res = hsum8_lanes(lane[r]);
     if constexpr (Q == KQuant::Q4)
       res = _mm256_add_ps(res, _mm256_add_ps(_mm256_add_ps(accm[r][0], accm[r][2]), _mm256_add_ps(accm[r][1], accm[r][3])));
@@ -558,20 +634,6 @@ void unpacked_row(const uint8_t* buf, size_t nb, const ActView& a, size_t r, flo
   _mm256_storeu_ps(out, res);
 }
 
-uint8_t* unpack_scratch(size_t bytes) {
-  struct Free {
-    void operator()(uint8_t* p) const { std::free(p); }
-  };
-  thread_local std::unique_ptr<uint8_t, Free> buf;
-  thread_local size_t cap = 0;
-  if (bytes > cap) {
-    cap = (bytes + 63) / 64 * 64;
-    buf.reset(static_cast<uint8_t*>(std::aligned_alloc(64, cap)));
-    if (!buf) throw std::bad_alloc();
-  }
-  return buf.get();
-}
-
 // Fewer than kUnpackRows activation rows read the tile directly (decode); more share an
 // unpacked copy of each half tile.
 constexpr size_t kUnpackRows = 2;
@@ -627,16 +689,16 @@ constexpr TileKernelFn kPairTile = pair_tile<P>;
 
 }  // namespace
 
-template <KQuant Q, bool Batched>
-constexpr TileKernelFn kKTile = run_tile<k_half<Q, Batched, 1>, k_half<Q, Batched, 2>>;
+template <KQuant Q>
+constexpr TileKernelFn kKTile = run_tile<k_half<Q, 1>, k_half<Q, 2>>;
 
 TileKernelFn kquant_tile_avx2(KQuant q, bool batched) {
   switch (q) {
-    case KQuant::Q4: return batched ? kKTile<KQuant::Q4, true> : kKTile<KQuant::Q4, false>;
-    case KQuant::Q5: return batched ? kKTile<KQuant::Q5, true> : kKTile<KQuant::Q5, false>;
+    case KQuant::Q4: return batched ? k_batched_tile<KQuant::Q4> : kKTile<KQuant::Q4>;
+    case KQuant::Q5: return batched ? k_batched_tile<KQuant::Q5> : kKTile<KQuant::Q5>;
     case KQuant::Q6: break;
   }
-  return batched ? kKTile<KQuant::Q6, true> : kKTile<KQuant::Q6, false>;
+  return batched ? k_batched_tile<KQuant::Q6> : kKTile<KQuant::Q6>;
 }
 
 const IsaKernels& avx2_kernels() {
