@@ -7,6 +7,7 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "base/clock.h"
 #include "base/paths.h"
 #include "model/kernels.h"
 
@@ -32,10 +33,6 @@ std::unique_ptr<Model> load_model(const ModelOptions& opt, bool quiet) {
                  h.arch.c_str(), h.n_layers, h.d_model, h.vocab_size, isa_name(active_isa()), now_ms() - t0);
   }
   return model;
-}
-
-double now_ms() {
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
 std::vector<std::string> split_list(const std::string& s) {

@@ -22,8 +22,6 @@ void add_model_options(CLI::App& cmd, ModelOptions& opt);
 // Loads the model, printing what it loaded to stderr; throws with a clear message.
 std::unique_ptr<Model> load_model(const ModelOptions& opt, bool quiet = false);
 
-double now_ms();
-
 // "a,b,,c" -> {a, b, c}.
 std::vector<std::string> split_list(const std::string& s);
 // Comma-separated ratios in [0, 1]; `option` names the flag in the error.

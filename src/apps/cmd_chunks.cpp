@@ -16,6 +16,7 @@
 #include <unordered_set>
 
 #include "apps/app_common.h"
+#include "base/clock.h"
 #include "base/paths.h"
 #include "base/progress.h"
 #include "fusion/fusionrag_enrich.h"

@@ -8,6 +8,7 @@
 #include <stdexcept>
 
 #include "apps/app_common.h"
+#include "base/clock.h"
 #include "runtime/forward.h"
 #include "runtime/sampler.h"
 

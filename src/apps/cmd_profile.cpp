@@ -6,6 +6,7 @@
 #include <filesystem>
 
 #include "apps/app_common.h"
+#include "base/clock.h"
 #include "fusion/qcfuse.h"
 #include "kv/chunk_store.h"
 

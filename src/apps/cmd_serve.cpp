@@ -11,6 +11,7 @@
 
 #include "apps/app_common.h"
 #include "apps/remote_options.h"
+#include "base/clock.h"
 #include "base/paths.h"
 #include "fusion/selector.h"
 #include "serve/engine.h"

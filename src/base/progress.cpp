@@ -5,12 +5,9 @@
 #include <chrono>
 #include <cstdio>
 
+#include "base/clock.h"
+
 namespace cf {
-namespace {
-double now_ms() {
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-}  // namespace
 
 std::string format_duration(double seconds) {
   const long s = static_cast<long>(seconds + 0.5);

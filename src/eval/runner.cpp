@@ -16,6 +16,7 @@
 #include <set>
 #include <stdexcept>
 
+#include "base/clock.h"
 #include "base/progress.h"
 #include "eval/bench_request.h"
 #include "eval/metrics.h"
@@ -29,11 +30,6 @@ namespace {
 
 namespace fs = std::filesystem;
 using nlohmann::json;
-using Clock = std::chrono::steady_clock;
-
-double now_ms() {
-  return std::chrono::duration<double, std::milli>(Clock::now().time_since_epoch()).count();
-}
 
 std::string ratio_text(double r) {
   char buf[32];

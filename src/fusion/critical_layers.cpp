@@ -29,6 +29,7 @@
 #include <numeric>
 #include <stdexcept>
 
+#include "base/clock.h"
 #include "base/paths.h"
 #include "fusion/bundled_profiles.h"
 #include "fusion/qcfuse.h"
@@ -88,8 +89,6 @@ std::string lower(std::string s) {
   for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   return s;
 }
-
-using Clock = std::chrono::steady_clock;
 
 }  // namespace
 
@@ -316,7 +315,7 @@ bool gold_token_positions(const Tokenizer& tok, std::span<const TokenId> tokens,
 
 LayerProfile profile_critical_layers(Forward& fwd, ChunkStore& store, const std::vector<CalibrationExample>& examples,
                                      const ProfileOptions& opt) {
-  const auto t0 = Clock::now();
+  const auto t0 = SteadyClock::now();
   const Model& m = fwd.model();
   const ModelHparams& h = m.hparams();
   const int L = h.n_layers;
@@ -374,14 +373,14 @@ LayerProfile profile_critical_layers(Forward& fwd, ChunkStore& store, const std:
     view.anchors.resize(opt.anchor_rule.per_layer ? static_cast<size_t>(L) : 1);
     for (const auto& toks : req.chunks) {
       ChunkKey key(m.fingerprint(), toks);
-      const auto tc = Clock::now();
+      const auto tc = SteadyClock::now();
       auto c = store.get_or_compute(key, [&] { return compute_chunk_cache(fwd, key); });
-      pic_ms += std::chrono::duration<double, std::milli>(Clock::now() - tc).count();
+      pic_ms += ms_since(tc);
       if (opt.anchor_ratio > 0 && !stored_anchors(*c, opt.anchor_ratio, opt.anchor_rule, 0)) {
-        const auto ta = Clock::now();
+        const auto ta = SteadyClock::now();
         ChunkCache prepared = *c;
         prepare_anchors(fwd, prepared, opt.anchor_rule);
-        anchors_ms += std::chrono::duration<double, std::milli>(Clock::now() - ta).count();
+        anchors_ms += ms_since(ta);
         ++anchors_chunks;
         c = store.put(std::move(prepared));
       }
@@ -472,7 +471,7 @@ LayerProfile profile_critical_layers(Forward& fwd, ChunkStore& store, const std:
     per_dataset[name]["critical_set_recall"] = rc.first / static_cast<double>(rc.second);
     p.critical_set_recall += rc.first / static_cast<double>(rc.second) / static_cast<double>(set_recall.size());
   }
-  p.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  p.seconds = ms_since(t0) / 1000;
   p.data = {{"datasets", per_dataset},
             {"skipped", skipped},
             {"budget", kProfileBudget},

@@ -4,6 +4,8 @@
 #include <chrono>
 #include <stdexcept>
 
+#include "base/clock.h"
+
 // Sliding-window models (Gemma 3: local layers see the last `window` positions, every
 // sixth layer sees all). The rule, layer by layer, and why it needs no special case here:
 //  - Chunk cache: a chunk prefilled alone at positions 0..n-1, every layer with its own mask.
@@ -31,10 +33,6 @@
 //    through the global layers' scores.
 namespace cf {
 namespace {
-using Clock = std::chrono::steady_clock;
-double ms_between(Clock::time_point a, Clock::time_point b) {
-  return std::chrono::duration<double, std::milli>(b - a).count();
-}
 }  // namespace
 
 void extend_prefix(Forward& fwd, KvCache& kv, std::span<const TokenId> tokens) {
@@ -98,7 +96,7 @@ FusionResult FusionExecutor::prefill(const RagRequest& req, const FusionOptions&
   const size_t context_begin = req.system.size();
   const size_t context_end = context_begin + req.context_tokens();
 
-  const auto t0 = Clock::now();
+  const auto t0 = SteadyClock::now();
   FusionResult r{{}, KvCache(h, tokens.size() + 256), 0, {}, req.context_tokens(), 0, 0, false, 0, {}, {}, {}, {}};
   r.next_position = static_cast<int32_t>(tokens.size());
 
@@ -117,14 +115,14 @@ FusionResult FusionExecutor::prefill(const RagRequest& req, const FusionOptions&
                                   std::span<const size_t>(&last_row, 1)});
     r.logits = std::move(out.logits);
     for (size_t s = context_begin; s < context_end; ++s) r.recomputed.push_back(s);
-    r.timings.recompute_ms = r.timings.ttft_ms = ms_between(t0, Clock::now());
+    r.timings.recompute_ms = r.timings.ttft_ms = ms_since(t0);
     return r;
   }
   std::unique_ptr<Selector> selector = make_selector(opt.method);
   selector->configure(opt.method_options);
 
   // Lookup: S from the prefix cache, each chunk from the store (computed if missing).
-  auto t_lookup = Clock::now();
+  auto t_lookup = SteadyClock::now();
   auto prefix = prefix_cache(req.system, r.prefix_hit_tokens);
   r.prefix_hit = r.prefix_hit_tokens > 0;
   std::vector<std::shared_ptr<const ChunkCache>> caches;
@@ -137,23 +135,23 @@ FusionResult FusionExecutor::prefill(const RagRequest& req, const FusionOptions&
       ++r.chunk_hits;
     } else {
       ++r.chunk_misses;
-      const auto tc = Clock::now();
+      const auto tc = SteadyClock::now();
       c = store_.get_or_compute(
           key, [&] { return compute_chunk_cache(fwd_, key, base_chunk_prefix(opt.chunk_variant, req.system)); });
-      offline += ms_between(tc, Clock::now());
+      offline += ms_since(tc);
     }
     // The method's offline metadata, when this chunk does not carry it yet.
     if (selector->needs_preparation(*c)) {
-      const auto tp = Clock::now();
+      const auto tp = SteadyClock::now();
       ChunkCache prepared = *c;
       selector->prepare_chunk(fwd_, prepared);
       c = store_.put(std::move(prepared));
-      offline += ms_between(tp, Clock::now());
+      offline += ms_since(tp);
     }
     caches.push_back(std::move(c));
   }
   offline += selector->offline_ms();
-  const auto t_stitch = Clock::now();
+  const auto t_stitch = SteadyClock::now();
 
   // Stitch: S at 0.., chunk i at its offset (keys rotated by the offset). A prefixed cache
   // starts at |S| (its S rows were not stored) and an alone one at 0: both move by
@@ -166,13 +164,13 @@ FusionResult FusionExecutor::prefill(const RagRequest& req, const FusionOptions&
     r.cache.append_from(c->kv, 0, c->kv.size(), delta);
     in.chunks.push_back({begin, c->kv.size(), c});
   }
-  const auto t_select = Clock::now();
+  const auto t_select = SteadyClock::now();
 
   Selection sel = selector->select(fwd_, in);
   if (r.cache.size() != context_end) throw std::logic_error("selector " + std::string(selector->name()) + " left probe entries in the cache");
   for (size_t s : sel.slots)
     if (s < context_begin || s >= context_end) throw std::logic_error("selector chose a slot outside the context");
-  const auto t_recompute = Clock::now();
+  const auto t_recompute = SteadyClock::now();
 
   // Recompute P in place and compute U into new slots, in one pass (Eq. 7 semantics).
   std::vector<TokenId> rows;
@@ -194,7 +192,7 @@ FusionResult FusionExecutor::prefill(const RagRequest& req, const FusionOptions&
   ForwardHooks hooks;
   const bool hooked = selector->recompute_hooks(in, sel.slots, hooks);
   auto out = fwd_.run(r.cache, {rows, pos, slots, std::span<const size_t>(&logit_row, 1)}, hooked ? &hooks : nullptr);
-  const auto t_end = Clock::now();
+  const auto t_end = SteadyClock::now();
   if (hooked) selector->after_recompute(sel.details);
 
   r.logits = std::move(out.logits);

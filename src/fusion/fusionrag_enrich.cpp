@@ -17,14 +17,11 @@
 #include <stdexcept>
 #include <unordered_map>
 
+#include "base/clock.h"
 #include "fusion/bm25.h"
 
 namespace cf {
 namespace {
-
-double steady_ms() {
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
 
 Passage passage_from_json(const nlohmann::json& j, const std::string& where) {
   if (!j.is_object() || !j.contains("text") || !j["text"].is_string())
@@ -80,7 +77,7 @@ ChunkCache compute_enriched_cache(Forward& fwd, const KvCache& system_kv, std::s
   if (system_kv.size() != system.size())
     throw std::invalid_argument("compute_enriched_cache: S cache holds " + std::to_string(system_kv.size()) +
                                 " entries for " + std::to_string(system.size()) + " tokens");
-  const double t0 = steady_ms();
+  const double t0 = now_ms();
   std::vector<ChunkKey> keys;
   keys.reserve(neighbours.size());
   for (const auto& n : neighbours) keys.push_back(n->key);
@@ -92,7 +89,7 @@ ChunkCache compute_enriched_cache(Forward& fwd, const KvCache& system_kv, std::s
     scratch.append_from(n->kv, 0, n->kv.size(), delta);
   }
   ChunkCache c = compute_chunk_cache_in_context(fwd, key, scratch, static_cast<int32_t>(scratch.size()));
-  c.offline_ms = steady_ms() - t0;
+  c.offline_ms = now_ms() - t0;
   return c;
 }
 
@@ -250,12 +247,12 @@ EnrichReport enrich_corpus(Forward& fwd, ChunkStore& store, const std::vector<Co
   rep.unique = keys.size();
   const size_t targets = std::min(opt.limit, keys.size());
 
-  const double t_sim = steady_ms();
+  const double t_sim = now_ms();
   const Bm25Index index(terms);
   std::vector<std::vector<size_t>> neigh(targets);
   for (size_t d = 0; d < targets; ++d)
     for (const auto& [doc, s] : index.top(terms[d], opt.neighbours, d)) neigh[d].push_back(doc);
-  rep.similarity_ms = steady_ms() - t_sim;
+  rep.similarity_ms = now_ms() - t_sim;
 
   auto compute_pic = [&](const ChunkKey& k) {
     ChunkCache c = compute_chunk_cache(fwd, k, base_chunk_prefix(opt.variant, opt.system));

@@ -30,6 +30,7 @@
 #include <mutex>
 #include <stdexcept>
 
+#include "base/clock.h"
 #include "base/thread_pool.h"
 #include "fusion/qcfuse.h"
 #include "runtime/attention.h"
@@ -37,8 +38,6 @@
 
 namespace cf::qcfuse {
 namespace {
-using Clock = std::chrono::steady_clock;
-double ms_since(Clock::time_point t) { return std::chrono::duration<double, std::milli>(Clock::now() - t).count(); }
 }  // namespace
 
 size_t anchor_count(size_t n, double ratio) {
@@ -142,7 +141,7 @@ const KvCache* sink_keys(Forward& fwd, const AnchorRule& rule) {
 }
 
 void prepare_anchors(Forward& fwd, ChunkCache& chunk, const AnchorRule& rule) {
-  const auto t0 = Clock::now();
+  const auto t0 = SteadyClock::now();
   const auto by_layer = kvzip_layer_scores(fwd, chunk.kv, sink_keys(fwd, rule));
   nlohmann::json layers = nlohmann::json::array();
   std::vector<double> sum(chunk.kv.size(), 0.0);
@@ -236,7 +235,7 @@ std::vector<std::vector<uint32_t>> chunk_anchor_sets(Forward& fwd, const ChunkCa
 ProbeResult query_probe(Forward& fwd, KvCache& stitched, size_t context_begin, size_t context_end, const ProbeView& view,
                         std::span<const TokenId> suffix, size_t rows_begin, size_t rows_end,
                         const std::vector<int>& layers) {
-  const auto t0 = Clock::now();
+  const auto t0 = SteadyClock::now();
   const ModelHparams& h = fwd.model().hparams();
   if (context_end > stitched.size() || context_begin > context_end)
     throw std::invalid_argument("query_probe: context outside the stitched cache");
@@ -316,7 +315,7 @@ ProbeResult query_probe(Forward& fwd, KvCache& stitched, size_t context_begin, s
     return l <= deepest ? masks[static_cast<size_t>(l)].data() : nullptr;
   };
   hooks.on_layer = [&](const LayerTap& t) {
-    const auto ts = Clock::now();
+    const auto ts = SteadyClock::now();
     const size_t li = static_cast<size_t>(std::find(layers.begin(), layers.end(), t.layer) - layers.begin());
     std::memcpy(keys.data(), stitched.k_f16(t.layer, 0), context_end * kvd * KvCache::kValueBytes);
     f32_to_f16(t.k, keys.data() + context_end * kvd, nu * kvd);  // the tap's K is f16-exact: no rounding

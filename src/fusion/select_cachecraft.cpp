@@ -50,6 +50,7 @@
 //    own and its old prefix is empty (β = 0 unless the chunk is first); it is not a variant
 //    made from a request. Variants, when created, are after_prefix caches as before.
 //  - Tiers, demotion and preloading (§3.4.2, §3.5) are the chunk store's (kv/chunk_store.h).
+#include "base/clock.h"
 #include "fusion/select_cachecraft.h"
 
 #include <algorithm>
@@ -63,8 +64,6 @@
 
 namespace cf {
 namespace {
-using Clock = std::chrono::steady_clock;
-double ms_since(Clock::time_point t) { return std::chrono::duration<double, std::milli>(Clock::now() - t).count(); }
 
 constexpr const char* kKey = "cachecraft";
 
@@ -193,7 +192,7 @@ VariantStats pic_stats(Forward& fwd, const std::vector<TokenId>& chunk) {
 
 VariantBuildReport build_cachecraft_variants(Forward& fwd, ChunkStore& store, const RagRequest& req,
                                              const CacheCraftOptions& opt) {
-  const auto t0 = Clock::now();
+  const auto t0 = SteadyClock::now();
   VariantBuildReport rep;
   const ModelHparams& h = fwd.model().hparams();
   const uint64_t fp = fwd.model().fingerprint();
@@ -274,7 +273,7 @@ VariantBuildReport build_cachecraft_variants(Forward& fwd, ChunkStore& store, co
       }
     });
   };
-  const auto tf = Clock::now();
+  const auto tf = SteadyClock::now();
   fwd.run(full, {tokens, pos, {}, {}}, &hooks);
   rep.forward_ms = ms_since(tf);
 

@@ -4,12 +4,10 @@
 #include <numeric>
 #include <stdexcept>
 
+#include "base/clock.h"
+
 namespace cf {
 namespace {
-
-double steady_ms() {
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
 
 void check_model(const Forward& fwd, const ChunkKey& key) {
   if (key.model_fingerprint() != fwd.model().fingerprint())
@@ -51,7 +49,7 @@ ChunkCache compute_chunk_cache(Forward& fwd, const ChunkKey& key, std::span<cons
     case ContextKind::neighbours:
       throw std::invalid_argument("compute_chunk_cache: a neighbours variant needs compute_chunk_cache_in_context");
   }
-  const double t0 = steady_ms();
+  const double t0 = now_ms();
   const size_t n = key.tokens().size();
   KvCache work(fwd.model().hparams(), prefix.size() + n);
   if (!prefix.empty()) run_rows(fwd, work, prefix, 0);
@@ -60,14 +58,14 @@ ChunkCache compute_chunk_cache(Forward& fwd, const ChunkKey& key, std::span<cons
   KvCache kv(fwd.model().hparams(), n);
   kv.append_from(work, prefix.size(), prefix.size() + n, 0);
   ChunkCache c(key, std::move(kv));
-  c.offline_ms = steady_ms() - t0;
+  c.offline_ms = now_ms() - t0;
   c.created_unix_ms = unix_time_ms();
   return c;
 }
 
 ChunkCache compute_chunk_cache_in_context(Forward& fwd, const ChunkKey& key, KvCache& context, int32_t start_pos) {
   check_model(fwd, key);
-  const double t0 = steady_ms();
+  const double t0 = now_ms();
   const size_t before = context.size(), n = key.tokens().size();
   KvCache kv(fwd.model().hparams(), n);
   try {
@@ -79,7 +77,7 @@ ChunkCache compute_chunk_cache_in_context(Forward& fwd, const ChunkKey& key, KvC
   }
   context.truncate(before);
   ChunkCache c(key, std::move(kv));
-  c.offline_ms = steady_ms() - t0;
+  c.offline_ms = now_ms() - t0;
   c.created_unix_ms = unix_time_ms();
   return c;
 }

@@ -12,6 +12,7 @@
 #include <stdexcept>
 #include <tuple>
 
+#include "base/clock.h"
 #include "kv/store_paths.h"
 
 namespace cf {
@@ -21,10 +22,6 @@ namespace {
 constexpr const char* kExt = ".cfkv";
 constexpr const char* kCorruptExt = ".corrupt";
 constexpr const char* kScoresFile = "fr-scores.json";
-
-double steady_ms() {
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
 
 bool ends_with(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
@@ -341,14 +338,14 @@ CacheFileExpect ChunkStore::expect_for(const StoreModel& m, const std::string& i
 std::shared_ptr<const ChunkCache> ChunkStore::read_file(const std::string& id) {
   const StoreModel& m = model();
   const std::string path = path_for(id);
-  const double t0 = steady_ms();
+  const double t0 = now_ms();
   try {
     auto c = std::make_shared<const ChunkCache>(read_cache_file(path, expect_for(m, id)));
     std::error_code ec;
     const auto bytes = fs::file_size(path, ec);
     std::lock_guard lock(mu_);
     ++stats_.disk_loads;
-    stats_.disk_load_ms += steady_ms() - t0;
+    stats_.disk_load_ms += now_ms() - t0;
     if (!ec) stats_.disk_bytes_read += bytes;
     return c;
   } catch (const CacheFileError& e) {
@@ -364,7 +361,7 @@ std::shared_ptr<const ChunkCache> ChunkStore::read_file(const std::string& id) {
 
 std::shared_ptr<const ChunkCache> ChunkStore::read_remote(const std::string& id) {
   const StoreModel& m = model();
-  const double t0 = steady_ms();
+  const double t0 = now_ms();
   auto image = remote_->get(id);
   if (!image) return nullptr;
   std::shared_ptr<const ChunkCache> c;
@@ -390,7 +387,7 @@ std::shared_ptr<const ChunkCache> ChunkStore::read_remote(const std::string& id)
     }
   }
   std::lock_guard lock(mu_);
-  stats_.disk_load_ms += steady_ms() - t0;
+  stats_.disk_load_ms += now_ms() - t0;
   if (written) {
     ++stats_.disk_writes;
     stats_.disk_bytes_written += image->size();
@@ -641,12 +638,12 @@ std::shared_ptr<const ChunkCache> ChunkStore::put(ChunkCache cache) {
 std::shared_ptr<const ChunkCache> ChunkStore::get_or_compute(const ChunkKey& key,
                                                              const std::function<ChunkCache()>& compute) {
   if (auto c = get(key)) return c;
-  const double t0 = steady_ms();
+  const double t0 = now_ms();
   ChunkCache fresh = compute();
   {
     std::lock_guard lock(mu_);
     ++stats_.computes;
-    stats_.compute_ms += steady_ms() - t0;
+    stats_.compute_ms += now_ms() - t0;
   }
   if (fresh.key.id() != key.id())
     throw std::logic_error("chunk store: compute for " + key.id() + " returned " + fresh.key.id());

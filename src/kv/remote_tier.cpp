@@ -10,15 +10,12 @@
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 
+#include "base/clock.h"
 #include "base/bounded_json.h"
 #include "kv/entry_auth.h"
 
 namespace cf {
 namespace {
-
-double steady_ms() {
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
 
 timeval to_timeval(int ms) {
   timeval tv{};
@@ -159,7 +156,7 @@ redisContext* RemoteTier::connect() {
     opt_.report("remote tier redis://" + url_.host + ":" + std::to_string(url_.port) + ": " + why +
                 " (serving from local tiers; retrying every " + std::to_string(opt_.retry_ms) + " ms)");
   stats_.up = false;
-  down_until_ms_ = steady_ms() + opt_.retry_ms;
+  down_until_ms_ = now_ms() + opt_.retry_ms;
   return nullptr;
 }
 
@@ -172,7 +169,7 @@ redisContext* RemoteTier::acquire() {
       idle_.pop_back();
       return c;
     }
-    if (steady_ms() < down_until_ms_) return nullptr;  // down: do not wait for a connect timeout again
+    if (now_ms() < down_until_ms_) return nullptr;  // down: do not wait for a connect timeout again
     if (open_ < opt_.pool_size) {
       ++open_;
       lock.unlock();
@@ -212,7 +209,7 @@ void RemoteTier::note_error(const std::string& what, bool connection_lost) {
     stats_.up = false;
     // A timeout or a dropped connection: back off like a failed connect, so that a stalled
     // Redis costs one timeout per retry_ms, not one per request.
-    if (connection_lost) down_until_ms_ = steady_ms() + opt_.retry_ms;
+    if (connection_lost) down_until_ms_ = now_ms() + opt_.retry_ms;
   }
   if (first) opt_.report("remote tier: " + what + " (serving from local tiers)");
 }
@@ -306,7 +303,7 @@ std::optional<std::vector<uint8_t>> RemoteTier::get(const std::string& id) {
     ++stats_.misses;
     return std::nullopt;
   }
-  const double t0 = steady_ms();
+  const double t0 = now_ms();
   bool ok = true;
   std::optional<std::vector<uint8_t>> out;
   std::string bad;  // non-empty: the entry is bad, delete it
@@ -368,7 +365,7 @@ std::optional<std::vector<uint8_t>> RemoteTier::get(const std::string& id) {
     delete_entry(c, id, &manifest_text);
     ok = !c->err;
   }
-  const double ms = steady_ms() - t0;
+  const double ms = now_ms() - t0;
   release(c, ok);
   std::lock_guard lock(mu_);
   ++stats_.reads;
@@ -441,7 +438,7 @@ bool RemoteTier::put_async(const std::string& id, std::vector<uint8_t> image) {
   if (image.empty()) return false;
   std::lock_guard lock(mu_);
   if (stopping_ || queue_.size() >= opt_.queue_entries || queue_bytes_ + image.size() > opt_.queue_bytes ||
-      steady_ms() < down_until_ms_) {  // down: writing later would only fail later
+      now_ms() < down_until_ms_) {  // down: writing later would only fail later
     ++stats_.writes_dropped;
     return false;
   }

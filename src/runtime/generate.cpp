@@ -3,13 +3,10 @@
 #include <chrono>
 #include <stdexcept>
 
+#include "base/clock.h"
+
 namespace cf {
 namespace {
-
-using Clock = std::chrono::steady_clock;
-double ms_since(Clock::time_point t) {
-  return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
-}
 
 // Length of the longest prefix of `s` that ends on a UTF-8 character boundary.
 size_t complete_utf8_prefix(std::string_view s) {
@@ -118,7 +115,7 @@ bool DecodeSession::step(const float* logits, size_t vocab) {
 GenerateResult Generator::generate(KvCache& cache, const std::vector<TokenId>& prompt, const GenerateOptions& opt,
                                    int32_t start_pos) {
   if (prompt.empty()) throw std::invalid_argument("generate: empty prompt");
-  const auto t0 = Clock::now();
+  const auto t0 = SteadyClock::now();
   std::vector<int32_t> pos(prompt.size());
   for (size_t i = 0; i < pos.size(); ++i) pos[i] = start_pos + static_cast<int32_t>(i);
   const size_t last = prompt.size() - 1;
@@ -136,18 +133,18 @@ GenerateResult Generator::generate(KvCache& cache, const std::vector<TokenId>& p
 
 GenerateResult Generator::continue_from(KvCache& cache, std::vector<float> logits, int32_t next_pos,
                                         const std::vector<TokenId>& history, const GenerateOptions& opt) {
-  const auto t0 = Clock::now();
+  const auto t0 = SteadyClock::now();
   const size_t vocab = fwd_.model().hparams().vocab_size;
   if (logits.size() != vocab) throw std::invalid_argument("generate: logits of the wrong size");
   DecodeSession session(fwd_.model().tokenizer(), opt, history);
   GenerateResult r;
-  Clock::time_point decode_start;
+  SteadyClock::time_point decode_start;
   bool first = true;
   while (!session.finished()) {
     const bool more = session.step(logits.data(), vocab);
     if (first) {
       r.ttft_ms = ms_since(t0);
-      decode_start = Clock::now();
+      decode_start = SteadyClock::now();
       first = false;
     }
     if (!more) break;

@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <chrono>
 
+#include "base/clock.h"
 #include "serve/engine.h"
 
 namespace cf {
@@ -29,11 +30,6 @@ void abort_connection(int fd) {
   const linger no_linger{1, 0};
   ::setsockopt(fd, SOL_SOCKET, SO_LINGER, &no_linger, sizeof no_linger);
   ::shutdown(fd, SHUT_RDWR);
-}
-
-int64_t now_ms() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
 }
 
 // Set on the accept thread while it runs a connection it refuses (see TaskQueue::enqueue).
@@ -128,7 +124,7 @@ bool GuardedServer::process_and_close_socket(socket_t sock) {
     it = conns_.emplace(conns_.end());
     it->watch_fd = ::dup(sock);  // -1 (out of descriptors): this connection just has no deadline
     it->idle_window_ms = 1000 * int64_t{limits_.keep_alive_timeout_s + limits_.request_timeout_s};
-    it->deadline_ms = now_ms() + it->idle_window_ms;
+    it->deadline_ms = now_whole_ms() + it->idle_window_ms;
   }
   current_ = &*it;
   const bool ok = detail::httplib_process_and_close_socket(*this, sock);
@@ -143,7 +139,7 @@ void GuardedServer::watchdog() {
   std::unique_lock lk(mu_);
   while (!stopping_) {
     cv_.wait_for(lk, std::chrono::milliseconds(100));
-    const int64_t now = now_ms();
+    const int64_t now = now_whole_ms();
     for (auto& c : conns_) {
       if (c.timed_out || c.watch_fd < 0) continue;
       const int64_t d = c.deadline_ms.load();
@@ -175,7 +171,7 @@ void GuardedServer::response_done() {
   }
   c->phase_start_bytes = tcp_bytes_received(c->watch_fd);
   c->in_headers = true;
-  c->deadline_ms = now_ms() + c->idle_window_ms;
+  c->deadline_ms = now_whole_ms() + c->idle_window_ms;
 }
 
 void GuardedServer::linger_and_close(int fd) {
@@ -187,8 +183,8 @@ void GuardedServer::linger_and_close(int fd) {
   // one small buffer whatever the client sends.
   ::shutdown(fd, SHUT_WR);
   char buf[16384];
-  const int64_t until = now_ms() + kLingerMs;
-  for (int64_t now = now_ms(); now < until; now = now_ms()) {
+  const int64_t until = now_whole_ms() + kLingerMs;
+  for (int64_t now = now_whole_ms(); now < until; now = now_whole_ms()) {
     pollfd p{fd, POLLIN, 0};
     const int r = ::poll(&p, 1, static_cast<int>(std::min<int64_t>(until - now, 100)));
     if (r < 0 && errno != EINTR) break;
