@@ -7,10 +7,10 @@
 #include "serve/engine.h"
 
 #include <algorithm>
-#include <chrono>
 #include <filesystem>
 #include <random>
 
+#include "base/clock.h"
 #include "base/paths.h"
 #include "base/thread_pool.h"
 #include "fusion/executor.h"
@@ -34,10 +34,6 @@ namespace cf {
 namespace {
 
 using OnText = std::function<bool(std::string_view)>;
-using SteadyClock = std::chrono::steady_clock;
-double ms_between(SteadyClock::time_point a, SteadyClock::time_point b) {
-  return std::chrono::duration<double, std::milli>(b - a).count();
-}
 
 // The prefix source of a fused request that opts out of the prefix cache: S computed for
 // this request and dropped after it.
