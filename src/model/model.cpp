@@ -4,7 +4,11 @@
 
 #include <cmath>
 #include <cstdio>
+#include <exception>
+#include <optional>
 #include <stdexcept>
+
+#include "base/thread_pool.h"
 
 namespace cf {
 namespace {
@@ -32,6 +36,37 @@ WeightMatrix load_matrix(const GgufFile& f, const std::string& name, size_t rows
   if (!ggml_type_info(t.type).supported)
     throw model_error(f, "tensor '" + name + "' has unsupported type " + std::string(ggml_type_name(t.type)));
   return WeightMatrix(t.type, t.data, rows, cols);
+}
+
+LayerWeights load_layer(const GgufFile& f, const ModelHparams& h, int l) {
+  const size_t d = h.d_model, qd = h.q_dim(), kvd = h.kv_dim(), ff = h.d_ff;
+  const std::string p = "blk." + std::to_string(l) + ".";
+  LayerWeights w{
+      load_vector(f, p + "attn_norm.weight", d),
+      load_matrix(f, p + "attn_q.weight", qd, d),
+      load_matrix(f, p + "attn_k.weight", kvd, d),
+      load_matrix(f, p + "attn_v.weight", kvd, d),
+      load_matrix(f, p + "attn_output.weight", d, qd),
+      {}, {}, {}, {}, {},
+      load_vector(f, p + "ffn_norm.weight", d),
+      load_matrix(f, p + "ffn_gate.weight", ff, d),
+      load_matrix(f, p + "ffn_up.weight", ff, d),
+      load_matrix(f, p + "ffn_down.weight", d, ff),
+  };
+  if (h.qkv_bias) {
+    w.bq = load_vector(f, p + "attn_q.bias", qd);
+    w.bk = load_vector(f, p + "attn_k.bias", kvd);
+    w.bv = load_vector(f, p + "attn_v.bias", kvd);
+  }
+  if (h.qk_norm) {
+    w.q_norm = load_vector(f, p + "attn_q_norm.weight", h.head_dim);
+    w.k_norm = load_vector(f, p + "attn_k_norm.weight", h.head_dim);
+  }
+  if (h.post_norms) {
+    w.attn_post_norm = load_vector(f, p + "post_attention_norm.weight", d);
+    w.ffn_post_norm = load_vector(f, p + "post_ffw_norm.weight", d);
+  }
+  return w;
 }
 
 }  // namespace
@@ -76,40 +111,31 @@ std::unique_ptr<Model> Model::load(const std::string& path) {
                              " tokens but the model's vocabulary size is " + std::to_string(h.vocab_size));
   m->chat_template_ = ChatTemplate::from_gguf(f);
 
-  const size_t d = h.d_model, qd = h.q_dim(), kvd = h.kv_dim(), ff = h.d_ff;
-  m->token_embd_.emplace(load_matrix(f, "token_embd.weight", h.vocab_size, d));
-  if (f.find_tensor("output.weight")) m->output_.emplace(load_matrix(f, "output.weight", h.vocab_size, d));
-  m->output_norm_ = load_vector(f, "output_norm.weight", d);
+  m->output_norm_ = load_vector(f, "output_norm.weight", h.d_model);
+  // The matrices are repacked in parallel (the largest first, the layers after it, handed
+  // out one at a time): repacking is most of a load, and each matrix is independent.
+  const int n_jobs = h.n_layers + 2;  // 0: token embedding, 1: output, 2..: layers
+  std::vector<std::optional<LayerWeights>> layers(h.n_layers);
+  std::vector<std::exception_ptr> errors(n_jobs);
+  ThreadPool pool(0);
+  pool.parallel_for(n_jobs, [&](size_t job, size_t) {
+    try {
+      if (job == 0) {
+        m->token_embd_.emplace(load_matrix(f, "token_embd.weight", h.vocab_size, h.d_model));
+      } else if (job == 1) {
+        if (f.find_tensor("output.weight")) m->output_.emplace(load_matrix(f, "output.weight", h.vocab_size, h.d_model));
+      } else {
+        layers[job - 2].emplace(load_layer(f, h, static_cast<int>(job - 2)));
+      }
+    } catch (...) {
+      errors[job] = std::current_exception();
+    }
+  });
+  // The first failure in load order (embedding, output, layers), whichever thread met it first.
+  for (const auto& e : errors)
+    if (e) std::rethrow_exception(e);
   m->layers_.reserve(h.n_layers);
-  for (int l = 0; l < h.n_layers; ++l) {
-    const std::string p = "blk." + std::to_string(l) + ".";
-    LayerWeights w{
-        load_vector(f, p + "attn_norm.weight", d),
-        load_matrix(f, p + "attn_q.weight", qd, d),
-        load_matrix(f, p + "attn_k.weight", kvd, d),
-        load_matrix(f, p + "attn_v.weight", kvd, d),
-        load_matrix(f, p + "attn_output.weight", d, qd),
-        {}, {}, {}, {}, {},
-        load_vector(f, p + "ffn_norm.weight", d),
-        load_matrix(f, p + "ffn_gate.weight", ff, d),
-        load_matrix(f, p + "ffn_up.weight", ff, d),
-        load_matrix(f, p + "ffn_down.weight", d, ff),
-    };
-    if (h.qkv_bias) {
-      w.bq = load_vector(f, p + "attn_q.bias", qd);
-      w.bk = load_vector(f, p + "attn_k.bias", kvd);
-      w.bv = load_vector(f, p + "attn_v.bias", kvd);
-    }
-    if (h.qk_norm) {
-      w.q_norm = load_vector(f, p + "attn_q_norm.weight", h.head_dim);
-      w.k_norm = load_vector(f, p + "attn_k_norm.weight", h.head_dim);
-    }
-    if (h.post_norms) {
-      w.attn_post_norm = load_vector(f, p + "post_attention_norm.weight", d);
-      w.ffn_post_norm = load_vector(f, p + "post_ffw_norm.weight", d);
-    }
-    m->layers_.push_back(std::move(w));
-  }
+  for (auto& w : layers) m->layers_.push_back(std::move(*w));
   return m;
 }
 

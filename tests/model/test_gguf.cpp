@@ -4,10 +4,14 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <limits>
 
 #include "gguf_writer.h"
+#include "model/model.h"
 #include "test_support.h"
 
 namespace cf {
@@ -531,6 +535,35 @@ TEST(GgufDamage, WrongTypeGetters) {
   w.add_u64("big", ~0ull);
   EXPECT_THAT(parse_error(w.build()), ::testing::IsEmpty());
   EXPECT_THROW(parse(w.build())->get_int("big"), GgufError);
+}
+
+// The layers are loaded in parallel: an error met on a worker thread (here a layer near the
+// end whose matrix is stored transposed: same bytes, so the file parses) still reaches the
+// caller as the model error naming the tensor, and the load neither hangs nor aborts.
+TEST(ModelLoad, BadLayerTensorIsNamedFromAnyThread) {
+  CF_REQUIRE_MODEL();
+  std::ifstream in(test::default_model_path(), std::ios::binary);
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::string name = "blk.27.ffn_down.weight";
+  const size_t at = bytes.find(name);  // tensor info: name, n_dims (u32), dims (u64 each)
+  ASSERT_NE(at, std::string::npos);
+  char* dims = bytes.data() + at + name.size() + 4;
+  uint64_t d0, d1;
+  std::memcpy(&d0, dims, 8);
+  std::memcpy(&d1, dims + 8, 8);
+  ASSERT_EQ(d0, 1536u);
+  ASSERT_EQ(d1, 576u);
+  std::memcpy(dims, &d1, 8);
+  std::memcpy(dims + 8, &d0, 8);
+  const std::string path = ::testing::TempDir() + "transposed_" + std::to_string(::getpid()) + ".gguf";
+  std::ofstream(path, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  try {
+    Model::load(path);
+    FAIL() << "expected the transposed tensor to be refused";
+  } catch (const std::runtime_error& e) {
+    EXPECT_THAT(e.what(), AllOf(HasSubstr(path + ": "), HasSubstr("tensor '" + name + "' has an unexpected shape")));
+  }
+  std::filesystem::remove(path);
 }
 
 }  // namespace
