@@ -181,10 +181,10 @@ def model_buffers(load_log: str) -> dict:
 # ----------------------------------------------------------------------------------------
 # Driver
 # ----------------------------------------------------------------------------------------
-def run_child(cmd: list[str]) -> tuple[str, str, int, int]:
+def run_child(cmd: list[str], env: dict | None = None) -> tuple[str, str, int, int]:
     """Runs cmd; returns stdout, stderr, exit code and the child's own peak RSS (wait4)."""
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-        p = subprocess.Popen(cmd, stdout=out, stderr=err, stdin=subprocess.DEVNULL)
+        p = subprocess.Popen(cmd, stdout=out, stderr=err, stdin=subprocess.DEVNULL, env=env)
         _, status, usage = os.wait4(p.pid, 0)
         p.returncode = os.waitstatus_to_exitcode(status)  # already reaped: tell Popen
         out.seek(0)
@@ -300,7 +300,8 @@ def markdown(rows: list[dict], meta: dict) -> str:
     head = "| metric | chunkfuse |" + "".join(f" llama.cpp {p} | ours / {p} |" for p in peers)
     lines = [
         f"chunkfuse vs llama.cpp on {Path(meta['model']).name} — {meta['machine'].get('Model name', '?')}, "
-        f"{meta['threads']} threads, {meta['reps']} reps, median [min–max]; "
+        f"{meta['threads']} threads, {meta['reps']} reps, median [min–max]; ours: {meta.get('ours_isa') or '?'} kernels; "
+        f"peer: {meta['llama_cpp'].get('system_info_short', '?')}; "
         f"load average before/after {meta['loadavg_1_5_15_before'][0]:.1f}/{meta['loadavg_1_5_15_after'][0]:.1f}; "
         "peers: " + ", ".join(f"{p} (buffers {meta['llama_cpp']['buffers'].get(p, '?')})" for p in peers),
         "",
@@ -334,6 +335,11 @@ def main() -> None:
     ap.add_argument("--with-8b", action="store_true", help="--make-variants also makes the Llama-3.1-8B shape")
     ap.add_argument("--out", help="JSON result path (default bench/out/runtime_<time>.json)")
     ap.add_argument("--llama-extra-bufts", action="store_true", help="same as --peers repack (older name)")
+    ap.add_argument("--peer-python", default=sys.executable,
+                    help="Python whose llama-cpp-python is the peer (default: this one), e.g. .venv-avx2/bin/python "
+                         "for a peer built for AVX2 only (bench/README.md, \"An AVX2 peer\")")
+    ap.add_argument("--isa", choices=("avx512", "avx2", "portable"),
+                    help="CHUNKFUSE_ISA for our side only (caps our kernels; the peer's ISA is its build's)")
     ap.add_argument("--llama-worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--peer", choices=tuple(PEERS), default="repack", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -376,12 +382,15 @@ def main() -> None:
                 "--threads", str(args.threads), "--json"]
     sides = {"ours": ours_cmd}
     for peer in args.peers:
-        sides[f"llama_{peer}"] = [sys.executable, str(Path(__file__).resolve()), "--llama-worker", "--peer", peer,
+        sides[f"llama_{peer}"] = [args.peer_python, str(Path(__file__).resolve()), "--llama-worker", "--peer", peer,
                                   "--model", args.model, "--ids", str(ids_path), "--prompt-tokens", prompt_csv,
                                   "--gen-tokens", str(args.gen_tokens), "--threads", str(args.threads)]
     llama_sides = [f"llama_{p}" for p in args.peers]
     wanted = {"both": ["ours"] + llama_sides, "ours": ["ours"], "llama": llama_sides}[args.only]
 
+    ours_env = None
+    if args.isa:
+        ours_env = dict(os.environ, CHUNKFUSE_ISA=args.isa)
     load_before = os.getloadavg()
     reps = []
     for rep in range(args.reps):
@@ -390,7 +399,7 @@ def main() -> None:
             order.reverse()
         result = {"rep": rep, "order": order}
         for side in order:
-            stdout, stderr, rc, rss = run_child(sides[side])
+            stdout, stderr, rc, rss = run_child(sides[side], ours_env if side == "ours" else None)
             if rc != 0:
                 sys.stderr.write(stderr[-4000:])
                 raise SystemExit(f"{side} failed (exit {rc}): {' '.join(sides[side])}")
@@ -415,6 +424,8 @@ def main() -> None:
         "model": args.model,
         "binary": args.binary,
         "ours_cmd": ours_cmd,
+        "ours_isa_env": args.isa,
+        "peer_python": args.peer_python,
         "peers": args.peers,
         "llama_cpp": {"n_ctx": LLAMA_N_CTX, "n_batch": LLAMA_N_BATCH, "n_ubatch": LLAMA_N_UBATCH,
                       "use_extra_bufts": {p: PEERS[p] for p in args.peers},
@@ -431,6 +442,10 @@ def main() -> None:
     for p in args.peers:
         if reps and reps[0].get(f"llama_{p}"):
             meta["llama_cpp"]["system_info"] = reps[0][f"llama_{p}"].get("system_info")
+    info = meta["llama_cpp"].get("system_info") or ""
+    # The ISA flags the peer's ggml was built with ("AVX2 = 1 | ... | AVX512 = 0"): the set ones.
+    meta["llama_cpp"]["system_info_short"] = ",".join(
+        f for f in re.findall(r"(AVX\w*|FMA|F16C|AMX\w*) = 1", info) if f) or None
     if reps and reps[0].get("ours"):
         meta["ours_isa"] = reps[0]["ours"].get("isa")
     rows = summarize(reps, args)
