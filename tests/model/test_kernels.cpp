@@ -2,13 +2,17 @@
 // quantized GEMM against double-precision references, ISA and thread-count invariance.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <limits>
 #include <random>
+#include <string>
 #include <vector>
+
+#include <unistd.h>
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -1005,6 +1009,48 @@ TEST(Multiply, RepackReleasesMappedPages) {
 TEST(Kernels, Avx512KernelsAreTestedOnThisCpu) {
   if (detect_isa() < Isa::Avx512) GTEST_SKIP() << "AVX-512 absent on this CPU: its kernels were not compared";
   EXPECT_EQ(detect_isa(), Isa::Avx512);
+}
+
+// Issue 28 item 3: CHUNKFUSE_ISA caps the kernels at start-up (kernels.h), so that the AVX2
+// kernels can be run (and benchmarked) on an AVX-512 machine. detect_isa() reads the variable
+// once per process, so each setting runs this binary again as a child
+// (IsaOverride.ReportsSelectedIsa) and reads back which ISA its multiplies and runtime kernels
+// dispatch to.
+TEST(IsaOverride, ReportsSelectedIsa) {
+  // Run alone it only reports; IsaOverride.EnvironmentCapsTheKernels reads the line.
+  std::printf("selected isa: %s\n", isa_name(active_isa()));
+  EXPECT_EQ(active_isa(), detect_isa());
+}
+
+std::string child_selected_isa(const char* env) {
+  char self[4096];
+  const ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);  // the shell's would be its own
+  if (len <= 0) return "readlink failed";
+  self[len] = '\0';
+  const std::string cmd = std::string(env) + " '" + self + "' --gtest_filter=IsaOverride.ReportsSelectedIsa 2>/dev/null";
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return "popen failed";
+  std::string out;
+  char buf[256];
+  while (std::fgets(buf, sizeof buf, p)) out += buf;
+  const int status = pclose(p);
+  const auto at = out.find("selected isa: ");
+  if (status != 0 || at == std::string::npos) return "child failed: " + out;
+  return out.substr(at + 14, out.find('\n', at) - at - 14);
+}
+
+TEST(IsaOverride, EnvironmentCapsTheKernels) {
+  const std::string best = child_selected_isa("env -u CHUNKFUSE_ISA");
+  // What a build-time cap cannot hide: with the variable unset the CPU's best ISA runs.
+  ASSERT_TRUE(best == "portable" || best == "avx2" || best == "avx512") << best;
+  const std::vector<std::string> order{"portable", "avx2", "avx512"};
+  const auto rank = [&](const std::string& n) { return std::find(order.begin(), order.end(), n) - order.begin(); };
+  for (const std::string& cap : order) {
+    const std::string want = rank(cap) < rank(best) ? cap : best;  // a cap above the CPU's best is no cap
+    EXPECT_EQ(child_selected_isa(("env CHUNKFUSE_ISA=" + cap).c_str()), want) << "CHUNKFUSE_ISA=" << cap;
+  }
+  // An unknown value is ignored (with a warning on stderr): the CPU's best.
+  EXPECT_EQ(child_selected_isa("env CHUNKFUSE_ISA=sse9"), best);
 }
 
 }  // namespace
