@@ -181,6 +181,26 @@ def model_buffers(load_log: str) -> dict:
 # ----------------------------------------------------------------------------------------
 # Driver
 # ----------------------------------------------------------------------------------------
+def runnable_now() -> int:
+    """Processes running or runnable right now, less this one (/proc/loadavg's fourth field)."""
+    with open("/proc/loadavg") as f:
+        return int(f.read().split()[3].split("/")[0]) - 1
+
+
+def wait_quiet(limit_s: float) -> dict:
+    """Waits (up to limit_s) until nothing else is runnable in two polls in a row: on a shared
+    machine other jobs come in bursts (compiles), and llama.cpp's OpenMP threads, which spin at
+    their barriers, lose far more than ours to a busy neighbour."""
+    t0 = time.monotonic()
+    quiet = 0
+    while time.monotonic() - t0 < limit_s:
+        quiet = quiet + 1 if runnable_now() <= 0 else 0
+        if quiet >= 2:
+            break
+        time.sleep(0.5)
+    return {"waited_s": round(time.monotonic() - t0, 1), "runnable_at_start": runnable_now()}
+
+
 def run_child(cmd: list[str], env: dict | None = None) -> tuple[str, str, int, int]:
     """Runs cmd; returns stdout, stderr, exit code and the child's own peak RSS (wait4)."""
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
@@ -338,6 +358,9 @@ def main() -> None:
     ap.add_argument("--peer-python", default=sys.executable,
                     help="Python whose llama-cpp-python is the peer (default: this one), e.g. .venv-avx2/bin/python "
                          "for a peer built for AVX2 only (bench/README.md, \"An AVX2 peer\")")
+    ap.add_argument("--wait-quiet", type=float, default=0, metavar="SECONDS",
+                    help="before each side's run, wait up to SECONDS until no other process is runnable "
+                         "(a shared machine; recorded per run)")
     ap.add_argument("--isa", choices=("avx512", "avx2", "portable"),
                     help="CHUNKFUSE_ISA for our side only (caps our kernels; the peer's ISA is its build's)")
     ap.add_argument("--llama-worker", action="store_true", help=argparse.SUPPRESS)
@@ -399,12 +422,15 @@ def main() -> None:
             order.reverse()
         result = {"rep": rep, "order": order}
         for side in order:
+            quiet = wait_quiet(args.wait_quiet) if args.wait_quiet > 0 else None
             stdout, stderr, rc, rss = run_child(sides[side], ours_env if side == "ours" else None)
             if rc != 0:
                 sys.stderr.write(stderr[-4000:])
                 raise SystemExit(f"{side} failed (exit {rc}): {' '.join(sides[side])}")
             r = parse_json_output(stdout)
             r["rss_wait4_bytes"] = rss
+            if quiet is not None:
+                r["quiet"] = quiet
             if side != "ours":
                 r["model_buffers_mib"] = model_buffers(stderr)
             result[side] = r
