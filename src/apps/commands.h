@@ -15,5 +15,6 @@ void add_chunks_command(CLI::App& app, CommandRunner& run);
 void add_bench_command(CLI::App& app, CommandRunner& run);
 void add_deviation_command(CLI::App& app, CommandRunner& run);
 void add_profile_command(CLI::App& app, CommandRunner& run);
+void add_calibrate_command(CLI::App& app, CommandRunner& run);
 void add_serve_command(CLI::App& app, CommandRunner& run);
 }  // namespace cf::apps

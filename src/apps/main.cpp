@@ -17,6 +17,7 @@ int main(int argc, char** argv) {
   cf::apps::add_bench_command(app, run);
   cf::apps::add_deviation_command(app, run);
   cf::apps::add_profile_command(app, run);
+  cf::apps::add_calibrate_command(app, run);
   cf::apps::add_serve_command(app, run);
   try {
     app.parse(argc, argv);

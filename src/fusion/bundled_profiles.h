@@ -4,15 +4,8 @@
 // install runs with the layers the benchmarks were measured with. A profile in the cache
 // (chunkfuse profile-layers) takes precedence.
 #pragma once
+#include "fusion/bundled_files.h"
 
 namespace cf::qcfuse {
-
-struct BundledProfile {
-  const char* fingerprint;  // Model::fingerprint_hex(); nullptr ends the table
-  const char* file;         // repository path, for messages
-  const char* json;         // the profile, format chunkfuse.qcfuse.profile/1
-};
-
-extern const BundledProfile kBundledProfiles[];
-
+using BundledProfile = BundledFile;
 }  // namespace cf::qcfuse

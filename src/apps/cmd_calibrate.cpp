@@ -1,0 +1,138 @@
+// `chunkfuse calibrate`: the auto policy's per-model calibration (issue 26; fusion/auto_quality.h,
+// eval/calibration.h). Two jobs:
+//   record and fit   run full prefill and every ladder step on a dataset split (resumable
+//                    records file), then fit the per-step predictors and write the calibration
+//                    (<cache>/calibrations/<fingerprint>.auto.json by default, which the engine reads)
+//   --evaluate       replay the policy on another split's records: observed share of answers
+//                    identical to full prefill's per target, TTFT against every fixed policy,
+//                    a reliability table (JSON report; tools/auto_quality_report.py plots it)
+#include <cstdio>
+#include <filesystem>
+
+#include "apps/app_common.h"
+#include "base/paths.h"
+#include "eval/calibration.h"
+#include "kv/store_paths.h"
+#include "runtime/forward.h"
+
+namespace cf::apps {
+namespace {
+
+struct CalibrateArgs {
+  ModelOptions model;
+  std::string dataset = "hotpotqa";
+  std::string data_dir;
+  size_t first = 0, limit = 80;
+  std::string ladder = eval::kDefaultLadder;
+  std::string records;
+  std::string out;
+  bool no_fit = false;
+  double l2 = 1.0;
+  int max_tokens = 32;
+  size_t chunk_tokens = 0, chunks = 0;
+  std::string chunk_variant = "alone";
+  // --evaluate
+  std::string evaluate;
+  std::string calibration;
+  std::string report;
+  std::string targets = "0.8,0.9,0.95,0.99";
+};
+
+void write_json(const std::string& path, const nlohmann::json& j) {
+  const std::filesystem::path p(path);
+  if (p.has_parent_path()) std::filesystem::create_directories(p.parent_path());
+  write_private_file_atomic(p, j.dump(2) + "\n");
+}
+
+int run_evaluate(const CalibrateArgs& a) {
+  if (a.calibration.empty()) throw std::invalid_argument("--evaluate needs --calibration FILE");
+  const auto records = eval::read_records(a.evaluate);
+  if (records.empty()) throw std::invalid_argument(a.evaluate + ": no records");
+  const std::string fp = records.front().at("fingerprint").get<std::string>();
+  const autoq::AutoCalibration cal = autoq::load_calibration_file(a.calibration, fp);
+  const nlohmann::json report = eval::evaluate_policy(records, cal, parse_ratio_list(a.targets, "--targets"));
+  std::printf("%zu examples of %s; fixed policies:\n", records.size(), fp.c_str());
+  for (const auto& f : report["fixed"])
+    std::printf("  %-10s rho %.2f  identical %.3f [%.3f, %.3f]  mean TTFT %7.0f ms\n", f["method"].get<std::string>().c_str(),
+                f["ratio"].get<double>(), f["share"].get<double>(), f["share_low"].get<double>(),
+                f["share_high"].get<double>(), f["mean_ttft_ms"].get<double>());
+  std::printf("auto policy:\n");
+  for (const auto& t : report["auto"])
+    std::printf("  q %.2f  identical %.3f [%.3f, %.3f]  mean TTFT %7.0f ms (p90 %7.0f)  decision %5.0f ms  "
+                "vs cheapest fixed (%s %.2f, %.0f ms): %.2fx  %s\n",
+                t["target"].get<double>(), t["share"].get<double>(), t["share_low"].get<double>(), t["share_high"].get<double>(),
+                t["mean_ttft_ms"].get<double>(), t["p90_ttft_ms"].get<double>(), t["decision_ms"].get<double>(),
+                t["cheapest_fixed"]["method"].get<std::string>().c_str(), t["cheapest_fixed"]["ratio"].get<double>(),
+                t["cheapest_fixed"]["mean_ttft_ms"].get<double>(), t["speedup_vs_cheapest_fixed"].get<double>(),
+                t["meets_target"].get<bool>() ? "meets" : "MISSES");
+  if (!a.report.empty()) {
+    write_json(a.report, report);
+    std::printf("report written to %s\n", a.report.c_str());
+  }
+  return 0;
+}
+
+int run_calibrate(const CalibrateArgs& a) {
+  if (!a.evaluate.empty()) return run_evaluate(a);
+  eval::CalibrationRunOptions o;
+  o.ladder = eval::parse_ladder(a.ladder);
+  o.first = a.first;
+  o.limit = a.limit;
+  o.max_tokens = a.max_tokens;
+  o.chunk_tokens = a.chunk_tokens;
+  o.chunks_per_request = a.chunks;
+  if (!parse_chunk_variant(a.chunk_variant, o.variant)) throw std::invalid_argument("--chunk-variant: alone or prefixed");
+  auto model = load_model(a.model);
+  const eval::Dataset data = eval::load_dataset(a.dataset, a.data_dir, 0, &model->tokenizer());
+  o.records_path = a.records.empty() ? cache_root() + "/calibrations/" + model->fingerprint_hex() + "." + data.name + ".records.jsonl"
+                                     : a.records;
+  if (std::filesystem::path(o.records_path).has_parent_path())
+    std::filesystem::create_directories(std::filesystem::path(o.records_path).parent_path());
+  ThreadPool pool(a.model.threads);
+  Forward fwd(*model, pool);
+  std::fprintf(stderr, "calibrating on %s examples [%zu, %zu): full prefill and %zu ladder steps each; records in %s\n",
+               data.name.c_str(), a.first, a.first + a.limit, o.ladder.size(), o.records_path.c_str());
+  const size_t ran = eval::record_examples(*model, fwd, data, o);
+  std::fprintf(stderr, "%zu examples run (the others were already recorded)\n", ran);
+  if (a.no_fit) return 0;
+  autoq::AutoCalibration cal = eval::fit_calibration(eval::read_records(o.records_path), a.l2);
+  const std::string out = a.out.empty() ? autoq::calibration_cache_path(model->fingerprint_hex()) : a.out;
+  write_json(out, cal.to_json());
+  for (const auto& f : cal.provenance["fit"])
+    std::printf("  %-10s rho %.2f  identical on %.3f of the calibration set, log-loss %.3f\n",
+                f["method"].get<std::string>().c_str(), f["ratio"].get<double>(), f["identical_share"].get<double>(),
+                f["log_loss"].get<double>());
+  std::printf("calibration written to %s\n", out.c_str());
+  return 0;
+}
+
+}  // namespace
+
+void add_calibrate_command(CLI::App& app, CommandRunner& run) {
+  auto a = std::make_shared<CalibrateArgs>();
+  auto* cmd = app.add_subcommand("calibrate", "calibrate the auto policy (\"method\": \"auto\", \"quality\": q) on a model, or evaluate it");
+  add_model_options(*cmd, a->model);
+  cmd->add_option("--dataset", a->dataset, "dataset name or file (as `bench`)")->capture_default_str();
+  cmd->add_option("--data-dir", a->data_dir, "folder of the named datasets (default: ../shared/datasets)");
+  cmd->add_option("--first", a->first, "first example of the split")->capture_default_str();
+  cmd->add_option("--limit", a->limit, "examples in the split (0: to the end)")->capture_default_str();
+  cmd->add_option("--ladder", a->ladder, "escalation steps before full prefill, cheapest first (method:ratio,...)")
+      ->capture_default_str();
+  cmd->add_option("--records", a->records, "records file (JSON Lines, resumable; default: <cache>/calibrations/<fingerprint>.<dataset>.records.jsonl)");
+  cmd->add_option("--out", a->out, "calibration file (default: <cache>/calibrations/<fingerprint>.auto.json)");
+  cmd->add_flag("--no-fit", a->no_fit, "only record the examples");
+  cmd->add_option("--l2", a->l2, "L2 penalty of the logistic fits")->check(CLI::Range(0.0, 1e6))->capture_default_str();
+  cmd->add_option("--max-tokens", a->max_tokens, "answer tokens (greedy, to the first newline)")
+      ->check(CLI::Range(1, 4096))->capture_default_str();
+  cmd->add_option("--chunk-tokens", a->chunk_tokens, "0: a chunk per passage; N: fixed-size chunks")->capture_default_str();
+  cmd->add_option("--chunks", a->chunks, "exactly this many chunks per request (with --chunk-tokens: the paper's 20 x 512)")
+      ->capture_default_str();
+  cmd->add_option("--chunk-variant", a->chunk_variant, "chunk caches: alone or prefixed")->capture_default_str();
+  cmd->add_option("--evaluate", a->evaluate, "records file of another split: replay the policy on it instead of calibrating");
+  cmd->add_option("--calibration", a->calibration, "with --evaluate: the calibration file to replay");
+  cmd->add_option("--report", a->report, "with --evaluate: write the JSON report here");
+  cmd->add_option("--targets", a->targets, "with --evaluate: quality targets")->capture_default_str();
+  cmd->callback([&run, a] { run = [a] { return run_calibrate(*a); }; });
+}
+
+}  // namespace cf::apps

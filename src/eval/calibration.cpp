@@ -1,0 +1,333 @@
+#include "eval/calibration.h"
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <stdexcept>
+
+#include "base/bounded_json.h"
+#include "base/progress.h"
+#include "eval/bench_request.h"
+#include "eval/metrics.h"
+#include "fusion/executor.h"
+#include "kv/chunk_store.h"
+#include "model/model.h"
+#include "runtime/generate.h"
+
+namespace cf::eval {
+namespace {
+
+using nlohmann::json;
+
+// The bench's answer: greedy, up to the first newline or max_tokens (runner.cpp decodes the same way).
+std::string greedy_answer(Forward& fwd, FusionResult& r, const std::vector<TokenId>& prompt, int max_tokens) {
+  Generator gen(fwd);
+  GenerateOptions opt;
+  opt.max_tokens = max_tokens;
+  opt.sampling.temperature = 0;
+  opt.stop = {"\n"};
+  return gen.continue_from(r.cache, r.logits, r.next_position, prompt, opt).text;
+}
+
+std::set<std::string> recorded_ids(const std::string& path) {
+  std::set<std::string> ids;
+  if (!std::filesystem::exists(path)) return ids;
+  for (const auto& r : read_records(path)) ids.insert(r.at("id").get<std::string>());
+  return ids;
+}
+
+// Wilson score interval (95%) of a binomial share.
+std::pair<double, double> wilson(double successes, double n) {
+  if (n <= 0) return {0, 1};
+  const double z = 1.959964, p = successes / n, z2n = z * z / n;
+  const double centre = (p + z2n / 2) / (1 + z2n), half = z * std::sqrt(p * (1 - p) / n + z2n / (4 * n)) / (1 + z2n);
+  return {std::max(0.0, centre - half), std::min(1.0, centre + half)};
+}
+
+double percentile(std::vector<double> v, double q) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const double pos = q * static_cast<double>(v.size() - 1);
+  const size_t lo = static_cast<size_t>(pos);
+  const size_t hi = std::min(lo + 1, v.size() - 1);
+  return v[lo] + (v[hi] - v[lo]) * (pos - static_cast<double>(lo));
+}
+
+double mean(const std::vector<double>& v) {
+  double s = 0;
+  for (double x : v) s += x;
+  return v.empty() ? 0 : s / static_cast<double>(v.size());
+}
+
+autoq::FirstTokenSignals signals_of(const json& step) {
+  autoq::FirstTokenSignals s;
+  s.margin = step.at("margin").get<double>();
+  s.entropy = step.at("entropy").get<double>();
+  s.top1 = step.at("top1").get<int32_t>();
+  return s;
+}
+
+}  // namespace
+
+std::vector<LadderStep> parse_ladder(const std::string& text) {
+  std::vector<LadderStep> steps;
+  const auto known = selector_names();
+  size_t at = 0;
+  while (at <= text.size()) {
+    const size_t comma = std::min(text.find(',', at), text.size());
+    const std::string item = text.substr(at, comma - at);
+    at = comma + 1;
+    if (item.empty()) continue;
+    const size_t colon = item.rfind(':');
+    if (colon == std::string::npos) throw std::invalid_argument("ladder step '" + item + "': expected <method>:<ratio>");
+    LadderStep s{item.substr(0, colon), 0};
+    if (std::find(known.begin(), known.end(), s.method) == known.end())
+      throw std::invalid_argument("ladder step '" + item + "': unknown method '" + s.method + "' (full prefill is always the last step)");
+    try {
+      size_t used = 0;
+      s.ratio = std::stod(item.substr(colon + 1), &used);
+      if (used != item.size() - colon - 1) throw std::invalid_argument("trailing text");
+    } catch (const std::exception&) {
+      throw std::invalid_argument("ladder step '" + item + "': the ratio is not a number");
+    }
+    if (!(s.ratio >= 0 && s.ratio <= 1)) throw std::invalid_argument("ladder step '" + item + "': the ratio must be in [0, 1]");
+    steps.push_back(s);
+  }
+  if (steps.empty()) throw std::invalid_argument("the ladder has no steps");
+  return steps;
+}
+
+std::vector<json> read_records(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw std::runtime_error(path + ": cannot read the records file");
+  std::vector<json> out;
+  std::string line;
+  for (size_t n = 1; std::getline(in, line); ++n) {
+    if (line.empty()) continue;
+    try {
+      out.push_back(parse_json_bounded(line));
+    } catch (const std::exception& e) {
+      throw std::runtime_error(path + ":" + std::to_string(n) + ": not a record: " + e.what());
+    }
+  }
+  return out;
+}
+
+size_t record_examples(const Model& model, Forward& fwd, const Dataset& dataset, const CalibrationRunOptions& o) {
+  const size_t end = o.limit ? std::min(dataset.examples.size(), o.first + o.limit) : dataset.examples.size();
+  if (o.first >= end) throw std::invalid_argument("no examples in that range of " + dataset.name);
+  const std::set<std::string> done = recorded_ids(o.records_path);
+  ChunkStoreOptions so;  // memory only: the chunks of a calibration run are not worth keeping
+  so.memory_budget_bytes = size_t{1} << 30;
+  so.model = StoreModel{model.fingerprint(), model.hparams()};
+  ChunkStore store(so);
+  FusionExecutor executor(fwd, store);
+  std::ofstream out(o.records_path, std::ios::app);
+  if (!out) throw std::runtime_error(o.records_path + ": cannot write the records file");
+  ProgressBar bar(end - o.first, "examples", o.progress);
+  size_t ran = 0;
+  for (size_t e = o.first; e < end; ++e) {
+    const QaExample& ex = dataset.examples[e];
+    const std::string id = dataset.name + ":" + ex.id;
+    bar.update(e - o.first, id);
+    if (done.count(id)) continue;
+    const RagRequest req = o.chunks_per_request
+                               ? build_example_request_filled(model, dataset, e, o.prompt, o.chunk_tokens, o.chunks_per_request)
+                               : build_example_request(model, ex, o.prompt, o.chunk_tokens);
+    const std::vector<TokenId> prompt = req.flatten();
+    FusionOptions full_opt;
+    full_opt.method = "full";
+    full_opt.chunk_variant = o.variant;
+    FusionResult full = executor.prefill(req, full_opt);
+    const std::vector<float> full_logits = full.logits;
+    const double full_ttft = full.timings.ttft_ms;
+    const std::string full_answer = greedy_answer(fwd, full, prompt, o.max_tokens);
+    json steps = json::array();
+    std::vector<float> prev_logits;
+    for (const LadderStep& s : o.ladder) {
+      FusionOptions opt;
+      opt.method = s.method;
+      opt.ratio = s.ratio;
+      opt.chunk_variant = o.variant;
+      FusionResult r = executor.prefill(req, opt);
+      const autoq::FirstTokenSignals sig = autoq::first_token_signals(r.logits);
+      json row = {{"method", s.method},
+                  {"ratio", s.ratio},
+                  {"ttft_ms", r.timings.ttft_ms},
+                  {"margin", sig.margin},
+                  {"entropy", sig.entropy},
+                  {"top1", sig.top1},
+                  {"first_token_equal", first_token_agrees(full_logits, r.logits)},
+                  {"kl_to_full", kl_divergence_from_logits(full_logits, r.logits)},
+                  {"kl_to_prev", prev_logits.empty() ? 0.0 : kl_divergence_from_logits(prev_logits, r.logits)}};
+      prev_logits = r.logits;
+      const std::string answer = greedy_answer(fwd, r, prompt, o.max_tokens);
+      row["answer"] = answer;
+      row["identical"] = answer == full_answer;
+      steps.push_back(std::move(row));
+    }
+    const json record = {{"id", id},
+                         {"dataset", dataset.name},
+                         {"index", e},
+                         {"fingerprint", model.fingerprint_hex()},
+                         {"chunk_variant", chunk_variant_name(o.variant)},
+                         {"context_tokens", req.context_tokens()},
+                         {"chunks", req.chunks.size()},
+                         {"full", {{"ttft_ms", full_ttft}, {"answer", full_answer}, {"gold_f1", qa_f1(full_answer, ex.answers)}}},
+                         {"steps", steps}};
+    out << record.dump() << "\n";
+    out.flush();
+    ++ran;
+  }
+  bar.update(end - o.first);
+  return ran;
+}
+
+autoq::AutoCalibration fit_calibration(const std::vector<json>& records, double l2) {
+  if (records.empty()) throw std::invalid_argument("no records to calibrate on");
+  const json& first = records.front();
+  autoq::AutoCalibration cal;
+  cal.fingerprint = first.at("fingerprint").get<std::string>();
+  const size_t n_steps = first.at("steps").size();
+  for (const auto& r : records) {
+    if (r.at("fingerprint") != first.at("fingerprint"))
+      throw std::invalid_argument("records of two models (" + cal.fingerprint + ", " + r.at("fingerprint").get<std::string>() + ")");
+    if (r.at("steps").size() != n_steps) throw std::invalid_argument("records of two ladders (" + r.at("id").get<std::string>() + ")");
+    for (size_t k = 0; k < n_steps; ++k)
+      if (r["steps"][k].at("method") != first["steps"][k].at("method") || r["steps"][k].at("ratio") != first["steps"][k].at("ratio"))
+        throw std::invalid_argument("records of two ladders (" + r.at("id").get<std::string>() + ")");
+  }
+  json fit = json::array();
+  for (size_t k = 0; k < n_steps; ++k) {
+    std::vector<std::vector<double>> x;
+    std::vector<int> y;
+    for (const auto& r : records) {
+      x.push_back(autoq::predictor_features(signals_of(r["steps"][k])));
+      y.push_back(r["steps"][k].at("identical").get<bool>() ? 1 : 0);
+    }
+    autoq::AutoStep st;
+    st.method = first["steps"][k]["method"].get<std::string>();
+    st.ratio = first["steps"][k]["ratio"].get<double>();
+    st.weights = autoq::fit_logistic(x, y, l2);
+    double log_loss = 0;
+    for (size_t n = 0; n < x.size(); ++n) {
+      const double p = std::clamp(autoq::logistic(st.weights, x[n]), 1e-9, 1 - 1e-9);
+      st.max_predicted = std::max(st.max_predicted, p);
+      log_loss -= y[n] ? std::log(p) : std::log(1 - p);
+    }
+    fit.push_back({{"method", st.method}, {"ratio", st.ratio}, {"identical_share", mean(std::vector<double>(y.begin(), y.end()))},
+                   {"log_loss", log_loss / static_cast<double>(x.size())}});
+    cal.steps.push_back(std::move(st));
+  }
+  std::set<std::string> datasets;
+  for (const auto& r : records) datasets.insert(r.at("dataset").get<std::string>());
+  cal.provenance = {{"examples", records.size()}, {"datasets", datasets}, {"l2", l2}, {"fit", fit},
+                    {"chunk_variant", first.value("chunk_variant", "alone")}};
+  return cal;
+}
+
+json evaluate_policy(const std::vector<json>& records, const autoq::AutoCalibration& cal, const std::vector<double>& targets) {
+  if (records.empty()) throw std::invalid_argument("no records to evaluate on");
+  for (const auto& r : records) {
+    if (r.at("fingerprint").get<std::string>() != cal.fingerprint)
+      throw std::invalid_argument("record " + r.at("id").get<std::string>() + " is of model " +
+                                  r.at("fingerprint").get<std::string>() + ", the calibration of " + cal.fingerprint);
+    if (r.at("steps").size() != cal.steps.size())
+      throw std::invalid_argument("record " + r.at("id").get<std::string>() + " ran another ladder than the calibration's");
+  }
+  const double n = static_cast<double>(records.size());
+  // Fixed policies: each step alone, and full prefill.
+  json fixed = json::array();
+  std::vector<double> full_ttft;
+  for (const auto& r : records) full_ttft.push_back(r["full"]["ttft_ms"].get<double>());
+  for (size_t k = 0; k < cal.steps.size(); ++k) {
+    std::vector<double> ttft;
+    double same = 0;
+    for (const auto& r : records) {
+      ttft.push_back(r["steps"][k]["ttft_ms"].get<double>());
+      same += r["steps"][k]["identical"].get<bool>() ? 1 : 0;
+    }
+    const auto ci = wilson(same, n);
+    fixed.push_back({{"method", cal.steps[k].method}, {"ratio", cal.steps[k].ratio}, {"share", same / n},
+                     {"share_low", ci.first}, {"share_high", ci.second}, {"mean_ttft_ms", mean(ttft)},
+                     {"p90_ttft_ms", percentile(ttft, 0.9)}});
+  }
+  fixed.push_back({{"method", "full"}, {"ratio", 1.0}, {"share", 1.0}, {"share_low", wilson(n, n).first}, {"share_high", 1.0},
+                   {"mean_ttft_ms", mean(full_ttft)}, {"p90_ttft_ms", percentile(full_ttft, 0.9)}});
+  json by_target = json::array();
+  for (double q : targets) {
+    autoq::check_quality(q);
+    std::vector<double> ttft, wasted;
+    double same = 0;
+    json chosen = json::object();
+    for (const auto& r : records) {
+      double spent = 0, lost = 0;
+      bool done = false;
+      for (size_t k = 0; k < cal.steps.size() && !done; ++k) {
+        if (!autoq::worth_running(cal, k, q)) continue;
+        const json& st = r["steps"][k];
+        spent += st["ttft_ms"].get<double>();
+        if (autoq::accepts(cal, k, signals_of(st), q)) {
+          same += st["identical"].get<bool>() ? 1 : 0;
+          chosen[cal.steps[k].method + ":" + std::to_string(cal.steps[k].ratio)] =
+              chosen.value(cal.steps[k].method + ":" + std::to_string(cal.steps[k].ratio), 0) + 1;
+          done = true;
+        } else {
+          lost += st["ttft_ms"].get<double>();
+        }
+      }
+      if (!done) {
+        spent += r["full"]["ttft_ms"].get<double>();
+        same += 1;
+        chosen["full"] = chosen.value("full", 0) + 1;
+      }
+      ttft.push_back(spent);
+      wasted.push_back(lost);
+    }
+    const auto ci = wilson(same, n);
+    const double share = same / n, auto_mean = mean(ttft);
+    // The cheapest fixed policy whose observed share reaches the auto policy's.
+    json cheapest;
+    for (const auto& f : fixed)
+      if (f["share"].get<double>() >= share && (cheapest.is_null() || f["mean_ttft_ms"].get<double>() < cheapest["mean_ttft_ms"].get<double>()))
+        cheapest = f;
+    const double saved = mean(full_ttft) - auto_mean + mean(wasted);  // TTFT the chosen steps saved against full prefill
+    by_target.push_back({{"target", q},
+                         {"share", share},
+                         {"share_low", ci.first},
+                         {"share_high", ci.second},
+                         {"meets_target", ci.second >= q && share >= q},
+                         {"mean_ttft_ms", auto_mean},
+                         {"p90_ttft_ms", percentile(ttft, 0.9)},
+                         {"decision_ms", mean(wasted)},
+                         {"decision_share_of_saved", saved > 0 ? mean(wasted) / saved : 0.0},
+                         {"chosen", chosen},
+                         {"cheapest_fixed", cheapest},
+                         {"speedup_vs_cheapest_fixed", auto_mean > 0 ? cheapest["mean_ttft_ms"].get<double>() / auto_mean : 0.0}});
+  }
+  // Reliability: each step's predictions on these records, in bins of 0.1, against what happened.
+  json reliability = json::array();
+  for (size_t k = 0; k < cal.steps.size(); ++k) {
+    std::vector<double> sum_p(10, 0), sum_y(10, 0), count(10, 0);
+    for (const auto& r : records) {
+      const double p = cal.predict(k, signals_of(r["steps"][k]));
+      const size_t b = std::min<size_t>(9, static_cast<size_t>(p * 10));
+      sum_p[b] += p;
+      sum_y[b] += r["steps"][k]["identical"].get<bool>() ? 1 : 0;
+      count[b] += 1;
+    }
+    json bins = json::array();
+    for (size_t b = 0; b < 10; ++b)
+      if (count[b] > 0)
+        bins.push_back({{"bin", b / 10.0}, {"n", count[b]}, {"predicted", sum_p[b] / count[b]}, {"observed", sum_y[b] / count[b]}});
+    reliability.push_back({{"method", cal.steps[k].method}, {"ratio", cal.steps[k].ratio}, {"bins", bins}});
+  }
+  std::set<std::string> datasets;
+  for (const auto& r : records) datasets.insert(r.at("dataset").get<std::string>());
+  return {{"fingerprint", cal.fingerprint}, {"examples", records.size()}, {"datasets", datasets},
+          {"fixed", fixed}, {"auto", by_target}, {"reliability", reliability}};
+}
+
+}  // namespace cf::eval

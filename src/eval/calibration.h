@@ -1,0 +1,68 @@
+// Calibrating and evaluating the auto policy (issue 26; fusion/auto_quality.h).
+//
+// record_examples runs, per example of a dataset split, full prefill and every ladder step
+// (fused prefill, then the greedy answer as the bench decodes it) and appends one JSON line
+// per example to a records file: each step's first-token signals, its TTFT, whether its
+// answer is identical to full prefill's, and (for the report, not the predictor) its
+// first-token KL from full prefill and from the previous step. Resumable: examples already
+// in the file are skipped.
+//
+// fit_calibration fits each step's logistic model on one split's records; evaluate_policy
+// replays the policy's decisions (the same functions the engine calls) on another split's
+// records, for each quality target, against every fixed (method, ratio) policy.
+#pragma once
+#include <nlohmann/json.hpp>
+
+#include <string>
+#include <vector>
+
+#include "eval/datasets.h"
+#include "fusion/auto_quality.h"
+#include "fusion/rag_prompt.h"
+
+namespace cf {
+class Model;
+class Forward;
+}  // namespace cf
+
+namespace cf::eval {
+
+struct LadderStep {
+  std::string method;
+  double ratio = 0;
+};
+// "prophet:0.05,prophet:0.15" -> steps; throws std::invalid_argument naming the bad entry
+// (an unknown selector, "full", a ratio outside [0, 1]).
+std::vector<LadderStep> parse_ladder(const std::string& text);
+inline constexpr const char* kDefaultLadder = "prophet:0.05,prophet:0.15,prophet:0.3";
+
+struct CalibrationRunOptions {
+  std::vector<LadderStep> ladder;
+  size_t first = 0;   // examples [first, first + limit) of the dataset
+  size_t limit = 0;   // 0: to the end
+  int max_tokens = 32;
+  RagPromptOptions prompt;
+  size_t chunk_tokens = 0;        // 0: one chunk per passage; N: fixed-size chunks (bench_request.h)
+  size_t chunks_per_request = 0;  // > 0: exactly this many chunks (the paper's 20 x 512)
+  ChunkVariant variant = ChunkVariant::alone;
+  std::string records_path;
+  bool progress = true;
+};
+
+// Runs what is missing from options.records_path; returns how many examples it ran.
+size_t record_examples(const Model& model, Forward& fwd, const Dataset& dataset, const CalibrationRunOptions& options);
+
+// Every line of a records file (throws std::runtime_error naming the file and line).
+std::vector<nlohmann::json> read_records(const std::string& path);
+
+// One logistic model per step from these records (all of one model and ladder; throws
+// std::invalid_argument otherwise).
+autoq::AutoCalibration fit_calibration(const std::vector<nlohmann::json>& records, double l2 = 1.0);
+
+// The policy replayed on `records` for each target: observed share of answers identical to
+// full prefill's (Wilson 95% interval), mean / p90 TTFT, decision cost, the cheapest fixed
+// policy reaching the same share; plus the fixed policies and a reliability table.
+nlohmann::json evaluate_policy(const std::vector<nlohmann::json>& records, const autoq::AutoCalibration& calibration,
+                               const std::vector<double>& targets);
+
+}  // namespace cf::eval
