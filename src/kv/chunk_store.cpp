@@ -1,9 +1,6 @@
 #include "kv/chunk_store.h"
 
-#include <unistd.h>
-
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -13,51 +10,22 @@
 #include <tuple>
 
 #include "base/clock.h"
+#include "kv/disk_tier.h"
+#include "kv/remote_store_tier.h"
 #include "kv/store_paths.h"
 
 namespace cf {
 namespace fs = std::filesystem;
 namespace {
 
-constexpr const char* kExt = ".cfkv";
-constexpr const char* kCorruptExt = ".corrupt";
 constexpr const char* kScoresFile = "fr-scores.json";
 
-bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
-enum class FileKind { cache, corrupt, temp, other };
-
-FileKind classify(const std::string& name) {
-  if (!name.empty() && name[0] == '.' && name.find(".tmp.") != std::string::npos) return FileKind::temp;
-  if (ends_with(name, kCorruptExt)) return FileKind::corrupt;
-  if (ends_with(name, kExt)) return FileKind::cache;
-  return FileKind::other;
-}
-
-// Calls fn(path, kind) for every file in the store's two-hex-digit subdirectories. Symlinks
-// (to folders or files) are skipped: list, verify and remove_all never leave the store.
-template <class Fn>
-void for_each_file(const std::string& dir, Fn fn) {
-  std::error_code ec;
-  if (dir.empty() || !fs::is_directory(dir, ec)) return;
-  std::vector<fs::path> files;
-  for (const auto& sub : fs::directory_iterator(dir, ec)) {
-    const std::string sn = sub.path().filename().string();
-    if (sn.size() != 2 || !is_real_directory(sub.path())) continue;
-    for (const auto& f : fs::directory_iterator(sub.path(), ec))
-      if (is_real_file(f.path())) files.push_back(f.path());
-  }
-  std::sort(files.begin(), files.end());
-  for (const auto& p : files) {
-    FileKind kind = classify(p.filename().string());
-    // Only <id[0:2]>/<id>.cfkv is an entry: a stray name could not be addressed by path_for.
-    const std::string stem = p.stem().string();
-    if (kind == FileKind::cache && (!is_chunk_id(stem) || p.parent_path().filename() != stem.substr(0, 2)))
-      kind = FileKind::other;
-    fn(p, kind);
-  }
+// The tiers below memory, nearest first: the directory, then the shared remote tier.
+std::vector<std::unique_ptr<StoreTier>> make_tiers(ChunkStoreOptions& opt) {
+  std::vector<std::unique_ptr<StoreTier>> tiers;
+  if (!opt.dir.empty()) tiers.push_back(std::make_unique<DiskTier>(opt.dir, opt.durable, opt.report));
+  if (opt.remote) tiers.push_back(std::make_unique<RemoteStoreTier>(*opt.remote, opt.auth, opt.report));
+  return tiers;
 }
 
 }  // namespace
@@ -81,23 +49,11 @@ int preload_layers(int n_layers, double t_prefill, double t_load) {
 ChunkStore::ChunkStore(ChunkStoreOptions opt) : opt_(std::move(opt)) {
   if (!opt_.report) opt_.report = [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); };
   if (!(opt_.cfo_floor > 0)) throw std::invalid_argument("chunk store: cfo_floor must be > 0");
-  if (!opt_.dir.empty()) {
-    std::error_code ec;
-    create_private_directories(opt_.dir, ec);
-    if (ec) throw CacheFileError(CacheFileDefect::io_error, opt_.dir, "cannot create the store directory: " + ec.message());
-    scan_dir();
-  }
-  if (opt_.remote) {
-    // Whoever can write to a shared tier could otherwise have garbage served to every replica
-    // (issue 17, item 6): a remote tier is only used with keyed entries.
-    if (!opt_.auth)
-      throw std::invalid_argument(
-          "the remote chunk tier needs a store key (--store-key-file, the same file on every replica): entries "
-          "in a shared cache must carry an HMAC tag");
-    if (!opt_.remote->report) opt_.remote->report = opt_.report;
-    opt_.remote->auth = opt_.auth;  // the manifest tags use the store's key
-    remote_ = std::make_unique<RemoteTier>(*opt_.remote);
-  }
+  tiers_ = make_tiers(opt_);
+  tier_hits_.assign(tiers_.size(), 0);
+  for (const auto& t : tiers_) local_tier_ |= t->local();
+  if (local_tier_) scores_path_ = opt_.dir + "/" + kScoresFile;
+  scan_tiers();
 }
 
 ChunkStore::~ChunkStore() {
@@ -116,71 +72,50 @@ ChunkStore::~ChunkStore() {
   }
 }
 
-void ChunkStore::scan_dir() {
-  struct Found {
-    std::string id;
-    size_t bytes;
-    fs::file_time_type mtime;
-  };
-  std::vector<Found> found;
-  for_each_file(opt_.dir, [&](const fs::path& p, FileKind kind) {
-    if (kind != FileKind::cache) return;
-    std::error_code ec;
-    const auto bytes = fs::file_size(p, ec);
-    const auto mtime = fs::last_write_time(p, ec);
-    if (!ec) found.push_back({p.stem().string(), static_cast<size_t>(bytes), mtime});
-  });
-  // Recency of files from earlier runs: their write order.
-  std::stable_sort(found.begin(), found.end(), [](const Found& a, const Found& b) { return a.mtime < b.mtime; });
+void ChunkStore::scan_tiers() {
   std::lock_guard lock(mu_);
-  for (const Found& f : found) {
-    note_file_locked(f.id, f.bytes);
-    meta_[f.id].last_use = ++tick_;
+  for (const auto& t : tiers_) {
+    if (!t->local()) continue;
+    for (const StoredEntry& e : t->scan()) {  // recency of entries from earlier runs: their write order
+      note_file_locked(e.id, e.bytes);
+      meta_[e.id].last_use = ++tick_;
+    }
   }
-  if (opt_.eviction != EvictionPolicy::cachecraft) return;
-  std::ifstream in(scores_path());
+  if (opt_.eviction != EvictionPolicy::cachecraft || scores_path_.empty()) return;
+  std::ifstream in(scores_path_);
   if (!in) return;
   try {
     const nlohmann::json j = nlohmann::json::parse(in);
     for (const auto& [id, score] : j.at("scores").items())
       if (auto it = meta_.find(id); it != meta_.end()) it->second.score = score.get<double>();
   } catch (const std::exception& e) {
-    opt_.report("chunk store " + scores_path() + ": unreadable f_r scores (" + e.what() + "), starting from 1");
+    opt_.report("chunk store " + scores_path_ + ": unreadable f_r scores (" + e.what() + "), starting from 1");
   }
 }
 
-std::string ChunkStore::scores_path() const { return opt_.dir + "/" + kScoresFile; }
-
 bool ChunkStore::save_scores() {
-  if (opt_.eviction != EvictionPolicy::cachecraft || opt_.dir.empty()) return true;
+  if (opt_.eviction != EvictionPolicy::cachecraft || scores_path_.empty()) return true;
   nlohmann::json scores = nlohmann::json::object();
   {
     std::lock_guard lock(mu_);
     for (const auto& [id, m] : meta_)
       if (m.on_disk) scores[id] = m.score;
   }
-  const std::string path = scores_path();
   if (scores.empty()) {  // an empty store leaves no score file behind
     std::error_code ec;
-    fs::remove(path, ec);
+    fs::remove(scores_path_, ec);
     return true;
   }
   try {  // atomic and private: readers see the old or the new scores
-    write_private_file_atomic(path, nlohmann::json{{"version", 1}, {"scores", scores}}.dump(), opt_.durable);
+    write_private_file_atomic(scores_path_, nlohmann::json{{"version", 1}, {"scores", scores}}.dump(), opt_.durable);
   } catch (const std::exception& e) {
-    opt_.report("chunk store " + path + ": cannot write the f_r scores: " + e.what());
+    opt_.report("chunk store " + scores_path_ + ": cannot write the f_r scores: " + e.what());
     return false;
   }
   return true;
 }
 
-std::string ChunkStore::path_for(const std::string& id) const {
-  // Only the 32-hex-digit form: "..x" or a NUL would name a file outside the store, whoever
-  // passes it (issue 29 item 8).
-  if (!is_chunk_id(id)) throw std::invalid_argument("chunk store: not a chunk id (32 lower-case hex digits): \"" +
-                                                    printable_chunk_id(id) + "\"");
-  return opt_.dir + "/" + id.substr(0, 2) + "/" + id + kExt;
-}
+std::string ChunkStore::path_for(const std::string& id) const { return cache_file_path(opt_.dir, id); }
 
 const StoreModel& ChunkStore::model() const {
   if (!opt_.model) throw std::logic_error("chunk store: get/put need the store's model (ChunkStoreOptions::model)");
@@ -250,8 +185,8 @@ void ChunkStore::memory_insert_locked(const std::string& id, std::shared_ptr<con
   const size_t bytes = c->memory_bytes();
   if (auto it = index_.find(id); it != index_.end()) memory_erase_locked(it->second);  // same key, same content
   if (bytes > opt_.memory_budget_bytes) return;  // would evict everything and still not fit
-  // Without a disk tier the entry budget bounds the memory tier.
-  const size_t max_resident = opt_.dir.empty() && opt_.max_entries ? opt_.max_entries : SIZE_MAX;
+  // Without a local tier the entry budget bounds the memory tier.
+  const size_t max_resident = !local_tier_ && opt_.max_entries ? opt_.max_entries : SIZE_MAX;
   while ((memory_bytes_ + bytes > opt_.memory_budget_bytes || lru_.size() >= max_resident) && !lru_.empty()) {
     auto victim = memory_victim_locked();
     const std::string vid = victim->id;
@@ -269,7 +204,7 @@ void ChunkStore::memory_insert_locked(const std::string& id, std::shared_ptr<con
 
 std::vector<std::string> ChunkStore::budget_victims_locked(const std::string& keep) {
   std::vector<std::string> victims;
-  if (opt_.dir.empty() || (!opt_.disk_budget_bytes && !opt_.max_entries)) return victims;
+  if (!local_tier_ || (!opt_.disk_budget_bytes && !opt_.max_entries)) return victims;
   auto over = [&] {
     return (opt_.disk_budget_bytes && disk_bytes_ > opt_.disk_budget_bytes) ||
            (opt_.max_entries && entry_count_locked() > opt_.max_entries);
@@ -299,31 +234,13 @@ std::vector<std::string> ChunkStore::budget_victims_locked(const std::string& ke
   return victims;
 }
 
-void ChunkStore::delete_files(const std::vector<std::string>& ids) {
-  for (const std::string& id : ids) {
-    std::error_code ec;
-    fs::remove(path_for(id), ec);
-  }
+void ChunkStore::delete_local(const std::vector<std::string>& ids) {
+  for (const std::string& id : ids)
+    for (const auto& t : tiers_)
+      if (t->local()) t->remove(id);
 }
 
 // --- loading
-
-void ChunkStore::report_bad_file(const CacheFileError& e) {
-  {
-    std::lock_guard lock(mu_);
-    ++stats_.corrupt_files;
-    if (e.reason() == CacheFileDefect::foreign_model || e.reason() == CacheFileDefect::shape_mismatch)
-      ++stats_.foreign_files;
-    if (e.reason() == CacheFileDefect::unauthenticated) ++stats_.unauthenticated_files;
-    forget_file_locked(fs::path(e.path()).stem().string());
-  }
-  opt_.report("chunk cache " + std::string(e.what()) + ", recomputing");
-  // Move it aside so the next reader does not pay for validating it again; if that fails
-  // (e.g. it is gone already), deleting is just as safe.
-  std::error_code ec;
-  fs::rename(e.path(), e.path() + kCorruptExt, ec);
-  if (ec) fs::remove(e.path(), ec);
-}
 
 // What a stored entry of `id` must be to be served (file or remote image alike).
 CacheFileExpect ChunkStore::expect_for(const StoreModel& m, const std::string& id) const {
@@ -335,66 +252,15 @@ CacheFileExpect ChunkStore::expect_for(const StoreModel& m, const std::string& i
   return expect;
 }
 
-std::shared_ptr<const ChunkCache> ChunkStore::read_file(const std::string& id) {
-  const StoreModel& m = model();
-  const std::string path = path_for(id);
-  const double t0 = now_ms();
-  try {
-    auto c = std::make_shared<const ChunkCache>(read_cache_file(path, expect_for(m, id)));
-    std::error_code ec;
-    const auto bytes = fs::file_size(path, ec);
-    std::lock_guard lock(mu_);
-    ++stats_.disk_loads;
-    stats_.disk_load_ms += now_ms() - t0;
-    if (!ec) stats_.disk_bytes_read += bytes;
-    return c;
-  } catch (const CacheFileError& e) {
-    if (e.reason() != CacheFileDefect::not_found) {
-      report_bad_file(e);
-    } else {
-      std::lock_guard lock(mu_);
-      forget_file_locked(id);  // deleted behind our back (another process, a budget)
-    }
-  }
-  return nullptr;
-}
-
-std::shared_ptr<const ChunkCache> ChunkStore::read_remote(const std::string& id) {
-  const StoreModel& m = model();
-  const double t0 = now_ms();
-  auto image = remote_->get(id);
-  if (!image) return nullptr;
-  std::shared_ptr<const ChunkCache> c;
-  try {
-    c = std::make_shared<const ChunkCache>(
-        decode_cache_file(image->data(), image->size(), remote_->manifest_key(id), expect_for(m, id)));
-  } catch (const CacheFileError& e) {
-    remote_->report_bad(id, e.what());
-    return nullptr;
-  }
-  bool written = false;
-  if (!opt_.dir.empty()) {  // the disk tier keeps it: a memory eviction then costs a file read, not a remote one
-    try {
-      const std::string path = path_for(id);
-      std::error_code ec;
-      // Private and never through a planted symlink, as put's (issue 29 item 11).
-      if (!ensure_private_directory(fs::path(path).parent_path(), ec))
-        throw CacheFileError(CacheFileDefect::io_error, path, "its folder is not a private real directory: " + ec.message());
-      write_cache_bytes(path, *image, opt_.durable);
-      written = true;
+void ChunkStore::promote_above(size_t served_by, const std::string& id, const std::vector<uint8_t>& image) {
+  for (size_t i = 0; i < served_by; ++i) {
+    try {  // the nearer tiers keep it: an eviction then costs a nearer read, not this tier's
+      tiers_[i]->keep(id, image);
     } catch (const CacheFileError& e) {
-      opt_.report("chunk cache " + std::string(e.what()) + " (remote entry kept in memory only)");
+      opt_.report("chunk cache " + std::string(e.what()) + " (" + tiers_[served_by]->name() +
+                  " entry kept in memory only)");
     }
   }
-  std::lock_guard lock(mu_);
-  stats_.disk_load_ms += now_ms() - t0;
-  if (written) {
-    ++stats_.disk_writes;
-    stats_.disk_bytes_written += image->size();
-  } else if (!opt_.dir.empty()) {
-    ++stats_.disk_write_errors;
-  }
-  return c;
 }
 
 std::shared_ptr<const ChunkCache> ChunkStore::load_entry(const std::string& id, Load& load) {
@@ -402,13 +268,21 @@ std::shared_ptr<const ChunkCache> ChunkStore::load_entry(const std::string& id, 
   // failure, say) would end the process, and a get's load must finish to wake its waiters
   // (issue 29 item 9). A load that fails is a miss: the caller recomputes.
   try {
-    if (!opt_.dir.empty())
-      if (auto c = read_file(id)) return c;
-    if (!remote_) return nullptr;
-    auto c = read_remote(id);
-    std::lock_guard lock(mu_);
-    load.remote = c != nullptr;
-    return c;
+    const CacheFileExpect expect = expect_for(model(), id);
+    for (size_t i = 0; i < tiers_.size(); ++i) {
+      const double t0 = now_ms();
+      TierLoad found = tiers_[i]->load(id, expect);
+      if (found.gone && tiers_[i]->local()) {
+        std::lock_guard lock(mu_);
+        forget_file_locked(id);  // moved aside as bad, or deleted behind our back (another process, a budget)
+      }
+      if (!found.cache) continue;
+      if (found.image) promote_above(i, id, *found.image);
+      std::lock_guard lock(mu_);
+      stats_.disk_load_ms += now_ms() - t0;
+      load.tier = static_cast<int>(i);
+      return found.cache;
+    }
   } catch (const std::exception& e) {
     opt_.report("chunk cache " + id + ": load failed (" + e.what() + "), recomputing");
   } catch (...) {
@@ -419,18 +293,24 @@ std::shared_ptr<const ChunkCache> ChunkStore::load_entry(const std::string& id, 
 
 void ChunkStore::finish_load(const std::string& id, const std::shared_ptr<Load>& load,
                              std::shared_ptr<const ChunkCache> c) {
-  std::error_code ec;
-  const auto bytes = c ? fs::file_size(path_for(id), ec) : 0;
+  std::optional<size_t> bytes;  // what the local tier now holds (the budgets' books)
+  for (size_t i = 0; c && i < tiers_.size() && !bytes; ++i)
+    if (tiers_[i]->local()) bytes = tiers_[i]->stored_bytes(id);
   std::lock_guard lock(mu_);
   load->done = true;
   load->result = c;
   if (auto it = loading_.find(id); it != loading_.end() && it->second == load) loading_.erase(it);
   if (c && !load->cancelled) {  // cancelled: removed while loading, keep nothing
-    if (!ec) note_file_locked(id, static_cast<size_t>(bytes));
+    if (bytes) note_file_locked(id, *bytes);
     touch_locked(id);
     memory_insert_locked(id, std::move(c), load->by_prefetch);
   }
   loaded_cv_.notify_all();
+}
+
+void ChunkStore::count_lookup_locked(const Load& load) {
+  if (load.result && load.tier >= 0) ++tier_hits_[static_cast<size_t>(load.tier)];
+  else ++stats_.misses;
 }
 
 std::shared_ptr<const ChunkCache> ChunkStore::get(const ChunkKey& key) {
@@ -449,7 +329,7 @@ std::shared_ptr<const ChunkCache> ChunkStore::get(const ChunkKey& key) {
       touch_locked(id);
       return it->second->cache;
     }
-    if ((opt_.dir.empty() && !remote_) || key.model_fingerprint() != m.fingerprint) {
+    if (tiers_.empty() || key.model_fingerprint() != m.fingerprint) {
       ++stats_.misses;
       return nullptr;
     }
@@ -460,15 +340,11 @@ std::shared_ptr<const ChunkCache> ChunkStore::get(const ChunkKey& key) {
       load = it->second;
       load->queued = false;
       load->by_prefetch = false;
-    } else {  // in flight: wait for it rather than read the file twice
+    } else {  // in flight: wait for it rather than read it twice
       load = it->second;
       loaded_cv_.wait(lock, [&] { return load->done; });
-      if (!load->result) {
-        ++stats_.misses;
-        return nullptr;
-      }
-      ++(load->remote ? stats_.remote_hits : stats_.disk_hits);
-      if (load->by_prefetch) {
+      count_lookup_locked(*load);
+      if (load->result && load->by_prefetch) {
         ++stats_.prefetch_hits;
         ++stats_.prefetch_waits;
         if (auto mem = index_.find(id); mem != index_.end()) mem->second->prefetched = false;
@@ -479,7 +355,7 @@ std::shared_ptr<const ChunkCache> ChunkStore::get(const ChunkKey& key) {
   auto c = load_entry(id, *load);
   finish_load(id, load, c);
   std::lock_guard lock(mu_);
-  ++(c ? (load->remote ? stats_.remote_hits : stats_.disk_hits) : stats_.misses);
+  count_lookup_locked(*load);
   return c;
 }
 
@@ -488,8 +364,9 @@ bool ChunkStore::contains(const ChunkKey& key) const {
     std::lock_guard lock(mu_);
     if (index_.count(key.id())) return true;
   }
-  std::error_code ec;
-  return !opt_.dir.empty() && fs::is_regular_file(path_for(key.id()), ec);
+  for (const auto& t : tiers_)
+    if (t->local() && t->may_hold(key.id())) return true;
+  return false;
 }
 
 ChunkTiers ChunkStore::tiers(const std::string& id) const {
@@ -501,27 +378,21 @@ ChunkTiers ChunkStore::tiers(const std::string& id) const {
       t.extra = it->second->cache->extra;
     }
   }
-  const std::string path = opt_.dir.empty() ? "" : path_for(id);
-  t.disk = !path.empty() && is_real_file(path);
-  if (t.disk && !t.memory) {
-    try {
-      t.extra = read_cache_file_info(path).extra;
-    } catch (const std::exception&) {  // a bad file is reported when it is loaded
-    }
-  }
-  if (remote_) t.remote = remote_->exists(id);
+  for (const auto& tier : tiers_) tier->describe(id, t);
   return t;
 }
 
 void ChunkStore::prefetch(const std::vector<ChunkKey>& keys) {
   const StoreModel& m = model();
-  if (opt_.dir.empty() && !remote_) return;
+  if (tiers_.empty()) return;
   std::vector<std::string> ids;
   for (const ChunkKey& k : keys) {
-    std::error_code ec;
-    if (k.model_fingerprint() == m.fingerprint &&
-        (remote_ || fs::is_regular_file(path_for(k.id()), ec)))  // remote: one GET tells
-      ids.push_back(k.id());
+    if (k.model_fingerprint() != m.fingerprint) continue;
+    for (const auto& t : tiers_)
+      if (t->may_hold(k.id())) {
+        ids.push_back(k.id());
+        break;
+      }
   }
   {
     std::lock_guard lock(mu_);
@@ -596,45 +467,35 @@ std::shared_ptr<const ChunkCache> ChunkStore::put(ChunkCache cache) {
     std::lock_guard lock(mu_);
     touch_locked(id);
     memory_insert_locked(id, c, false);
-    if (opt_.dir.empty() && !index_.count(id)) meta_.erase(id);  // too large to keep anywhere
+    if (!local_tier_ && !index_.count(id)) meta_.erase(id);  // too large to keep anywhere
     ++stats_.puts;
   }
-  if (opt_.dir.empty() && !remote_) return c;
+  if (tiers_.empty()) return c;
   std::vector<uint8_t> image = encode_cache_file(*c, opt_.disk_dtype);
-  if (opt_.auth) opt_.auth->seal(image);  // the same sealed image on disk and in the remote tier
-  // Queued once the disk write is done or has failed: the remote tier gets its own copy.
-  struct RemoteQueue {
-    RemoteTier* remote;
-    const std::string& id;
-    std::vector<uint8_t>& image;
-    ~RemoteQueue() {
-      if (remote) remote->put_async(id, std::move(image));
-    }
-  } queue_remote{remote_.get(), id, image};
-  if (!opt_.dir.empty()) {
-    const std::string path = path_for(id);
-    std::error_code ec;
-    std::vector<std::string> victims;
+  if (opt_.auth) opt_.auth->seal(image);  // the same sealed image in every tier
+  // Write-through to every tier; one that fails does not stop the others.
+  std::exception_ptr failure;
+  std::vector<std::string> victims;
+  for (const auto& t : tiers_) {
     try {
-      if (!ensure_private_directory(fs::path(path).parent_path(), ec))  // a planted symlink: never write through it
-        throw CacheFileError(CacheFileDefect::io_error, path, "its folder is missing or not a real directory");
-      const size_t n = write_cache_bytes(path, image, opt_.durable);
+      const size_t n = t->keep(id, image);
+      if (!t->local()) continue;
       std::lock_guard lock(mu_);
-      ++stats_.disk_writes;
-      stats_.disk_bytes_written += n;
       note_file_locked(id, n);
       victims = budget_victims_locked(id);
     } catch (const CacheFileError&) {
+      if (!failure) failure = std::current_exception();
+      if (!t->local()) continue;
       std::lock_guard lock(mu_);
-      ++stats_.disk_write_errors;
-      // An older file of this key, if any, is intact (writes are atomic) and still counted.
-      if (auto m = meta_.find(id); m != meta_.end() && !m->second.on_disk && !index_.count(id)) meta_.erase(m);
-      throw;
+      // An older copy of this key, if any, is intact (writes are atomic) and still counted.
+      if (auto e = meta_.find(id); e != meta_.end() && !e->second.on_disk && !index_.count(id)) meta_.erase(e);
     }
-    delete_files(victims);
   }
+  delete_local(victims);
+  if (failure) std::rethrow_exception(failure);
   return c;
 }
+
 std::shared_ptr<const ChunkCache> ChunkStore::get_or_compute(const ChunkKey& key,
                                                              const std::function<ChunkCache()>& compute) {
   if (auto c = get(key)) return c;
@@ -674,13 +535,7 @@ bool ChunkStore::remove(const std::string& id) {
     forget_file_locked(id);
     meta_.erase(id);
   }
-  if (!opt_.dir.empty() && is_real_directory(fs::path(path_for(id)).parent_path())) {
-    std::error_code ec;
-    const std::string path = path_for(id);
-    removed |= fs::remove(path, ec);
-    removed |= fs::remove(path + kCorruptExt, ec);
-  }
-  if (remote_) remote_->remove_async(id);
+  for (const auto& t : tiers_) removed |= t->remove(id);
   return removed;
 }
 
@@ -699,17 +554,9 @@ size_t ChunkStore::remove_all() {
   }
   loaded_cv_.notify_all();  // wait_prefetches: the queue is empty now
   size_t n = 0;
-  for_each_file(opt_.dir, [&](const fs::path& p, FileKind kind) {
-    if (kind == FileKind::other) return;
-    std::error_code ec;
-    if (fs::remove(p, ec) && kind == FileKind::cache) ++n;
-  });
+  for (const auto& t : tiers_) n += t->remove_all();  // local tiers only: a shared one keeps its entries
   std::error_code ec;
-  if (!opt_.dir.empty() && fs::is_directory(opt_.dir, ec))
-    for (const auto& sub : fs::directory_iterator(opt_.dir, ec))
-      if (sub.path().filename().string().size() == 2 && is_real_directory(sub.path()) && fs::is_empty(sub.path(), ec))
-        fs::remove(sub.path(), ec);
-  if (!opt_.dir.empty()) fs::remove(scores_path(), ec);
+  if (!scores_path_.empty()) fs::remove(scores_path_, ec);
   return n;
 }
 
@@ -724,68 +571,32 @@ void ChunkStore::clear_memory() {
 
 std::vector<ChunkListEntry> ChunkStore::list() const {
   std::vector<ChunkListEntry> out;
-  for_each_file(opt_.dir, [&](const fs::path& p, FileKind kind) {
-    if (kind != FileKind::cache) return;
-    ChunkListEntry e;
-    e.path = p.string();
-    e.id = p.stem().string();
-    try {
-      const CacheFileInfo info = read_cache_file_info(e.path);
-      e.n_tokens = info.n_tokens;
-      e.file_bytes = info.file_bytes;
-      e.dtype = info.dtype;
-      e.kind = info.kind;
-      e.model_fingerprint = info.model_fingerprint;
-      e.created_unix_ms = info.created_unix_ms;
-      e.offline_ms = info.offline_ms;
-    } catch (const CacheFileError& err) {
-      if (err.reason() == CacheFileDefect::not_found) return;  // removed meanwhile
-      e.problem = defect_name(err.reason());
-      std::error_code ec;
-      e.file_bytes = static_cast<size_t>(fs::file_size(p, ec));
-    }
-    out.push_back(std::move(e));
-  });
+  for (const auto& t : tiers_) t->list(out);
   return out;
 }
 
 VerifyReport ChunkStore::verify() const {
   VerifyReport r;
-  for_each_file(opt_.dir, [&](const fs::path& p, FileKind kind) {
-    if (kind == FileKind::corrupt) ++r.corrupt_aside;
-    if (kind == FileKind::temp) ++r.temp_files;
-    if (kind != FileKind::cache) return;
-    CacheFileExpect expect;
-    expect.key_id = p.stem().string();
-    expect.auth = opt_.auth.get();
-    if (opt_.model) {
-      expect.model_fingerprint = opt_.model->fingerprint;
-      expect.hparams = opt_.model->hparams;
-    }
-    try {
-      read_cache_file(p.string(), expect);
-      ++r.checked;
-      ++r.valid;
-      std::error_code ec;
-      r.valid_bytes += static_cast<size_t>(fs::file_size(p, ec));
-    } catch (const CacheFileError& e) {
-      if (e.reason() == CacheFileDefect::not_found) return;  // removed meanwhile
-      ++r.checked;
-      r.bad.push_back({p.string(), e.reason(), e.what()});
-    }
-  });
+  CacheFileExpect expect;
+  expect.auth = opt_.auth.get();
+  if (opt_.model) {
+    expect.model_fingerprint = opt_.model->fingerprint;
+    expect.hparams = opt_.model->hparams;
+  }
+  for (const auto& t : tiers_) t->verify(r, expect);
   return r;
 }
 
-bool ChunkStore::flush_remote(int timeout_ms) { return !remote_ || remote_->flush(timeout_ms); }
+bool ChunkStore::flush_remote(int timeout_ms) {
+  bool flushed = true;
+  for (const auto& t : tiers_) flushed &= t->flush(timeout_ms);
+  return flushed;
+}
 
 ChunkStoreStats ChunkStore::stats() const {
   std::lock_guard lock(mu_);
   ChunkStoreStats s = stats_;
-  if (remote_) {
-    s.has_remote = true;
-    s.remote = remote_->stats();
-  }
+  for (size_t i = 0; i < tiers_.size(); ++i) tiers_[i]->add_stats(s, tier_hits_[i]);
   s.memory_bytes = memory_bytes_;
   s.memory_entries = lru_.size();
   s.memory_budget_bytes = opt_.memory_budget_bytes;

@@ -1,16 +1,19 @@
-// The chunk-cache store: a bounded in-memory tier in front of a directory of cache files.
+// The chunk-cache store: a bounded in-memory tier in front of a list of tiers (kv/store_tier.h,
+// nearest first): the directory of cache files (kv/disk_tier.h) when ChunkStoreOptions::dir is
+// set, then the shared remote tier (kv/remote_store_tier.h) when ::remote is.
 //
-//   get(key)  memory tier (bounded in bytes) -> disk tier (<dir>/<id[0:2]>/<id>.cfkv,
-//             mapped and fully validated) -> nullptr. A disk hit is promoted to memory.
-//   put(c)    rounds c's K/V through the disk dtype (so both tiers serve the same floats),
-//             inserts it in memory and writes the file atomically (write-through).
+//   get(key)  memory tier (bounded in bytes) -> each tier in order -> nullptr. A hit below
+//             memory is promoted: kept by every tier above the one that served it (a remote
+//             image is written to the disk tier) and inserted in memory.
+//   put(c)    rounds c's K/V through the disk dtype (so every tier serves the same floats),
+//             inserts it in memory and writes the sealed image through to every tier (the
+//             disk file atomically, on the caller's thread; the remote one queued).
 //
-// A file that fails validation (truncated, damaged, foreign model, wrong shape, ...) is
-// never served: it is counted, reported in one line ("chunk cache <file>: <reason>,
-// recomputing"), renamed aside to <file>.corrupt (kept for inspection, replacing an older
-// one; list/verify do not count it as an entry; remove/remove_all delete it) and treated as
-// a miss. Renaming aside can race with another process that has just written a fresh copy
-// of the same key; the worst outcome is one needless recompute, never a bad hit.
+// A tier never serves an entry that fails validation (kv/disk_tier.h: a bad file is counted,
+// reported in one line, renamed aside to <file>.corrupt and is a miss; a bad remote image is
+// reported and deleted remotely). Renaming aside can race with another process that has just
+// written a fresh copy of the same key; the worst outcome is one needless recompute, never a
+// bad hit.
 //
 // Cache management (Cache-Craft §3.3-3.5, digest B2.5-B2.6):
 //  - Eviction policy of the memory tier: lru (least recently used goes) or cachecraft
@@ -48,15 +51,10 @@
 //    load of the whole cache while the request queues already hides it (digest part C).
 //    preload_layers() is Eq. 16, for the day that changes.
 //
-// Remote tier (issue 13; kv/remote_tier.h): with ChunkStoreOptions::remote, a Redis shared by
-// several processes sits below memory and disk. get: memory -> disk -> remote; a remote image
-// is verified like a file (decode_cache_file with this store's model, shape and key id), then
-// written to the disk tier and promoted to memory; one that fails is never served: reported,
-// deleted remotely, a miss (so the caller recomputes and put replaces it). put queues the
-// encoded image for the remote tier's background writer (never on the request's path; a full
-// queue drops it, counted). prefetch loads remote entries too. remove deletes remotely too;
-// remove_all, list, verify and the budgets are local only (Redis has its own maxmemory).
-// contains() is local only. Redis down: remote reads are misses, writes are dropped.
+// Remote tier (issue 13; kv/remote_tier.h, kv/remote_store_tier.h): a Redis shared by several
+// processes, the last tier of the list. prefetch loads remote entries too. remove deletes
+// remotely too; remove_all, list, verify, contains() and the budgets are local only (Redis has
+// its own maxmemory). Redis down: remote reads are misses, writes are dropped.
 // The design follows LMCache's remote backends (a shared KV tier below local ones). Deviation
 // from issue 13: a remote read is not raced against a local recompute; it is always tried
 // first, bounded by the command timeout, as it takes milliseconds where recomputing a chunk
@@ -85,6 +83,7 @@
 #include "kv/chunk_cache.h"
 #include "kv/entry_auth.h"
 #include "kv/remote_tier.h"
+#include "kv/store_tier.h"
 
 namespace cf {
 
@@ -255,20 +254,20 @@ class ChunkStore {
     size_t file_bytes = 0;
     bool on_disk = false;
   };
-  // A disk load in flight. queued: waiting for the prefetch worker (a get may take it over).
+  // A load from the tiers in flight. queued: waiting for the prefetch worker (a get may take it over).
   struct Load {
-    bool queued = false, by_prefetch = false, done = false, cancelled = false, remote = false;
+    bool queued = false, by_prefetch = false, done = false, cancelled = false;
+    int tier = -1;  // the tier that served it (index into tiers_)
     std::shared_ptr<const ChunkCache> result;
   };
   using MemList = std::list<MemEntry>;
 
   const StoreModel& model() const;
-  void report_bad_file(const CacheFileError& e);
   CacheFileExpect expect_for(const StoreModel& m, const std::string& id) const;
-  std::shared_ptr<const ChunkCache> read_file(const std::string& id);  // counted; nullptr: none/bad
-  std::shared_ptr<const ChunkCache> read_remote(const std::string& id);  // verified, kept on disk; nullptr: none/bad
-  // Disk, then remote; sets load->remote when the remote tier served it.
+  // Walks the tiers; the first that serves `id` wins (load.tier), and the nearer tiers keep
+  // a copy. nullptr: no tier has it (or only bad copies, reported and dropped).
   std::shared_ptr<const ChunkCache> load_entry(const std::string& id, Load& load);
+  void promote_above(size_t served_by, const std::string& id, const std::vector<uint8_t>& image);
   void finish_load(const std::string& id, const std::shared_ptr<Load>& load, std::shared_ptr<const ChunkCache> c);
   void prefetch_worker();
   // All below: mu_ held.
@@ -282,9 +281,9 @@ class ChunkStore {
   size_t entry_count_locked() const;
   // Picks and unlinks from the books the entries a budget deletes; returns their ids.
   std::vector<std::string> budget_victims_locked(const std::string& keep);
-  void scan_dir();  // constructor: learns the directory's files (and f_r from the sidecar)
-  std::string scores_path() const;
-  void delete_files(const std::vector<std::string>& ids);
+  void count_lookup_locked(const Load& load);  // a hit of the tier that served it, or a miss
+  void scan_tiers();  // constructor: learns the local tiers' entries (and f_r from the sidecar)
+  void delete_local(const std::vector<std::string>& ids);  // from the local tiers (budgets)
 
   ChunkStoreOptions opt_;
   mutable std::mutex mu_;
@@ -300,8 +299,11 @@ class ChunkStore {
   std::thread prefetch_thread_;
   uint64_t tick_ = 0;
   size_t memory_bytes_ = 0, disk_bytes_ = 0, disk_entries_ = 0;
-  ChunkStoreStats stats_;  // guarded by mu_ (memory/disk fields filled in by stats())
-  std::unique_ptr<RemoteTier> remote_;  // thread-safe itself
+  ChunkStoreStats stats_;  // guarded by mu_ (memory fields filled in by stats(), the tiers' by each tier)
+  std::vector<std::unique_ptr<StoreTier>> tiers_;  // below memory, nearest first (kv/store_tier.h); thread-safe each
+  std::vector<uint64_t> tier_hits_;                // lookups each tier served (mu_)
+  bool local_tier_ = false;                        // a local tier exists: the budgets count its entries
+  std::string scores_path_;                        // <dir>/fr-scores.json with a local tier
 };
 
 }  // namespace cf
