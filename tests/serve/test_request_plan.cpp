@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include "kv/kv_test_util.h"
 #include "serve/conversation_memory.h"
 #include "serve/craft.h"
 #include "serve/token_accounting.h"
@@ -187,19 +188,9 @@ TEST(RequestPlan, CraftIsAskedForReorderOrConversationWithDocuments) {
   EXPECT_EQ(request_order(3).order, (std::vector<size_t>{0, 1, 2}));
 }
 
-ModelHparams tiny() {
-  ModelHparams h;
-  h.n_layers = 1;
-  h.n_kv_heads = 1;
-  h.head_dim = 4;
-  h.n_heads = 1;
-  h.d_model = 4;
-  return h;
-}
-
 FusionResult empty_result() {
   return FusionResult{.logits = {},
-                      .cache = KvCache(tiny()),
+                      .cache = KvCache(test::tiny_hparams()),
                       .next_position = 0,
                       .recomputed = {},
                       .context_tokens = 0,
@@ -210,7 +201,8 @@ FusionResult empty_result() {
                       .timings = {},
                       .selection_details = {},
                       .token_scores = {},
-                      .score_kind = {}};
+                      .score_kind = {},
+                      .auto_decision = {}};
 }
 
 TEST(TokenAccounting, ExactChunksHitAsFarAsThePrefixCacheCovered) {
