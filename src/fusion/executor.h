@@ -1,4 +1,4 @@
-// The fused prefill (DESIGN.md "The request"): lay out S + chunks + U at consecutive
+// The fused prefill (docs/ARCHITECTURE.md "The request"): lay out S + chunks + U at consecutive
 // positions, take S from an exact prefix cache and each chunk's K/V from the chunk store
 // (moving keys to their request positions), let a selector choose the context rows P to
 // recompute, then run the forward pass over P (into their own slots) and all of U (new

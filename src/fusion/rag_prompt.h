@@ -1,4 +1,4 @@
-// The request layout of DESIGN.md: [system prefix S] [chunk c1] ... [chunk cm] [question suffix U].
+// The request layout of docs/ARCHITECTURE.md: [system prefix S] [chunk c1] ... [chunk cm] [question suffix U].
 // The model's chat template is rendered once around a placeholder user message and split
 // there: S is the template text before the user content (plus the system message), U is
 // the question and the template text after it. Each passage is tokenized on its own, so

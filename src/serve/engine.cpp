@@ -1,7 +1,7 @@
 // The serving engine: on the caller's thread a request is validated, laid out, ordered by
 // CRAFT and planned (serve/request_plan.h: which chunks join the exact prefix S', which are
 // fused, what to prefetch and to promote); the scheduler thread then runs the plan: one
-// FusionExecutor prefill (DESIGN.md layout S c1..cm U) and batched decoding. What a request
+// FusionExecutor prefill (docs/ARCHITECTURE.md's layout S c1..cm U) and batched decoding. What a request
 // keeps for the next turn of its conversation is serve/conversation_memory.h's; the counts it
 // reports are serve/token_accounting.h's; registered chunks are serve/chunk_registry.h's.
 #include "serve/engine.h"

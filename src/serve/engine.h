@@ -4,7 +4,7 @@
 // engine queues them fairly (FIFO), starts loading their chunk caches while they wait,
 // prefills one at a time and batches the decode steps of all running requests.
 //
-// Prompt layout of a RAG request (DESIGN.md): S = the chat template up to the last user
+// Prompt layout of a RAG request (docs/ARCHITECTURE.md): S = the chat template up to the last user
 // message's content (system message and earlier turns included), then one chunk per
 // document, then U = the last user message and the template's assistant header. Without
 // documents the whole rendered prompt is S + U. Completions (`prompt`) use no template.

@@ -1,4 +1,4 @@
-// Prompt layout of a serve request (DESIGN.md's S c1..cm U, issue 25 split it out of the
+// Prompt layout of a serve request (docs/ARCHITECTURE.md's S c1..cm U, issue 25 split it out of the
 // engine): S = the chat template up to the last user message's content (system message and
 // earlier turns included), then one chunk per document, then U = the last user message and the
 // template's assistant header. Without documents the whole rendered prompt is S + U.

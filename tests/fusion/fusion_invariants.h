@@ -1,4 +1,4 @@
-// The fused-prefill invariants of DESIGN.md, checked the same way on every model the tests
+// The fused-prefill invariants of docs/ARCHITECTURE.md, checked the same way on every model the tests
 // load: rho = 1 reproduces full prefill and rho = 0 is pure reuse, for every selector, on
 // either chunk-cache variant (alone: PIC caches; prefixed: computed after S).
 #pragma once

@@ -1,4 +1,4 @@
-// Invariants of the fused prefill (DESIGN.md), on the real model: rho = 1 reproduces full
+// Invariants of the fused prefill (docs/ARCHITECTURE.md), on the real model: rho = 1 reproduces full
 // prefill and rho = 0 reproduces full reuse, for every selector.
 #include <gtest/gtest.h>
 

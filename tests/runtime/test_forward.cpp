@@ -161,7 +161,7 @@ TEST(Forward, ResultsDoNotDependOnThreadCount) {
   EXPECT_EQ(results[0], results[2]);
 }
 
-// The position invariant of DESIGN.md: K computed at 0..n-1 then moved by delta equals K
+// The position invariant of docs/ARCHITECTURE.md: K computed at 0..n-1 then moved by delta equals K
 // computed directly at delta..delta+n-1 (no preceding context in either case).
 TEST(Forward, MovedKeysEqualKeysComputedAtTheOffset) {
   CF_REQUIRE_MODEL();
