@@ -219,12 +219,16 @@ TEST(AttentionOrder, ExpIsGgmlExpBitForBit) {
 TEST(AttentionOrder, SiluIsGgmlSwiglu) {
   std::mt19937 rng(23);
   std::normal_distribution<float> nd(0.0f, 3.0f);
-  std::vector<float> gate(1536), up(1536);
+  std::vector<float> gate(1539), up(1539);  // not a multiple of 8 or 16: the vector loops' tails too
   for (auto& v : gate) v = nd(rng);
   for (auto& v : up) v = nd(rng);
   gate[0] = 0.0f;
   gate[1] = -95.0f;
   gate[2] = 95.0f;
+  gate[3] = -200.0f;  // exp's |n| > 192 edges (inf, 0), in the vector loops as well
+  gate[4] = 200.0f;
+  gate[5] = -0.0f;
+  gate[1537] = -200.0f;
   for (Isa isa : isas()) {
     IsaGuard g(isa);
     std::vector<float> got = gate;
