@@ -97,8 +97,19 @@ FusionResult FusionExecutor::prefill(const RagRequest& req, const FusionOptions&
   const size_t context_end = context_begin + req.context_tokens();
 
   const auto t0 = SteadyClock::now();
-  FusionResult r{{}, KvCache(h, tokens.size() + 256), 0, {}, req.context_tokens(), 0, 0, false, 0, {}, {}, {}, {}};
-  r.next_position = static_cast<int32_t>(tokens.size());
+  FusionResult r{.logits = {},
+                 .cache = KvCache(h, tokens.size() + 256),
+                 .next_position = static_cast<int32_t>(tokens.size()),
+                 .recomputed = {},
+                 .context_tokens = req.context_tokens(),
+                 .chunk_hits = 0,
+                 .chunk_misses = 0,
+                 .prefix_hit = false,
+                 .prefix_hit_tokens = 0,
+                 .timings = {},
+                 .selection_details = {},
+                 .token_scores = {},
+                 .score_kind = {}};
 
   if (opt.method == "full") {  // the reference: one plain prefill of the whole request
     size_t start = 0;          // with a prefix source, S comes from it (exact K/V)

@@ -328,6 +328,16 @@ class CacheCraftSelector final : public Selector {
   explicit CacheCraftSelector(CacheCraftOptions opt) : opt_(opt) {}
   std::string_view name() const override { return "cachecraft"; }
   void configure(const nlohmann::json& options) override { opt_ = CacheCraftOptions::from_json(options); }
+  std::vector<MethodParam> parameters() const override {
+    return {
+        {"alpha", "number", opt_.alpha, {}, "alpha of Eq. 12: the recompute fraction's scale (>= 0)"},
+        {"own_budget", "boolean", opt_.own_budget, {}, "Cache-Craft picks its own budget; the ratio only caps it"},
+        {"max_variants", "integer", opt_.max_variants, {}, "stored prefix-dependent caches per chunk besides its PIC cache"},
+        {"create_variants", "boolean", opt_.create_variants, {}, "store each chunk's cache after this request's prefix for later requests"},
+        {"focus_early_stop", "boolean", opt_.focus_early_stop, {}, "stop recomputing unfocused chunks (Alg. 1)"},
+        {"focus_window", "integer", opt_.focus_window, {}, "w of Alg. 1: layers the focused set must stay the same (>= 1)"},
+    };
+  }
   double offline_ms() const override { return offline_ms_; }
 
   std::shared_ptr<const ChunkCache> lookup_chunk(Forward& fwd, ChunkStore& store, const ChunkKey& pic_key,

@@ -119,6 +119,16 @@ class FusionRagSelector final : public Selector {
     }
   }
 
+  std::vector<MethodParam> parameters() const override {
+    return {
+        {"probe", "string", probe_ == Probe::question ? "question" : "stitched", {"question", "stitched"},
+         "the question's queries: prefilled after S only (the paper), or over the stitched cache"},
+        {"sink", "string", sink_ == Sink::alone ? "alone" : "none", {"none", "alone"},
+         "the enriched cache's first row as computed (none) or the chunk's own first token (alone)"},
+        {"enriched_layers", "layers", nullptr, {}, "[first, last): layers served from the enriched cache (default: all)"},
+    };
+  }
+
   std::shared_ptr<const ChunkCache> lookup_chunk(Forward& fwd, ChunkStore& store, const ChunkKey& pic_key,
                                                  const RagRequest& request, size_t chunk_index) override {
     std::string why;

@@ -32,6 +32,11 @@ class ProphetSelector final : public Selector {
     }
   }
 
+  std::vector<MethodParam> parameters() const override {
+    return {{"probe_rows", "string", qcfuse::probe_rows_name(rows_), {"question", "suffix"},
+             "which rows of the question suffix probe"}};
+  }
+
   Selection select(Forward& fwd, FusionInputs& in) override {
     const size_t n = in.context_tokens();
     const size_t k = recompute_budget(in.ratio, n);

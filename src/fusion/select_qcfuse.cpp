@@ -202,6 +202,21 @@ class QcfuseSelector final : public Selector {
     }
   }
 
+  std::vector<MethodParam> parameters() const override {
+    return {
+        {"anchor_ratio", "number", anchor_ratio_, {}, "share of each chunk's tokens kept as anchors (0: no anchors), in [0, 1]"},
+        {"anchors", "string", rule_.per_layer ? "per_layer" : "shared", {"per_layer", "shared"},
+         "one anchor set per layer, or one per chunk"},
+        {"anchor_sinks", "boolean", rule_.sinks, {}, "the system prefix's first tokens are keys when ranking anchors"},
+        {"probe_rows", "string", qcfuse::probe_rows_name(rows_), {"question", "suffix"},
+         "which rows of the question suffix probe"},
+        {"layers", "layers", layer_mode_, {"profile", "all", "top1", "middle", "last"},
+         "probe layers: a name, or a list of layer numbers"},
+        {"profile", "string", profile_, {"default", "evidence", "prophet"},
+         "critical-layer profile (a shipped one by name over the API)"},
+    };
+  }
+
   bool needs_preparation(const ChunkCache& chunk) const override {
     return anchor_ratio_ > 0 && !qcfuse::stored_anchors(chunk, anchor_ratio_, rule_, 0).has_value();
   }

@@ -42,6 +42,23 @@ std::unique_ptr<Selector> make_selector(std::string_view name) {
   throw std::invalid_argument("unknown fusion method '" + std::string(name) + "' (known: " + known + ")");
 }
 
+nlohmann::json MethodParam::to_json() const {
+  nlohmann::json j{{"name", name}, {"type", type}, {"default", default_value}, {"help", help}};
+  if (!values.empty()) j["values"] = values;
+  return j;
+}
+
+nlohmann::json method_catalog() {
+  nlohmann::json out = nlohmann::json::array();
+  out.push_back({{"id", "full"}, {"parameters", nlohmann::json::array()}});
+  for (const auto& e : kSelectors) {
+    nlohmann::json params = nlohmann::json::array();
+    for (const auto& p : e.make()->parameters()) params.push_back(p.to_json());
+    out.push_back({{"id", e.name}, {"parameters", params}});
+  }
+  return out;
+}
+
 std::vector<std::string> selector_names() {
   std::vector<std::string> names;
   for (const auto& e : kSelectors) names.push_back(e.name);

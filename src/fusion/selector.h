@@ -54,6 +54,18 @@ struct Selection {
   std::string score_kind;     // what the score is, one line for people
 };
 
+// One option a method accepts in FusionOptions::method_options (the API's fusion.options), as
+// the method describes it: listed by GET /v1/methods, read by the web page.
+struct MethodParam {
+  std::string name;
+  std::string type;                  // "number", "integer", "boolean", "string" or "layers"
+  nlohmann::json default_value;      // what the method uses when the option is absent
+  std::vector<std::string> values;   // type "string": the accepted values
+  std::string help;                  // one line for people
+
+  nlohmann::json to_json() const;
+};
+
 class ChunkStore;
 
 class Selector {
@@ -83,6 +95,9 @@ class Selector {
     if (!options.is_null() && !options.empty())
       throw std::invalid_argument("method " + std::string(name()) + " takes no options");
   }
+  // The options configure() accepts, with their defaults (test_fusion checks that every default
+  // and every listed value configures). Default: none.
+  virtual std::vector<MethodParam> parameters() const { return {}; }
   // Hooks for the recompute pass itself, whose rows are the chosen slots (in the order of
   // `recompute_slots`) followed by the question suffix U. Return false for none (default).
   // Cache-Craft uses them to stop recomputing unfocused chunks after a layer (Alg. 1).
@@ -103,5 +118,8 @@ size_t recompute_budget(double ratio, size_t n);
 // Throws std::invalid_argument naming the known ones.
 std::unique_ptr<Selector> make_selector(std::string_view name);
 std::vector<std::string> selector_names();
+// Every method a request may name ("full", then the selectors in registry order), each with its
+// parameters: [{"id", "parameters": [MethodParam::to_json()...]}]. GET /v1/methods serves it.
+nlohmann::json method_catalog();
 
 }  // namespace cf

@@ -1,6 +1,8 @@
-// Request parsing and response formatting of the OpenAI-compatible API (see server.h).
+// Request parsing and response formatting of the OpenAI-compatible API (see api_json.h).
 // Field rules follow OpenAI's API reference: null means "not given", unknown fields are
 // ignored, a known field of the wrong type is a 400 that names it.
+#include "serve/api_json.h"
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -8,7 +10,7 @@
 
 #include "base/bounded_json.h"
 #include "fusion/selector.h"
-#include "serve/server.h"
+#include "serve/request_plan.h"
 #include "serve/store_metrics.h"
 
 namespace cf {
@@ -177,31 +179,14 @@ FusionSpec parse_fusion(const json* v, const std::string& default_method, double
   if (const json* x = field(*v, "prefix_cache")) f.prefix_cache = get_bool(*x, "fusion.prefix_cache");
   if (const json* x = field(*v, "chunk_variant")) {
     f.chunk_variant = get_string(*x, "fusion.chunk_variant");
-    ChunkVariant cv;
-    if (!parse_chunk_variant(f.chunk_variant, cv))
+    if (f.chunk_variant.empty())
       bad("fusion.chunk_variant", "'fusion.chunk_variant' must be \"alone\" or \"prefixed\"");
   }
-  if (f.method.empty()) bad("fusion.method", "'fusion.method' must not be empty");
   if (const json* x = field(*v, "options")) {
     if (!x->is_object()) bad("fusion.options", "'fusion.options' must be an object");
-    // Judged by the method itself (an unknown name or a value out of range names the option);
-    // an unknown method is the engine's to report, under fusion.method.
-    const auto names = selector_names();
-    if (std::find(names.begin(), names.end(), f.method) != names.end()) {
-      try {
-        make_selector(f.method)->configure(*x);
-      } catch (const std::invalid_argument& e) {
-        bad("fusion.options", std::string("fusion.options: ") + e.what());
-      }
-    } else if (!x->empty() && (f.method == "full" || f.method == "reuse")) {
-      bad("fusion.options", "fusion method '" + f.method + "' takes no options");
-    }
-    // A request must not make the server read files: only the shipped profiles by name.
-    if (const auto p = x->find("profile"); p != x->end() && p->is_string() && *p != "default" && *p != "evidence" &&
-                                           *p != "prophet")
-      bad("fusion.options", "fusion.options.profile: only default, evidence or prophet over the API");
     f.options = *x;
   }
+  validate_fusion(f);  // the engine's own check (method, options, profile, ratio, chunk variant)
   return f;
 }
 
@@ -394,6 +379,12 @@ json models_json(const std::string& model_name, int64_t created) {
   return json{{"object", "list"},
               {"data", json::array({json{{"id", model_name}, {"object", "model"}, {"created", created},
                                          {"owned_by", "chunkfuse"}}})}};
+}
+
+json methods_json(const std::string& default_method) {
+  json data = method_catalog();
+  for (auto& m : data) m["object"] = "method";
+  return json{{"object", "list"}, {"default", default_method}, {"data", std::move(data)}};
 }
 
 namespace {

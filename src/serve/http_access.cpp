@@ -11,7 +11,7 @@
 
 #include "serve/engine.h"
 #include "serve/http_guard.h"
-#include "serve/server.h"
+#include "serve/api_json.h"
 
 namespace cf {
 

@@ -12,7 +12,7 @@
 #include "model/tokenizer.h"
 #include "serve/fusion_trace.h"
 #include "serve/route_wrappers.h"
-#include "serve/server.h"
+#include "serve/api_json.h"
 
 #ifndef CHUNKFUSE_SOURCE_WEB_DIR
 #define CHUNKFUSE_SOURCE_WEB_DIR ""

@@ -12,24 +12,6 @@ RequestError invalid(const std::string& message, const std::string& param) {
   return RequestError(400, "invalid_request_error", message, param);
 }
 
-void validate_fusion(const FusionSpec& f) {
-  if (f.method != "full") {
-    const auto names = selector_names();
-    if (std::find(names.begin(), names.end(), f.method) == names.end()) {
-      std::string known = "full";
-      for (const auto& n : names) known += ", " + n;
-      throw invalid("unknown fusion method \"" + f.method + "\" (known: " + known + ")", "fusion.method");
-    }
-    try {  // the method judges its options (api_json.cpp does too; this covers direct callers)
-      make_selector(f.method)->configure(f.options);
-    } catch (const std::invalid_argument& e) {
-      throw invalid(std::string("fusion.options: ") + e.what(), "fusion.options");
-    }
-  }
-  if (!(f.ratio >= 0.0 && f.ratio <= 1.0))
-    throw invalid("fusion.ratio must be in [0, 1], got " + std::to_string(f.ratio), "fusion.ratio");
-}
-
 void validate_messages(const CompletionRequest& req) {
   if (req.chat) {
     if (req.messages.empty()) throw invalid("messages must not be empty", "messages");
@@ -71,6 +53,34 @@ GenerateOptions generate_options(const CompletionRequest& req, const PlanLimits&
 }
 
 }  // namespace
+
+void validate_fusion(const FusionSpec& f) {
+  if (f.method.empty()) throw invalid("'fusion.method' must not be empty", "fusion.method");
+  if (f.method != "full") {
+    const auto names = selector_names();
+    if (std::find(names.begin(), names.end(), f.method) == names.end()) {
+      std::string known = "full";
+      for (const auto& n : names) known += ", " + n;
+      throw invalid("unknown fusion method \"" + f.method + "\" (known: " + known + ")", "fusion.method");
+    }
+    try {  // the method judges its options (an unknown name or a value out of range names the option)
+      make_selector(f.method)->configure(f.options);
+    } catch (const std::invalid_argument& e) {
+      throw invalid(std::string("fusion.options: ") + e.what(), "fusion.options");
+    }
+  } else if (!f.options.is_null() && !f.options.empty()) {
+    throw invalid("fusion method 'full' takes no options", "fusion.options");
+  }
+  // A request must not make the server read files: only the shipped profiles by name.
+  if (const auto p = f.options.find("profile"); f.options.is_object() && p != f.options.end() && p->is_string() &&
+                                                *p != "default" && *p != "evidence" && *p != "prophet")
+    throw invalid("fusion.options.profile: only default, evidence or prophet over the API", "fusion.options");
+  if (!(f.ratio >= 0.0 && f.ratio <= 1.0))
+    throw invalid("fusion.ratio must be in [0, 1], got " + std::to_string(f.ratio), "fusion.ratio");
+  ChunkVariant cv;
+  if (!f.chunk_variant.empty() && !parse_chunk_variant(f.chunk_variant, cv))
+    throw invalid("'fusion.chunk_variant' must be \"alone\" or \"prefixed\"", "fusion.chunk_variant");
+}
 
 void validate_request(const CompletionRequest& req, const PlanLimits& limits) {
   const size_t ctx = limits.context_length;

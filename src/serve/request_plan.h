@@ -60,6 +60,12 @@ struct RequestPlan {
   bool fetches_chunks() const { return fused && !rag.chunks.empty(); }
 };
 
+// 400 on fusion settings no method accepts: an unknown method, options the method refuses (it
+// judges them itself: Selector::configure), options for "full", a QCFuse profile other than a
+// shipped one by name (a request must not make the server read files), a ratio outside [0, 1],
+// an unknown chunk variant. The one check of fusion settings: the HTTP parser
+// (api::parse_completion) and validate_request both call it.
+void validate_fusion(const FusionSpec& f);
 // 400 on a request the engine refuses before laying it out (method, options, ratio, sampling,
 // documents, messages).
 void validate_request(const CompletionRequest& req, const PlanLimits& limits);

@@ -3,7 +3,7 @@
 #include "serve/http_access.h"
 #include "serve/http_guard.h"
 #include "serve/request_limits.h"
-#include "serve/server.h"
+#include "serve/api_json.h"
 
 namespace cf {
 

@@ -259,6 +259,9 @@ struct HttpServer::Impl {
         throw RequestError(404, "not_found_error", "no model '" + std::string(req.matches[1]) + "'", "model");
       reply_json(res, 200, list["data"][0]);
     }));
+    svr.Get("/v1/methods", guarded([this](const httplib::Request&, httplib::Response& res) {
+      reply_json(res, 200, api::methods_json(engine.options().default_method));
+    }));
     svr.Get("/health", guarded([this](const httplib::Request&, httplib::Response& res) {
       const EngineMetrics m = engine.metrics();
       reply_json(res, 200,

@@ -83,6 +83,33 @@ TEST_F(Fusion, RejectsBadOptions) {
 
 // The executor owns its chunk keys (issue 25 item 2): what FusionExecutor::prefetch loads is
 // what prefill then looks up, for both chunk variants, so every chunk is a prefetch hit.
+// GET /v1/methods lists what the selectors say they accept: every method, every parameter's
+// default and every listed value must configure (so the page never offers what a request refuses).
+TEST(MethodCatalog, EveryMethodAndEveryListedParameterConfigures) {
+  const nlohmann::json catalog = method_catalog();
+  std::vector<std::string> ids;
+  for (const auto& m : catalog) ids.push_back(m.at("id"));
+  std::vector<std::string> expected{"full"};
+  for (const auto& n : selector_names()) expected.push_back(n);
+  EXPECT_EQ(ids, expected);
+  size_t params = 0;
+  for (const auto& m : catalog) {
+    const std::string id = m.at("id");
+    for (const auto& p : m.at("parameters")) {
+      ++params;
+      const std::string name = p.at("name");
+      if (!p.at("default").is_null()) {
+        EXPECT_NO_THROW(make_selector(id)->configure({{name, p.at("default")}})) << id << "." << name;
+      }
+      for (const auto& v : p.value("values", nlohmann::json::array())) {
+        EXPECT_NO_THROW(make_selector(id)->configure({{name, v}})) << id << "." << name << " = " << v;
+      }
+      EXPECT_THROW(make_selector(id)->configure({{name + "_not", p.at("default")}}), std::invalid_argument) << id;
+    }
+  }
+  EXPECT_GE(params, 10u);
+}
+
 TEST_F(Fusion, PrefetchThenPrefillHitsEveryChunk) {
   namespace fs = std::filesystem;
   const Model& m = test::shared_model();

@@ -8,7 +8,7 @@
 
 #include "serve/http_access.h"
 #include "serve/knowledge_base_file.h"
-#include "serve/server.h"
+#include "serve/api_json.h"
 
 namespace cf {
 namespace {

@@ -3,12 +3,14 @@
 // and what we answer must have the shape the openai client and Prometheus read.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <optional>
 #include <set>
 #include <sstream>
 
-#include "serve/server.h"
+#include "fusion/selector.h"
+#include "serve/api_json.h"
 
 namespace cf {
 namespace {
@@ -339,6 +341,29 @@ std::optional<std::pair<std::string, std::string>> parse_prometheus_sample(const
   const std::string value = line.substr(i + 1);
   if (value.empty() || value.find_first_of(" \t") != std::string::npos) return std::nullopt;
   return std::make_pair(name, value);
+}
+
+// GET /v1/methods (the web page's method list): every method a request may name, with its
+// parameters as the selector describes them, and serve --method as the default.
+TEST(ServerApi, MethodsListTheRegistryWithParameters) {
+  const json j = api::methods_json("qcfuse");
+  EXPECT_EQ(j["object"], "list");
+  EXPECT_EQ(j["default"], "qcfuse");
+  std::vector<std::string> ids;
+  for (const auto& m : j["data"]) {
+    ids.push_back(m["id"]);
+    EXPECT_EQ(m["object"], "method");
+    EXPECT_TRUE(m["parameters"].is_array());
+  }
+  std::vector<std::string> expected{"full"};
+  for (const auto& n : selector_names()) expected.push_back(n);
+  EXPECT_EQ(ids, expected);
+  const auto qc = std::find_if(j["data"].begin(), j["data"].end(), [](const json& m) { return m["id"] == "qcfuse"; });
+  ASSERT_NE(qc, j["data"].end());
+  bool probe_rows = false;
+  for (const auto& p : (*qc)["parameters"])
+    if (p["name"] == "probe_rows") probe_rows = p["values"] == json({"question", "suffix"}) && p["default"] == "question";
+  EXPECT_TRUE(probe_rows) << qc->dump();
 }
 
 TEST(ServerApi, PrometheusTextIsWellFormed) {

@@ -3,7 +3,7 @@
 
 #include <string>
 
-#include "serve/server.h"
+#include "serve/api_json.h"
 #include "serve/store_metrics.h"
 
 namespace cf {

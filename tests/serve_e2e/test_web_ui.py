@@ -109,8 +109,16 @@ class WebUiTest(unittest.TestCase):
         self.assertGreaterEqual(p.get_by_test_id("chunk").count(), 3)
         self.shot("1-knowledge-base")
 
+        # The method list is the server's (GET /v1/methods), with each method's options.
+        status, methods = self.server.request("GET", "/v1/methods", headers={"Authorization": "Bearer " + KEY})
+        self.assertEqual(status, 200, methods)
+        ids = [m["id"] for m in methods["data"]]
+        self.assertIn("qcfuse", ids)
+        self.assertEqual([o.strip() for o in p.get_by_test_id("method").locator("option").all_inner_texts()], ids)
+
         # Ask; the answer streams in.
         p.get_by_test_id("method").select_option("qcfuse")
+        expect(p.get_by_test_id("method-params")).to_contain_text("probe_rows")
         self.ask("What is the main export of Quenton?")
         answer = p.locator('[data-testid=answer][data-done=true]').last
         expect(answer).to_be_visible(timeout=90000)

@@ -226,4 +226,31 @@ export function parseMetrics(t: string): Map<string, number> {
   return m;
 }
 
-export const METHODS = ["full", "reuse", "qcfuse", "cacheblend", "epic", "prophet", "fusionrag", "cachecraft", "random"];
+// One fusion method as GET /v1/methods describes it (the server's selector registry): what
+// fusion.method accepts, and the fusion.options each method takes.
+export interface MethodParam {
+  name: string;
+  type: "number" | "integer" | "boolean" | "string" | "layers";
+  default: unknown;
+  values?: string[];
+  help: string;
+}
+export interface MethodInfo {
+  id: string;
+  parameters: MethodParam[];
+}
+export interface MethodList {
+  default: string;
+  data: MethodInfo[];
+}
+
+export async function loadMethods(): Promise<MethodList> {
+  return call<MethodList>("GET", "/v1/methods");
+}
+
+// "probe_rows: question | suffix (default question)", one per parameter.
+export function describeParam(p: MethodParam): string {
+  const kinds = p.values?.length ? p.values.join(" | ") : p.type;
+  const dflt = p.default === null || p.default === undefined ? "" : ` (default ${JSON.stringify(p.default)})`;
+  return `${p.name}: ${kinds}${dflt} - ${p.help}`;
+}
