@@ -209,6 +209,220 @@ std::vector<json> read_results(const std::string& path) {
   return rows;
 }
 
+namespace {
+
+// Every run once per chunk variant; full once (it looks no chunk up).
+std::vector<BenchRun> planned_runs(const BenchConfig& cfg) {
+  if (cfg.chunk_variants.empty()) throw std::invalid_argument("bench: no chunk variant to run");
+  std::vector<BenchRun> runs;
+  for (size_t v = 0; v < cfg.chunk_variants.size(); ++v)
+    for (BenchRun r : expand_runs(cfg.methods, cfg.ratios, cfg.variants)) {
+      if (r.method == "full" && v > 0) continue;
+      r.variant = r.method == "full" ? ChunkVariant::alone : cfg.chunk_variants[v];
+      runs.push_back(r);
+    }
+  return runs;
+}
+
+// The row keys already in `results_path` (a resumed bench skips them). Rows of this dataset and
+// model made with another max_tokens cannot be mixed with new ones: throws.
+std::set<std::string> rows_present(const std::string& results_path, const std::string& label, uint64_t fp,
+                                   int max_tokens) {
+  std::set<std::string> done;
+  for (const json& row : read_results(results_path)) {
+    if (!row.contains("dataset") || !row.contains("example") || !row.contains("method") || !row.contains("ratio"))
+      continue;
+    if (row.value("dataset", "") == label && row.value("model_fingerprint", "") == fingerprint_hex(fp) &&
+        row.value("max_tokens", 0) != max_tokens)
+      throw std::runtime_error(results_path + " holds rows of this dataset and model made with max_tokens " +
+                               std::to_string(row.value("max_tokens", 0)) + "; use a fresh --out or the same settings");
+    uint64_t row_fp = std::strtoull(row.value("model_fingerprint", "0").c_str(), nullptr, 16);
+    ChunkVariant variant = ChunkVariant::alone;
+    parse_chunk_variant(row.value("chunk_variant", "alone"), variant);
+    done.insert(row_key(row["dataset"].get<std::string>(), row_fp, row["example"].get<std::string>(),
+                        row["method"].get<std::string>(), row["ratio"].get<double>(), variant));
+  }
+  return done;
+}
+
+ChunkStoreOptions bench_store_options(const BenchConfig& cfg, const Model& model) {
+  ChunkStoreOptions so;
+  if (!cfg.memory_only_store)
+    so.dir = cfg.store_dir.empty() ? (fs::path(cfg.out_dir) / "store").string() : cfg.store_dir;
+  so.disk_dtype = cfg.disk_dtype;
+  so.memory_budget_bytes = cfg.memory_budget_bytes;
+  so.durable = false;  // still atomic; a damaged file is detected and recomputed
+  so.model = StoreModel{model.fingerprint(), model.hparams()};
+  return so;
+}
+
+// prompts.jsonl: each example's prompt tokens for the llama.cpp peer, once per (dataset, model,
+// example), appended as the bench goes.
+class PromptLog {
+ public:
+  explicit PromptLog(const std::string& out_dir) : path_((fs::path(out_dir) / "prompts.jsonl").string()) {
+    for (const json& row : read_results(path_))
+      done_.insert(row.value("dataset", "") + "\x1f" + row.value("model_fingerprint", "") + "\x1f" +
+                   row.value("example", ""));
+    out_.open(path_, std::ios::app | std::ios::binary);
+    if (!out_) throw std::runtime_error("cannot append to " + path_);
+  }
+  static std::string key(const std::string& label, uint64_t fp, const std::string& example) {
+    return label + "\x1f" + fingerprint_hex(fp) + "\x1f" + example;
+  }
+  bool has(const std::string& key) const { return done_.count(key) != 0; }
+  void add(const std::string& key, json row) {
+    if (!done_.insert(key).second) return;
+    out_ << row.dump() << '\n';
+    out_.flush();
+    if (!out_) throw std::runtime_error("write to " + path_ + " failed");
+  }
+
+ private:
+  std::string path_;
+  std::set<std::string> done_;
+  std::ofstream out_;
+};
+
+// Step (1) of an example: its chunk caches (and FusionRAG's enriched caches), untimed, as a
+// deployment computes them when a passage is indexed.
+struct OfflineWork {
+  double chunk_ms = 0;  // base chunk caches (and the base caches of FusionRAG's neighbours)
+  size_t chunks_computed = 0;
+  // FusionRAG's enrichment per chunk variant, charged to the example's first FusionRAG row of
+  // that variant (then zeroed).
+  std::map<ChunkVariant, double> fusionrag_ms;
+};
+
+OfflineWork prepare_chunk_caches(Forward& fwd, ChunkStore& store, const BenchConfig& cfg, const RagRequest& req,
+                                 const std::vector<BenchRun>& todo, const std::vector<CorpusChunk>& fusionrag_kb) {
+  const uint64_t fp = fwd.model().fingerprint();
+  OfflineWork w;
+  for (const ChunkVariant v : cfg.chunk_variants) {
+    if (std::none_of(todo.begin(), todo.end(), [&](const BenchRun& r) { return r.variant == v; })) continue;
+    for (const auto& chunk : req.chunks) {
+      const ChunkKey key = base_chunk_key(fp, chunk, v, req.system);
+      store.get_or_compute(key, [&] {
+        ChunkCache c = compute_chunk_cache(fwd, key, base_chunk_prefix(v, req.system));
+        w.chunk_ms += c.offline_ms;
+        ++w.chunks_computed;
+        return c;
+      });
+    }
+  }
+  // FusionRAG's offline enrichment of this example's chunks (eq. 10), per chunk variant (its
+  // base caches and neighbours are of that variant). Base caches of neighbours from other
+  // examples count as chunk caches (a deployment has them all).
+  for (const ChunkVariant v : cfg.chunk_variants) {
+    if (std::none_of(todo.begin(), todo.end(),
+                     [&](const BenchRun& r) { return r.variant == v && selector_of(cfg.variants, r.method) == "fusionrag"; }))
+      continue;
+    const EnrichReport rep = enrich_request_chunks(fwd, store, req, fusionrag_kb, v);
+    w.chunk_ms += rep.pic_ms;
+    w.chunks_computed += rep.pic_computed;
+    w.fusionrag_ms[v] = rep.similarity_ms;
+    for (double ms : rep.enrich_ms) w.fusionrag_ms[v] += ms;
+  }
+  return w;
+}
+
+// The options a run's method runs with, and (in `base`) the selector it stands for: --method-
+// options of the method (or the bench's default), and for a named variant its selector's with
+// the variant's own options over them.
+json options_of(const BenchConfig& cfg, const std::string& method, std::string& base) {
+  base = selector_of(cfg.variants, method);
+  json options = cfg.method_options.contains(method) ? cfg.method_options.at(method) : bench_default_method_options(method);
+  if (base != method) {
+    const json& v = cfg.variants.at(method);
+    options = cfg.method_options.contains(base) ? cfg.method_options.at(base) : bench_default_method_options(base);
+    if (!options.is_object()) options = json::object();
+    if (v.contains("options"))
+      for (auto it = v.at("options").begin(); it != v.at("options").end(); ++it) options[it.key()] = it.value();
+  }
+  return options;
+}
+
+// What every row of one example shares.
+struct ExampleContext {
+  const std::string& label;
+  uint64_t fp;
+  const QaExample& ex;
+  size_t index;
+  const RagRequest& req;
+  const std::vector<TokenId>& prompt;
+  const FusionResult& full;
+  const Decoded& full_dec;
+  uint64_t seed;
+  double load_avg;
+};
+
+// One results.jsonl row: the answer's quality against gold and against full prefill, the
+// timings, and what the method did.
+json result_row(const BenchConfig& cfg, const ExampleContext& x, const BenchRun& run, const std::string& base,
+                const json& options, const FusionResult& r, const Decoded& dec, std::optional<double> jac,
+                const OfflineWork& offline) {
+  const FusionTimings& t = r.timings;
+  const auto& gold = x.ex.answers;
+  const double fusionrag_ms = base == "fusionrag" && offline.fusionrag_ms.count(run.variant)
+                                  ? offline.fusionrag_ms.at(run.variant)
+                                  : 0.0;
+  json row{{"dataset", x.label},
+           {"model", cfg.model_name},
+           {"model_fingerprint", fingerprint_hex(x.fp)},
+           {"example", x.ex.id},
+           {"example_index", x.index},
+           {"method", run.method},
+           {"ratio", run.ratio},
+           {"answer", dec.answer},
+           {"gold", gold},
+           {"full_answer", x.full_dec.answer},
+           {"f1", qa_f1(dec.answer, gold)},
+           {"em", exact_match(dec.answer, gold)},
+           {"rouge_l", rouge_l(dec.answer, gold)},
+           {"string_match", x.ex.all_answers_required ? string_match_all(dec.answer, gold)
+                                                      : string_match_part(dec.answer, gold)},
+           {"fidelity_f1", fidelity_f1(dec.answer, x.full_dec.answer)},
+           {"first_token_agree", first_token_agrees(x.full.logits, r.logits)},
+           {"kl", kl_divergence_from_logits(x.full.logits, r.logits)},
+           {"ttft_ms", t.ttft_ms},
+           {"lookup_ms", t.lookup_ms},
+           {"load_ms", t.load_ms},
+           {"selection_ms", t.selection_ms},
+           {"recompute_ms", t.recompute_ms},
+           {"method_offline_ms", t.offline_ms + fusionrag_ms},
+           {"chunk_offline_ms", offline.chunk_ms},
+           {"chunks", x.req.chunks.size()},
+           {"chunk_tokens", cfg.chunk_tokens},
+           {"chunks_computed", offline.chunks_computed},
+           {"recomputed_tokens", r.recomputed.size()},
+           {"context_tokens", r.context_tokens},
+           {"prompt_tokens", x.prompt.size()},
+           {"generated_tokens", dec.tokens},
+           {"stop_reason", dec.stop_reason},
+           {"decode_tok_s", dec.decode_tok_s},
+           {"max_tokens", cfg.max_tokens},
+           {"seed", x.seed},
+           {"threads", cfg.threads},
+           {"store", cfg.memory_only_store ? "memory" : std::string("disk-") + dtype_name(cfg.disk_dtype)},
+           {"load_avg_1m", x.load_avg}};
+  if (base != run.method) {
+    row["base_method"] = base;
+    row["method_options"] = options;
+  }
+  if (jac) {
+    row["jaccard_ref"] = *jac;
+    row["jaccard_reference"] = cfg.jaccard_reference;
+  }
+  if (base == "qcfuse" || base == "prophet")  // what the ablation attributes to each part
+    for (const char* k : {"critical_layers", "anchors", "anchor_rule", "probe_rows", "probe_depth", "probe_ms", "score_ms"})
+      if (r.selection_details.is_object() && r.selection_details.contains(k)) row[k] = r.selection_details[k];
+  if (run.method != "full") row["chunk_variant"] = chunk_variant_name(run.variant);
+  if (base == "fusionrag") row["enriched_chunks"] = r.selection_details.value("enriched_chunks", 0);
+  return row;
+}
+
+}  // namespace
+
 BenchRunner::BenchRunner(Forward& fwd, BenchConfig cfg) : fwd_(fwd), cfg_(std::move(cfg)) {
   if (cfg_.out_dir.empty()) throw std::invalid_argument("bench: an output folder is required");
   if (cfg_.max_tokens < 1) throw std::invalid_argument("bench: max_tokens must be at least 1");
@@ -217,37 +431,16 @@ BenchRunner::BenchRunner(Forward& fwd, BenchConfig cfg) : fwd_(fwd), cfg_(std::m
 BenchSummary BenchRunner::run(const Dataset& dataset) {
   const double t_start = now_ms();
   check_variants(cfg_.variants);
-  std::vector<BenchRun> runs;  // every run once per chunk variant, full once
-  if (cfg_.chunk_variants.empty()) throw std::invalid_argument("bench: no chunk variant to run");
-  for (size_t v = 0; v < cfg_.chunk_variants.size(); ++v)
-    for (BenchRun r : expand_runs(cfg_.methods, cfg_.ratios, cfg_.variants)) {
-      if (r.method == "full" && v > 0) continue;
-      r.variant = r.method == "full" ? ChunkVariant::alone : cfg_.chunk_variants[v];
-      runs.push_back(r);
-    }
+  const std::vector<BenchRun> runs = planned_runs(cfg_);
   const Model& model = fwd_.model();
   const uint64_t fp = model.fingerprint();
   fs::create_directories(cfg_.out_dir);
   BenchSummary sum;
   sum.results_path = (fs::path(cfg_.out_dir) / "results.jsonl").string();
   const std::string label = dataset_label(dataset.name, cfg_.chunk_tokens, cfg_.chunks_per_request);
+  const std::set<std::string> done = rows_present(sum.results_path, label, fp, cfg_.max_tokens);
 
-  // What is already there.
-  std::set<std::string> done;
-  for (const json& row : read_results(sum.results_path)) {
-    if (!row.contains("dataset") || !row.contains("example") || !row.contains("method") || !row.contains("ratio"))
-      continue;
-    if (row.value("dataset", "") == label && row.value("model_fingerprint", "") == fingerprint_hex(fp) &&
-        row.value("max_tokens", 0) != cfg_.max_tokens)
-      throw std::runtime_error(sum.results_path + " holds rows of this dataset and model made with max_tokens " +
-                               std::to_string(row.value("max_tokens", 0)) + "; use a fresh --out or the same settings");
-    uint64_t row_fp = std::strtoull(row.value("model_fingerprint", "0").c_str(), nullptr, 16);
-    ChunkVariant variant = ChunkVariant::alone;
-    parse_chunk_variant(row.value("chunk_variant", "alone"), variant);
-    done.insert(row_key(row["dataset"].get<std::string>(), row_fp, row["example"].get<std::string>(),
-                        row["method"].get<std::string>(), row["ratio"].get<double>(), variant));
-  }
-
+  // This shard's examples, and the runs each still lacks.
   const size_t n_examples = cfg_.limit ? std::min(cfg_.limit, dataset.examples.size()) : dataset.examples.size();
   if (cfg_.shard_count == 0 || cfg_.shard_index >= cfg_.shard_count)
     throw std::invalid_argument("bench: shard " + std::to_string(cfg_.shard_index) + "/" +
@@ -266,26 +459,11 @@ BenchSummary BenchRunner::run(const Dataset& dataset) {
     total_units += todo[e].size();
   }
 
-  ChunkStoreOptions so;
-  if (!cfg_.memory_only_store) so.dir = cfg_.store_dir.empty() ? (fs::path(cfg_.out_dir) / "store").string() : cfg_.store_dir;
-  so.disk_dtype = cfg_.disk_dtype;
-  so.memory_budget_bytes = cfg_.memory_budget_bytes;
-  so.durable = false;  // still atomic; a damaged file is detected and recomputed
-  so.model = StoreModel{fp, model.hparams()};
-  ChunkStore store(so);
+  ChunkStore store(bench_store_options(cfg_, model));
   FusionExecutor executor(fwd_, store);
-
   std::ofstream out(sum.results_path, std::ios::app | std::ios::binary);
   if (!out) throw std::runtime_error("cannot append to " + sum.results_path);
-
-  // Prompts for the llama.cpp peer, once per (dataset, model, example).
-  const std::string prompts_path = (fs::path(cfg_.out_dir) / "prompts.jsonl").string();
-  std::set<std::string> prompt_done;
-  for (const json& row : read_results(prompts_path))
-    prompt_done.insert(row.value("dataset", "") + "\x1f" + row.value("model_fingerprint", "") + "\x1f" +
-                       row.value("example", ""));
-  std::ofstream prompts_out(prompts_path, std::ios::app | std::ios::binary);
-  if (!prompts_out) throw std::runtime_error("cannot append to " + prompts_path);
+  PromptLog prompts(cfg_.out_dir);
 
   // FusionRAG's knowledge base (§3.1): every chunk of the dataset (dataset_knowledge_base).
   const bool wants_fusionrag =
@@ -304,8 +482,8 @@ BenchSummary BenchRunner::run(const Dataset& dataset) {
   for (size_t e = 0; e < n_examples; ++e) {
     if (e % cfg_.shard_count != cfg_.shard_index) continue;
     const QaExample& ex = dataset.examples[e];
-    const std::string prompt_key = label + "\x1f" + fingerprint_hex(fp) + "\x1f" + ex.id;
-    if (todo[e].empty() && prompt_done.count(prompt_key)) continue;
+    const std::string prompt_key = PromptLog::key(label, fp, ex.id);
+    if (todo[e].empty() && prompts.has(prompt_key)) continue;
     const RagRequest req = cfg_.chunks_per_request
                                ? build_example_request_filled(model, dataset, e, cfg_.prompt, cfg_.chunk_tokens,
                                                               cfg_.chunks_per_request)
@@ -319,48 +497,14 @@ BenchSummary BenchRunner::run(const Dataset& dataset) {
       units += todo[e].size();
       continue;
     }
-    if (prompt_done.insert(prompt_key).second) {
-      prompts_out << json{{"dataset", label},           {"model", cfg_.model_name},
-                          {"model_fingerprint", fingerprint_hex(fp)}, {"example", ex.id},
-                          {"threads", cfg_.threads},     {"tokens", prompt}}
-                         .dump()
-                  << '\n';
-      prompts_out.flush();
-      if (!prompts_out) throw std::runtime_error("write to " + prompts_path + " failed");
-    }
+    prompts.add(prompt_key, json{{"dataset", label},           {"model", cfg_.model_name},
+                                 {"model_fingerprint", fingerprint_hex(fp)}, {"example", ex.id},
+                                 {"threads", cfg_.threads},     {"tokens", prompt}});
     if (todo[e].empty()) continue;
     ++sum.examples_run;
 
-    // (1) Chunk caches, untimed: what a deployment computes when a passage is indexed.
-    double chunk_offline_ms = 0;
-    size_t chunks_computed = 0;
-    for (const ChunkVariant v : cfg_.chunk_variants) {
-      if (std::none_of(todo[e].begin(), todo[e].end(), [&](const BenchRun& r) { return r.variant == v; })) continue;
-      for (const auto& chunk : req.chunks) {
-        const ChunkKey key = base_chunk_key(fp, chunk, v, req.system);
-        store.get_or_compute(key, [&] {
-          ChunkCache c = compute_chunk_cache(fwd_, key, base_chunk_prefix(v, req.system));
-          chunk_offline_ms += c.offline_ms;
-          ++chunks_computed;
-          return c;
-        });
-      }
-    }
-    // FusionRAG's offline enrichment of this example's chunks (eq. 10), per chunk variant
-    // (its base caches and neighbours are of that variant), untimed like the chunk caches;
-    // its cost goes to the example's first FusionRAG row of that variant. Base caches of
-    // neighbours from other examples count as chunk caches (a deployment has them all).
-    std::map<ChunkVariant, double> fusionrag_offline_ms;
-    for (const ChunkVariant v : cfg_.chunk_variants) {
-      if (std::none_of(todo[e].begin(), todo[e].end(),
-                       [&](const BenchRun& r) { return r.variant == v && selector_of(cfg_.variants, r.method) == "fusionrag"; }))
-        continue;
-      const EnrichReport rep = enrich_request_chunks(fwd_, store, req, fusionrag_kb, v);
-      chunk_offline_ms += rep.pic_ms;
-      chunks_computed += rep.pic_computed;
-      fusionrag_offline_ms[v] = rep.similarity_ms;
-      for (double ms : rep.enrich_ms) fusionrag_offline_ms[v] += ms;
-    }
+    // (1) Chunk caches, untimed.
+    OfflineWork offline = prepare_chunk_caches(fwd_, store, cfg_, req, todo[e], fusionrag_kb);
     // The first timed run of a process would pay for page faults of the weights and the
     // prefix cache of S: a reuse prefill (every weight, S cached) takes them first.
     if (!warmed_up) {
@@ -370,114 +514,42 @@ BenchSummary BenchRunner::run(const Dataset& dataset) {
 
     // (2) The reference.
     FusionResult full = executor.prefill(req, {"full", 1.0, cfg_.seed});
-    const std::vector<float> full_logits = full.logits;
-    const Decoded full_dec = decode(fwd_, full, prompt, cfg_.max_tokens);
-
+    const Decoded full_dec = decode(fwd_, full, prompt, cfg_.max_tokens);  // its logits stay as they were
     double load_avg[1] = {0};
     if (getloadavg(load_avg, 1) != 1) load_avg[0] = -1;
-    const uint64_t example_seed = cfg_.seed * 1000003ull + e;
+    const ExampleContext x{label, fp, ex, e, req, prompt, full, full_dec, cfg_.seed * 1000003ull + e, load_avg[0]};
 
     // (3) Every method x ratio still to do; the Jaccard reference first, so its selections
     // are at hand for the others.
     std::stable_partition(todo[e].begin(), todo[e].end(),
                           [&](const BenchRun& r) { return r.method == cfg_.jaccard_reference; });
     std::map<std::string, std::vector<size_t>> reference_slots;  // by ratio text and chunk variant
-    auto options_of = [&](const std::string& method, std::string& base) {
-      base = selector_of(cfg_.variants, method);
-      nlohmann::json options = cfg_.method_options.contains(method) ? cfg_.method_options.at(method)
-                                                                     : bench_default_method_options(method);
-      if (base != method) {
-        const json& v = cfg_.variants.at(method);
-        options = cfg_.method_options.contains(base) ? cfg_.method_options.at(base) : bench_default_method_options(base);
-        if (!options.is_object()) options = json::object();
-        if (v.contains("options"))
-          for (auto it = v.at("options").begin(); it != v.at("options").end(); ++it) options[it.key()] = it.value();
-      }
-      return options;
-    };
     for (const BenchRun& run : todo[e]) {
       progress.update(units, ex.id + " " + run.method + "@" + ratio_text(run.ratio) +
                                  (run.variant == ChunkVariant::prefixed ? " prefixed" : ""));
       std::optional<FusionResult> own;
-      const FusionResult* r = &full;
       Decoded dec = full_dec;
       std::string base = run.method;
-      nlohmann::json options = json::object();
+      json options = json::object();
       std::optional<double> jac;
       if (run.method != "full") {
-        options = options_of(run.method, base);
-        own.emplace(executor.prefill(req, {base, run.ratio, example_seed, options, run.variant}));
-        r = &*own;
+        options = options_of(cfg_, run.method, base);
+        own.emplace(executor.prefill(req, {base, run.ratio, x.seed, options, run.variant}));
         dec = decode(fwd_, *own, prompt, cfg_.max_tokens);
         if (!cfg_.jaccard_reference.empty() && run.method != "reuse") {
           const std::string rk = ratio_text(run.ratio) + " " + chunk_variant_name(run.variant);
           if (run.method == cfg_.jaccard_reference) reference_slots[rk] = own->recomputed;
           if (!reference_slots.count(rk)) {  // untimed, not recorded
             std::string ref_base;
-            const json ref_options = options_of(cfg_.jaccard_reference, ref_base);
+            const json ref_options = options_of(cfg_, cfg_.jaccard_reference, ref_base);
             reference_slots[rk] =
-                executor.prefill(req, {ref_base, run.ratio, example_seed, ref_options, run.variant}).recomputed;
+                executor.prefill(req, {ref_base, run.ratio, x.seed, ref_options, run.variant}).recomputed;
           }
           jac = jaccard(own->recomputed, reference_slots[rk]);
         }
       }
-      const FusionTimings& t = r->timings;
-      json row{{"dataset", label},
-               {"model", cfg_.model_name},
-               {"model_fingerprint", fingerprint_hex(fp)},
-               {"example", ex.id},
-               {"example_index", e},
-               {"method", run.method},
-               {"ratio", run.ratio},
-               {"answer", dec.answer},
-               {"gold", ex.answers},
-               {"full_answer", full_dec.answer},
-               {"f1", qa_f1(dec.answer, ex.answers)},
-               {"em", exact_match(dec.answer, ex.answers)},
-               {"rouge_l", rouge_l(dec.answer, ex.answers)},
-               {"string_match", ex.all_answers_required ? string_match_all(dec.answer, ex.answers)
-                                                        : string_match_part(dec.answer, ex.answers)},
-               {"fidelity_f1", fidelity_f1(dec.answer, full_dec.answer)},
-               {"first_token_agree", first_token_agrees(full_logits, r->logits)},
-               {"kl", kl_divergence_from_logits(full_logits, r->logits)},
-               {"ttft_ms", t.ttft_ms},
-               {"lookup_ms", t.lookup_ms},
-               {"load_ms", t.load_ms},
-               {"selection_ms", t.selection_ms},
-               {"recompute_ms", t.recompute_ms},
-               {"method_offline_ms", t.offline_ms + (base == "fusionrag" ? fusionrag_offline_ms[run.variant] : 0.0)},
-               {"chunk_offline_ms", chunk_offline_ms},
-               {"chunks", req.chunks.size()},
-               {"chunk_tokens", cfg_.chunk_tokens},
-               {"chunks_computed", chunks_computed},
-               {"recomputed_tokens", r->recomputed.size()},
-               {"context_tokens", r->context_tokens},
-               {"prompt_tokens", prompt.size()},
-               {"generated_tokens", dec.tokens},
-               {"stop_reason", dec.stop_reason},
-               {"decode_tok_s", dec.decode_tok_s},
-               {"max_tokens", cfg_.max_tokens},
-               {"seed", example_seed},
-               {"threads", cfg_.threads},
-               {"store", cfg_.memory_only_store ? "memory" : std::string("disk-") + dtype_name(cfg_.disk_dtype)},
-               {"load_avg_1m", load_avg[0]}};
-      if (base != run.method) {
-        row["base_method"] = base;
-        row["method_options"] = options;
-      }
-      if (jac) {
-        row["jaccard_ref"] = *jac;
-        row["jaccard_reference"] = cfg_.jaccard_reference;
-      }
-      if (base == "qcfuse" || base == "prophet")  // what the ablation attributes to each part
-        for (const char* k : {"critical_layers", "anchors", "anchor_rule", "probe_rows", "probe_depth", "probe_ms", "score_ms"})
-          if (r->selection_details.is_object() && r->selection_details.contains(k)) row[k] = r->selection_details[k];
-      if (run.method != "full") row["chunk_variant"] = chunk_variant_name(run.variant);
-      if (base == "fusionrag") {
-        row["enriched_chunks"] = r->selection_details.value("enriched_chunks", 0);
-        fusionrag_offline_ms[run.variant] = 0;  // counted once per example and variant
-      }
-      out << results_line(row) << '\n';
+      out << results_line(result_row(cfg_, x, run, base, options, own ? *own : full, dec, jac, offline)) << '\n';
+      if (base == "fusionrag") offline.fusionrag_ms[run.variant] = 0;  // counted once per example and variant
       out.flush();
       if (!out) throw std::runtime_error("write to " + sum.results_path + " failed");
       ++sum.rows_written;

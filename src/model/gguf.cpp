@@ -310,45 +310,167 @@ GgufFile::~GgufFile() {
   if (mapping_) ::munmap(mapping_, size_);
 }
 
-void GgufFile::parse() {
-  Reader r(base_, size_, path_);
+namespace {
 
-  // Header.
+using KvMap = std::map<std::string, GgufValue, std::less<>>;
+
+struct HeaderCounts {
+  uint64_t tensors = 0, tensors_at = 0;  // the tensor count and where it was read
+  uint64_t kv = 0;
+};
+
+// Magic, version (2 or 3, little-endian) and the two counts, each checked against what the
+// rest of the file can hold.
+HeaderCounts read_header(Reader& r, const uint8_t* base, uint32_t& version) {
   r.need(4, "magic");
-  if (std::memcmp(base_, "GGUF", 4) != 0) r.fail("bad magic (not a GGUF file)", 0);
+  if (std::memcmp(base, "GGUF", 4) != 0) r.fail("bad magic (not a GGUF file)", 0);
   r.read<uint32_t>("magic");
   const uint64_t version_at = r.pos();
-  version_ = r.read<uint32_t>("version");
-  if (version_ == 1) r.fail("GGUF version 1 is not supported (only versions 2 and 3); re-convert the model", version_at);
-  if (version_ == 0x02000000 || version_ == 0x03000000)
+  version = r.read<uint32_t>("version");
+  if (version == 1) r.fail("GGUF version 1 is not supported (only versions 2 and 3); re-convert the model", version_at);
+  if (version == 0x02000000 || version == 0x03000000)
     r.fail("big-endian GGUF files are not supported", version_at);
-  if (version_ != 2 && version_ != 3)
-    r.fail("unsupported GGUF version " + std::to_string(version_) + " (only 2 and 3)", version_at);
-  const uint64_t tensor_count_at = r.pos();
-  const auto tensor_count = r.read<uint64_t>("tensor count");
+  if (version != 2 && version != 3)
+    r.fail("unsupported GGUF version " + std::to_string(version) + " (only 2 and 3)", version_at);
+  HeaderCounts c;
+  c.tensors_at = r.pos();
+  c.tensors = r.read<uint64_t>("tensor count");
   const uint64_t kv_count_at = r.pos();
-  const auto kv_count = r.read<uint64_t>("metadata count");
-  r.check_count(kv_count, kMinKvBytes, "metadata", kv_count_at);
+  c.kv = r.read<uint64_t>("metadata count");
+  r.check_count(c.kv, kMinKvBytes, "metadata", kv_count_at);
   // Tensor infos follow the metadata, so the kv minimum is part of what they must share.
-  if (tensor_count > (r.remaining() - kv_count * kMinKvBytes) / kMinTensorInfoBytes)
-    r.fail("tensor count " + std::to_string(tensor_count) + " cannot fit in the remaining " +
+  if (c.tensors > (r.remaining() - c.kv * kMinKvBytes) / kMinTensorInfoBytes)
+    r.fail("tensor count " + std::to_string(c.tensors) + " cannot fit in the remaining " +
                std::to_string(r.remaining()) + " bytes",
-           tensor_count_at);
+           c.tensors_at);
+  return c;
+}
 
-  // Metadata.
+// `count` key/value pairs into `kv` (a duplicate key is an error); returns where the key
+// general.alignment was read (0: absent), for its error messages.
+uint64_t read_metadata(Reader& r, uint64_t count, KvMap& kv) {
   uint64_t alignment_key_at = 0;
-  for (uint64_t i = 0; i < kv_count; ++i) {
+  for (uint64_t i = 0; i < count; ++i) {
     const uint64_t key_at = r.pos();
     const std::string_view key = r.read_string("metadata key");
     if (key == "general.alignment") alignment_key_at = key_at;
     const std::string context = "metadata key " + quoted(key);
-    if (kv_.find(key) != kv_.end()) r.fail("duplicate " + context, key_at);
+    if (kv.find(key) != kv.end()) r.fail("duplicate " + context, key_at);
     GgufValue v;
     v.type = read_value_type(r, context);
     if (v.type == GgufValueType::ARRAY) v.array = std::make_shared<GgufArray>(read_array(r, context, 1));
     else v.scalar = read_scalar(r, v.type, context);
-    kv_.emplace(std::string(key), std::move(v));
+    kv.emplace(std::string(key), std::move(v));
   }
+  return alignment_key_at;
+}
+
+// One tensor info: unique name, 1 to kMaxDims non-zero dimensions whose product fits, a known
+// type whose block divides the row, a byte size that fits, an offset on the alignment (kept
+// relative in file_offset). `offset_at` gets where the offset was read.
+GgufTensor read_tensor_info(Reader& r, uint64_t alignment, std::set<std::string_view>& names, uint64_t& offset_at) {
+  const uint64_t info_at = r.pos();
+  const std::string_view name = r.read_string("tensor name");
+  const std::string tname = "tensor " + quoted(name);
+  if (!names.insert(name).second) r.fail("duplicate " + tname, info_at);
+  GgufTensor t;
+  t.name = std::string(name);
+  const uint64_t ndims_at = r.pos();
+  const auto n_dims = r.read<uint32_t>("tensor n_dims");
+  if (n_dims == 0 || n_dims > kMaxDims)
+    r.fail(tname + " has " + std::to_string(n_dims) + " dimensions (1 to " + std::to_string(kMaxDims) +
+               " allowed)",
+           ndims_at);
+  uint64_t n_elements = 1;
+  for (uint32_t d = 0; d < n_dims; ++d) {
+    const uint64_t dim_at = r.pos();
+    const auto dim = r.read<uint64_t>("tensor dimension");
+    if (dim == 0) r.fail(tname + " has dimension " + std::to_string(d) + " equal to zero", dim_at);
+    if (mul_overflows(n_elements, dim, n_elements) || n_elements > uint64_t{std::numeric_limits<int64_t>::max()})
+      r.fail(tname + " element count overflows (dimension " + std::to_string(d) + " = " + std::to_string(dim) + ")",
+             dim_at);
+    t.dims.push_back(dim);
+  }
+  t.n_elements = n_elements;
+  const uint64_t type_at = r.pos();
+  const auto type_id = r.read<uint32_t>("tensor type");
+  const auto info = ggml_type_info(type_id);
+  if (!info) r.fail(tname + " has unknown type id " + std::to_string(type_id), type_at);
+  t.type = static_cast<GgmlType>(type_id);
+  if (t.dims[0] % info->block_elems != 0)
+    r.fail(tname + " row length " + std::to_string(t.dims[0]) + " is not a multiple of the " +
+               std::string(info->name) + " block size " + std::to_string(info->block_elems),
+           ndims_at);
+  const uint64_t row_bytes = ggml_row_bytes(t.type, t.dims[0]);
+  if (mul_overflows(row_bytes, t.rows(), t.n_bytes))
+    r.fail(tname + " byte size overflows", ndims_at);
+  offset_at = r.pos();
+  const auto rel = r.read<uint64_t>("tensor offset");
+  if (rel % alignment != 0)
+    r.fail(tname + " data offset " + std::to_string(rel) + " is not a multiple of the alignment " +
+               std::to_string(alignment),
+           offset_at);
+  t.file_offset = rel;  // made absolute once the data section's start is known
+  return t;
+}
+
+// Makes every tensor's offset absolute (data section + relative offset) and points it into
+// the mapping; its whole range must lie inside the file.
+void place_tensor_data(Reader& r, std::vector<GgufTensor>& tensors, const std::vector<uint64_t>& offsets_at,
+                       uint64_t data_offset, const uint8_t* base, uint64_t file_size) {
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    GgufTensor& t = tensors[i];
+    uint64_t abs, end;
+    if (add_overflows(data_offset, t.file_offset, abs) || add_overflows(abs, t.n_bytes, end))
+      r.fail("tensor " + quoted(t.name) + " data range overflows", offsets_at[i]);
+    if (end > file_size)
+      r.fail("truncated: tensor " + quoted(t.name) + " data ends at byte " + std::to_string(end) +
+                 " but the file has " + std::to_string(file_size) + " bytes",
+             offsets_at[i]);
+    t.file_offset = abs;
+    t.data = base + abs;
+  }
+}
+
+// Tensors' data must not overlap, and each must fill its span: writers (gguf-py, llama.cpp)
+// place tensors back to back, padded to the alignment, so the bytes up to the next tensor (or
+// the end of the file) exceed the size by less than the alignment. A larger gap means the type
+// or shape was changed (issue 17: Q4_1 relabelled Q4_0 loads, reads the wrong bytes and answers
+// garbage), so it is an error naming the tensor.
+void check_tensor_spans(Reader& r, const std::vector<GgufTensor>& tensors, const std::vector<uint64_t>& offsets_at,
+                        uint64_t alignment, uint64_t file_size) {
+  // Sorted by where their data starts.
+  std::vector<size_t> order(tensors.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(),
+            [&tensors](size_t a, size_t b) { return tensors[a].file_offset < tensors[b].file_offset; });
+  for (size_t k = 1; k < order.size(); ++k) {
+    const GgufTensor& prev = tensors[order[k - 1]];
+    const GgufTensor& cur = tensors[order[k]];
+    if (prev.file_offset + prev.n_bytes > cur.file_offset)
+      r.fail("tensor " + quoted(cur.name) + " data overlaps tensor " + quoted(prev.name) + " (bytes " +
+                 std::to_string(cur.file_offset) + " < " + std::to_string(prev.file_offset + prev.n_bytes) + ")",
+             offsets_at[order[k]]);
+  }
+  for (size_t k = 0; k < order.size(); ++k) {
+    const GgufTensor& t = tensors[order[k]];
+    const uint64_t next = k + 1 < order.size() ? tensors[order[k + 1]].file_offset : file_size;
+    const uint64_t span = next - t.file_offset;
+    if (span - t.n_bytes >= alignment)
+      r.fail("tensor " + quoted(t.name) + " is " + std::to_string(t.n_bytes) + " bytes by its type " +
+                 std::string(ggml_type_name(t.type)) + " and shape, but its data spans " + std::to_string(span) + " bytes up to " +
+                 (k + 1 < order.size() ? "tensor " + quoted(tensors[order[k + 1]].name) : std::string("the end of the file")) +
+                 " (wrong type or shape?)",
+             offsets_at[order[k]]);
+  }
+}
+
+}  // namespace
+
+void GgufFile::parse() {
+  Reader r(base_, size_, path_);
+  const HeaderCounts counts = read_header(r, base_, version_);
+  const uint64_t alignment_key_at = read_metadata(r, counts.kv, kv_);
 
   if (const GgufValue* a = find("general.alignment")) {
     if (!is_integer_type(a->type)) r.fail("general.alignment is a " + std::string(value_type_name(a->type)) +
@@ -361,107 +483,23 @@ void GgufFile::parse() {
     alignment_ = kDefaultAlignment;
   }
 
-  // Tensor infos.
-  r.check_count(tensor_count, kMinTensorInfoBytes, "tensor", tensor_count_at);
-  tensors_.reserve(tensor_count);
+  r.check_count(counts.tensors, kMinTensorInfoBytes, "tensor", counts.tensors_at);
+  tensors_.reserve(counts.tensors);
   std::set<std::string_view> names;  // views into the mapping, which outlives the set
-  std::vector<uint64_t> rel_offsets;
-  rel_offsets.reserve(tensor_count);
-  for (uint64_t i = 0; i < tensor_count; ++i) {
-    const uint64_t info_at = r.pos();
-    const std::string_view name = r.read_string("tensor name");
-    const std::string tname = "tensor " + quoted(name);
-    if (!names.insert(name).second) r.fail("duplicate " + tname, info_at);
-    GgufTensor t;
-    t.name = std::string(name);
-    const uint64_t ndims_at = r.pos();
-    const auto n_dims = r.read<uint32_t>("tensor n_dims");
-    if (n_dims == 0 || n_dims > kMaxDims)
-      r.fail(tname + " has " + std::to_string(n_dims) + " dimensions (1 to " + std::to_string(kMaxDims) +
-                 " allowed)",
-             ndims_at);
-    uint64_t n_elements = 1;
-    for (uint32_t d = 0; d < n_dims; ++d) {
-      const uint64_t dim_at = r.pos();
-      const auto dim = r.read<uint64_t>("tensor dimension");
-      if (dim == 0) r.fail(tname + " has dimension " + std::to_string(d) + " equal to zero", dim_at);
-      if (mul_overflows(n_elements, dim, n_elements) || n_elements > uint64_t{std::numeric_limits<int64_t>::max()})
-        r.fail(tname + " element count overflows (dimension " + std::to_string(d) + " = " + std::to_string(dim) + ")",
-               dim_at);
-      t.dims.push_back(dim);
-    }
-    t.n_elements = n_elements;
-    const uint64_t type_at = r.pos();
-    const auto type_id = r.read<uint32_t>("tensor type");
-    const auto info = ggml_type_info(type_id);
-    if (!info) r.fail(tname + " has unknown type id " + std::to_string(type_id), type_at);
-    t.type = static_cast<GgmlType>(type_id);
-    if (t.dims[0] % info->block_elems != 0)
-      r.fail(tname + " row length " + std::to_string(t.dims[0]) + " is not a multiple of the " +
-                 std::string(info->name) + " block size " + std::to_string(info->block_elems),
-             ndims_at);
-    const uint64_t row_bytes = ggml_row_bytes(t.type, t.dims[0]);
-    if (mul_overflows(row_bytes, t.rows(), t.n_bytes))
-      r.fail(tname + " byte size overflows", ndims_at);
-    const uint64_t offset_at = r.pos();
-    const auto rel = r.read<uint64_t>("tensor offset");
-    if (rel % alignment_ != 0)
-      r.fail(tname + " data offset " + std::to_string(rel) + " is not a multiple of the alignment " +
-                 std::to_string(alignment_),
-             offset_at);
-    rel_offsets.push_back(offset_at);
-    t.file_offset = rel;  // made absolute once the data section's start is known
-    tensors_.push_back(std::move(t));
+  std::vector<uint64_t> offsets_at;   // where each tensor's offset was read, for errors
+  offsets_at.reserve(counts.tensors);
+  for (uint64_t i = 0; i < counts.tensors; ++i) {
+    uint64_t offset_at = 0;
+    tensors_.push_back(read_tensor_info(r, alignment_, names, offset_at));
+    offsets_at.push_back(offset_at);
   }
 
   // The data section starts at the next multiple of the alignment.
   uint64_t padded;
   if (add_overflows(r.pos(), alignment_ - 1, padded)) r.fail("data section offset overflows");
   data_offset_ = padded / alignment_ * alignment_;
-
-  for (size_t i = 0; i < tensors_.size(); ++i) {
-    GgufTensor& t = tensors_[i];
-    uint64_t abs, end;
-    if (add_overflows(data_offset_, t.file_offset, abs) || add_overflows(abs, t.n_bytes, end))
-      r.fail("tensor " + quoted(t.name) + " data range overflows", rel_offsets[i]);
-    if (end > size_)
-      r.fail("truncated: tensor " + quoted(t.name) + " data ends at byte " + std::to_string(end) +
-                 " but the file has " + std::to_string(size_) + " bytes",
-             rel_offsets[i]);
-    t.file_offset = abs;
-    t.data = base_ + abs;
-  }
-
-  // Overlap check over the tensors sorted by where their data starts.
-  std::vector<size_t> order(tensors_.size());
-  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-  std::sort(order.begin(), order.end(),
-            [this](size_t a, size_t b) { return tensors_[a].file_offset < tensors_[b].file_offset; });
-  for (size_t k = 1; k < order.size(); ++k) {
-    const GgufTensor& prev = tensors_[order[k - 1]];
-    const GgufTensor& cur = tensors_[order[k]];
-    if (prev.file_offset + prev.n_bytes > cur.file_offset)
-      r.fail("tensor " + quoted(cur.name) + " data overlaps tensor " + quoted(prev.name) + " (bytes " +
-                 std::to_string(cur.file_offset) + " < " + std::to_string(prev.file_offset + prev.n_bytes) + ")",
-             rel_offsets[order[k]]);
-  }
-
-  // Each tensor's size from its type and shape must also fill its span: writers (gguf-py,
-  // llama.cpp) place tensors back to back, padded to the alignment, so the bytes up to the
-  // next tensor (or the end of the file) exceed the size by less than the alignment. A larger
-  // gap means the type or shape was changed (issue 17: Q4_1 relabelled Q4_0 loads, reads the
-  // wrong bytes and answers garbage), so it is an error naming the tensor.
-  for (size_t k = 0; k < order.size(); ++k) {
-    const GgufTensor& t = tensors_[order[k]];
-    const uint64_t next = k + 1 < order.size() ? tensors_[order[k + 1]].file_offset : size_;
-    const uint64_t span = next - t.file_offset;
-    if (span - t.n_bytes >= alignment_)
-      r.fail("tensor " + quoted(t.name) + " is " + std::to_string(t.n_bytes) + " bytes by its type " +
-                 std::string(ggml_type_name(t.type)) + " and shape, but its data spans " + std::to_string(span) + " bytes up to " +
-                 (k + 1 < order.size() ? "tensor " + quoted(tensors_[order[k + 1]].name) : std::string("the end of the file")) +
-                 " (wrong type or shape?)",
-             rel_offsets[order[k]]);
-  }
+  place_tensor_data(r, tensors_, offsets_at, data_offset_, base_, size_);
+  check_tensor_spans(r, tensors_, offsets_at, alignment_, size_);
 }
 
 const GgufValue* GgufFile::find(std::string_view key) const {
