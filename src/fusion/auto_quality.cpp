@@ -5,6 +5,8 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <map>
+#include <mutex>
 #include <sstream>
 #include <stdexcept>
 
@@ -195,6 +197,15 @@ std::optional<AutoCalibration> find_calibration(const std::string& fingerprint_h
   for (const BundledFile* b = kBundledCalibrations; b->fingerprint; ++b)
     if (fingerprint_hex == b->fingerprint) return checked(b->json, b->file, fingerprint_hex);
   return std::nullopt;
+}
+
+const AutoCalibration* shared_calibration(const std::string& fingerprint_hex) {
+  static std::mutex mu;
+  static std::map<std::string, std::optional<AutoCalibration>> found;
+  std::lock_guard lock(mu);
+  auto it = found.find(fingerprint_hex);
+  if (it == found.end()) it = found.emplace(fingerprint_hex, find_calibration(fingerprint_hex)).first;
+  return it->second ? &*it->second : nullptr;
 }
 
 void check_quality(double quality) {

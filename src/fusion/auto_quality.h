@@ -72,6 +72,9 @@ struct AutoCalibration {
 // (std::runtime_error naming both), never used.
 std::optional<AutoCalibration> find_calibration(const std::string& fingerprint_hex);
 std::string calibration_cache_path(const std::string& fingerprint_hex);
+// find_calibration, looked up once per model and process (the engine's, the executor's):
+// a calibration written while a server runs is used after its restart. nullptr: none.
+const AutoCalibration* shared_calibration(const std::string& fingerprint_hex);
 // Reads one file and checks it belongs to `fingerprint_hex`.
 AutoCalibration load_calibration_file(const std::string& path, const std::string& fingerprint_hex);
 

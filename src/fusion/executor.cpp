@@ -5,6 +5,7 @@
 #include <stdexcept>
 
 #include "base/clock.h"
+#include "fusion/auto_quality.h"
 
 // Sliding-window models (Gemma 3: local layers see the last `window` positions, every
 // sixth layer sees all). The rule, layer by layer, and why it needs no special case here:
@@ -66,6 +67,16 @@ void FusionExecutor::prefetch(ChunkStore& store, uint64_t model_fingerprint, con
 FusionExecutor::FusionExecutor(Forward& fwd, ChunkStore& store, PrefixSource* prefixes)
     : fwd_(fwd), store_(store), external_prefixes_(prefixes) {}
 
+// Method "auto": the escalation ladder of the model's calibration (auto_quality.h), each
+// step an ordinary prefill of this executor; without a calibration, full prefill, stated.
+FusionResult FusionExecutor::prefill_auto(const RagRequest& req, const FusionOptions& opt) {
+  autoq::AutoDecision decision;
+  FusionResult r = autoq::prefill(*this, req, opt, autoq::shared_calibration(fwd_.model().fingerprint_hex()),
+                                  opt.quality, decision);
+  r.auto_decision = decision.to_json();
+  return r;
+}
+
 std::shared_ptr<const KvCache> FusionExecutor::prefix_cache(const std::vector<TokenId>& system, size_t& hit_tokens) {
   if (external_prefixes_) return external_prefixes_->prefix(fwd_, system, hit_tokens);
   {
@@ -85,6 +96,7 @@ std::shared_ptr<const KvCache> FusionExecutor::prefix_cache(const std::vector<To
 }
 
 FusionResult FusionExecutor::prefill(const RagRequest& req, const FusionOptions& opt) {
+  if (opt.method == autoq::kMethodName) return prefill_auto(req, opt);
   if (!(opt.ratio >= 0.0 && opt.ratio <= 1.0))
     throw std::invalid_argument("fusion ratio must be in [0, 1], got " + std::to_string(opt.ratio));
   if (req.suffix.empty()) throw std::invalid_argument("fused prefill needs a non-empty question suffix");
@@ -109,7 +121,8 @@ FusionResult FusionExecutor::prefill(const RagRequest& req, const FusionOptions&
                  .timings = {},
                  .selection_details = {},
                  .token_scores = {},
-                 .score_kind = {}};
+                 .score_kind = {},
+                 .auto_decision = {}};
 
   if (opt.method == "full") {  // the reference: one plain prefill of the whole request
     size_t start = 0;          // with a prefix source, S comes from it (exact K/V)

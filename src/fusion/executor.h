@@ -39,6 +39,9 @@ struct FusionOptions {
   // Which base cache each chunk is served from (chunk_key.h): alone (PIC) or prefixed
   // (computed after this request's S). Every selector runs on both; "full" ignores it.
   ChunkVariant chunk_variant = ChunkVariant::alone;
+  // method "auto" (fusion/auto_quality.h): the probability, in (0, 1], of an answer identical
+  // to full prefill's that the request asks for; the policy picks the method and the ratio.
+  double quality = 0;
 };
 
 struct FusionTimings {
@@ -63,6 +66,7 @@ struct FusionResult {
   nlohmann::json selection_details;
   std::vector<double> token_scores;  // Selection::scores (per context token; empty: none)
   std::string score_kind;            // Selection::score_kind
+  nlohmann::json auto_decision;      // method "auto": what the policy chose (AutoDecision::to_json); else null
 };
 
 class FusionExecutor {
@@ -87,6 +91,7 @@ class FusionExecutor {
 
  private:
   std::shared_ptr<const KvCache> prefix_cache(const std::vector<TokenId>& system, size_t& hit_tokens);
+  FusionResult prefill_auto(const RagRequest& request, const FusionOptions& opt);
   Forward& fwd_;
   ChunkStore& store_;
   PrefixSource* external_prefixes_ = nullptr;

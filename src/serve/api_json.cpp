@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "base/bounded_json.h"
+#include "fusion/auto_quality.h"
 #include "fusion/selector.h"
 #include "serve/request_plan.h"
 #include "serve/store_metrics.h"
@@ -38,6 +39,7 @@ nlohmann::json CompletionResult::to_json() const {
                 {"ttft", timings.ttft_ms},
                 {"decode", timings.decode_ms}}}};
   if (!passages.is_null()) j["passages"] = passages;  // serve --match-chunks (passage_matching.h)
+  if (!auto_choice.is_null()) j["auto"] = auto_choice;  // fusion method auto (fusion/auto_quality.h)
   return j;
 }
 
@@ -174,6 +176,9 @@ FusionSpec parse_fusion(const json* v, const std::string& default_method, double
   if (!v->is_object()) bad("fusion", "'fusion' must be an object");
   if (const json* x = field(*v, "method")) f.method = get_string(*x, "fusion.method");
   if (const json* x = field(*v, "ratio")) f.ratio = get_number(*x, "fusion.ratio", 0.0, 1.0);
+  if (const json* x = field(*v, "quality")) f.quality = get_number(*x, "fusion.quality", 0.0, 1.0);
+  if (f.method == autoq::kMethodName && field(*v, "ratio"))
+    bad("fusion.ratio", "fusion method 'auto' chooses the ratio itself: give fusion.quality, not fusion.ratio");
   if (const json* x = field(*v, "reorder")) f.reorder = get_bool(*x, "fusion.reorder");
   if (const json* x = field(*v, "conversation_id")) f.conversation_id = get_string(*x, "fusion.conversation_id");
   if (const json* x = field(*v, "prefix_cache")) f.prefix_cache = get_bool(*x, "fusion.prefix_cache");

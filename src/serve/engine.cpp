@@ -196,6 +196,7 @@ struct Engine::Impl {
     r.chunk_misses = n.chunk_misses;
     r.recomputed_tokens = n.recomputed_tokens;
     r.prefilled_tokens = n.prefilled_tokens;
+    r.auto_choice = fr.auto_decision;
     CompletionTimings& t = r.timings;
     t.queue_ms = ms_between(run.job.arrival, run.job.started);
     t.lookup_ms = fr.timings.lookup_ms;

@@ -48,6 +48,7 @@ struct DocumentRef {
 struct FusionSpec {
   std::string method = "full";  // full | reuse | random | epic | cacheblend | prophet | fusionrag | cachecraft | qcfuse
   double ratio = 0.15;
+  double quality = 0;           // method auto: the target in (0, 1] (fusion/auto_quality.h); else 0
   bool reorder = false;         // CRAFT reordering (can change answers: off by default)
   std::string conversation_id;  // CRAFT conversation-scoped dedup; empty: none
   bool prefix_cache = true;     // use the shared exact prefix cache
@@ -100,6 +101,7 @@ struct CompletionResult {
   CompletionTimings timings;
   std::shared_ptr<const FusionTrace> trace;  // positions and selector facts, for the web page's details
   nlohmann::json passages;           // passage matching's report (null: not matched)
+  nlohmann::json auto_choice;        // method auto: what the policy chose (AutoDecision::to_json); else null
   nlohmann::json to_json() const;    // the "chunkfuse" extension object of a response
 };
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "fusion/auto_quality.h"
 #include "fusion/selector.h"
 
 namespace cf {
@@ -32,6 +33,7 @@ FusionOptions fusion_options(const CompletionRequest& req, const PlanLimits& lim
   FusionOptions fo;
   fo.method = f.method;
   fo.ratio = f.ratio;
+  fo.quality = f.quality;
   fo.method_options = f.options;
   fo.seed = req.seed.value_or(0);
   fo.chunk_variant = limits.default_chunk_variant;
@@ -56,10 +58,18 @@ GenerateOptions generate_options(const CompletionRequest& req, const PlanLimits&
 
 void validate_fusion(const FusionSpec& f) {
   if (f.method.empty()) throw invalid("'fusion.method' must not be empty", "fusion.method");
-  if (f.method != "full") {
+  if (f.method == autoq::kMethodName) {  // the policy picks method and ratio (fusion/auto_quality.h)
+    if (!(f.quality > 0 && f.quality <= 1))
+      throw invalid("fusion method 'auto' needs fusion.quality in (0, 1]: the probability of an answer identical to "
+                    "full prefill's",
+                    "fusion.quality");
+    if (!f.options.is_null() && !f.options.empty()) throw invalid("fusion method 'auto' takes no options", "fusion.options");
+  } else if (f.quality != 0) {
+    throw invalid("fusion.quality applies to fusion method \"auto\" only", "fusion.quality");
+  } else if (f.method != "full") {
     const auto names = selector_names();
     if (std::find(names.begin(), names.end(), f.method) == names.end()) {
-      std::string known = "full";
+      std::string known = std::string("full, ") + autoq::kMethodName;
       for (const auto& n : names) known += ", " + n;
       throw invalid("unknown fusion method \"" + f.method + "\" (known: " + known + ")", "fusion.method");
     }

@@ -180,6 +180,14 @@ TEST(ServerApi, WrongTypesAndValuesAre400NamingTheField) {
       {"fusion", json{{"method", "qcfuse"}, {"options", "fast"}}, "fusion.options"},
       {"fusion", json{{"chunk_variant", "pic"}}, "fusion.chunk_variant"},
       {"fusion", json{{"chunk_variant", 1}}, "fusion.chunk_variant"},
+      // Quality on demand (issue 26): auto takes a quality in (0, 1] and chooses the ratio itself.
+      {"fusion", json{{"method", "auto"}}, "fusion.quality"},
+      {"fusion", json{{"method", "auto"}, {"quality", 0}}, "fusion.quality"},
+      {"fusion", json{{"method", "auto"}, {"quality", 1.5}}, "fusion.quality"},
+      {"fusion", json{{"method", "auto"}, {"quality", "high"}}, "fusion.quality"},
+      {"fusion", json{{"method", "auto"}, {"quality", 0.9}, {"ratio", 0.15}}, "fusion.ratio"},
+      {"fusion", json{{"method", "auto"}, {"quality", 0.9}, {"options", {{"layers", "all"}}}}, "fusion.options"},
+      {"fusion", json{{"method", "prophet"}, {"quality", 0.9}}, "fusion.quality"},
       {"messages", "hi", "messages"},
       {"messages", json::array(), "messages"},
       {"messages", json::array({{{"role", "tool"}, {"content", "x"}}}), "messages[0].role"},
@@ -247,6 +255,20 @@ CompletionResult sample_result() {
   r.chunk_order = {"c1", "c2", "c3"};
   r.timings.ttft_ms = 42.5;
   return r;
+}
+
+TEST(ServerApi, AutoTakesAQualityAndReportsItsChoice) {
+  json b = basic_chat();
+  b["fusion"] = {{"method", "auto"}, {"quality", 0.95}};
+  const CompletionRequest r = chat(b).request;
+  EXPECT_EQ(r.fusion.method, "auto");
+  EXPECT_DOUBLE_EQ(r.fusion.quality, 0.95);
+  b["fusion"]["quality"] = 1;  // the bound is inclusive at 1 (full prefill always reaches it)
+  EXPECT_DOUBLE_EQ(chat(b).request.fusion.quality, 1.0);
+  CompletionResult res = sample_result();
+  EXPECT_FALSE(api::completion_response({"c", 1, "m", true}, res)["chunkfuse"].contains("auto"));
+  res.auto_choice = {{"method", "prophet"}, {"ratio", 0.15}, {"predicted_quality", 0.97}, {"decision_ms", 3.0}};
+  EXPECT_EQ(api::completion_response({"c", 1, "m", true}, res)["chunkfuse"]["auto"]["method"], "prophet");
 }
 
 TEST(ServerApi, ChatResponseHasOpenAIShapeAndTheExtension) {
