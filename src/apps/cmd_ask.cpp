@@ -9,6 +9,7 @@
 
 #include "apps/app_common.h"
 #include "base/paths.h"
+#include "fusion/auto_quality.h"
 #include "fusion/executor.h"
 #include "runtime/generate.h"
 
@@ -21,6 +22,7 @@ struct AskArgs {
   std::string question;
   std::string method = "qcfuse";
   double ratio = 0.15;
+  double quality = 0;  // --method auto: the target (fusion/auto_quality.h)
   int max_tokens = 64;
   std::string store_dir;
   bool json = false;
@@ -51,7 +53,10 @@ std::string highlighted_context(const Tokenizer& tok, const RagRequest& req, con
 
 int run_ask(const AskArgs& a) {
   if (a.question.empty()) throw std::runtime_error("empty --question");
-  if (a.method != "full") make_selector(a.method);  // unknown names fail before any work
+  if (a.method == autoq::kMethodName) {
+    if (!(a.quality > 0 && a.quality <= 1))
+      throw std::runtime_error("--method auto needs --quality in (0, 1]: the probability of an answer identical to full prefill's");
+  } else if (a.method != "full") make_selector(a.method);  // unknown names fail before any work
   const auto passages = read_passages_jsonl(a.passages_file);
   auto model = load_model(a.model, a.json);
   ThreadPool pool(a.model.threads);
@@ -68,6 +73,7 @@ int run_ask(const AskArgs& a) {
                              std::to_string(a.max_tokens) + " to generate exceeds the context of " +
                              std::to_string(model->hparams().context_length));
   FusionOptions fo{a.method, a.ratio, a.seed};
+  fo.quality = a.quality;
   parse_chunk_variant(a.chunk_variant, fo.chunk_variant);  // CLI11 checked the name
   FusionResult fr = executor.prefill(req, fo);
   Generator gen(fwd);
@@ -100,16 +106,26 @@ int run_ask(const AskArgs& a) {
                      {"generated_tokens", g.tokens.size()},
                      {"decode_tokens_per_s", g.decode_tokens_per_s()},
                      {"selection", fr.selection_details}};
+    if (!fr.auto_decision.is_null()) j["auto"] = fr.auto_decision;
     // The answer may end inside a UTF-8 character (cut by the token limit): U+FFFD, not a throw.
     std::printf("%s\n", j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
     return 0;
   }
   std::printf("%s\n", g.text.c_str());
+  // What ran: the method asked for, or the one the auto policy chose.
+  const bool chose = fr.auto_decision.is_object();
+  const std::string ran_method = chose ? fr.auto_decision["method"].get<std::string>() : a.method;
+  const double ran_ratio = chose ? fr.auto_decision["ratio"].get<double>() : a.ratio;
+  if (const auto& d = fr.auto_decision; d.is_object())
+    std::fprintf(stderr, "auto (quality %.2f): %s at ratio %.2f, predicted %.3f, %zu step(s) run, decision %.0f ms%s\n",
+                 a.quality, d["method"].get<std::string>().c_str(), d["ratio"].get<double>(),
+                 d["predicted_quality"].get<double>(), d["steps_run"].get<size_t>(), d["decision_ms"].get<double>(),
+                 d["calibrated"].get<bool>() ? "" : " (no calibration for this model: full prefill; run `chunkfuse calibrate`)");
   // Which QCFuse profile ran: a fresh install must not fall back to floor(L/2) unnoticed.
   if (const auto& d = fr.selection_details; d.is_object() && d.contains("layers_source"))
     std::fprintf(stderr, "qcfuse critical layers %s from %s\n", d["critical_layers"].dump().c_str(),
                  d["layers_source"].get<std::string>().c_str());
-  if (a.show_tokens && a.method != "full") {
+  if (a.show_tokens && ran_method != "full") {
     const bool color = isatty(fileno(stderr));
     std::fprintf(stderr, "\nrecomputed tokens (%zu of %zu context tokens)%s:\n%s\n\n", fr.recomputed.size(),
                  fr.context_tokens, color ? ", highlighted" : ", in [[ ]]",
@@ -119,7 +135,7 @@ int run_ask(const AskArgs& a) {
                "method %s ratio %.2f: %zu prompt tokens (%zu context in %zu passages, %zu recomputed); TTFT %.1f ms "
                "= lookup %.1f + load %.1f + selection %.1f + recompute %.1f + first token %.1f; chunks %zu cached, "
                "%zu computed now (%.0f ms offline); %zu tokens at %.1f tok/s\n",
-               a.method.c_str(), a.ratio, prompt.size(), fr.context_tokens, req.chunks.size(), fr.recomputed.size(), ttft,
+               ran_method.c_str(), ran_ratio, prompt.size(), fr.context_tokens, req.chunks.size(), fr.recomputed.size(), ttft,
                t.lookup_ms, t.load_ms, t.selection_ms, t.recompute_ms, g.ttft_ms, fr.chunk_hits, fr.chunk_misses,
                t.offline_ms, g.tokens.size(), g.decode_tokens_per_s());
   return 0;
@@ -137,8 +153,12 @@ void add_ask_command(CLI::App& app, CommandRunner& run) {
   cmd->add_option("-q,--question", a->question, "the question")->required();
   std::string methods = "full";
   for (const auto& n : selector_names()) methods += ", " + n;
+  methods += std::string(", ") + autoq::kMethodName;
   cmd->add_option("--method", a->method, "fusion method: " + methods)->capture_default_str();
   cmd->add_option("--ratio", a->ratio, "share of context tokens to recompute")->check(CLI::Range(0.0, 1.0))->capture_default_str();
+  cmd->add_option("--quality", a->quality,
+                  "with --method auto: the probability, in (0, 1], of an answer identical to full prefill's; the "
+                  "policy picks method and ratio");
   cmd->add_option("-n,--max-tokens", a->max_tokens, "answer length limit")->check(CLI::Range(1, 4096))->capture_default_str();
   cmd->add_option("--store", a->store_dir, "chunk-cache store directory (default: <cache>/store)");
   cmd->add_option("--seed", a->seed, "seed of methods that sample")->capture_default_str();
