@@ -180,6 +180,43 @@ class OpenAIApiTest(unittest.TestCase):
                     if method != "full":
                         self.assertEqual(r.model_extra["chunkfuse"]["recomputed_tokens"], want["recomputed_tokens"])
 
+    def test_auto_reports_its_choice_and_equals_chunkfuse_ask(self):
+        """Quality on demand (issue 26): the server and `ask` take the same decision for the same
+        request, the response says what it chose (streamed too), and auto with a ratio is a 400."""
+        with tempfile.TemporaryDirectory() as tmp:
+            passages = os.path.join(tmp, "passages.jsonl")
+            with open(passages, "w") as f:
+                for p in PASSAGES:
+                    f.write(json.dumps(p) + "\n")
+            ask = subprocess.run(
+                [h.binary_path(), "ask", "-m", h.model_path(), "-t", str(h.threads()), "--passages", passages,
+                 "-q", QUESTION, "--method", "auto", "--quality", "0.8", "-n", "24",
+                 "--store", os.path.join(tmp, "store"), "--json"],
+                capture_output=True, text=True, timeout=300)
+            self.assertEqual(ask.returncode, 0, ask.stderr)
+            want = json.loads(ask.stdout)
+        fusion = {"method": "auto", "quality": 0.8}
+        docs = [document_text(p) for p in PASSAGES]
+        r = self.chat(rag_messages(), max_tokens=24, extra_body={"documents": docs, "fusion": fusion})
+        choice = r.model_extra["chunkfuse"]["auto"]
+        for key in ("method", "ratio", "predicted_quality", "decision_ms", "steps_run", "calibrated", "trace"):
+            self.assertIn(key, choice)
+        self.assertEqual((choice["method"], choice["ratio"]), (want["auto"]["method"], want["auto"]["ratio"]))
+        self.assertEqual(r.choices[0].message.content, want["answer"])
+        self.assertTrue(choice["method"] == "full" or choice["predicted_quality"] >= 0.8, choice)
+        self.assertEqual(len(choice["trace"]), choice["steps_run"])
+        stream = self.client.chat.completions.create(model=self.model, messages=rag_messages(), max_tokens=24,
+                                                     temperature=0, stream=True,
+                                                     stream_options={"include_usage": True},
+                                                     extra_body={"documents": docs, "fusion": fusion})
+        ext = [c.model_extra.get("chunkfuse") for c in stream if c.model_extra.get("chunkfuse")]
+        self.assertTrue(ext and ext[-1]["auto"]["method"] == choice["method"], ext)
+        status, err = self.server.post("/v1/chat/completions", {
+            "model": self.model, "messages": rag_messages(), "documents": docs,
+            "fusion": {"method": "auto", "quality": 0.8, "ratio": 0.3}})
+        self.assertEqual(status, 400, err)
+        self.assertEqual(err["error"]["param"], "fusion.ratio")
+
     def test_curl_stream(self):
         body = {"model": self.model, "messages": [{"role": "user", "content": "Say hello to the reader."}],
                 "max_tokens": 12, "temperature": 0}
