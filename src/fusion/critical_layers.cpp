@@ -27,6 +27,7 @@
 #include <fstream>
 #include <map>
 #include <numeric>
+#include <optional>
 #include <stdexcept>
 
 #include "base/clock.h"
@@ -313,125 +314,138 @@ bool gold_token_positions(const Tokenizer& tok, std::span<const TokenId> tokens,
   return true;
 }
 
-LayerProfile profile_critical_layers(Forward& fwd, ChunkStore& store, const std::vector<CalibrationExample>& examples,
-                                     const ProfileOptions& opt) {
-  const auto t0 = SteadyClock::now();
+namespace {
+
+// One calibration example's probe, scored: each layer's recall of the target set, and what the
+// critical set's recall (Eq. 20) needs once L* is known.
+struct ScoredExample {
+  std::string dataset;
+  std::vector<double> recall;  // per layer
+  double all = 0;              // of the scores summed over all layers
+  std::vector<std::vector<double>> scores;  // per layer, per context token
+  std::vector<size_t> target;               // the slots to find (gold evidence or ProphetKV's set)
+  size_t k = 0, context_begin = 0;
+};
+
+// The fraction of `target` (sorted) among the top k of `score`.
+double recall_at(const std::vector<double>& score, size_t context_begin, size_t k, const std::vector<size_t>& target) {
+  const auto top = top_k_slots(score, context_begin, k);
+  size_t hit = 0;
+  for (size_t g : target) hit += std::binary_search(top.begin(), top.end(), g) ? 1 : 0;
+  return static_cast<double>(hit) / static_cast<double>(target.size());
+}
+
+// The request slots of the example's gold evidence tokens; false when a span cannot be found.
+bool gold_slots(const Model& m, const RagRequest& req, const CalibrationExample& ex, const RagPromptOptions& prompt_opt,
+                std::vector<size_t>& gold) {
+  bool ok = ex.gold_spans.size() == ex.passages.size();
+  size_t slot = req.system.size();
+  for (size_t i = 0; ok && i < req.chunks.size(); ++i) {
+    std::vector<size_t> g;
+    ok = gold_token_positions(m.tokenizer(), req.chunks[i], passage_text(ex.passages[i], prompt_opt), ex.gold_spans[i], g);
+    for (size_t t : g) gold.push_back(slot + t);
+    slot += req.chunks[i].size();
+  }
+  return ok;
+}
+
+// Offline work of the profile, reported with it.
+struct ProfileCosts {
+  double pic_ms = 0, anchors_ms = 0;
+  size_t anchors_chunks = 0;
+};
+
+// S (exact, computed once per distinct S), then every chunk's PIC cache with its anchors,
+// stitched; `view` gets the anchors at their request slots.
+KvCache stitch_with_anchors(Forward& fwd, ChunkStore& store, const RagRequest& req, const ProfileOptions& opt,
+                            std::map<std::vector<TokenId>, KvCache>& prefixes, ProbeView& view, ProfileCosts& costs) {
   const Model& m = fwd.model();
   const ModelHparams& h = m.hparams();
   const int L = h.n_layers;
+  auto pit = prefixes.find(req.system);
+  if (pit == prefixes.end()) {
+    KvCache kv(h, req.system.size());
+    std::vector<int32_t> pos(req.system.size());
+    std::iota(pos.begin(), pos.end(), 0);
+    fwd.run(kv, {req.system, pos, {}, {}});
+    pit = prefixes.emplace(req.system, std::move(kv)).first;
+  }
+  KvCache stitched(h, req.flatten().size());
+  stitched.append_from(pit->second, 0, pit->second.size(), 0);
+  view.anchors.resize(opt.anchor_rule.per_layer ? static_cast<size_t>(L) : 1);
+  for (const auto& toks : req.chunks) {
+    ChunkKey key(m.fingerprint(), toks);
+    const auto tc = SteadyClock::now();
+    auto c = store.get_or_compute(key, [&] { return compute_chunk_cache(fwd, key); });
+    costs.pic_ms += ms_since(tc);
+    if (opt.anchor_ratio > 0 && !stored_anchors(*c, opt.anchor_ratio, opt.anchor_rule, 0)) {
+      const auto ta = SteadyClock::now();
+      ChunkCache prepared = *c;
+      prepare_anchors(fwd, prepared, opt.anchor_rule);
+      costs.anchors_ms += ms_since(ta);
+      ++costs.anchors_chunks;
+      c = store.put(std::move(prepared));
+    }
+    const size_t begin = stitched.size();
+    stitched.append_from(c->kv, 0, c->kv.size(), static_cast<int32_t>(begin) - c->kv.position(0));
+    const auto sets = chunk_anchor_sets(fwd, *c, opt.anchor_ratio, opt.anchor_rule, L, nullptr);
+    for (size_t l = 0; l < view.anchors.size(); ++l)
+      for (uint32_t a : sets[l]) view.anchors[l].push_back(begin + a);
+  }
+  return stitched;
+}
+
+// Probes one example at every layer and scores each layer's recall of the target; nullopt when
+// the example cannot be used (no budget, too long, or no gold evidence under the evidence target).
+std::optional<ScoredExample> score_example(Forward& fwd, ChunkStore& store, const CalibrationExample& ex,
+                                           const ProfileOptions& opt, std::map<std::vector<TokenId>, KvCache>& prefixes,
+                                           ProfileCosts& costs, size_t& context_tokens) {
+  const Model& m = fwd.model();
+  const int L = m.hparams().n_layers;
   std::vector<int> all_layers(L);
   std::iota(all_layers.begin(), all_layers.end(), 0);
   const RagPromptOptions prompt_opt;
+  const RagRequest req = build_rag_request(m, ex.passages, ex.question, prompt_opt);
+  std::vector<size_t> gold;
+  const bool ok = gold_slots(m, req, ex, prompt_opt, gold);
+  const size_t n = context_tokens = req.context_tokens();
+  const size_t k = recompute_budget(kProfileBudget, n);
+  const bool by_evidence = opt.target == ProfileTarget::evidence;
+  if ((by_evidence && (!ok || gold.empty())) || k == 0 ||
+      static_cast<int>(req.flatten().size()) > m.hparams().context_length)
+    return std::nullopt;
 
-  struct Row {
-    std::string dataset;
-    std::vector<double> recall;  // per layer
-    double all = 0;
-  };
-  std::vector<Row> rows;
-  std::vector<std::vector<std::vector<double>>> kept_scores;  // per row: per layer scores (for the set recall)
-  std::vector<std::vector<size_t>> kept_gold;
-  std::vector<size_t> kept_k, kept_begin;
-  size_t skipped = 0, done = 0;
-  double anchors_ms = 0, pic_ms = 0;
-  size_t anchors_chunks = 0;
-  std::map<std::vector<TokenId>, KvCache> prefixes;
-
-  for (const CalibrationExample& ex : examples) {
-    const RagRequest req = build_rag_request(m, ex.passages, ex.question, prompt_opt);
-    // Gold slots.
-    std::vector<size_t> gold;
-    bool ok = ex.gold_spans.size() == ex.passages.size();
-    size_t slot = req.system.size();
-    for (size_t i = 0; ok && i < req.chunks.size(); ++i) {
-      std::vector<size_t> g;
-      ok = gold_token_positions(m.tokenizer(), req.chunks[i], passage_text(ex.passages[i], prompt_opt), ex.gold_spans[i], g);
-      for (size_t t : g) gold.push_back(slot + t);
-      slot += req.chunks[i].size();
-    }
-    const size_t n = req.context_tokens();
-    const size_t k = recompute_budget(kProfileBudget, n);
-    const bool by_evidence = opt.target == ProfileTarget::evidence;
-    if ((by_evidence && (!ok || gold.empty())) || k == 0 || static_cast<int>(req.flatten().size()) > h.context_length) {
-      ++skipped;
-      ++done;
-      if (opt.progress) opt.progress(done, examples.size(), ex, n);
-      continue;
-    }
-    // S (exact prefix), then every chunk's PIC cache with its anchors, stitched.
-    auto pit = prefixes.find(req.system);
-    if (pit == prefixes.end()) {
-      KvCache kv(h, req.system.size());
-      std::vector<int32_t> pos(req.system.size());
-      std::iota(pos.begin(), pos.end(), 0);
-      fwd.run(kv, {req.system, pos, {}, {}});
-      pit = prefixes.emplace(req.system, std::move(kv)).first;
-    }
-    KvCache stitched(h, req.flatten().size());
-    stitched.append_from(pit->second, 0, pit->second.size(), 0);
-    ProbeView view;
-    view.anchors.resize(opt.anchor_rule.per_layer ? static_cast<size_t>(L) : 1);
-    for (const auto& toks : req.chunks) {
-      ChunkKey key(m.fingerprint(), toks);
-      const auto tc = SteadyClock::now();
-      auto c = store.get_or_compute(key, [&] { return compute_chunk_cache(fwd, key); });
-      pic_ms += ms_since(tc);
-      if (opt.anchor_ratio > 0 && !stored_anchors(*c, opt.anchor_ratio, opt.anchor_rule, 0)) {
-        const auto ta = SteadyClock::now();
-        ChunkCache prepared = *c;
-        prepare_anchors(fwd, prepared, opt.anchor_rule);
-        anchors_ms += ms_since(ta);
-        ++anchors_chunks;
-        c = store.put(std::move(prepared));
-      }
-      const size_t begin = stitched.size();
-      stitched.append_from(c->kv, 0, c->kv.size(), static_cast<int32_t>(begin) - c->kv.position(0));
-      const auto sets = chunk_anchor_sets(fwd, *c, opt.anchor_ratio, opt.anchor_rule, L, nullptr);
-      for (size_t l = 0; l < view.anchors.size(); ++l)
-        for (uint32_t a : sets[l]) view.anchors[l].push_back(begin + a);
-    }
-    const size_t cb = req.system.size(), ce = cb + n;
-    const auto [rb, re] = probe_row_range(req, opt.probe_rows);
-    ProbeResult pr = query_probe(fwd, stitched, cb, ce, view, req.suffix, rb, re, all_layers);
-    if (!by_evidence) {  // the target: ProphetKV's top-10% set (full view, all layers, same rows)
-      ProbeView full;
-      full.full = true;
-      gold = top_k_slots(sum_layers(query_probe(fwd, stitched, cb, ce, full, req.suffix, rb, re, all_layers)), cb, k);
-    }
-    std::sort(gold.begin(), gold.end());
-
-    auto recall_of = [&](const std::vector<double>& score) {
-      const auto top = top_k_slots(score, cb, k);
-      size_t hit = 0;
-      for (size_t g : gold) hit += std::binary_search(top.begin(), top.end(), g) ? 1 : 0;
-      return static_cast<double>(hit) / static_cast<double>(gold.size());
-    };
-    Row row{ex.dataset, std::vector<double>(L), 0};
-    std::vector<double> sum(n, 0.0);
-    for (int l = 0; l < L; ++l) {
-      row.recall[l] = recall_of(pr.scores[l]);
-      for (size_t i = 0; i < n; ++i) sum[i] += pr.scores[l][i];
-    }
-    row.all = recall_of(sum);
-    rows.push_back(std::move(row));
-    kept_scores.push_back(std::move(pr.scores));
-    kept_gold.push_back(std::move(gold));
-    kept_k.push_back(k);
-    kept_begin.push_back(cb);
-    ++done;
-    if (opt.progress) opt.progress(done, examples.size(), ex, n);
+  ProbeView view;
+  KvCache stitched = stitch_with_anchors(fwd, store, req, opt, prefixes, view, costs);
+  const size_t cb = req.system.size(), ce = cb + n;
+  const auto [rb, re] = probe_row_range(req, opt.probe_rows);
+  ProbeResult pr = query_probe(fwd, stitched, cb, ce, view, req.suffix, rb, re, all_layers);
+  if (!by_evidence) {  // the target: ProphetKV's top-10% set (full view, all layers, same rows)
+    ProbeView full;
+    full.full = true;
+    gold = top_k_slots(sum_layers(query_probe(fwd, stitched, cb, ce, full, req.suffix, rb, re, all_layers)), cb, k);
   }
-  if (rows.empty()) throw std::runtime_error("QCFuse profiling: no usable calibration example");
+  std::sort(gold.begin(), gold.end());
 
-  // Per dataset means, then the mean over datasets.
+  ScoredExample s{ex.dataset, std::vector<double>(L), 0, {}, {}, k, cb};
+  std::vector<double> sum(n, 0.0);
+  for (int l = 0; l < L; ++l) {
+    s.recall[l] = recall_at(pr.scores[l], cb, k, gold);
+    for (size_t i = 0; i < n; ++i) sum[i] += pr.scores[l][i];
+  }
+  s.all = recall_at(sum, cb, k, gold);
+  s.scores = std::move(pr.scores);
+  s.target = std::move(gold);
+  return s;
+}
+
+// Per dataset means of each layer's recall, then the mean over datasets, into p.recall and
+// p.all_layers_recall; per_dataset gets each dataset's figures.
+void mean_layer_recall(const std::vector<ScoredExample>& rows, const std::vector<CalibrationExample>& examples, int L,
+                       LayerProfile& p, nlohmann::json& per_dataset) {
   std::map<std::string, std::vector<size_t>> by_dataset;
   for (size_t i = 0; i < rows.size(); ++i) by_dataset[rows[i].dataset].push_back(i);
-  LayerProfile p;
-  p.model_fingerprint = m.fingerprint_hex();
-  p.anchor_ratio = opt.anchor_ratio;
-  p.target = opt.target == ProfileTarget::evidence ? "evidence" : "prophet";
   p.recall.assign(L, 0.0);
-  nlohmann::json per_dataset = nlohmann::json::object();
   for (const auto& [name, idx] : by_dataset) {
     std::vector<double> r(L, 0.0);
     double all = 0;
@@ -446,31 +460,65 @@ LayerProfile profile_critical_layers(Forward& fwd, ChunkStore& store, const std:
     p.all_layers_recall += all / static_cast<double>(by_dataset.size());
     per_dataset[name] = {{"examples", idx.size()}, {"lines", lines}, {"recall_at_10pct", r}, {"all_layers_recall", all}};
   }
-  // Every layer's recall is kept (and printed); L* is the top-k of the candidates.
-  std::vector<int> order = candidate_layers(opt.candidates, h);
-  const std::vector<int> candidates = order;
-  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return p.recall[a] > p.recall[b]; });
-  order.resize(std::min(static_cast<size_t>(opt.critical_layers), order.size()));
-  p.critical_layers = order;
+}
 
-  // Recall of the summed critical set (Eq. 20), averaged the same way.
+// Recall of the summed critical set (Eq. 20), averaged the same way, into
+// p.critical_set_recall and per_dataset.
+void mean_critical_set_recall(const std::vector<ScoredExample>& rows, LayerProfile& p, nlohmann::json& per_dataset) {
   std::map<std::string, std::pair<double, size_t>> set_recall;
-  for (size_t i = 0; i < rows.size(); ++i) {
-    const size_t n = kept_scores[i][0].size();
+  for (const ScoredExample& s : rows) {
+    const size_t n = s.scores[0].size();
     std::vector<double> sum(n, 0.0);
     for (int l : p.critical_layers)
-      for (size_t t = 0; t < n; ++t) sum[t] += kept_scores[i][l][t];
-    const auto top = top_k_slots(sum, kept_begin[i], kept_k[i]);
-    size_t hit = 0;
-    for (size_t g : kept_gold[i]) hit += std::binary_search(top.begin(), top.end(), g) ? 1 : 0;
-    auto& [acc, cnt] = set_recall[rows[i].dataset];
-    acc += static_cast<double>(hit) / static_cast<double>(kept_gold[i].size());
+      for (size_t t = 0; t < n; ++t) sum[t] += s.scores[l][t];
+    auto& [acc, cnt] = set_recall[s.dataset];
+    acc += recall_at(sum, s.context_begin, s.k, s.target);
     ++cnt;
   }
   for (const auto& [name, rc] : set_recall) {
     per_dataset[name]["critical_set_recall"] = rc.first / static_cast<double>(rc.second);
     p.critical_set_recall += rc.first / static_cast<double>(rc.second) / static_cast<double>(set_recall.size());
   }
+}
+
+}  // namespace
+
+LayerProfile profile_critical_layers(Forward& fwd, ChunkStore& store, const std::vector<CalibrationExample>& examples,
+                                     const ProfileOptions& opt) {
+  const auto t0 = SteadyClock::now();
+  const Model& m = fwd.model();
+  const ModelHparams& h = m.hparams();
+  const int L = h.n_layers;
+
+  std::vector<ScoredExample> rows;
+  size_t skipped = 0, done = 0;
+  ProfileCosts costs;
+  std::map<std::vector<TokenId>, KvCache> prefixes;
+  for (const CalibrationExample& ex : examples) {
+    size_t n = 0;
+    if (auto s = score_example(fwd, store, ex, opt, prefixes, costs, n))
+      rows.push_back(std::move(*s));
+    else
+      ++skipped;
+    ++done;
+    if (opt.progress) opt.progress(done, examples.size(), ex, n);
+  }
+  if (rows.empty()) throw std::runtime_error("QCFuse profiling: no usable calibration example");
+
+  LayerProfile p;
+  p.model_fingerprint = m.fingerprint_hex();
+  p.anchor_ratio = opt.anchor_ratio;
+  p.target = opt.target == ProfileTarget::evidence ? "evidence" : "prophet";
+  nlohmann::json per_dataset = nlohmann::json::object();
+  mean_layer_recall(rows, examples, L, p, per_dataset);
+  // Every layer's recall is kept (and printed); L* is the top-k of the candidates.
+  std::vector<int> order = candidate_layers(opt.candidates, h);
+  const std::vector<int> candidates = order;
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return p.recall[a] > p.recall[b]; });
+  order.resize(std::min(static_cast<size_t>(opt.critical_layers), order.size()));
+  p.critical_layers = order;
+  mean_critical_set_recall(rows, p, per_dataset);
+
   p.seconds = ms_since(t0) / 1000;
   p.data = {{"datasets", per_dataset},
             {"skipped", skipped},
@@ -479,9 +527,9 @@ LayerProfile profile_critical_layers(Forward& fwd, ChunkStore& store, const std:
             {"probe_rows", probe_rows_name(opt.probe_rows)},
             {"candidate_layers", candidates},
             {"anchor_rule", opt.anchor_rule.name() + (opt.anchor_rule.per_layer ? "_per_layer" : "_shared")},
-            {"pic_ms", pic_ms},
-            {"anchor_ms", anchors_ms},
-            {"anchor_chunks", anchors_chunks}};
+            {"pic_ms", costs.pic_ms},
+            {"anchor_ms", costs.anchors_ms},
+            {"anchor_chunks", costs.anchors_chunks}};
   return p;
 }
 
