@@ -77,8 +77,10 @@ std::vector<LadderStep> parse_ladder(const std::string& text) {
   size_t at = 0;
   while (at <= text.size()) {
     const size_t comma = std::min(text.find(',', at), text.size());
-    const std::string item = text.substr(at, comma - at);
+    std::string item = text.substr(at, comma - at);
     at = comma + 1;
+    item.erase(0, item.find_first_not_of(" \t"));
+    item.erase(item.find_last_not_of(" \t") + 1);
     if (item.empty()) continue;
     const size_t colon = item.rfind(':');
     if (colon == std::string::npos) throw std::invalid_argument("ladder step '" + item + "': expected <method>:<ratio>");
@@ -139,7 +141,7 @@ size_t record_examples(const Model& model, Forward& fwd, const Dataset& dataset,
     const std::vector<TokenId> prompt = req.flatten();
     FusionOptions full_opt;
     full_opt.method = "full";
-    full_opt.chunk_variant = o.variant;
+    full_opt.chunk_context = o.chunk_context;
     FusionResult full = executor.prefill(req, full_opt);
     const std::vector<float> full_logits = full.logits;
     const double full_ttft = full.timings.ttft_ms;
@@ -150,7 +152,7 @@ size_t record_examples(const Model& model, Forward& fwd, const Dataset& dataset,
       FusionOptions opt;
       opt.method = s.method;
       opt.ratio = s.ratio;
-      opt.chunk_variant = o.variant;
+      opt.chunk_context = o.chunk_context;
       FusionResult r = executor.prefill(req, opt);
       const autoq::FirstTokenSignals sig = autoq::first_token_signals(r.logits);
       json row = {{"method", s.method},
@@ -172,7 +174,7 @@ size_t record_examples(const Model& model, Forward& fwd, const Dataset& dataset,
                          {"dataset", dataset.name},
                          {"index", e},
                          {"fingerprint", model.fingerprint_hex()},
-                         {"chunk_variant", chunk_variant_name(o.variant)},
+                         {"chunk_variant", chunk_context_name(o.chunk_context)},
                          {"context_tokens", req.context_tokens()},
                          {"chunks", req.chunks.size()},
                          {"full", {{"ttft_ms", full_ttft}, {"answer", full_answer}, {"gold_f1", qa_f1(full_answer, ex.answers)}}},

@@ -1,0 +1,138 @@
+// Calibrating and replaying the auto policy (issue 26, eval/calibration.h) on records made
+// by hand, so every number of the report can be checked by arithmetic.
+#include "eval/calibration.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+
+namespace cf::eval {
+namespace {
+
+using ::testing::HasSubstr;
+using nlohmann::json;
+
+json step(double ratio, double margin, bool identical, double ttft) {
+  return {{"method", "prophet"}, {"ratio", ratio}, {"margin", margin}, {"entropy", 1.0}, {"top1", 5},
+          {"identical", identical}, {"ttft_ms", ttft}};
+}
+
+json record(const std::string& id, std::vector<json> steps, double full_ttft, const std::string& fp = "ab12") {
+  return {{"id", id}, {"dataset", "d"}, {"fingerprint", fp}, {"full", {{"ttft_ms", full_ttft}, {"answer", "x"}}},
+          {"steps", steps}};
+}
+
+TEST(CalibrationLadder, ParsesStepsAndNamesBadOnes) {
+  const auto l = parse_ladder("prophet:0.05, cacheblend:0.3");
+  ASSERT_EQ(l.size(), 2u);
+  EXPECT_EQ(l[0].method, "prophet");
+  EXPECT_DOUBLE_EQ(l[0].ratio, 0.05);
+  EXPECT_EQ(l[1].method, "cacheblend");  // spaces around a step are dropped
+}
+
+TEST(CalibrationLadder, BadStepsAreNamed) {
+  auto msg = [](const std::string& text) {
+    try {
+      parse_ladder(text);
+    } catch (const std::invalid_argument& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  EXPECT_THAT(msg("full:0.5"), HasSubstr("unknown method 'full'"));
+  EXPECT_THAT(msg("prophet"), HasSubstr("expected <method>:<ratio>"));
+  EXPECT_THAT(msg("prophet:2"), HasSubstr("the ratio must be in [0, 1]"));
+  EXPECT_THAT(msg("prophet:half"), HasSubstr("the ratio is not a number"));
+  EXPECT_THAT(msg("prophet:0.1x"), HasSubstr("the ratio is not a number"));
+  EXPECT_THAT(msg(""), HasSubstr("no steps"));
+}
+
+TEST(CalibrationRecords, ABadLineIsNamed) {
+  const std::string path = ::testing::TempDir() + "records_" + std::to_string(::getpid()) + ".jsonl";
+  std::ofstream(path) << record("a", {step(0.1, 0.5, true, 10)}, 100).dump() << "\n{broken\n";
+  try {
+    read_records(path);
+    FAIL() << "a broken line must be refused";
+  } catch (const std::runtime_error& e) {
+    EXPECT_THAT(e.what(), HasSubstr(path + ":2: not a record"));
+  }
+  std::filesystem::remove(path);
+}
+
+// Identical exactly when the margin is high: the fit separates the two, and a step's
+// max_predicted is the highest probability it gave.
+TEST(CalibrationFit, LearnsWhichMarginsAnswerLikeFullPrefill) {
+  std::vector<json> records;
+  for (int i = 0; i < 200; ++i) {
+    const double m = (i % 100) / 100.0;
+    records.push_back(record(std::to_string(i), {step(0.1, m, m > 0.6, 10)}, 100));
+  }
+  const autoq::AutoCalibration c = fit_calibration(records, 0.01);
+  ASSERT_EQ(c.steps.size(), 1u);
+  EXPECT_EQ(c.fingerprint, "ab12");
+  EXPECT_GT(c.predict(0, {.margin = 0.95, .entropy = 1.0, .top1 = 0}), 0.9);
+  EXPECT_LT(c.predict(0, {.margin = 0.2, .entropy = 1.0, .top1 = 0}), 0.1);
+  EXPECT_GT(c.steps[0].max_predicted, 0.9);
+  EXPECT_LE(c.steps[0].max_predicted, 1.0);
+  EXPECT_EQ(c.provenance["examples"], 200);
+
+  records.push_back(record("other", {step(0.1, 0.5, true, 10)}, 100, "cd34"));
+  EXPECT_THROW(fit_calibration(records), std::invalid_argument);
+  records.back() = record("ladder", {step(0.3, 0.5, true, 10)}, 100);
+  EXPECT_THROW(fit_calibration(records), std::invalid_argument);
+}
+
+// Two steps; step 0 says p = 0.95 when its margin is 1 and p ~ 0 when it is 0 (weights below),
+// step 1 never reaches 0.9. Four requests, TTFT of step 0 = 10, step 1 = 30, full = 100.
+TEST(CalibrationReplay, ReportsTheSharesTimesAndChoicesOfThePolicy) {
+  autoq::AutoCalibration c;
+  c.fingerprint = "ab12";
+  const double logit95 = std::log(0.95 / 0.05);
+  c.steps = {{"prophet", 0.05, json::object(), {-30.0, 30.0 + logit95, 0.0}, 0.95},
+             {"prophet", 0.3, json::object(), {-20.0, 0.0, 0.0}, 0.5}};
+  const std::vector<json> records = {
+      record("a", {step(0.05, 1.0, true, 10), step(0.3, 0.0, true, 30)}, 100),   // step 0 answers, right
+      record("b", {step(0.05, 1.0, false, 10), step(0.3, 0.0, true, 30)}, 100),  // step 0 answers, wrong
+      record("c", {step(0.05, 0.0, true, 10), step(0.3, 0.0, true, 30)}, 100),   // escalated to full
+      record("d", {step(0.05, 0.0, false, 10), step(0.3, 0.0, false, 30)}, 100),  // escalated to full
+  };
+  const json rep = evaluate_policy(records, c, {0.9, 0.99});
+  ASSERT_EQ(rep["fixed"].size(), 3u);
+  EXPECT_DOUBLE_EQ(rep["fixed"][0]["share"].get<double>(), 0.5);
+  EXPECT_DOUBLE_EQ(rep["fixed"][1]["share"].get<double>(), 0.75);
+  EXPECT_DOUBLE_EQ(rep["fixed"][2]["share"].get<double>(), 1.0);
+  EXPECT_DOUBLE_EQ(rep["fixed"][2]["mean_ttft_ms"].get<double>(), 100.0);
+
+  const json& q90 = rep["auto"][0];
+  EXPECT_DOUBLE_EQ(q90["share"].get<double>(), 0.75);  // a, c, d right; b wrong
+  // a, b: 10 ms; c, d: 10 wasted + 100 (step 1 is never worth running at 0.9).
+  EXPECT_DOUBLE_EQ(q90["mean_ttft_ms"].get<double>(), (10 + 10 + 110 + 110) / 4.0);
+  EXPECT_DOUBLE_EQ(q90["decision_ms"].get<double>(), 5.0);
+  EXPECT_EQ(q90["chosen"]["full"], 2);
+  EXPECT_FALSE(q90["meets_target"].get<bool>());  // 0.75 < 0.9
+  // The cheapest fixed policy with a share of at least 0.75: step 1 (30 ms).
+  EXPECT_DOUBLE_EQ(q90["cheapest_fixed"]["ratio"].get<double>(), 0.3);
+  EXPECT_DOUBLE_EQ(q90["speedup_vs_cheapest_fixed"].get<double>(), 30.0 / 60.0);
+
+  const json& q99 = rep["auto"][1];  // no step is worth running: full prefill for all
+  EXPECT_DOUBLE_EQ(q99["share"].get<double>(), 1.0);
+  EXPECT_DOUBLE_EQ(q99["mean_ttft_ms"].get<double>(), 100.0);
+  EXPECT_TRUE(q99["meets_target"].get<bool>());
+
+  // Reliability: step 0 put a, b in the top bin (predicted 0.95, observed 0.5).
+  const json& bins = rep["reliability"][0]["bins"];
+  ASSERT_EQ(bins.size(), 2u);
+  EXPECT_DOUBLE_EQ(bins[1]["observed"].get<double>(), 0.5);
+  EXPECT_NEAR(bins[1]["predicted"].get<double>(), 0.95, 1e-9);
+
+  std::vector<json> other = records;
+  other[0]["fingerprint"] = "ff00";
+  EXPECT_THROW(evaluate_policy(other, c, {0.9}), std::invalid_argument);
+  EXPECT_THROW(evaluate_policy(records, c, {1.5}), std::invalid_argument);
+}
+
+}  // namespace
+}  // namespace cf::eval
