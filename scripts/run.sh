@@ -29,7 +29,7 @@ while (($#)); do
       (($# >= 2)) || cf_die "$1 needs a value"
       declare "${1#--}=$2"
       shift 2 ;;
-    -t|--threads|--store|--chunk-variant)
+    -t|--threads|--store|--chunk-context|--chunk-variant)
       (($# >= 2)) || cf_die "$1 needs a value"
       extra+=("$1" "$2"); store_args+=("$1" "$2")
       shift 2 ;;

@@ -14,15 +14,15 @@ prompt ids, same GGUF and threads) the tables add llama.cpp's median TTFT over t
 examples and speedup vs llama.cpp = that median / the method's median TTFT, over the
 examples that have both.
 
-Chunk-cache variants (bench --chunk-variants, issue 14): rows of prefixed runs are reported
+Chunk contexts (bench --chunk-contexts, issue 14): rows of prefixed runs are reported
 as their own dataset "<name> [prefixed]" (with full prefill's rows, shared); then two more
 paired sections (DIR/paired_more.csv): every method x ratio on prefixed minus the same on
-alone caches, and at ratio 0 every method minus reuse on the same variant (FusionRAG's
+alone caches, and at ratio 0 every method minus reuse on the same chunk context (FusionRAG's
 enriched caches against plain reuse), same bootstrap; selectors whose ratio-0 rows equal
 reuse's (all but FusionRAG, by construction) are left out at ratio 0.
 
 With --versus M1,M2 the paired section also compares each named method with every other
-selector at each ratio strictly between 0 and 1 on the same chunk variant (issue 16: QCFuse
+selector at each ratio strictly between 0 and 1 on the same chunk context (issue 16: QCFuse
 against CacheBlend, EPIC and ProphetKV; issue 14: FusionRAG against the others).
 
 Standard library only, matplotlib optional. Usage: bench_report.py DIR [--versus M1,M2]
@@ -207,13 +207,19 @@ def paired_differences(rows):
 PREFIXED = " [prefixed]"
 
 
-def label_variants(rows):
+def chunk_context(row):
+    """A row's chunk context, "alone" or "prefixed": the field "chunk_context", or in rows
+    written before issue 25 "chunk_variant"; absent (full prefill, older rows): alone."""
+    return row.get("chunk_context", row.get("chunk_variant", "alone"))
+
+
+def label_chunk_contexts(rows):
     """Rows of prefixed runs under the dataset label '<name> [prefixed]', full prefill's rows
-    copied there too (they do not depend on the variant)."""
-    prefixed = {(r["dataset"], r.get("model", "")) for r in rows if r.get("chunk_variant") == "prefixed"}
+    copied there too (they do not depend on the chunk context)."""
+    prefixed = {(r["dataset"], r.get("model", "")) for r in rows if chunk_context(r) == "prefixed"}
     out = []
     for r in rows:
-        if r.get("chunk_variant") == "prefixed":
+        if chunk_context(r) == "prefixed":
             out.append(dict(r, dataset=r["dataset"] + PREFIXED))
             continue
         out.append(r)
@@ -224,15 +230,15 @@ def label_variants(rows):
 
 def paired_more(rows, versus=()):
     """Paired (by example) differences: prefixed minus alone for every method x ratio, at
-    ratio 0 every method minus reuse on the same variant, and for each method named in
-    `versus` (--versus) that method minus reuse on the other variant at ratio 0 and minus every
-    other selector on either variant at each ratio strictly between 0 and 1. Rows as labelled
-    by label_variants."""
-    cell = defaultdict(dict)  # (dataset, model, variant, method, ratio) -> example -> row
+    ratio 0 every method minus reuse on the same context, and for each method named in
+    `versus` (--versus) that method minus reuse on the other context at ratio 0 and minus every
+    other selector on either context at each ratio strictly between 0 and 1. Rows as labelled
+    by label_chunk_contexts."""
+    cell = defaultdict(dict)  # (dataset, model, context, method, ratio) -> example -> row
     for r in rows:
         ds = r["dataset"]
-        variant = "prefixed" if ds.endswith(PREFIXED) else "alone"
-        cell[(ds[: -len(PREFIXED)] if variant == "prefixed" else ds, r.get("model", ""), variant, r["method"],
+        context = "prefixed" if ds.endswith(PREFIXED) else "alone"
+        cell[(ds[: -len(PREFIXED)] if context == "prefixed" else ds, r.get("model", ""), context, r["method"],
               float(r["ratio"]))][r["example"]] = r
 
     def compare(kind, key, a, b, method, ratio):
@@ -250,37 +256,37 @@ def paired_more(rows, versus=()):
                             ("d_first_token", mean(d_tok)), ("d_kl", mean(d_kl)), ("d_kl_lo", kl_lo),
                             ("d_kl_hi", kl_hi)])
 
-    def is_reuse(ds, model, variant, method):  # a selector at ratio 0 that served plain reuse
-        a, b = cell.get((ds, model, variant, method, 0.0), {}), cell.get((ds, model, variant, "reuse", 0.0), {})
+    def is_reuse(ds, model, context, method):  # a selector at ratio 0 that served plain reuse
+        a, b = cell.get((ds, model, context, method, 0.0), {}), cell.get((ds, model, context, "reuse", 0.0), {})
         return method != "reuse" and bool(a) and all(
             e in b and a[e]["kl"] == b[e]["kl"] and a[e]["fidelity_f1"] == b[e]["fidelity_f1"] for e in a)
 
     out = []
-    for (ds, model, variant, method, ratio), a in sorted(cell.items()):
-        if method == "full" or (ratio == 0 and is_reuse(ds, model, variant, method)):
+    for (ds, model, context, method, ratio), a in sorted(cell.items()):
+        if method == "full" or (ratio == 0 and is_reuse(ds, model, context, method)):
             continue
-        if variant == "prefixed" and (ds, model, "alone", method, ratio) in cell:
+        if context == "prefixed" and (ds, model, "alone", method, ratio) in cell:
             d = compare("prefixed - alone", (ds, model), a, cell[(ds, model, "alone", method, ratio)], method, ratio)
             if d:
                 out.append(d)
         if ratio == 0 and method != "reuse":
-            # Reuse on the same variant; for a --versus method also on the other one.
-            for variant2 in (variant, "prefixed" if variant == "alone" else "alone"):
-                if (ds, model, variant2, "reuse", 0.0) not in cell or (variant2 != variant and method not in versus):
+            # Reuse on the same context; for a --versus method also on the other one.
+            for context2 in (context, "prefixed" if context == "alone" else "alone"):
+                if (ds, model, context2, "reuse", 0.0) not in cell or (context2 != context and method not in versus):
                     continue
-                label = (f"{method} - reuse ({variant})" if variant2 == variant
-                         else f"{method} ({variant}) - reuse ({variant2})")
-                d = compare(label, (ds, model), a, cell[(ds, model, variant2, "reuse", 0.0)], method, ratio)
+                label = (f"{method} - reuse ({context})" if context2 == context
+                         else f"{method} ({context}) - reuse ({context2})")
+                d = compare(label, (ds, model), a, cell[(ds, model, context2, "reuse", 0.0)], method, ratio)
                 if d:
                     out.append(d)
         if method in versus and 0 < ratio < 1:
-            # Every other selector at this ratio, on either chunk variant (the best configuration
-            # of a method may be on the other variant than the best of another).
-            for (ds2, model2, variant2, other, ratio2), b in sorted(cell.items()):
+            # Every other selector at this ratio, on either chunk context (the best configuration
+            # of a method may be on the other context than the best of another).
+            for (ds2, model2, context2, other, ratio2), b in sorted(cell.items()):
                 if (ds2, model2, ratio2) != (ds, model, ratio) or other in (method, "full", "reuse"):
                     continue
-                label = (f"{method} - {other} ({variant})" if variant2 == variant
-                         else f"{method} ({variant}) - {other} ({variant2})")
+                label = (f"{method} - {other} ({context})" if context2 == context
+                         else f"{method} ({context}) - {other} ({context2})")
                 d = compare(label, (ds, model), a, b, method, ratio)
                 if d:
                     out.append(d)
@@ -291,7 +297,7 @@ def paired_more(rows, versus=()):
 def paired_more_lines(diffs):
     if not diffs:
         return []
-    lines = ["## Chunk variants, ratio 0 and --versus, paired", "",
+    lines = ["## Chunk contexts, ratio 0 and --versus, paired", "",
              "Mean paired difference over the examples both ran, 95% bootstrap interval (* = excludes 0); "
              "better / worse = examples with higher / lower fidelity; Δ 1st tok = difference of the "
              "first-token agreement rates. Negative Δ KL = closer to full prefill.", "",
@@ -508,7 +514,7 @@ def main(argv):
     if not rows:
         print(f"bench_report: {path} has no rows", file=sys.stderr)
         return 1
-    rows = label_variants(rows)
+    rows = label_chunk_contexts(rows)
     more = paired_more(rows, versus)
     peer_rows = read_rows(os.path.join(out_dir, "peer.jsonl")) if os.path.exists(os.path.join(out_dir, "peer.jsonl")) else []
     tables = aggregate(rows, peer_index(peer_rows))

@@ -3,12 +3,12 @@
 
 Usage: deviation_report.py OUT_DIR
 
-Reads OUT_DIR/deviation.csv (one row per example, chunk variant, method, ratio, part,
+Reads OUT_DIR/deviation.csv (one row per example, chunk context, method, ratio, part,
 layer: relative L2 distance of K and V from full prefill) and writes
-  OUT_DIR/deviation_summary.csv  mean over examples per (variant, method, ratio, part, layer)
+  OUT_DIR/deviation_summary.csv  mean over examples per (chunk context, method, ratio, part, layer)
   OUT_DIR/deviation.md           K and V distances at chosen layers, and the change against
                                  reuse on alone caches ("70% lower at layer 2" is one line)
-  OUT_DIR/deviation_<part>_<k|v>.png  distance per layer, one line per method/ratio/variant
+  OUT_DIR/deviation_<part>_<k|v>.png  distance per layer, one line per method/ratio/chunk context
                                  (needs matplotlib; skipped with a note without it)
 """
 import csv
@@ -22,10 +22,10 @@ def read(path):
         return list(csv.DictReader(f))
 
 
-def label(variant, method, ratio):
+def label(context, method, ratio):
     r = float(ratio)
     name = "enriched (fusionrag@0)" if method == "fusionrag" and r == 0 else f"{method}@{r:g}"
-    return f"{name} [{variant}]"
+    return f"{name} [{context}]"
 
 
 def main(argv):
@@ -40,7 +40,8 @@ def main(argv):
     acc = defaultdict(lambda: [0.0, 0.0, 0])  # key -> k sum, v sum, n
     examples = set()
     for r in rows:
-        key = (r["chunk_variant"], r["method"], float(r["ratio"]), r["part"], int(r["layer"]))
+        # "chunk_context"; deviation.csv files written before issue 25 name it "chunk_variant".
+        key = (r.get("chunk_context", r.get("chunk_variant")), r["method"], float(r["ratio"]), r["part"], int(r["layer"]))
         a = acc[key]
         a[0] += float(r["k_rel"])
         a[1] += float(r["v_rel"])
@@ -49,7 +50,7 @@ def main(argv):
     mean = {k: (a[0] / a[2], a[1] / a[2], a[2]) for k, a in acc.items()}
     with open(os.path.join(out, "deviation_summary.csv"), "w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["chunk_variant", "method", "ratio", "part", "layer", "k_rel_mean", "v_rel_mean", "n"])
+        w.writerow(["chunk_context", "method", "ratio", "part", "layer", "k_rel_mean", "v_rel_mean", "n"])
         for k in sorted(mean):
             w.writerow(list(k) + [f"{mean[k][0]:.6g}", f"{mean[k][1]:.6g}", mean[k][2]])
 
@@ -71,7 +72,7 @@ def main(argv):
     lines = [f"# Layer-wise K/V deviation from full prefill ({len(examples)} examples)", "",
              "Relative L2 distance ||X - X_full|| / ||X_full|| over the slots of the part, mean over examples. "
              "Layers are 0-based (the papers' \"layer 2\" is layer 1 here). \"vs reuse\" is the change against "
-             "reuse on the same chunk variant at that layer (negative: lower deviation).", ""]
+             "reuse on the same chunk context at that layer (negative: lower deviation).", ""]
     for part in ("context", "question"):
         for xi, x in ((0, "K"), (1, "V")):
             lines += [f"## {x}, {part} rows", "",

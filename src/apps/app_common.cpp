@@ -61,11 +61,11 @@ std::vector<double> parse_ratio_list(const std::string& s, const std::string& op
   return out;
 }
 
-std::vector<ChunkVariant> parse_chunk_variant_list(const std::string& s, const std::string& option) {
-  std::vector<ChunkVariant> out;
+std::vector<ChunkContext> parse_chunk_context_list(const std::string& s, const std::string& option) {
+  std::vector<ChunkContext> out;
   for (const auto& name : split_list(s)) {
-    ChunkVariant v;
-    if (!parse_chunk_variant(name, v)) throw std::runtime_error(option + ": '" + name + "' is not alone or prefixed");
+    ChunkContext v;
+    if (!parse_chunk_context(name, v)) throw std::runtime_error(option + ": '" + name + "' is not alone or prefixed");
     if (std::find(out.begin(), out.end(), v) == out.end()) out.push_back(v);
   }
   if (out.empty()) throw std::runtime_error(option + ": give alone, prefixed or both");

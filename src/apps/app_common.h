@@ -26,7 +26,7 @@ std::unique_ptr<Model> load_model(const ModelOptions& opt, bool quiet = false);
 std::vector<std::string> split_list(const std::string& s);
 // Comma-separated ratios in [0, 1]; `option` names the flag in the error.
 std::vector<double> parse_ratio_list(const std::string& s, const std::string& option = "--ratios");
-// Comma-separated chunk variants (alone, prefixed), duplicates dropped, at least one.
-std::vector<ChunkVariant> parse_chunk_variant_list(const std::string& s, const std::string& option);
+// Comma-separated chunk contexts (alone, prefixed), duplicates dropped, at least one.
+std::vector<ChunkContext> parse_chunk_context_list(const std::string& s, const std::string& option);
 
 }  // namespace cf::apps

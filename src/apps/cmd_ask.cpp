@@ -28,7 +28,7 @@ struct AskArgs {
   bool json = false;
   bool show_tokens = true;
   uint64_t seed = 0;
-  std::string chunk_variant = "alone";
+  std::string chunk_context = "alone";
 };
 
 // The context with recomputed tokens highlighted (reverse video on a terminal, [[...]]
@@ -74,7 +74,7 @@ int run_ask(const AskArgs& a) {
                              std::to_string(model->hparams().context_length));
   FusionOptions fo{a.method, a.ratio, a.seed};
   fo.quality = a.quality;
-  parse_chunk_variant(a.chunk_variant, fo.chunk_variant);  // CLI11 checked the name
+  parse_chunk_context(a.chunk_context, fo.chunk_context);  // CLI11 checked the name
   FusionResult fr = executor.prefill(req, fo);
   Generator gen(fwd);
   GenerateOptions opt;
@@ -162,7 +162,7 @@ void add_ask_command(CLI::App& app, CommandRunner& run) {
   cmd->add_option("-n,--max-tokens", a->max_tokens, "answer length limit")->check(CLI::Range(1, 4096))->capture_default_str();
   cmd->add_option("--store", a->store_dir, "chunk-cache store directory (default: <cache>/store)");
   cmd->add_option("--seed", a->seed, "seed of methods that sample")->capture_default_str();
-  cmd->add_option("--chunk-variant", a->chunk_variant, "chunk caches: alone (from position 0) or prefixed (after S)")
+  cmd->add_option("--chunk-context,--chunk-variant", a->chunk_context, "chunk caches: alone (from position 0) or prefixed (after S)")
       ->check(CLI::IsMember({"alone", "prefixed"}))
       ->capture_default_str();
   cmd->add_flag("--json", a->json, "print one JSON object");

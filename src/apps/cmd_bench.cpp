@@ -38,11 +38,11 @@ struct BenchArgs {
   bool peer = false;
   std::string peer_python;
   std::string method_options;
-  std::string variants;
+  std::string method_presets;
   std::string ablation;
   std::string jaccard_ref;
   size_t chunks = 0;
-  std::string chunk_variants = "alone";
+  std::string chunk_contexts = "alone";
 };
 
 // "K/N" -> (K, N) with 0 <= K < N.
@@ -71,11 +71,11 @@ void record_command(const BenchArgs& a) {
   if (!a.shard.empty()) c << " --shard " << a.shard;
   if (a.chunk_tokens) c << " --chunk-tokens " << a.chunk_tokens;
   if (!a.method_options.empty()) c << " --method-options '" << a.method_options << "'";
-  if (!a.variants.empty()) c << " --variants '" << a.variants << "'";
+  if (!a.method_presets.empty()) c << " --method-presets '" << a.method_presets << "'";
   if (!a.ablation.empty()) c << " --ablation " << a.ablation;
   if (!a.jaccard_ref.empty()) c << " --jaccard-ref " << a.jaccard_ref;
   if (a.chunks) c << " --chunks " << a.chunks;
-  if (a.chunk_variants != "alone") c << " --chunk-variants " << a.chunk_variants;
+  if (a.chunk_contexts != "alone") c << " --chunk-contexts " << a.chunk_contexts;
   if (a.peer) c << " --peer";
   if (!a.peer_python.empty()) c << " --peer-python " << a.peer_python;
   c << " --max-tokens " << a.max_tokens << " --seed " << a.seed << " -t " << a.model.threads;
@@ -90,24 +90,24 @@ int run_bench(const BenchArgs& a) {
   eval::BenchConfig cfg;
   cfg.methods = split_list(a.methods);
   cfg.ratios = parse_ratio_list(a.ratios);
-  if (!a.variants.empty()) {
-    std::string text = a.variants;
+  if (!a.method_presets.empty()) {
+    std::string text = a.method_presets;
     if (std::filesystem::exists(text)) {  // a file, else inline JSON
       std::ifstream in(text);
       text.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
     }
     try {
-      cfg.variants = nlohmann::json::parse(text);
+      cfg.method_presets = nlohmann::json::parse(text);
     } catch (const nlohmann::json::exception& e) {
-      throw std::runtime_error(std::string("--variants: not JSON (nor a file): ") + e.what());
+      throw std::runtime_error(std::string("--method-presets: not JSON (nor a file): ") + e.what());
     }
   }
-  if (!a.ablation.empty()) {  // the issue-16 ablation: its variants join the plan after --methods
+  if (!a.ablation.empty()) {  // the issue-16 ablation: its presets join the plan after --methods
     if (a.ablation != "qcfuse") throw std::runtime_error("--ablation: unknown ablation '" + a.ablation + "' (known: qcfuse)");
-    if (!cfg.variants.is_object()) cfg.variants = nlohmann::json::object();
-    const nlohmann::json ablation = eval::qcfuse_ablation_variants();
+    if (!cfg.method_presets.is_object()) cfg.method_presets = nlohmann::json::object();
+    const nlohmann::json ablation = eval::qcfuse_ablation_presets();
     for (auto it = ablation.begin(); it != ablation.end(); ++it) {
-      cfg.variants[it.key()] = it.value();
+      cfg.method_presets[it.key()] = it.value();
       cfg.methods.push_back(it.key());
     }
     for (const char* m : {"prophet", "qcfuse"})
@@ -117,9 +117,9 @@ int run_bench(const BenchArgs& a) {
   if (cfg.jaccard_reference == "none") cfg.jaccard_reference.clear();
   cfg.chunks_per_request = a.chunks;
   try {
-    eval::check_variants(cfg.variants);
-    eval::expand_runs(cfg.methods, cfg.ratios, cfg.variants);  // reject bad methods before loading anything
-    if (!cfg.jaccard_reference.empty()) eval::expand_runs({cfg.jaccard_reference}, {0.5}, cfg.variants);
+    eval::check_method_presets(cfg.method_presets);
+    eval::expand_runs(cfg.methods, cfg.ratios, cfg.method_presets);  // reject bad methods before loading anything
+    if (!cfg.jaccard_reference.empty()) eval::expand_runs({cfg.jaccard_reference}, {0.5}, cfg.method_presets);
   } catch (const std::invalid_argument& e) {
     throw std::runtime_error(e.what());
   }
@@ -135,7 +135,7 @@ int run_bench(const BenchArgs& a) {
   cfg.memory_budget_bytes = a.memory_mb << 20;
   cfg.model_name = std::filesystem::path(a.model.model_path).filename().string();
   cfg.chunk_tokens = a.chunk_tokens;
-  cfg.chunk_variants = parse_chunk_variant_list(a.chunk_variants, "--chunk-variants");
+  cfg.chunk_contexts = parse_chunk_context_list(a.chunk_contexts, "--chunk-contexts");
   if (!a.method_options.empty()) {
     try {
       cfg.method_options = nlohmann::json::parse(a.method_options);
@@ -221,21 +221,21 @@ void add_bench_command(CLI::App& app, CommandRunner& run) {
                   "JSON object of per-method options, e.g. '{\"cachecraft\": {\"create_variants\": true}}' "
                   "(default: cachecraft runs without creating variants online, since a variant made by one run of "
                   "an example would be an exact match for its runs at other ratios)");
-  cmd->add_option("--variants", a->variants,
-                  "named method variants, JSON (inline or a file): {\"name\": {\"method\": \"qcfuse\", \"options\": "
+  cmd->add_option("--method-presets,--variants", a->method_presets,
+                  "named method presets (--variants: the older name), JSON (inline or a file): {\"name\": {\"method\": \"qcfuse\", \"options\": "
                   "{...}}}; list the names in --methods; rows carry the name as their method");
   cmd->add_option("--ablation", a->ablation,
                   "add a predefined ablation to the plan: qcfuse (issue 16: anchor ratio, layer view, probe rows, "
                   "anchor rule, profile target; implies --jaccard-ref prophet)");
   cmd->add_option("--jaccard-ref", a->jaccard_ref,
-                  "method or variant whose recomputed positions every selector row is compared with (jaccard_ref "
+                  "method or method preset whose recomputed positions every selector row is compared with (jaccard_ref "
                   "column); none to turn off");
   cmd->add_option("--chunks", a->chunks,
                   "exactly N chunks per request: passages of the following examples are added as distractors "
                   "until there are enough (with --chunk-tokens 512 --chunks 20: the QCFuse paper's setting)")
       ->capture_default_str();
-  cmd->add_option("--chunk-variants", a->chunk_variants,
-                  "comma-separated chunk-cache variants every method but full runs on: alone (each chunk computed "
+  cmd->add_option("--chunk-contexts,--chunk-variants", a->chunk_contexts,
+                  "comma-separated chunk contexts (--chunk-variants: the older name) every method but full runs on: alone (each chunk computed "
                   "from position 0) and/or prefixed (after the system prefix S, FusionRAG eq. 5); prefixed rows "
                   "carry chunk_variant and the report compares them with alone, paired")
       ->capture_default_str();

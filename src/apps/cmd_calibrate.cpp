@@ -30,7 +30,7 @@ struct CalibrateArgs {
   double l2 = 1.0;
   int max_tokens = 32;
   size_t chunk_tokens = 0, chunks = 0;
-  std::string chunk_variant = "alone";
+  std::string chunk_context = "alone";
   // --evaluate
   std::string evaluate;
   std::string calibration;
@@ -81,7 +81,7 @@ int run_calibrate(const CalibrateArgs& a) {
   o.max_tokens = a.max_tokens;
   o.chunk_tokens = a.chunk_tokens;
   o.chunks_per_request = a.chunks;
-  if (!parse_chunk_variant(a.chunk_variant, o.variant)) throw std::invalid_argument("--chunk-variant: alone or prefixed");
+  if (!parse_chunk_context(a.chunk_context, o.chunk_context)) throw std::invalid_argument("--chunk-context: alone or prefixed");
   auto model = load_model(a.model);
   const eval::Dataset data = eval::load_dataset(a.dataset, a.data_dir, 0, &model->tokenizer());
   o.records_path = a.records.empty() ? cache_root() + "/calibrations/" + model->fingerprint_hex() + "." + data.name + ".records.jsonl"
@@ -96,6 +96,8 @@ int run_calibrate(const CalibrateArgs& a) {
   std::fprintf(stderr, "%zu examples run (the others were already recorded)\n", ran);
   if (a.no_fit) return 0;
   autoq::AutoCalibration cal = eval::fit_calibration(eval::read_records(o.records_path), a.l2);
+  cal.provenance["split"] = {{"dataset", data.name}, {"first", a.first}, {"limit", a.limit}};
+  cal.provenance["model_file"] = std::filesystem::path(a.model.model_path).filename().string();
   const std::string out = a.out.empty() ? autoq::calibration_cache_path(model->fingerprint_hex()) : a.out;
   write_json(out, cal.to_json());
   for (const auto& f : cal.provenance["fit"])
@@ -127,7 +129,7 @@ void add_calibrate_command(CLI::App& app, CommandRunner& run) {
   cmd->add_option("--chunk-tokens", a->chunk_tokens, "0: a chunk per passage; N: fixed-size chunks")->capture_default_str();
   cmd->add_option("--chunks", a->chunks, "exactly this many chunks per request (with --chunk-tokens: the paper's 20 x 512)")
       ->capture_default_str();
-  cmd->add_option("--chunk-variant", a->chunk_variant, "chunk caches: alone or prefixed")->capture_default_str();
+  cmd->add_option("--chunk-context,--chunk-variant", a->chunk_context, "chunk caches: alone or prefixed")->capture_default_str();
   cmd->add_option("--evaluate", a->evaluate, "records file of another split: replay the policy on it instead of calibrating");
   cmd->add_option("--calibration", a->calibration, "with --evaluate: the calibration file to replay");
   cmd->add_option("--report", a->report, "with --evaluate: write the JSON report here");

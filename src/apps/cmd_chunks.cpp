@@ -52,7 +52,7 @@ struct PrecomputeArgs {
   std::string dtype = "f16";
   std::string store_key_file;
   RemoteArgs remote;
-  std::string chunk_variant = "alone";
+  std::string chunk_context = "alone";
 };
 
 int run_precompute(const PrecomputeArgs& a) {
@@ -69,11 +69,11 @@ int run_precompute(const PrecomputeArgs& a) {
 
   const double t0 = now_ms();
   const RagPromptOptions prompt_opt;
-  ChunkVariant variant = ChunkVariant::alone;
-  parse_chunk_variant(a.chunk_variant, variant);  // CLI11 checked the name
+  ChunkContext context = ChunkContext::alone;
+  parse_chunk_context(a.chunk_context, context);  // CLI11 checked the name
   // prefixed: after the S requests built with the default prompt have (default_system_tokens).
   const std::vector<TokenId> system =
-      variant == ChunkVariant::prefixed ? default_system_tokens(*model, prompt_opt) : std::vector<TokenId>{};
+      context == ChunkContext::prefixed ? default_system_tokens(*model, prompt_opt) : std::vector<TokenId>{};
   size_t computed = 0, present = 0, duplicates = 0, tokens = 0, computed_tokens = 0;
   uint64_t remote_hits_before = 0;
   double offline_ms = 0;
@@ -81,7 +81,7 @@ int run_precompute(const PrecomputeArgs& a) {
   ProgressBar progress(passages.size(), "chunks");
   for (size_t i = 0; i < passages.size(); ++i) {
     const ChunkKey key = base_chunk_key(
-        model->fingerprint(), model->tokenizer().encode(passage_text(passages[i], prompt_opt), false, false), variant, system);
+        model->fingerprint(), model->tokenizer().encode(passage_text(passages[i], prompt_opt), false, false), context, system);
     tokens += key.tokens().size();
     if (key.tokens().empty() || !seen.insert(key.id()).second) {
       ++duplicates;
@@ -133,7 +133,7 @@ struct EnrichArgs {
   size_t neighbours = kFusionRagDefaultNeighbours;
   size_t limit = 0;  // 0: every passage
   std::string store_key_file;
-  std::string chunk_variant = "alone";
+  std::string chunk_context = "alone";
 };
 
 int run_enrich(const EnrichArgs& a) {
@@ -150,7 +150,7 @@ int run_enrich(const EnrichArgs& a) {
   EnrichOptions eo;
   eo.neighbours = a.neighbours;
   eo.system = default_system_tokens(*model);
-  parse_chunk_variant(a.chunk_variant, eo.variant);  // CLI11 checked the name
+  parse_chunk_context(a.chunk_context, eo.chunk_context);  // CLI11 checked the name
   if (a.limit) eo.limit = a.limit;
   std::unique_ptr<ProgressBar> progress;
   std::string phase;
@@ -288,10 +288,10 @@ void add_chunks_command(CLI::App& app, CommandRunner& run) {
   pre->add_option("--dtype", p->dtype, "K/V type on disk")->check(CLI::IsMember({"f16", "bf16", "f32"}))->capture_default_str();
   add_store_key_option(*pre, p->store_key_file);
   add_remote_options(*pre, p->remote);
-  const std::string variant_help =
+  const std::string context_help =
       "alone (each chunk computed from position 0) or prefixed (after the default system prefix S, FusionRAG eq. 5; "
-      "requests use it with fusion.chunk_variant / --chunk-variant prefixed)";
-  pre->add_option("--chunk-variant", p->chunk_variant, variant_help)
+      "requests use it with fusion.chunk_context / --chunk-context prefixed)";
+  pre->add_option("--chunk-context,--chunk-variant", p->chunk_context, context_help)
       ->check(CLI::IsMember({"alone", "prefixed"}))
       ->capture_default_str();
   pre->callback([&run, p] { run = [p] { return run_precompute(*p); }; });
@@ -313,8 +313,8 @@ void add_chunks_command(CLI::App& app, CommandRunner& run) {
   enr->add_option("--store", e->store_dir, "store directory")->capture_default_str();
   enr->add_option("--dtype", e->dtype, "K/V type on disk")->check(CLI::IsMember({"f16", "bf16", "f32"}))->capture_default_str();
   add_store_key_option(*enr, e->store_key_file);
-  enr->add_option("--chunk-variant", e->chunk_variant,
-                  "base caches of the passages and of their neighbours: " + variant_help +
+  enr->add_option("--chunk-context,--chunk-variant", e->chunk_context,
+                  "base caches of the passages and of their neighbours: " + context_help +
                       "; the paper's eq. 10 is prefixed")
       ->check(CLI::IsMember({"alone", "prefixed"}))
       ->capture_default_str();

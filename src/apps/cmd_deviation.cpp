@@ -1,6 +1,6 @@
 // `chunkfuse deviation`: layer-wise K/V deviation from full prefill (issue 14, item 3) for
 // reuse, the enriched caches (fusionrag at ratio 0) and each selector's output, on both
-// chunk-cache variants, over the first examples of a dataset: <out>/deviation.csv, then
+// chunk contexts (alone, prefixed), over the first examples of a dataset: <out>/deviation.csv, then
 // tools/deviation_report.py writes the per-layer means (deviation_summary.csv), a table of
 // chosen layers with the change against reuse (deviation.md) and the plots.
 #include <cstdio>
@@ -18,7 +18,7 @@ struct DeviationArgs {
   std::string data_dir;
   std::string methods = "reuse,fusionrag,epic,cacheblend,prophet,qcfuse,cachecraft";
   std::string ratios = "0,0.15";
-  std::string chunk_variants = "alone,prefixed";
+  std::string chunk_contexts = "alone,prefixed";
   size_t limit = 4;
   std::string out;
   std::string store;
@@ -32,7 +32,7 @@ int run_deviation_command(const DeviationArgs& a) {
   cfg.methods = split_list(a.methods);
   cfg.ratios = parse_ratio_list(a.ratios);
   if (cfg.ratios.empty()) throw std::runtime_error("--ratios: give at least one ratio");
-  cfg.chunk_variants = parse_chunk_variant_list(a.chunk_variants, "--chunk-variants");
+  cfg.chunk_contexts = parse_chunk_context_list(a.chunk_contexts, "--chunk-contexts");
   cfg.limit = a.limit;
   cfg.out_dir = a.out;
   cfg.store_dir = a.store;
@@ -60,7 +60,7 @@ int run_deviation_command(const DeviationArgs& a) {
 void add_deviation_command(CLI::App& app, CommandRunner& run) {
   auto a = std::make_shared<DeviationArgs>();
   CLI::App* cmd = app.add_subcommand(
-      "deviation", "per-layer relative L2 distance of K and V from full prefill, per method and chunk variant");
+      "deviation", "per-layer relative L2 distance of K and V from full prefill, per method and chunk context");
   add_model_options(*cmd, a->model);
   cmd->add_option("--data", a->data, "dataset (as `bench --data`: hotpotqa, musique_s, a file, ...)")->required();
   cmd->add_option("--data-dir", a->data_dir, "folder of the named datasets (as bench)");
@@ -68,7 +68,7 @@ void add_deviation_command(CLI::App& app, CommandRunner& run) {
       ->capture_default_str();
   cmd->add_option("--ratios", a->ratios, "comma-separated recompute ratios (fusionrag at 0 = its enriched caches)")
       ->capture_default_str();
-  cmd->add_option("--chunk-variants", a->chunk_variants, "alone and/or prefixed")->capture_default_str();
+  cmd->add_option("--chunk-contexts,--chunk-variants", a->chunk_contexts, "chunk contexts: alone and/or prefixed")->capture_default_str();
   cmd->add_option("--limit", a->limit, "first N examples")->check(CLI::Range(size_t{1}, size_t{100000}))->capture_default_str();
   cmd->add_option("--method-options", a->method_options, "JSON object of per-method options (as bench)");
   cmd->add_option("--store", a->store, "chunk-cache store folder (default: memory only)");

@@ -26,7 +26,7 @@ struct ServeArgs {
   HttpServerOptions http;
   std::vector<std::string> api_key_files;
   RemoteArgs remote;
-  std::string chunk_variant = "alone";
+  std::string chunk_context = "alone";
   bool method_given = false;
 };
 
@@ -43,7 +43,7 @@ int run_serve(ServeArgs a) {
     std::fprintf(stderr, "chunkfuse serve: --match-chunks: fusion method qcfuse at ratio %.2f\n", a.engine.default_ratio);
   }
   if (a.engine.default_method != "full") make_selector(a.engine.default_method);  // unknown names fail now
-  parse_chunk_variant(a.chunk_variant, a.engine.default_chunk_variant);  // CLI11 checked the name
+  parse_chunk_context(a.chunk_context, a.engine.default_chunk_context);  // CLI11 checked the name
 
   // Signals go to one watcher thread only: every thread started from here on (engine,
   // httplib's pool) inherits the blocked mask. SIGPIPE from a vanished client is ignored;
@@ -159,8 +159,8 @@ void add_serve_command(CLI::App& app, CommandRunner& run) {
                 "find passages (blank-line-separated paragraphs, registered chunks) inside plain messages and "
                 "prompts and serve them from chunk caches with the fusion method's recomputation (approximate; off "
                 "by default)");
-  cmd->add_option("--chunk-variant", a->chunk_variant,
-                  "chunk caches of requests that name none (fusion.chunk_variant): alone (each chunk computed from "
+  cmd->add_option("--chunk-context,--chunk-variant", a->chunk_context,
+                  "chunk caches of requests that name none (fusion.chunk_context): alone (each chunk computed from "
                   "position 0) or prefixed (after the request's system prefix S, FusionRAG eq. 5; keyed apart)")
       ->check(CLI::IsMember({"alone", "prefixed"}))
       ->capture_default_str();

@@ -44,7 +44,7 @@ struct CalibrationRunOptions {
   RagPromptOptions prompt;
   size_t chunk_tokens = 0;        // 0: one chunk per passage; N: fixed-size chunks (bench_request.h)
   size_t chunks_per_request = 0;  // > 0: exactly this many chunks (the paper's 20 x 512)
-  ChunkVariant variant = ChunkVariant::alone;
+  ChunkContext chunk_context = ChunkContext::alone;
   std::string records_path;
   bool progress = true;
 };

@@ -55,7 +55,7 @@ std::vector<LayerDeviation> kv_deviation(const KvCache& reference, const KvCache
 std::string run_deviation(Forward& fwd, const Dataset& dataset, const DeviationConfig& cfg) {
   namespace fs = std::filesystem;
   if (cfg.out_dir.empty()) throw std::invalid_argument("deviation: an output folder is required");
-  if (cfg.methods.empty() || cfg.chunk_variants.empty()) throw std::invalid_argument("deviation: nothing to run");
+  if (cfg.methods.empty() || cfg.chunk_contexts.empty()) throw std::invalid_argument("deviation: nothing to run");
   for (double r : cfg.ratios)
     if (!(r >= 0.0 && r <= 1.0)) throw std::invalid_argument("deviation: ratio outside [0, 1]");
   const auto known = selector_names();
@@ -67,7 +67,7 @@ std::string run_deviation(Forward& fwd, const Dataset& dataset, const DeviationC
   const std::string path = (fs::path(cfg.out_dir) / "deviation.csv").string();
   std::ofstream csv(path, std::ios::trunc);
   if (!csv) throw std::runtime_error("cannot write " + path);
-  csv << "dataset,example,chunk_variant,method,ratio,part,layer,k_rel,v_rel\n";
+  csv << "dataset,example,chunk_context,method,ratio,part,layer,k_rel,v_rel\n";
 
   ChunkStoreOptions so;
   so.dir = cfg.store_dir;
@@ -83,7 +83,7 @@ std::string run_deviation(Forward& fwd, const Dataset& dataset, const DeviationC
   const size_t n = std::min(cfg.limit ? cfg.limit : dataset.examples.size(), dataset.examples.size());
   size_t runs_per_example = 0;
   for (const auto& m : cfg.methods) runs_per_example += m == "reuse" ? 1 : cfg.ratios.size();
-  runs_per_example *= cfg.chunk_variants.size();
+  runs_per_example *= cfg.chunk_contexts.size();
   ProgressBar progress(n * runs_per_example, "runs", cfg.progress);
   size_t done = 0;
   for (size_t e = 0; e < n; ++e) {
@@ -96,22 +96,22 @@ std::string run_deviation(Forward& fwd, const Dataset& dataset, const DeviationC
     }
     const FusionResult full = executor.prefill(req, {"full", 1.0, 0});
     const size_t cb = req.system.size(), ce = cb + req.context_tokens(), qe = ce + req.suffix.size();
-    for (const ChunkVariant v : cfg.chunk_variants) {
+    for (const ChunkContext v : cfg.chunk_contexts) {
       if (wants_fusionrag) enrich_request_chunks(fwd, store, req, kb, v);
       for (const auto& m : cfg.methods)
         for (double ratio : cfg.ratios) {
           if (m == "reuse" && ratio != cfg.ratios.front()) continue;
           const double r = m == "reuse" ? 0.0 : ratio;
-          progress.update(done, ex.id + " " + m + "@" + std::to_string(r).substr(0, 4) + " " + chunk_variant_name(v));
+          progress.update(done, ex.id + " " + m + "@" + std::to_string(r).substr(0, 4) + " " + chunk_context_name(v));
           FusionOptions opt{m, r, 0};
-          opt.chunk_variant = v;
+          opt.chunk_context = v;
           opt.method_options =
               cfg.method_options.contains(m) ? cfg.method_options.at(m) : bench_default_method_options(m);
           const FusionResult got = executor.prefill(req, opt);
           for (const auto& [part, b, end] : {std::tuple{"context", cb, ce}, std::tuple{"question", ce, qe}})
             for (const LayerDeviation& d : kv_deviation(full.cache, got.cache, b, end)) {
               char line[256];
-              std::snprintf(line, sizeof(line), ",%s,%s,%g,%s,%d,%.6g,%.6g\n", chunk_variant_name(v), m.c_str(), r,
+              std::snprintf(line, sizeof(line), ",%s,%s,%g,%s,%d,%.6g,%.6g\n", chunk_context_name(v), m.c_str(), r,
                             part, d.layer, d.k_rel, d.v_rel);
               csv << dataset.name << "," << ex.id << line;
             }

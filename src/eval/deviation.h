@@ -6,7 +6,7 @@
 // square root) while staying comparable across layers of different scale.
 //
 // `chunkfuse deviation` runs it over a dataset: per example, full prefill once, then every
-// method x ratio x chunk variant (reuse and the enriched caches, i.e. fusionrag at ratio 0,
+// method x ratio x chunk context (reuse and the enriched caches, i.e. fusionrag at ratio 0,
 // included) through the same FusionExecutor the bench uses, and writes one CSV row per
 // (example, variant, method, ratio, part, layer), part = "context" (the retrieved chunks'
 // slots) or "question" (U's slots: what the first token is computed from).
@@ -37,7 +37,7 @@ std::vector<LayerDeviation> kv_deviation(const KvCache& reference, const KvCache
 struct DeviationConfig {
   std::vector<std::string> methods = {"reuse", "fusionrag", "epic", "cacheblend", "prophet", "qcfuse", "cachecraft"};
   std::vector<double> ratios = {0, 0.15};  // reuse runs at 0 only; fusionrag at 0 = its enriched caches
-  std::vector<ChunkVariant> chunk_variants = {ChunkVariant::alone, ChunkVariant::prefixed};
+  std::vector<ChunkContext> chunk_contexts = {ChunkContext::alone, ChunkContext::prefixed};
   size_t limit = 4;                        // first N examples
   std::string out_dir;                     // deviation.csv
   std::string store_dir;                   // empty: memory-only store
@@ -47,7 +47,7 @@ struct DeviationConfig {
   bool progress = true;
 };
 
-// Writes <out_dir>/deviation.csv (header: dataset,example,chunk_variant,method,ratio,part,
+// Writes <out_dir>/deviation.csv (header: dataset,example,chunk_context,method,ratio,part,
 // layer,k_rel,v_rel); returns its path. Examples too long for the context are skipped.
 std::string run_deviation(Forward& fwd, const Dataset& dataset, const DeviationConfig& cfg);
 

@@ -66,15 +66,15 @@ Decoded decode(Forward& fwd, FusionResult& r, const std::vector<TokenId>& prompt
   return {g.text, g.tokens.size(), g.decode_tokens_per_s(), g.stop_reason};
 }
 
-// The selector a run's method name stands for: a named variant's "method", else itself.
-std::string selector_of(const nlohmann::json& variants, const std::string& method) {
-  if (variants.is_object() && variants.contains(method)) return variants.at(method).at("method").get<std::string>();
+// The selector a run's method name stands for: a method preset's "method", else itself.
+std::string selector_of(const nlohmann::json& method_presets, const std::string& method) {
+  if (method_presets.is_object() && method_presets.contains(method)) return method_presets.at(method).at("method").get<std::string>();
   return method;
 }
 
-// Whether some run uses `selector`, directly or through a named variant.
-bool uses_selector(const std::vector<BenchRun>& runs, const nlohmann::json& variants, std::string_view selector) {
-  return std::any_of(runs.begin(), runs.end(), [&](const BenchRun& r) { return selector_of(variants, r.method) == selector; });
+// Whether some run uses `selector`, directly or through a method preset.
+bool uses_selector(const std::vector<BenchRun>& runs, const nlohmann::json& method_presets, std::string_view selector) {
+  return std::any_of(runs.begin(), runs.end(), [&](const BenchRun& r) { return selector_of(method_presets, r.method) == selector; });
 }
 
 }  // namespace
@@ -84,28 +84,28 @@ nlohmann::json bench_default_method_options(const std::string& method) {
   return nlohmann::json::object();
 }
 
-void check_variants(const nlohmann::json& variants) {
-  if (!variants.is_object()) throw std::invalid_argument("variants must be a JSON object {name: {method, options}}");
+void check_method_presets(const nlohmann::json& method_presets) {
+  if (!method_presets.is_object()) throw std::invalid_argument("method presets must be a JSON object {name: {method, options}}");
   const auto known = selector_names();
-  for (const auto& [name, v] : variants.items()) {
+  for (const auto& [name, v] : method_presets.items()) {
     if (name.empty() || name == "full" || name == "reuse" || std::find(known.begin(), known.end(), name) != known.end())
-      throw std::invalid_argument("variant '" + name + "': the name must differ from every method");
+      throw std::invalid_argument("method preset '" + name + "': the name must differ from every method");
     if (!v.is_object() || !v.contains("method") || !v["method"].is_string())
-      throw std::invalid_argument("variant '" + name + "': expected {\"method\": \"<selector>\", \"options\": {...}}");
+      throw std::invalid_argument("method preset '" + name + "': expected {\"method\": \"<selector>\", \"options\": {...}}");
     for (const auto& [key, _] : v.items())
       if (key != "method" && key != "options")
-        throw std::invalid_argument("variant '" + name + "': unknown field '" + key + "' (known: method, options)");
+        throw std::invalid_argument("method preset '" + name + "': unknown field '" + key + "' (known: method, options)");
     std::unique_ptr<Selector> sel;
     try {
       sel = make_selector(v["method"].get<std::string>());
       sel->configure(v.contains("options") ? v.at("options") : nlohmann::json::object());
     } catch (const std::invalid_argument& e) {
-      throw std::invalid_argument("variant '" + name + "': " + e.what());
+      throw std::invalid_argument("method preset '" + name + "': " + e.what());
     }
   }
 }
 
-nlohmann::json qcfuse_ablation_variants() {
+nlohmann::json qcfuse_ablation_presets() {
   using J = nlohmann::json;
   return J{
       {"prophet:suffix_rows", {{"method", "prophet"}, {"options", {{"probe_rows", "suffix"}}}}},
@@ -133,7 +133,7 @@ double jaccard(const std::vector<size_t>& a, const std::vector<size_t>& b) {
 }
 
 std::vector<BenchRun> expand_runs(const std::vector<std::string>& methods, const std::vector<double>& ratios,
-                                  const nlohmann::json& variants) {
+                                  const nlohmann::json& method_presets) {
   const auto known = selector_names();
   std::vector<BenchRun> runs;
   std::set<std::string> seen;
@@ -144,11 +144,11 @@ std::vector<BenchRun> expand_runs(const std::vector<std::string>& methods, const
     } else if (m == "reuse") {
       runs.push_back({m, 0.0});
     } else {
-      if (std::find(known.begin(), known.end(), m) == known.end() && !(variants.is_object() && variants.contains(m))) {
+      if (std::find(known.begin(), known.end(), m) == known.end() && !(method_presets.is_object() && method_presets.contains(m))) {
         std::string names = "full";
         for (const auto& k : known) names += ", " + k;
-        if (variants.is_object())
-          for (const auto& [k, _] : variants.items()) names += ", " + k;
+        if (method_presets.is_object())
+          for (const auto& [k, _] : method_presets.items()) names += ", " + k;
         throw std::invalid_argument("unknown method '" + m + "' (known: " + names + ")");
       }
       if (ratios.empty()) throw std::invalid_argument("method '" + m + "' needs at least one --ratios value");
@@ -164,9 +164,9 @@ std::vector<BenchRun> expand_runs(const std::vector<std::string>& methods, const
 }
 
 std::string row_key(const std::string& dataset, uint64_t model_fingerprint, const std::string& example_id,
-                    const std::string& method, double ratio, ChunkVariant variant) {
+                    const std::string& method, double ratio, ChunkContext chunk_context) {
   return dataset + "\x1f" + fingerprint_hex(model_fingerprint) + "\x1f" + example_id + "\x1f" + method + "\x1f" +
-         ratio_text(ratio) + (variant == ChunkVariant::prefixed && method != "full" ? "\x1fprefixed" : "");
+         ratio_text(ratio) + (chunk_context == ChunkContext::prefixed && method != "full" ? "\x1fprefixed" : "");
 }
 
 std::string dataset_label(const std::string& dataset_name, size_t chunk_tokens, size_t chunks_per_request) {
@@ -211,14 +211,14 @@ std::vector<json> read_results(const std::string& path) {
 
 namespace {
 
-// Every run once per chunk variant; full once (it looks no chunk up).
+// Every run once per chunk context; full once (it looks no chunk up).
 std::vector<BenchRun> planned_runs(const BenchConfig& cfg) {
-  if (cfg.chunk_variants.empty()) throw std::invalid_argument("bench: no chunk variant to run");
+  if (cfg.chunk_contexts.empty()) throw std::invalid_argument("bench: no chunk context to run");
   std::vector<BenchRun> runs;
-  for (size_t v = 0; v < cfg.chunk_variants.size(); ++v)
-    for (BenchRun r : expand_runs(cfg.methods, cfg.ratios, cfg.variants)) {
+  for (size_t v = 0; v < cfg.chunk_contexts.size(); ++v)
+    for (BenchRun r : expand_runs(cfg.methods, cfg.ratios, cfg.method_presets)) {
       if (r.method == "full" && v > 0) continue;
-      r.variant = r.method == "full" ? ChunkVariant::alone : cfg.chunk_variants[v];
+      r.chunk_context = r.method == "full" ? ChunkContext::alone : cfg.chunk_contexts[v];
       runs.push_back(r);
     }
   return runs;
@@ -237,10 +237,11 @@ std::set<std::string> rows_present(const std::string& results_path, const std::s
       throw std::runtime_error(results_path + " holds rows of this dataset and model made with max_tokens " +
                                std::to_string(row.value("max_tokens", 0)) + "; use a fresh --out or the same settings");
     uint64_t row_fp = std::strtoull(row.value("model_fingerprint", "0").c_str(), nullptr, 16);
-    ChunkVariant variant = ChunkVariant::alone;
-    parse_chunk_variant(row.value("chunk_variant", "alone"), variant);
+    ChunkContext chunk_context = ChunkContext::alone;
+    // "chunk_context"; rows written before issue 25 name it "chunk_variant".
+    parse_chunk_context(row.value("chunk_context", row.value("chunk_variant", "alone")), chunk_context);
     done.insert(row_key(row["dataset"].get<std::string>(), row_fp, row["example"].get<std::string>(),
-                        row["method"].get<std::string>(), row["ratio"].get<double>(), variant));
+                        row["method"].get<std::string>(), row["ratio"].get<double>(), chunk_context));
   }
   return done;
 }
@@ -289,17 +290,17 @@ class PromptLog {
 struct OfflineWork {
   double chunk_ms = 0;  // base chunk caches (and the base caches of FusionRAG's neighbours)
   size_t chunks_computed = 0;
-  // FusionRAG's enrichment per chunk variant, charged to the example's first FusionRAG row of
-  // that variant (then zeroed).
-  std::map<ChunkVariant, double> fusionrag_ms;
+  // FusionRAG's enrichment per chunk context, charged to the example's first FusionRAG row of
+  // that context (then zeroed).
+  std::map<ChunkContext, double> fusionrag_ms;
 };
 
 OfflineWork prepare_chunk_caches(Forward& fwd, ChunkStore& store, const BenchConfig& cfg, const RagRequest& req,
                                  const std::vector<BenchRun>& todo, const std::vector<CorpusChunk>& fusionrag_kb) {
   const uint64_t fp = fwd.model().fingerprint();
   OfflineWork w;
-  for (const ChunkVariant v : cfg.chunk_variants) {
-    if (std::none_of(todo.begin(), todo.end(), [&](const BenchRun& r) { return r.variant == v; })) continue;
+  for (const ChunkContext v : cfg.chunk_contexts) {
+    if (std::none_of(todo.begin(), todo.end(), [&](const BenchRun& r) { return r.chunk_context == v; })) continue;
     for (const auto& chunk : req.chunks) {
       const ChunkKey key = base_chunk_key(fp, chunk, v, req.system);
       store.get_or_compute(key, [&] {
@@ -310,12 +311,12 @@ OfflineWork prepare_chunk_caches(Forward& fwd, ChunkStore& store, const BenchCon
       });
     }
   }
-  // FusionRAG's offline enrichment of this example's chunks (eq. 10), per chunk variant (its
-  // base caches and neighbours are of that variant). Base caches of neighbours from other
+  // FusionRAG's offline enrichment of this example's chunks (eq. 10), per chunk context (its
+  // base caches and neighbours are of that context). Base caches of neighbours from other
   // examples count as chunk caches (a deployment has them all).
-  for (const ChunkVariant v : cfg.chunk_variants) {
+  for (const ChunkContext v : cfg.chunk_contexts) {
     if (std::none_of(todo.begin(), todo.end(),
-                     [&](const BenchRun& r) { return r.variant == v && selector_of(cfg.variants, r.method) == "fusionrag"; }))
+                     [&](const BenchRun& r) { return r.chunk_context == v && selector_of(cfg.method_presets, r.method) == "fusionrag"; }))
       continue;
     const EnrichReport rep = enrich_request_chunks(fwd, store, req, fusionrag_kb, v);
     w.chunk_ms += rep.pic_ms;
@@ -327,13 +328,13 @@ OfflineWork prepare_chunk_caches(Forward& fwd, ChunkStore& store, const BenchCon
 }
 
 // The options a run's method runs with, and (in `base`) the selector it stands for: --method-
-// options of the method (or the bench's default), and for a named variant its selector's with
-// the variant's own options over them.
+// options of the method (or the bench's default), and for a method preset its selector's with
+// the preset's own options over them.
 json options_of(const BenchConfig& cfg, const std::string& method, std::string& base) {
-  base = selector_of(cfg.variants, method);
+  base = selector_of(cfg.method_presets, method);
   json options = cfg.method_options.contains(method) ? cfg.method_options.at(method) : bench_default_method_options(method);
   if (base != method) {
-    const json& v = cfg.variants.at(method);
+    const json& v = cfg.method_presets.at(method);
     options = cfg.method_options.contains(base) ? cfg.method_options.at(base) : bench_default_method_options(base);
     if (!options.is_object()) options = json::object();
     if (v.contains("options"))
@@ -363,8 +364,8 @@ json result_row(const BenchConfig& cfg, const ExampleContext& x, const BenchRun&
                 const OfflineWork& offline) {
   const FusionTimings& t = r.timings;
   const auto& gold = x.ex.answers;
-  const double fusionrag_ms = base == "fusionrag" && offline.fusionrag_ms.count(run.variant)
-                                  ? offline.fusionrag_ms.at(run.variant)
+  const double fusionrag_ms = base == "fusionrag" && offline.fusionrag_ms.count(run.chunk_context)
+                                  ? offline.fusionrag_ms.at(run.chunk_context)
                                   : 0.0;
   json row{{"dataset", x.label},
            {"model", cfg.model_name},
@@ -416,7 +417,7 @@ json result_row(const BenchConfig& cfg, const ExampleContext& x, const BenchRun&
   if (base == "qcfuse" || base == "prophet")  // what the ablation attributes to each part
     for (const char* k : {"critical_layers", "anchors", "anchor_rule", "probe_rows", "probe_depth", "probe_ms", "score_ms"})
       if (r.selection_details.is_object() && r.selection_details.contains(k)) row[k] = r.selection_details[k];
-  if (run.method != "full") row["chunk_variant"] = chunk_variant_name(run.variant);
+  if (run.method != "full") row["chunk_context"] = chunk_context_name(run.chunk_context);
   if (base == "fusionrag") row["enriched_chunks"] = r.selection_details.value("enriched_chunks", 0);
   return row;
 }
@@ -430,7 +431,7 @@ BenchRunner::BenchRunner(Forward& fwd, BenchConfig cfg) : fwd_(fwd), cfg_(std::m
 
 BenchSummary BenchRunner::run(const Dataset& dataset) {
   const double t_start = now_ms();
-  check_variants(cfg_.variants);
+  check_method_presets(cfg_.method_presets);
   const std::vector<BenchRun> runs = planned_runs(cfg_);
   const Model& model = fwd_.model();
   const uint64_t fp = model.fingerprint();
@@ -451,7 +452,7 @@ BenchSummary BenchRunner::run(const Dataset& dataset) {
     if (e % cfg_.shard_count != cfg_.shard_index) continue;  // another shard's example
     ++sum.examples;
     for (const auto& r : runs) {
-      if (done.count(row_key(label, fp, dataset.examples[e].id, r.method, r.ratio, r.variant)))
+      if (done.count(row_key(label, fp, dataset.examples[e].id, r.method, r.ratio, r.chunk_context)))
         ++sum.rows_already_present;
       else
         todo[e].push_back(r);
@@ -467,7 +468,7 @@ BenchSummary BenchRunner::run(const Dataset& dataset) {
 
   // FusionRAG's knowledge base (§3.1): every chunk of the dataset (dataset_knowledge_base).
   const bool wants_fusionrag =
-      std::any_of(todo.begin(), todo.end(), [&](const std::vector<BenchRun>& t) { return uses_selector(t, cfg_.variants, "fusionrag"); });
+      std::any_of(todo.begin(), todo.end(), [&](const std::vector<BenchRun>& t) { return uses_selector(t, cfg_.method_presets, "fusionrag"); });
   std::vector<CorpusChunk> fusionrag_kb;
   if (wants_fusionrag) {
     fusionrag_kb = dataset_knowledge_base(model, dataset, cfg_.prompt, cfg_.chunk_tokens);
@@ -523,10 +524,10 @@ BenchSummary BenchRunner::run(const Dataset& dataset) {
     // are at hand for the others.
     std::stable_partition(todo[e].begin(), todo[e].end(),
                           [&](const BenchRun& r) { return r.method == cfg_.jaccard_reference; });
-    std::map<std::string, std::vector<size_t>> reference_slots;  // by ratio text and chunk variant
+    std::map<std::string, std::vector<size_t>> reference_slots;  // by ratio text and chunk context
     for (const BenchRun& run : todo[e]) {
       progress.update(units, ex.id + " " + run.method + "@" + ratio_text(run.ratio) +
-                                 (run.variant == ChunkVariant::prefixed ? " prefixed" : ""));
+                                 (run.chunk_context == ChunkContext::prefixed ? " prefixed" : ""));
       std::optional<FusionResult> own;
       Decoded dec = full_dec;
       std::string base = run.method;
@@ -534,22 +535,22 @@ BenchSummary BenchRunner::run(const Dataset& dataset) {
       std::optional<double> jac;
       if (run.method != "full") {
         options = options_of(cfg_, run.method, base);
-        own.emplace(executor.prefill(req, {base, run.ratio, x.seed, options, run.variant}));
+        own.emplace(executor.prefill(req, {base, run.ratio, x.seed, options, run.chunk_context}));
         dec = decode(fwd_, *own, prompt, cfg_.max_tokens);
         if (!cfg_.jaccard_reference.empty() && run.method != "reuse") {
-          const std::string rk = ratio_text(run.ratio) + " " + chunk_variant_name(run.variant);
+          const std::string rk = ratio_text(run.ratio) + " " + chunk_context_name(run.chunk_context);
           if (run.method == cfg_.jaccard_reference) reference_slots[rk] = own->recomputed;
           if (!reference_slots.count(rk)) {  // untimed, not recorded
             std::string ref_base;
             const json ref_options = options_of(cfg_, cfg_.jaccard_reference, ref_base);
             reference_slots[rk] =
-                executor.prefill(req, {ref_base, run.ratio, x.seed, ref_options, run.variant}).recomputed;
+                executor.prefill(req, {ref_base, run.ratio, x.seed, ref_options, run.chunk_context}).recomputed;
           }
           jac = jaccard(own->recomputed, reference_slots[rk]);
         }
       }
       out << results_line(result_row(cfg_, x, run, base, options, own ? *own : full, dec, jac, offline)) << '\n';
-      if (base == "fusionrag") offline.fusionrag_ms[run.variant] = 0;  // counted once per example and variant
+      if (base == "fusionrag") offline.fusionrag_ms[run.chunk_context] = 0;  // counted once per example and chunk context
       out.flush();
       if (!out) throw std::runtime_error("write to " + sum.results_path + " failed");
       ++sum.rows_written;

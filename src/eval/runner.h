@@ -57,11 +57,12 @@ struct BenchConfig {
   // Selector::configure options per method name ({"qcfuse": {...}}). Methods not named get
   // bench_default_method_options(method).
   nlohmann::json method_options = nlohmann::json::object();
-  // Named variants of a method ({"qcfuse:top1": {"method": "qcfuse", "options": {...}}}): a
-  // name listed in `methods` that is a variant runs its method with its options (over the
-  // method's --method-options) and its rows carry the variant name as "method" (issue 16's
-  // ablation: one code path per idea, the options select among them).
-  nlohmann::json variants = nlohmann::json::object();
+  // Method presets: named option sets of a method ({"qcfuse:top1": {"method": "qcfuse",
+  // "options": {...}}}, bench --method-presets): a name listed in `methods` that is a preset
+  // runs its method with its options (over the method's --method-options) and its rows carry the
+  // preset's name as "method", the selector as "base_method" (issue 16's ablation: one code
+  // path per idea, the options select among them).
+  nlohmann::json method_presets = nlohmann::json::object();
   // Non-empty ("prophet"): each selector row also gets "jaccard_ref", the Jaccard overlap of
   // its recomputed positions with this method's at the same ratio (run untimed when the
   // method is not itself in the plan or its rows were written by an earlier run).
@@ -70,12 +71,14 @@ struct BenchConfig {
   // passages of the following examples are appended as distractors until there are enough,
   // the rest is cut off. Rows are labelled "<dataset>@<N>tok x<chunks>".
   size_t chunks_per_request = 0;
-  // The chunk-cache variants every method but full runs on (issue 14): rows of prefixed
-  // runs carry "chunk_variant": "prefixed" and are keyed apart; full runs once.
-  std::vector<ChunkVariant> chunk_variants = {ChunkVariant::alone};
+  // The chunk contexts (kv/chunk_key.h) every method but full runs on (issue 14): rows of
+  // prefixed runs carry "chunk_context": "prefixed" (rows written before issue 25:
+  // "chunk_variant") and are keyed apart; full runs once.
+  std::vector<ChunkContext> chunk_contexts = {ChunkContext::alone};
 };
 
-// The bench's defaults: Cache-Craft without online variant creation, because a variant that
+// The bench's defaults: Cache-Craft without online variant creation (Cache-Craft's own
+// chunk-cache variants, §3.3), because a variant that
 // one run of an example creates (from that exact prompt's full pass) would be found by the
 // same example's later runs at other ratios: an exact match no real request would have.
 nlohmann::json bench_default_method_options(const std::string& method);
@@ -84,22 +87,22 @@ nlohmann::json bench_default_method_options(const std::string& method);
 struct BenchRun {
   std::string method;
   double ratio = 0;
-  ChunkVariant variant = ChunkVariant::alone;  // set by the runner per configured variant
+  ChunkContext chunk_context = ChunkContext::alone;  // set by the runner per configured chunk context
 };
 // full -> (full, 1) and reuse -> (reuse, 0) once; every other method once per ratio.
 // Throws std::invalid_argument on an unknown method, a ratio outside [0, 1], or an empty plan.
-// Names in `variants` are accepted as methods too (see BenchConfig::variants).
+// Names in `method_presets` are accepted as methods too (see BenchConfig::method_presets).
 std::vector<BenchRun> expand_runs(const std::vector<std::string>& methods, const std::vector<double>& ratios,
-                                  const nlohmann::json& variants = nlohmann::json::object());
-// Checks a variants object ({name: {"method": selector, "options": {...}}}); throws
+                                  const nlohmann::json& method_presets = nlohmann::json::object());
+// Checks a method presets object ({name: {"method": selector, "options": {...}}}); throws
 // std::invalid_argument naming the bad entry (unknown method, bad option: the selector's own
 // configure() judges them).
-void check_variants(const nlohmann::json& variants);
-// The issue-16 ablation of QCFuse as variants: anchor ratio 1 / 0.1 with all or the critical
+void check_method_presets(const nlohmann::json& method_presets);
+// The issue-16 ablation of QCFuse as method presets: anchor ratio 1 / 0.1 with all or the critical
 // layers, single layers (floor(L/2), profiled top-1, last), and each paper option off
 // (probe rows, per-layer anchors, sinks, profile target), plus ProphetKV with all suffix
 // rows; every name starts with "qcfuse:" or "prophet:".
-nlohmann::json qcfuse_ablation_variants();
+nlohmann::json qcfuse_ablation_presets();
 
 struct BenchSummary {
   std::string results_path;
@@ -117,9 +120,9 @@ std::vector<nlohmann::json> read_results(const std::string& path);
 // (the token limit cut it, or the model emitted a lone byte token); such bytes are written as
 // U+FFFD instead of failing the run. The metrics were computed on the raw bytes before.
 std::string results_line(const nlohmann::json& row);
-// Rows of alone runs (and full) keep the key they had before chunk variants existed.
+// Rows of alone runs (and full) keep the key they had before chunk contexts existed.
 std::string row_key(const std::string& dataset, uint64_t model_fingerprint, const std::string& example_id,
-                    const std::string& method, double ratio, ChunkVariant variant = ChunkVariant::alone);
+                    const std::string& method, double ratio, ChunkContext chunk_context = ChunkContext::alone);
 // The dataset name the rows carry: the dataset's own, or "<name>@<N>tok" when re-chunked.
 std::string dataset_label(const std::string& dataset_name, size_t chunk_tokens, size_t chunks_per_request = 0);
 // Jaccard overlap |a & b| / |a | b| of two ascending position lists (1 when both are empty).

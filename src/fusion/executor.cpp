@@ -47,7 +47,7 @@ void extend_prefix(Forward& fwd, KvCache& kv, std::span<const TokenId> tokens) {
 
 ChunkKey FusionExecutor::chunk_key(uint64_t model_fingerprint, const RagRequest& req, const FusionOptions& opt,
                                    size_t i) {
-  return base_chunk_key(model_fingerprint, req.chunks.at(i), opt.chunk_variant, req.system);
+  return base_chunk_key(model_fingerprint, req.chunks.at(i), opt.chunk_context, req.system);
 }
 
 std::vector<ChunkKey> FusionExecutor::chunk_keys(uint64_t model_fingerprint, const RagRequest& req,
@@ -161,7 +161,7 @@ FusionResult FusionExecutor::prefill(const RagRequest& req, const FusionOptions&
       ++r.chunk_misses;
       const auto tc = SteadyClock::now();
       c = store_.get_or_compute(
-          key, [&] { return compute_chunk_cache(fwd_, key, base_chunk_prefix(opt.chunk_variant, req.system)); });
+          key, [&] { return compute_chunk_cache(fwd_, key, base_chunk_prefix(opt.chunk_context, req.system)); });
       offline += ms_since(tc);
     }
     // The method's offline metadata, when this chunk does not carry it yet.
@@ -181,7 +181,7 @@ FusionResult FusionExecutor::prefill(const RagRequest& req, const FusionOptions&
   // starts at |S| (its S rows were not stored) and an alone one at 0: both move by
   // begin - position(0), so no selector needs to know which variant it got.
   r.cache.append_from(*prefix, 0, prefix->size(), 0);
-  FusionInputs in{req, r.cache, {}, context_begin, context_end, tokens, opt.ratio, opt.seed, opt.chunk_variant};
+  FusionInputs in{req, r.cache, {}, context_begin, context_end, tokens, opt.ratio, opt.seed, opt.chunk_context};
   for (const auto& c : caches) {
     const size_t begin = r.cache.size();
     const int32_t delta = static_cast<int32_t>(begin) - (c->kv.size() ? c->kv.position(0) : 0);

@@ -38,7 +38,7 @@ struct FusionOptions {
   nlohmann::json method_options = nlohmann::json::object();  // Selector::configure
   // Which base cache each chunk is served from (chunk_key.h): alone (PIC) or prefixed
   // (computed after this request's S). Every selector runs on both; "full" ignores it.
-  ChunkVariant chunk_variant = ChunkVariant::alone;
+  ChunkContext chunk_context = ChunkContext::alone;
   // method "auto" (fusion/auto_quality.h): the probability, in (0, 1], of an answer identical
   // to full prefill's that the request asks for; the policy picks the method and the ratio.
   double quality = 0;

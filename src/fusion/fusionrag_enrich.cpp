@@ -68,7 +68,7 @@ std::optional<FusionRagLink> fusionrag_link(const ChunkCache& pic) {
 
 ChunkKey fusionrag_enriched_key(const ChunkKey& pic_key, std::span<const TokenId> system,
                                 std::span<const ChunkKey> neighbours) {
-  return ChunkKey(pic_key.model_fingerprint(), pic_key.tokens(), ContextVariant::neighbours(system, neighbours));
+  return ChunkKey(pic_key.model_fingerprint(), pic_key.tokens(), KeyContext::neighbours(system, neighbours));
 }
 
 ChunkCache compute_enriched_cache(Forward& fwd, const KvCache& system_kv, std::span<const TokenId> system,
@@ -236,7 +236,7 @@ EnrichReport enrich_corpus(Forward& fwd, ChunkStore& store, const std::vector<Co
       ++rep.duplicates_or_empty;
       continue;
     }
-    ChunkKey k = base_chunk_key(fp, c.tokens, opt.variant, opt.system);
+    ChunkKey k = base_chunk_key(fp, c.tokens, opt.chunk_context, opt.system);
     if (!seen.emplace(k.id(), keys.size()).second) {
       ++rep.duplicates_or_empty;
       continue;
@@ -255,7 +255,7 @@ EnrichReport enrich_corpus(Forward& fwd, ChunkStore& store, const std::vector<Co
   rep.similarity_ms = now_ms() - t_sim;
 
   auto compute_pic = [&](const ChunkKey& k) {
-    ChunkCache c = compute_chunk_cache(fwd, k, base_chunk_prefix(opt.variant, opt.system));
+    ChunkCache c = compute_chunk_cache(fwd, k, base_chunk_prefix(opt.chunk_context, opt.system));
     rep.pic_ms += c.offline_ms;
     ++rep.pic_computed;
     return c;
@@ -309,7 +309,7 @@ EnrichReport enrich_corpus(Forward& fwd, ChunkStore& store, const std::vector<Co
         ChunkCache c = compute_enriched_cache(fwd, system_kv, opt.system, *pic, nb, scratch);
         FusionRagLink link;
         link.enriched_id = c.key.id();
-        link.context_hash = c.key.variant().context_hash;
+        link.context_hash = c.key.context().context_hash;
         link.system = opt.system;
         for (const auto& k : nb_keys) link.neighbours.push_back(k.id());
         link.enrich_ms = c.offline_ms;
@@ -333,7 +333,7 @@ EnrichReport enrich_corpus(Forward& fwd, ChunkStore& store, const std::vector<Co
 }
 
 EnrichReport enrich_request_chunks(Forward& fwd, ChunkStore& store, const RagRequest& request,
-                                   const std::vector<CorpusChunk>& knowledge_base, ChunkVariant variant) {
+                                   const std::vector<CorpusChunk>& knowledge_base, ChunkContext chunk_context) {
   std::vector<CorpusChunk> corpus;
   std::set<std::string> own_ids;
   for (const auto& c : request.chunks) {
@@ -343,7 +343,7 @@ EnrichReport enrich_request_chunks(Forward& fwd, ChunkStore& store, const RagReq
   corpus.insert(corpus.end(), knowledge_base.begin(), knowledge_base.end());
   EnrichOptions eo;
   eo.system = request.system;
-  eo.variant = variant;
+  eo.chunk_context = chunk_context;
   eo.limit = own_ids.size();  // enrich_corpus keeps first occurrences: the request's chunks
   return enrich_corpus(fwd, store, corpus, eo);
 }

@@ -5,12 +5,12 @@
 //   context  = S at 0..|S|-1, then N_1 .. N_n (their PIC caches moved to consecutive
 //              positions, most similar first, so the most similar is farthest from C_i)
 //   C_i      at |X| .. |X|+|C_i|-1, X = S N_1 .. N_n (the paper's [|X|+1 : |X|+|C_i|], 1-based)
-//   key      ChunkKey(model, C_i tokens, ContextVariant::neighbours(S, [PIC keys of N_1..N_n]))
+//   key      ChunkKey(model, C_i tokens, KeyContext::neighbours(S, [PIC keys of N_1..N_n]))
 //
-// The neighbours in the context are base caches (EnrichOptions::variant: prefixed, i.e.
+// The neighbours in the context are base caches (EnrichOptions::chunk_context: prefixed, i.e.
 // eq. 5's S-prefixed KV^cached, by default; or PIC caches), never enriched ones (one hop,
 // independent of processing order, as the paper's KV^cached in eq. 10). "PIC" below means
-// the chunk's base cache of that variant.
+// the chunk's base cache of that context.
 //
 // The index from a chunk's PIC key to its enriched variant lives in the PIC entry itself:
 // extra["fusionrag"] = FusionRagLink (enriched key id, its context hash, S, neighbour ids).
@@ -45,7 +45,7 @@ inline constexpr size_t kFusionRagDefaultNeighbours = 10;  // the paper's defaul
 
 struct FusionRagLink {
   std::string enriched_id;            // key id of the enriched variant
-  Hash128 context_hash{};             // its ContextVariant::neighbours hash
+  Hash128 context_hash{};             // its KeyContext::neighbours hash
   std::vector<TokenId> system;        // S it was computed after
   std::vector<std::string> neighbours;  // PIC key ids, most similar first
   double enrich_ms = 0;               // offline cost of the enriched variant
@@ -104,9 +104,9 @@ struct EnrichOptions {
   // The base caches: of the chunks (what the link hangs on) and of the neighbours in the
   // offline context. prefixed is eq. 10 as written (KV^cached of eq. 5, computed after S);
   // alone is this engine's earlier reading (PIC neighbours). Keyed apart, so both coexist.
-  // Must match the chunk variant of the requests that will use them (FusionOptions), whose
+  // Must match the chunk context of the requests that will use them (FusionOptions), whose
   // default is alone; the paper's setting is prefixed for both.
-  ChunkVariant variant = ChunkVariant::alone;
+  ChunkContext chunk_context = ChunkContext::alone;
   size_t limit = std::numeric_limits<size_t>::max();  // enrich only the first `limit` unique chunks
   // Progress: (phase "pic" or "enrich", done, total).
   std::function<void(const char*, size_t, size_t)> progress;
@@ -131,8 +131,8 @@ EnrichReport enrich_corpus(Forward& fwd, ChunkStore& store, const std::vector<Co
 
 // The offline stage for one request's chunks (bench, deviation tool): its chunks enriched
 // (eq. 10, n = 10) with the request's S, their neighbours searched among the chunks
-// themselves and `knowledge_base`, base caches of `variant`.
+// themselves and `knowledge_base`, base caches of `chunk_context`.
 EnrichReport enrich_request_chunks(Forward& fwd, ChunkStore& store, const RagRequest& request,
-                                   const std::vector<CorpusChunk>& knowledge_base, ChunkVariant variant);
+                                   const std::vector<CorpusChunk>& knowledge_base, ChunkContext chunk_context);
 
 }  // namespace cf

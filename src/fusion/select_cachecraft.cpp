@@ -205,14 +205,14 @@ VariantBuildReport build_cachecraft_variants(Forward& fwd, ChunkStore& store, co
 
   // Which chunks get a variant for this prefix.
   std::vector<std::shared_ptr<const ChunkCache>> pics(m);
-  std::vector<ContextVariant> variants(m);
+  std::vector<KeyContext> variants(m);
   std::vector<bool> need(m, false);
   bool any = false;
   for (size_t i = 0; i < m; ++i) {
     if (req.chunks[i].empty()) continue;
     const ChunkKey pic_key(fp, req.chunks[i]);
     pics[i] = store.get_or_compute(pic_key, [&] { return compute_chunk_cache(fwd, pic_key); });
-    variants[i] = ContextVariant::after_prefix(prefix_tokens(req, i));
+    variants[i] = KeyContext::after_prefix(prefix_tokens(req, i));
     const std::string hash = hash128_hex(variants[i].context_hash);
     size_t count = 0;
     bool exists = false;
@@ -368,7 +368,7 @@ class CacheCraftSelector final : public Selector {
       sizes[i] = in.chunks[i].n_tokens;
       if (const nlohmann::json* e = cachecraft_extra(c); e && e->contains("stats")) {
         const VariantStats st = VariantStats::from_json(e->at("stats"));
-        if (c.key.variant().kind != ContextKind::pic) scored[i] = score(st, preceding_ids(fp, in.request, i));
+        if (c.key.context().kind != ContextKind::pic) scored[i] = score(st, preceding_ids(fp, in.request, i));
         rank[i] = st.rank;
       }
       penalty[i] = scored[i].penalty;
@@ -389,7 +389,7 @@ class CacheCraftSelector final : public Selector {
     nlohmann::json per_chunk = nlohmann::json::array();
     for (size_t i = 0; i < k; ++i) {
       for (size_t t = 0; t < counts[i]; ++t) sel.slots.push_back(in.chunks[i].begin + rank[i][t]);
-      const ContextVariant& cv = in.chunks[i].cache->key.variant();
+      const KeyContext& cv = in.chunks[i].cache->key.context();
       const double cfo = cachecraft::cache_fix_overhead(opt_.alpha, scored[i].cci, scored[i].beta_prime);
       if (store_) store_->note_use(in.chunks[i].cache->key.id(), cfo);  // f_r += 1/CFO (§3.3)
       per_chunk.push_back({{"variant", context_kind_name(cv.kind)},
@@ -525,7 +525,7 @@ class CacheCraftSelector final : public Selector {
         }
       }
       if (have)  // a variant lost from the store falls back to the PIC cache
-        chosen_[i] = store.get(ChunkKey(fp, req.chunks[i], ContextVariant{ContextKind::after_prefix, best_hash}));
+        chosen_[i] = store.get(ChunkKey(fp, req.chunks[i], KeyContext{ContextKind::after_prefix, best_hash}));
     }
     if (opt_.create_variants) {
       const VariantBuildReport rep = build_cachecraft_variants(fwd, store, req, opt_);

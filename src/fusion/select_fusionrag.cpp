@@ -3,7 +3,7 @@
 //    is recomputed after [S + the base caches of its top-n similar chunks], n = 10; only the
 //    chunk's rows are stored, as a `neighbours` variant linked from the chunk's base entry.
 //    The paper's base caches are eq. 5's, computed after S: run the request with chunk
-//    variant `prefixed` (FusionOptions::chunk_variant, bench --chunk-variants, serve
+//    variant `prefixed` (FusionOptions::chunk_context, bench --chunk-variants, serve
 //    --chunk-variant) and enrich with the same variant. With `alone` the neighbours and the
 //    fallback caches are PIC caches (this engine's earlier reading, kept for comparison).
 //  Online (§3.2): lookup_chunk() serves the enriched variant (the base cache when there is
@@ -149,7 +149,7 @@ class FusionRagSelector final : public Selector {
     Selection sel;
     size_t n_enriched = 0;
     for (const auto& c : in.chunks)
-      if (c.cache && c.cache->key.variant().kind == ContextKind::neighbours) ++n_enriched;
+      if (c.cache && c.cache->key.context().kind == ContextKind::neighbours) ++n_enriched;
     sel.details["enriched_chunks"] = n_enriched;
     sel.details["base_chunks"] = in.chunks.size() - n_enriched;
     sel.details["chunks"] = chunk_status_;

@@ -34,7 +34,7 @@ struct FusionInputs {
   std::vector<TokenId> tokens;                 // the flattened request S c1..cm U
   double ratio = 0;
   uint64_t seed = 0;
-  ChunkVariant chunk_variant = ChunkVariant::alone;  // which base caches the chunks came from
+  ChunkContext chunk_context = ChunkContext::alone;  // which base caches the chunks came from
 
   size_t context_tokens() const { return context_end - context_begin; }
   std::span<const TokenId> suffix_tokens() const {

@@ -172,8 +172,8 @@ void parse_meta(const Image& f, Parsed& r, const std::string& path) {
   }
 }
 
-ContextVariant meta_variant(const nlohmann::json& meta, const std::string& path) {
-  ContextVariant v;
+KeyContext meta_variant(const nlohmann::json& meta, const std::string& path) {
+  KeyContext v;
   const auto& jv = meta.at("variant");
   if (!jv.at("kind").is_string() || !parse_context_kind(jv.at("kind").get<std::string>(), v.kind) ||
       !jv.at("context_hash").is_string() || !parse_hash128_hex(jv.at("context_hash").get<std::string>(), v.context_hash))
@@ -257,8 +257,8 @@ std::vector<uint8_t> encode_cache_file(const ChunkCache& c, KvDtype dtype) {
                                 std::to_string(c.key.tokens().size()) + " tokens");
   nlohmann::json meta = {
       {"key_id", c.key.id()},
-      {"variant", {{"kind", context_kind_name(c.key.variant().kind)},
-                   {"context_hash", hash128_hex(c.key.variant().context_hash)}}},
+      {"variant", {{"kind", context_kind_name(c.key.context().kind)},
+                   {"context_hash", hash128_hex(c.key.context().context_hash)}}},
       {"offline_ms", c.offline_ms},
       {"created_unix_ms", c.created_unix_ms},
       {"extra", c.extra},

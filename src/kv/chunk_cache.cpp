@@ -38,12 +38,12 @@ int64_t unix_time_ms() {
 
 ChunkCache compute_chunk_cache(Forward& fwd, const ChunkKey& key, std::span<const TokenId> prefix) {
   check_model(fwd, key);
-  switch (key.variant().kind) {
+  switch (key.context().kind) {
     case ContextKind::pic:
       if (!prefix.empty()) throw std::invalid_argument("compute_chunk_cache: a PIC cache takes no prefix");
       break;
     case ContextKind::after_prefix:
-      if (ContextVariant::after_prefix(prefix) != key.variant())
+      if (KeyContext::after_prefix(prefix) != key.context())
         throw std::invalid_argument("compute_chunk_cache: the prefix does not match key " + key.id());
       break;
     case ContextKind::neighbours:

@@ -36,7 +36,7 @@ int64_t unix_time_ms();
 // Computes the cache of key.tokens() with `fwd` and times it.
 //  - pic: the chunk alone at positions 0..n-1; `prefix` must be empty.
 //  - after_prefix: runs `prefix` at 0..p-1, then the chunk at p..p+n-1, and keeps only the
-//    chunk's entries; `prefix` must hash to key.variant() (else std::invalid_argument).
+//    chunk's entries; `prefix` must hash to key.context() (else std::invalid_argument).
 //  - neighbours: not computed here (the context is made of other chunk caches): use
 //    compute_chunk_cache_in_context. std::invalid_argument.
 // Throws std::invalid_argument too if the key's fingerprint is not fwd's model's.
@@ -45,7 +45,7 @@ ChunkCache compute_chunk_cache(Forward& fwd, const ChunkKey& key, std::span<cons
 // Runs the chunk after whatever `context` already holds (e.g. S plus the neighbours'
 // caches moved into place), at positions start_pos..start_pos+n-1, keeps the chunk's
 // entries, and truncates `context` back to its former size. The caller vouches that the
-// context is the one key.variant() names. offline_ms covers this pass only.
+// context is the one key.context() names. offline_ms covers this pass only.
 ChunkCache compute_chunk_cache_in_context(Forward& fwd, const ChunkKey& key, KvCache& context, int32_t start_pos);
 
 }  // namespace cf

@@ -55,11 +55,11 @@ bool parse_context_kind(std::string_view s, ContextKind& out) {
   return false;
 }
 
-const char* chunk_variant_name(ChunkVariant v) { return v == ChunkVariant::prefixed ? "prefixed" : "alone"; }
+const char* chunk_context_name(ChunkContext v) { return v == ChunkContext::prefixed ? "prefixed" : "alone"; }
 
-bool parse_chunk_variant(std::string_view s, ChunkVariant& out) {
-  if (s == "alone") out = ChunkVariant::alone;
-  else if (s == "prefixed") out = ChunkVariant::prefixed;
+bool parse_chunk_context(std::string_view s, ChunkContext& out) {
+  if (s == "alone") out = ChunkContext::alone;
+  else if (s == "prefixed") out = ChunkContext::prefixed;
   else return false;
   return true;
 }
@@ -110,16 +110,16 @@ bool parse_hash128_hex(std::string_view hex, Hash128& out) {
   return true;
 }
 
-ContextVariant ContextVariant::pic() { return {}; }
+KeyContext KeyContext::pic() { return {}; }
 
-ContextVariant ContextVariant::after_prefix(std::span<const TokenId> prefix) {
+KeyContext KeyContext::after_prefix(std::span<const TokenId> prefix) {
   std::vector<uint8_t> b;
   put_bytes(b, "CFPREFX1", 8);
   put_tokens(b, prefix);
   return {ContextKind::after_prefix, hash128(b)};
 }
 
-ContextVariant ContextVariant::neighbours(std::span<const TokenId> prefix, std::span<const ChunkKey> neighbours) {
+KeyContext KeyContext::neighbours(std::span<const TokenId> prefix, std::span<const ChunkKey> neighbours) {
   std::vector<uint8_t> b;
   put_bytes(b, "CFNEIGH1", 8);
   put_tokens(b, prefix);
@@ -129,27 +129,27 @@ ContextVariant ContextVariant::neighbours(std::span<const TokenId> prefix, std::
 }
 
 std::vector<uint8_t> chunk_key_bytes(uint64_t model_fingerprint, std::span<const TokenId> tokens,
-                                     const ContextVariant& variant) {
+                                     const KeyContext& context) {
   std::vector<uint8_t> b;
   b.reserve(8 + 8 + 1 + 16 + 4 + 4 * tokens.size());
   put_bytes(b, "CFCHUNK1", 8);
   put_u64(b, model_fingerprint);
-  put_u8(b, static_cast<uint8_t>(variant.kind));
-  put_bytes(b, variant.context_hash.data(), variant.context_hash.size());
+  put_u8(b, static_cast<uint8_t>(context.kind));
+  put_bytes(b, context.context_hash.data(), context.context_hash.size());
   put_tokens(b, tokens);
   return b;
 }
 
-ChunkKey::ChunkKey(uint64_t model_fingerprint, std::vector<TokenId> tokens, ContextVariant variant)
-    : fingerprint_(model_fingerprint), tokens_(std::move(tokens)), variant_(variant) {
-  hash_ = hash128(chunk_key_bytes(fingerprint_, tokens_, variant_));
+ChunkKey::ChunkKey(uint64_t model_fingerprint, std::vector<TokenId> tokens, KeyContext context)
+    : fingerprint_(model_fingerprint), tokens_(std::move(tokens)), context_(context) {
+  hash_ = hash128(chunk_key_bytes(fingerprint_, tokens_, context_));
   id_ = hash128_hex(hash_);
 }
 
-ChunkKey base_chunk_key(uint64_t model_fingerprint, std::vector<TokenId> tokens, ChunkVariant v,
+ChunkKey base_chunk_key(uint64_t model_fingerprint, std::vector<TokenId> tokens, ChunkContext v,
                         std::span<const TokenId> system) {
   return ChunkKey(model_fingerprint, std::move(tokens),
-                  v == ChunkVariant::prefixed ? ContextVariant::after_prefix(system) : ContextVariant::pic());
+                  v == ChunkContext::prefixed ? KeyContext::after_prefix(system) : KeyContext::pic());
 }
 
 }  // namespace cf

@@ -182,16 +182,19 @@ FusionSpec parse_fusion(const json* v, const std::string& default_method, double
   if (const json* x = field(*v, "reorder")) f.reorder = get_bool(*x, "fusion.reorder");
   if (const json* x = field(*v, "conversation_id")) f.conversation_id = get_string(*x, "fusion.conversation_id");
   if (const json* x = field(*v, "prefix_cache")) f.prefix_cache = get_bool(*x, "fusion.prefix_cache");
-  if (const json* x = field(*v, "chunk_variant")) {
-    f.chunk_variant = get_string(*x, "fusion.chunk_variant");
-    if (f.chunk_variant.empty())
-      bad("fusion.chunk_variant", "'fusion.chunk_variant' must be \"alone\" or \"prefixed\"");
+  // chunk_context; "chunk_variant" is its name before issue 25, still accepted.
+  const json* cc = field(*v, "chunk_context");
+  if (!cc) cc = field(*v, "chunk_variant");
+  if (cc) {
+    f.chunk_context = get_string(*cc, "fusion.chunk_context");
+    if (f.chunk_context.empty())
+      bad("fusion.chunk_context", "'fusion.chunk_context' must be \"alone\" or \"prefixed\"");
   }
   if (const json* x = field(*v, "options")) {
     if (!x->is_object()) bad("fusion.options", "'fusion.options' must be an object");
     f.options = *x;
   }
-  validate_fusion(f);  // the engine's own check (method, options, profile, ratio, chunk variant)
+  validate_fusion(f);  // the engine's own check (method, options, profile, ratio, chunk context)
   return f;
 }
 

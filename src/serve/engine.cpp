@@ -103,7 +103,7 @@ struct Engine::Impl {
 
   PlanLimits limits() const {
     return {static_cast<size_t>(model->hparams().context_length), opt.max_prompt_tokens, opt.max_documents,
-            opt.default_chunk_variant, default_chat_stops(model->chat_template())};
+            opt.default_chunk_context, default_chat_stops(model->chat_template())};
   }
 
   // Documents, then S and U around them (a continued conversation's kept tokens first).

@@ -53,7 +53,7 @@ struct FusionSpec {
   std::string conversation_id;  // CRAFT conversation-scoped dedup; empty: none
   bool prefix_cache = true;     // use the shared exact prefix cache
   nlohmann::json options = nlohmann::json::object();  // the method's options (Selector::configure)
-  std::string chunk_variant;    // alone | prefixed (kv/chunk_key.h); empty: EngineOptions's default
+  std::string chunk_context;    // alone | prefixed (kv/chunk_key.h); empty: EngineOptions's default
 };
 
 // Set by passage matching (serve/passage_matching.h, issue 27): the request's documents are
@@ -128,7 +128,7 @@ struct EngineOptions {
   size_t max_documents = 64;
   std::string default_method = "full";
   double default_ratio = 0.15;         // serve --ratio: fusion.ratio of requests that name none
-  ChunkVariant default_chunk_variant = ChunkVariant::alone;  // serve --chunk-variant
+  ChunkContext default_chunk_context = ChunkContext::alone;  // serve --chunk-context
   std::optional<RemoteTierOptions> remote;  // shared chunk-cache tier on Redis (issue 13)
 };
 

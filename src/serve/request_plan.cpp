@@ -36,8 +36,8 @@ FusionOptions fusion_options(const CompletionRequest& req, const PlanLimits& lim
   fo.quality = f.quality;
   fo.method_options = f.options;
   fo.seed = req.seed.value_or(0);
-  fo.chunk_variant = limits.default_chunk_variant;
-  if (!f.chunk_variant.empty()) parse_chunk_variant(f.chunk_variant, fo.chunk_variant);  // checked when parsed
+  fo.chunk_context = limits.default_chunk_context;
+  if (!f.chunk_context.empty()) parse_chunk_context(f.chunk_context, fo.chunk_context);  // checked when parsed
   return fo;
 }
 
@@ -87,9 +87,9 @@ void validate_fusion(const FusionSpec& f) {
     throw invalid("fusion.options.profile: only default, evidence or prophet over the API", "fusion.options");
   if (!(f.ratio >= 0.0 && f.ratio <= 1.0))
     throw invalid("fusion.ratio must be in [0, 1], got " + std::to_string(f.ratio), "fusion.ratio");
-  ChunkVariant cv;
-  if (!f.chunk_variant.empty() && !parse_chunk_variant(f.chunk_variant, cv))
-    throw invalid("'fusion.chunk_variant' must be \"alone\" or \"prefixed\"", "fusion.chunk_variant");
+  ChunkContext cv;
+  if (!f.chunk_context.empty() && !parse_chunk_context(f.chunk_context, cv))
+    throw invalid("'fusion.chunk_context' must be \"alone\" or \"prefixed\"", "fusion.chunk_context");
 }
 
 void validate_request(const CompletionRequest& req, const PlanLimits& limits) {

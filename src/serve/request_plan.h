@@ -37,7 +37,7 @@ struct PlanLimits {
   size_t context_length = 0;     // the model's
   size_t max_prompt_tokens = 0;  // resolved (never 0)
   size_t max_documents = 64;
-  ChunkVariant default_chunk_variant = ChunkVariant::alone;
+  ChunkContext default_chunk_context = ChunkContext::alone;
   std::vector<std::string> chat_stops;  // default stop strings of a chat request (default_chat_stops)
 };
 
@@ -46,7 +46,7 @@ struct RequestPlan {
   bool conversation = false;  // a chat with a conversation id
   bool prefix_cache = true;   // S' comes from the shared prefix cache
   std::string conversation_id;
-  FusionOptions fusion;       // method, ratio, options, seed, chunk variant
+  FusionOptions fusion;       // method, ratio, options, seed, chunk context
   GenerateOptions generate;   // max tokens (bounded by the context), sampling, stops; no on_text
   RagRequest rag;             // S' (S + the exact chunks), the chunks after it (fused or prefilled), U
   std::vector<std::string> chunk_order;               // chunk ids in prompt order (after CRAFT)
@@ -63,7 +63,7 @@ struct RequestPlan {
 // 400 on fusion settings no method accepts: an unknown method, options the method refuses (it
 // judges them itself: Selector::configure), options for "full", a QCFuse profile other than a
 // shipped one by name (a request must not make the server read files), a ratio outside [0, 1],
-// an unknown chunk variant. The one check of fusion settings: the HTTP parser
+// an unknown chunk context. The one check of fusion settings: the HTTP parser
 // (api::parse_completion) and validate_request both call it.
 void validate_fusion(const FusionSpec& f);
 // 400 on a request the engine refuses before laying it out (method, options, ratio, sampling,

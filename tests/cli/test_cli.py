@@ -221,10 +221,10 @@ class BenchDeviationProfileTest(CliCase):
         tiny_dataset(data)
         out_dir = os.path.join(self.tmp, "deviation")
         self.ok("deviation", "-m", MODEL, "-t", "1", "--data", data, "--limit", "1", "--methods", "reuse,cacheblend",
-                "--ratios", "0,0.15", "--chunk-variants", "alone", "--no-report", "--out", out_dir)
+                "--ratios", "0,0.15", "--chunk-contexts", "alone", "--no-report", "--out", out_dir)
         with open(os.path.join(out_dir, "deviation.csv")) as f:
             header, *lines = f.read().splitlines()
-        self.assertEqual(header, "dataset,example,chunk_variant,method,ratio,part,layer,k_rel,v_rel")
+        self.assertEqual(header, "dataset,example,chunk_context,method,ratio,part,layer,k_rel,v_rel")
         rows = [dict(zip(header.split(","), line.split(","))) for line in lines]
         self.assertTrue(rows)
         self.assertEqual({r["layer"] for r in rows}, {str(i) for i in range(30)})

@@ -62,14 +62,14 @@ TEST(BenchPlan, FullAndReuseOnceOthersPerRatio) {
 // Issue 16: variants are methods with options; bad ones are refused naming the entry.
 TEST(BenchPlan, VariantsAreMethodsWithOptionsAndAreChecked) {
   const nlohmann::json v = {{"qc_top1", {{"method", "qcfuse"}, {"options", {{"layers", "top1"}}}}}};
-  EXPECT_NO_THROW(check_variants(v));
+  EXPECT_NO_THROW(check_method_presets(v));
   const auto runs = expand_runs({"full", "qc_top1"}, {0.15, 0.3}, v);
   ASSERT_EQ(runs.size(), 3u);
   EXPECT_EQ(runs[1].method, "qc_top1");
   EXPECT_THROW(expand_runs({"qc_top1"}, {0.15}), std::invalid_argument) << "not a method without the variants";
   auto refused = [](const nlohmann::json& bad, const std::string& needle) {
     try {
-      check_variants(bad);
+      check_method_presets(bad);
       ADD_FAILURE() << "accepted " << bad.dump();
     } catch (const std::invalid_argument& e) {
       EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
@@ -81,8 +81,8 @@ TEST(BenchPlan, VariantsAreMethodsWithOptionsAndAreChecked) {
   refused({{"x", {{"method", "qcfuse"}, {"opts", {}}}}}, "opts");
   refused({{"qcfuse", {{"method", "qcfuse"}}}}, "qcfuse");
   // The predefined ablation is valid and covers what issue 16 lists.
-  const nlohmann::json ab = qcfuse_ablation_variants();
-  EXPECT_NO_THROW(check_variants(ab));
+  const nlohmann::json ab = qcfuse_ablation_presets();
+  EXPECT_NO_THROW(check_method_presets(ab));
   for (const char* name : {"qcfuse:a1_all", "qcfuse:a1_critical", "qcfuse:a0.1_all", "qcfuse:middle", "qcfuse:top1",
                            "qcfuse:last", "qcfuse:suffix_rows", "qcfuse:shared_anchors", "qcfuse:no_sinks",
                            "qcfuse:evidence_profile", "prophet:suffix_rows"})
@@ -317,7 +317,7 @@ TEST(BenchQuick, FusionRagEnrichesAgainstTheWholeDataset) {
   // offline stage: its chunks are served enriched.
   BenchConfig named = cfg;
   named.methods = {"fr_sink"};
-  named.variants = {{"fr_sink", {{"method", "fusionrag"}, {"options", {{"sink", "alone"}}}}}};
+  named.method_presets = {{"fr_sink", {{"method", "fusionrag"}, {"options", {{"sink", "alone"}}}}}};
   named.ratios = {0.15};
   BenchRunner(fwd, named).run(data);
   rows = read_results((out / "results.jsonl").string());

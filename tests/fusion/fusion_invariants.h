@@ -29,14 +29,14 @@ inline float max_diff(const std::vector<float>& a, const std::vector<float>& b) 
   return d;
 }
 
-inline FusionOptions run_options(const std::string& method, double ratio, ChunkVariant variant) {
+inline FusionOptions run_options(const std::string& method, double ratio, ChunkContext variant) {
   FusionOptions o{method, ratio, 0};
-  o.chunk_variant = variant;
+  o.chunk_context = variant;
   return o;
 }
 
 inline void expect_ratio_one_is_full_prefill(FusionExecutor& ex, const RagRequest& req,
-                                             ChunkVariant variant = ChunkVariant::alone) {
+                                             ChunkContext variant = ChunkContext::alone) {
   const FusionResult full = ex.prefill(req, {"full", 1.0, 0});
   for (const std::string& method : selector_names()) {
     if (method == "reuse") continue;  // defined at rho = 0 only
@@ -49,7 +49,7 @@ inline void expect_ratio_one_is_full_prefill(FusionExecutor& ex, const RagReques
 }
 
 inline void expect_ratio_zero_is_reuse(FusionExecutor& ex, const RagRequest& req,
-                                       ChunkVariant variant = ChunkVariant::alone) {
+                                       ChunkContext variant = ChunkContext::alone) {
   const FusionResult reuse = ex.prefill(req, run_options("reuse", 0.0, variant));
   EXPECT_TRUE(reuse.recomputed.empty());
   const FusionResult full = ex.prefill(req, {"full", 1.0, 0});

@@ -153,7 +153,7 @@ TEST_F(CacheCraft, VariantsCarryTheirPrefixAndAreMadeOncePerPrefix) {
   // Its K/V equal the full prefill's rows of that chunk (the variant is the chunk after its
   // true prefix), up to the store's f16 rounding.
   const auto v = store.get(ChunkKey(m.fingerprint(), r.chunks[2],
-                                    ContextVariant::after_prefix([&] {
+                                    KeyContext::after_prefix([&] {
                                       std::vector<TokenId> p = r.system;
                                       for (size_t j = 0; j < 2; ++j) p.insert(p.end(), r.chunks[j].begin(), r.chunks[j].end());
                                       return p;
@@ -273,7 +273,7 @@ TEST_F(CacheCraft, TokensAreRankedByAttentionToTheOldPrefix) {
 
   std::vector<TokenId> prefix = r.system;
   for (size_t j = 0; j < 2; ++j) prefix.insert(prefix.end(), r.chunks[j].begin(), r.chunks[j].end());
-  const auto v = store.get(ChunkKey(m.fingerprint(), r.chunks[2], ContextVariant::after_prefix(prefix)));
+  const auto v = store.get(ChunkKey(m.fingerprint(), r.chunks[2], KeyContext::after_prefix(prefix)));
   ASSERT_TRUE(v);
   const auto rank = VariantStats::from_json(v->extra.at("cachecraft").at("stats")).rank;
   ASSERT_EQ(rank.size(), n);
@@ -329,7 +329,7 @@ TEST_F(CacheCraft, PicksTheVariantWithLowestPenaltyAndRecomputesItsTopRankedToke
           : [&] {
               Hash128 h{};
               parse_hash128_hex(best_hash, h);
-              return store.get(ChunkKey(m.fingerprint(), r.chunks[2], ContextVariant{ContextKind::after_prefix, h}));
+              return store.get(ChunkKey(m.fingerprint(), r.chunks[2], KeyContext{ContextKind::after_prefix, h}));
             }();
   const auto rank = VariantStats::from_json(used->extra.at("cachecraft").at("stats")).rank;
   const size_t n2 = c2.at("recomputed");

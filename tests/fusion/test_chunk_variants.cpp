@@ -28,28 +28,28 @@ class ChunkVariants : public ::testing::Test {
 };
 
 TEST(ChunkVariantNames, ParseAndPrint) {
-  ChunkVariant v;
-  ASSERT_TRUE(parse_chunk_variant("prefixed", v));
-  EXPECT_EQ(v, ChunkVariant::prefixed);
-  ASSERT_TRUE(parse_chunk_variant("alone", v));
-  EXPECT_EQ(v, ChunkVariant::alone);
-  EXPECT_FALSE(parse_chunk_variant("Prefixed", v));
-  EXPECT_FALSE(parse_chunk_variant("", v));
-  EXPECT_STREQ(chunk_variant_name(ChunkVariant::prefixed), "prefixed");
+  ChunkContext v;
+  ASSERT_TRUE(parse_chunk_context("prefixed", v));
+  EXPECT_EQ(v, ChunkContext::prefixed);
+  ASSERT_TRUE(parse_chunk_context("alone", v));
+  EXPECT_EQ(v, ChunkContext::alone);
+  EXPECT_FALSE(parse_chunk_context("Prefixed", v));
+  EXPECT_FALSE(parse_chunk_context("", v));
+  EXPECT_STREQ(chunk_context_name(ChunkContext::prefixed), "prefixed");
 }
 
 TEST(ChunkVariantKeys, VariantAndSystemPrefixArePartOfTheKey) {
   const std::vector<TokenId> chunk = {5, 6, 7}, s1 = {1, 2}, s2 = {1, 3};
-  const ChunkKey alone = base_chunk_key(42, chunk, ChunkVariant::alone, s1);
-  const ChunkKey pre1 = base_chunk_key(42, chunk, ChunkVariant::prefixed, s1);
+  const ChunkKey alone = base_chunk_key(42, chunk, ChunkContext::alone, s1);
+  const ChunkKey pre1 = base_chunk_key(42, chunk, ChunkContext::prefixed, s1);
   EXPECT_EQ(alone, ChunkKey(42, chunk)) << "alone is today's PIC key (existing stores stay valid)";
-  EXPECT_EQ(alone, base_chunk_key(42, chunk, ChunkVariant::alone, s2)) << "alone does not depend on S";
+  EXPECT_EQ(alone, base_chunk_key(42, chunk, ChunkContext::alone, s2)) << "alone does not depend on S";
   EXPECT_NE(alone.id(), pre1.id());
-  EXPECT_EQ(pre1.variant().kind, ContextKind::after_prefix);
-  EXPECT_EQ(pre1.id(), base_chunk_key(42, chunk, ChunkVariant::prefixed, s1).id());
-  EXPECT_NE(pre1.id(), base_chunk_key(42, chunk, ChunkVariant::prefixed, s2).id()) << "a hash of S is in the key";
-  EXPECT_TRUE(base_chunk_prefix(ChunkVariant::alone, s1).empty());
-  EXPECT_EQ(base_chunk_prefix(ChunkVariant::prefixed, s1).size(), s1.size());
+  EXPECT_EQ(pre1.context().kind, ContextKind::after_prefix);
+  EXPECT_EQ(pre1.id(), base_chunk_key(42, chunk, ChunkContext::prefixed, s1).id());
+  EXPECT_NE(pre1.id(), base_chunk_key(42, chunk, ChunkContext::prefixed, s2).id()) << "a hash of S is in the key";
+  EXPECT_TRUE(base_chunk_prefix(ChunkContext::alone, s1).empty());
+  EXPECT_EQ(base_chunk_prefix(ChunkContext::prefixed, s1).size(), s1.size());
 }
 
 TEST_F(ChunkVariants, PrefixedCacheIsExactlyTheChunkRowsOfOnePassOverSAndChunk) {
@@ -57,8 +57,8 @@ TEST_F(ChunkVariants, PrefixedCacheIsExactlyTheChunkRowsOfOnePassOverSAndChunk) 
   Forward fwd(m, test::shared_pool());
   const RagRequest req = build_rag_request(m, passages(), "Where was Marie Curie born?");
   const std::vector<TokenId>& chunk = req.chunks[1];
-  const ChunkKey key = base_chunk_key(m.fingerprint(), chunk, ChunkVariant::prefixed, req.system);
-  const ChunkCache c = compute_chunk_cache(fwd, key, base_chunk_prefix(ChunkVariant::prefixed, req.system));
+  const ChunkKey key = base_chunk_key(m.fingerprint(), chunk, ChunkContext::prefixed, req.system);
+  const ChunkCache c = compute_chunk_cache(fwd, key, base_chunk_prefix(ChunkContext::prefixed, req.system));
   ASSERT_EQ(c.n_tokens(), chunk.size());
   EXPECT_EQ(c.kv.position(0), static_cast<int32_t>(req.system.size())) << "stored at its place after S";
 
@@ -84,12 +84,12 @@ TEST_F(ChunkVariants, ReuseOfPrefixedCachesServesTheFirstChunkExactlyAndStoresIt
   FusionExecutor ex(fwd, store);
   const RagRequest req = build_rag_request(m, passages(), "Where was Marie Curie born?");
   const FusionResult full = ex.prefill(req, {"full", 1.0, 0});
-  const FusionResult pre = ex.prefill(req, test::run_options("reuse", 0.0, ChunkVariant::prefixed));
-  const FusionResult alone = ex.prefill(req, test::run_options("reuse", 0.0, ChunkVariant::alone));
+  const FusionResult pre = ex.prefill(req, test::run_options("reuse", 0.0, ChunkContext::prefixed));
+  const FusionResult alone = ex.prefill(req, test::run_options("reuse", 0.0, ChunkContext::alone));
   // Both variants were computed and are stored under their own keys.
   for (const auto& chunk : req.chunks) {
-    EXPECT_TRUE(store.contains(base_chunk_key(m.fingerprint(), chunk, ChunkVariant::alone, req.system)));
-    EXPECT_TRUE(store.contains(base_chunk_key(m.fingerprint(), chunk, ChunkVariant::prefixed, req.system)));
+    EXPECT_TRUE(store.contains(base_chunk_key(m.fingerprint(), chunk, ChunkContext::alone, req.system)));
+    EXPECT_TRUE(store.contains(base_chunk_key(m.fingerprint(), chunk, ChunkContext::prefixed, req.system)));
   }
   // The first chunk follows S in the request exactly as in its prefixed cache.
   const size_t s = req.system.size(), n0 = req.chunks[0].size();
@@ -108,7 +108,7 @@ TEST_F(ChunkVariants, RatioOneReproducesFullPrefillForEverySelectorOnPrefixedCac
   ChunkStore store = memory_store(m);
   FusionExecutor ex(fwd, store);
   test::expect_ratio_one_is_full_prefill(ex, build_rag_request(m, passages(), "Where was Marie Curie born?"),
-                                         ChunkVariant::prefixed);
+                                         ChunkContext::prefixed);
 }
 
 TEST_F(ChunkVariants, RatioZeroIsReuseForEverySelectorOnPrefixedCaches) {
@@ -117,7 +117,7 @@ TEST_F(ChunkVariants, RatioZeroIsReuseForEverySelectorOnPrefixedCaches) {
   ChunkStore store = memory_store(m);
   FusionExecutor ex(fwd, store);
   test::expect_ratio_zero_is_reuse(ex, build_rag_request(m, passages(), "Where was Marie Curie born?"),
-                                   ChunkVariant::prefixed);
+                                   ChunkContext::prefixed);
 }
 
 TEST_F(ChunkVariants, EverySelectorRunsOnPrefixedCachesWithinItsBudget) {
@@ -129,7 +129,7 @@ TEST_F(ChunkVariants, EverySelectorRunsOnPrefixedCachesWithinItsBudget) {
   const size_t n = req.context_tokens();
   for (const std::string& method : selector_names()) {
     if (method == "reuse") continue;
-    const FusionResult r = ex.prefill(req, test::run_options(method, 0.3, ChunkVariant::prefixed));
+    const FusionResult r = ex.prefill(req, test::run_options(method, 0.3, ChunkContext::prefixed));
     EXPECT_EQ(r.recomputed.size(), recompute_budget(0.3, n)) << method;
     for (size_t slot : r.recomputed) {
       EXPECT_GE(slot, req.system.size()) << method;

@@ -82,7 +82,7 @@ TEST_F(Fusion, RejectsBadOptions) {
 }
 
 // The executor owns its chunk keys (issue 25 item 2): what FusionExecutor::prefetch loads is
-// what prefill then looks up, for both chunk variants, so every chunk is a prefetch hit.
+// what prefill then looks up, for both chunk contexts, so every chunk is a prefetch hit.
 // GET /v1/methods lists what the selectors say they accept: every method, every parameter's
 // default and every listed value must configure (so the page never offers what a request refuses).
 TEST(MethodCatalog, EveryMethodAndEveryListedParameterConfigures) {
@@ -122,9 +122,9 @@ TEST_F(Fusion, PrefetchThenPrefillHitsEveryChunk) {
   o.durable = false;
   const RagRequest req = build_rag_request(m, passages(), "Where was Marie Curie born?");
   EXPECT_TRUE(FusionExecutor::chunk_keys(m.fingerprint(), req, {"full", 0.15, 0}).empty());  // looks none up
-  for (ChunkVariant variant : {ChunkVariant::alone, ChunkVariant::prefixed}) {
+  for (ChunkContext variant : {ChunkContext::alone, ChunkContext::prefixed}) {
     FusionOptions fo{"epic", 0.15, 0};
-    fo.chunk_variant = variant;
+    fo.chunk_context = variant;
     {
       ChunkStore writer(o);  // the caches on disk
       FusionExecutor(fwd, writer).prefill(req, fo);
@@ -134,10 +134,10 @@ TEST_F(Fusion, PrefetchThenPrefillHitsEveryChunk) {
     store.wait_prefetches();
     const FusionResult r = FusionExecutor(fwd, store).prefill(req, fo);
     const ChunkStoreStats s = store.stats();
-    EXPECT_EQ(s.prefetches, req.chunks.size()) << chunk_variant_name(variant);
-    EXPECT_EQ(s.prefetch_hits, req.chunks.size()) << chunk_variant_name(variant);
-    EXPECT_EQ(r.chunk_hits, req.chunks.size()) << chunk_variant_name(variant);
-    EXPECT_EQ(s.computes, 0u) << chunk_variant_name(variant);
+    EXPECT_EQ(s.prefetches, req.chunks.size()) << chunk_context_name(variant);
+    EXPECT_EQ(s.prefetch_hits, req.chunks.size()) << chunk_context_name(variant);
+    EXPECT_EQ(r.chunk_hits, req.chunks.size()) << chunk_context_name(variant);
+    EXPECT_EQ(s.computes, 0u) << chunk_context_name(variant);
   }
   fs::remove_all(dir);
 }

@@ -136,7 +136,7 @@ TEST_F(FusionRag, EnrichedCacheEqualsTheChunkComputedAfterSAndItsNeighbours) {
   std::string why;
   auto enriched = find_enriched(store, pic_key, eo.system, &why);
   ASSERT_TRUE(enriched) << why;
-  EXPECT_EQ(enriched->key.variant().kind, ContextKind::neighbours);
+  EXPECT_EQ(enriched->key.context().kind, ContextKind::neighbours);
   EXPECT_EQ(enriched->key.id(), link->enriched_id);
   EXPECT_EQ(enriched->tokens(), chunks[0].tokens);
   std::vector<ChunkKey> nb_keys;
@@ -210,7 +210,7 @@ TEST_F(FusionRag, LinkSurvivesTheDiskStoreAndRerunsSkipWork) {
   std::string why;
   auto enriched = find_enriched(store, pic_key, eo.system, &why);
   ASSERT_TRUE(enriched) << why;
-  EXPECT_EQ(enriched->key.variant().kind, ContextKind::neighbours);
+  EXPECT_EQ(enriched->key.context().kind, ContextKind::neighbours);
   EXPECT_GT(enriched->offline_ms, 0.0);
   // Another S: the enriched variant does not apply.
   auto other_s = eo.system;

@@ -30,7 +30,7 @@ class FusionRagOnline : public ::testing::Test {
   void SetUp() override { CF_REQUIRE_MODEL(); }
 };
 
-void expect_enriched_chunk_equals_computing_it_after_its_neighbours(ChunkVariant variant) {
+void expect_enriched_chunk_equals_computing_it_after_its_neighbours(ChunkContext variant) {
   const Model& m = test::shared_model();
   const ModelHparams& h = m.hparams();
   Forward fwd(m, test::shared_pool());
@@ -44,7 +44,7 @@ void expect_enriched_chunk_equals_computing_it_after_its_neighbours(ChunkVariant
   eo.neighbours = 2;
   eo.system = default_system_tokens(m);
   eo.limit = 1;  // only Curie's passage: the others are served as base caches
-  eo.variant = variant;
+  eo.chunk_context = variant;
   ASSERT_EQ(enrich_corpus(fwd, store, chunks, eo).enriched, 1u);
   auto base_key = [&](size_t i) { return base_chunk_key(m.fingerprint(), chunks[i].tokens, variant, eo.system); };
   const ChunkKey pic_key = base_key(0);
@@ -64,7 +64,7 @@ void expect_enriched_chunk_equals_computing_it_after_its_neighbours(ChunkVariant
   const RagRequest req = build_rag_request(m, {passages[nb[0]], passages[nb[1]], passages[0]}, question);
   ASSERT_EQ(req.system, eo.system);
   FusionOptions opt{"fusionrag", 0.0, 0};
-  opt.chunk_variant = variant;
+  opt.chunk_context = variant;
   const FusionResult got = ex.prefill(req, opt);
   ASSERT_EQ(got.selection_details["chunks"][2], "enriched");
   ASSERT_EQ(got.selection_details["chunks"][0], "base: not enriched");
@@ -128,11 +128,11 @@ void expect_enriched_chunk_equals_computing_it_after_its_neighbours(ChunkVariant
 }
 
 TEST_F(FusionRagOnline, EnrichedChunkAfterItsPicNeighboursEqualsComputingItThere) {
-  expect_enriched_chunk_equals_computing_it_after_its_neighbours(ChunkVariant::alone);
+  expect_enriched_chunk_equals_computing_it_after_its_neighbours(ChunkContext::alone);
 }
 
 TEST_F(FusionRagOnline, EnrichedChunkAfterItsPrefixedNeighboursEqualsComputingItThere) {
-  expect_enriched_chunk_equals_computing_it_after_its_neighbours(ChunkVariant::prefixed);
+  expect_enriched_chunk_equals_computing_it_after_its_neighbours(ChunkContext::prefixed);
 }
 
 TEST_F(FusionRagOnline, OptionsAreCheckedAndBothProbesChooseTheBudget) {

@@ -83,8 +83,8 @@ TEST_F(Gemma3Fusion, InvariantsHoldOnPrefixedCachesSlow) {
   Forward fwd(m, test::shared_pool());
   ChunkStore store = memory_store(m), fresh = memory_store(m);  // fresh: no Cache-Craft variants
   FusionExecutor ex(fwd, store), ex0(fwd, fresh);                // that the rho = 1 runs created
-  test::expect_ratio_one_is_full_prefill(ex, req_, ChunkVariant::prefixed);
-  test::expect_ratio_zero_is_reuse(ex0, req_, ChunkVariant::prefixed);
+  test::expect_ratio_one_is_full_prefill(ex, req_, ChunkContext::prefixed);
+  test::expect_ratio_zero_is_reuse(ex0, req_, ChunkContext::prefixed);
 }
 
 // A small RAG request (inside one window) at rho = 0.3: every selector runs on Gemma 3.

@@ -65,7 +65,7 @@ inline ChunkCache synthetic_cache(const ChunkKey& key, const ModelHparams& h, in
   return c;
 }
 
-inline ChunkKey tiny_key(int seed, size_t n = 5, ContextVariant v = ContextVariant::pic()) {
+inline ChunkKey tiny_key(int seed, size_t n = 5, KeyContext v = KeyContext::pic()) {
   return ChunkKey(kTinyFingerprint, tokens_for(seed, n), v);
 }
 

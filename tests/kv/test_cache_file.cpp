@@ -38,7 +38,7 @@ float max_rel_diff(const KvCache& a, const KvCache& b) {
 
 TEST(CacheFile, RoundTripF32IsExact) {
   test::TempDir dir;
-  const ChunkKey key = tiny_key(1, 7, ContextVariant::after_prefix(std::vector<TokenId>{3, 4}));
+  const ChunkKey key = tiny_key(1, 7, KeyContext::after_prefix(std::vector<TokenId>{3, 4}));
   const ChunkCache c = synthetic_cache(key, tiny_hparams(), 2);
   const std::string path = dir.path() + "/a.cfkv";
   const size_t bytes = write_cache_file(path, c, KvDtype::f32);
@@ -46,7 +46,7 @@ TEST(CacheFile, RoundTripF32IsExact) {
   const ChunkCache r = read_cache_file(path, expect_tiny(key));
   EXPECT_EQ(r.key.id(), key.id());
   EXPECT_EQ(r.tokens(), key.tokens());
-  EXPECT_EQ(r.key.variant(), key.variant());
+  EXPECT_EQ(r.key.context(), key.context());
   EXPECT_EQ(r.kv.positions(), c.kv.positions());
   EXPECT_EQ(r.kv.positions().front(), 2);
   EXPECT_EQ(max_kv_diff(r.kv, c.kv), 0.f);
@@ -126,7 +126,7 @@ TEST(CacheFile, HeaderFieldsAtDocumentedOffsets) {
 
 TEST(CacheFile, InfoReadsHeaderAndMetadata) {
   test::TempDir dir;
-  const ChunkKey key = tiny_key(5, 6, ContextVariant::after_prefix(std::vector<TokenId>{9}));
+  const ChunkKey key = tiny_key(5, 6, KeyContext::after_prefix(std::vector<TokenId>{9}));
   const std::string path = dir.path() + "/x.cfkv";
   const size_t bytes = write_cache_file(path, synthetic_cache(key, tiny_hparams()), KvDtype::bf16);
   const CacheFileInfo info = read_cache_file_info(path);

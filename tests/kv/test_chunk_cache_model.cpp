@@ -92,7 +92,7 @@ TEST(ChunkCacheModel, AfterPrefixKeepsOnlyTheChunkAtItsPositions) {
   const auto& tok = l.model->tokenizer();
   const auto prefix = tok.encode("You answer questions about passages.\n", false, false);
   const auto tokens = tok.encode("Port Elwen was founded in 1742.\n", false, false);
-  const ChunkKey key(l.model->fingerprint(), tokens, ContextVariant::after_prefix(prefix));
+  const ChunkKey key(l.model->fingerprint(), tokens, KeyContext::after_prefix(prefix));
   const ChunkCache c = compute_chunk_cache(*l.fwd, key, prefix);
   ASSERT_EQ(c.n_tokens(), tokens.size());
   EXPECT_EQ(c.kv.position(0), static_cast<int32_t>(prefix.size()));

@@ -11,7 +11,7 @@ namespace {
 
 TEST(ChunkKey, SerializationIsTheDocumentedLayout) {
   const std::vector<TokenId> toks = {1, 258, -1};
-  ContextVariant v;
+  KeyContext v;
   v.kind = ContextKind::after_prefix;
   for (size_t i = 0; i < 16; ++i) v.context_hash[i] = static_cast<uint8_t>(0xa0 + i);
   const std::vector<uint8_t> b = chunk_key_bytes(0x0102030405060708ull, toks, v);
@@ -40,18 +40,18 @@ TEST(ChunkKey, EveryComponentChangesTheId) {
   std::swap(swapped[0], swapped[1]);
   ids.insert(ChunkKey(1, swapped).id());                              // token order
   ids.insert(ChunkKey(1, {toks.begin(), toks.end() - 1}).id());       // length
-  ids.insert(ChunkKey(1, toks, ContextVariant::after_prefix({})).id());  // empty prefix is not PIC
-  ids.insert(ChunkKey(1, toks, ContextVariant::after_prefix(std::vector<TokenId>{5})).id());
-  ids.insert(ChunkKey(1, toks, ContextVariant::after_prefix(std::vector<TokenId>{6})).id());
+  ids.insert(ChunkKey(1, toks, KeyContext::after_prefix({})).id());  // empty prefix is not PIC
+  ids.insert(ChunkKey(1, toks, KeyContext::after_prefix(std::vector<TokenId>{5})).id());
+  ids.insert(ChunkKey(1, toks, KeyContext::after_prefix(std::vector<TokenId>{6})).id());
   const ChunkKey n1(1, test::tokens_for(2, 3)), n2(1, test::tokens_for(3, 3));
   const std::vector<ChunkKey> ab = {n1, n2}, ba = {n2, n1};
-  ids.insert(ChunkKey(1, toks, ContextVariant::neighbours({}, ab)).id());
-  ids.insert(ChunkKey(1, toks, ContextVariant::neighbours({}, ba)).id());  // neighbour order
-  ids.insert(ChunkKey(1, toks, ContextVariant::neighbours(std::vector<TokenId>{5}, ab)).id());
+  ids.insert(ChunkKey(1, toks, KeyContext::neighbours({}, ab)).id());
+  ids.insert(ChunkKey(1, toks, KeyContext::neighbours({}, ba)).id());  // neighbour order
+  ids.insert(ChunkKey(1, toks, KeyContext::neighbours(std::vector<TokenId>{5}, ab)).id());
   EXPECT_EQ(ids.size(), 10u);
   // ...and the same inputs give the same id.
-  EXPECT_EQ(ChunkKey(1, toks, ContextVariant::neighbours({}, ab)).id(),
-            ChunkKey(1, toks, ContextVariant::neighbours({}, ab)).id());
+  EXPECT_EQ(ChunkKey(1, toks, KeyContext::neighbours({}, ab)).id(),
+            ChunkKey(1, toks, KeyContext::neighbours({}, ab)).id());
 }
 
 TEST(ChunkKey, HexAndKindNamesRoundTrip) {

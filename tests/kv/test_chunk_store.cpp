@@ -239,7 +239,7 @@ INSTANTIATE_TEST_SUITE_P(AllDefects, ChunkStoreDamage, ::testing::Range(size_t{0
 TEST(ChunkStore, ListRemoveVerify) {
   test::TempDir dir;
   ChunkStore s(tiny_options(dir.path()));
-  const ChunkKey a = tiny_key(1, 3), b = tiny_key(2, 5, ContextVariant::after_prefix(std::vector<TokenId>{1})),
+  const ChunkKey a = tiny_key(1, 3), b = tiny_key(2, 5, KeyContext::after_prefix(std::vector<TokenId>{1})),
                  c = tiny_key(3, 7);
   for (const ChunkKey* k : {&a, &b, &c}) s.put(synthetic_cache(*k, tiny_hparams()));
   auto ls = s.list();

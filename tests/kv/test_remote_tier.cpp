@@ -265,7 +265,7 @@ std::vector<Damage> damages() {
        false},
       {"made_by_another_model",
        [](RedisServer& r, const ChunkKey& k) {
-         const ChunkKey foreign(0x9999, k.tokens(), k.variant());
+         const ChunkKey foreign(0x9999, k.tokens(), k.context());
          overwrite_entry(r, k, encode_cache_file(synthetic_cache(foreign, tiny_hparams()), KvDtype::f16));
        },
        true},

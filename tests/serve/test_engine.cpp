@@ -149,12 +149,12 @@ TEST(Engine, FusedRequestEqualsExecutorInProcess) {
   EXPECT_EQ(again.text, r.text);
   EXPECT_EQ(again.chunk_hits, 3u);
 
-  // fusion.chunk_variant "prefixed": the chunks' caches computed after S (stored apart from
+  // fusion.chunk_context "prefixed": the chunks' caches computed after S (stored apart from
   // the alone ones the runs above stored: misses first), as the executor serves them.
-  req.fusion.chunk_variant = "prefixed";
+  req.fusion.chunk_context = "prefixed";
   CompletionResult pre = e.complete(req);
   EXPECT_EQ(pre.chunk_misses, 3u);
-  fo.chunk_variant = ChunkVariant::prefixed;
+  fo.chunk_context = ChunkContext::prefixed;
   FusionResult fp = ex.prefill(rr, fo);
   GenerateResult gp = Generator(fwd).continue_from(fp.cache, fp.logits, fp.next_position, rr.flatten(), greedy(16));
   EXPECT_EQ(pre.text, gp.text);

@@ -87,10 +87,10 @@ TEST(RequestPlan, FusedRequestFetchesEveryChunkWithItsOptions) {
   EXPECT_DOUBLE_EQ(p.fusion.ratio, 0.3);
   EXPECT_EQ(p.fusion.seed, 5u);
   EXPECT_EQ(p.fusion.method_options, r.fusion.options);
-  EXPECT_EQ(p.fusion.chunk_variant, ChunkVariant::alone);
+  EXPECT_EQ(p.fusion.chunk_context, ChunkContext::alone);
   EXPECT_EQ(p.generate.sampling.seed, 5u);  // the request's seed, not seed_if_none
-  r.fusion.chunk_variant = "prefixed";
-  EXPECT_EQ(plan_request(r, layout3(), request_order(3), limits(), 7).fusion.chunk_variant, ChunkVariant::prefixed);
+  r.fusion.chunk_context = "prefixed";
+  EXPECT_EQ(plan_request(r, layout3(), request_order(3), limits(), 7).fusion.chunk_context, ChunkContext::prefixed);
 }
 
 TEST(RequestPlan, CraftWithFusionKeepsTheHeldPrefixAndPromotesTheRest) {

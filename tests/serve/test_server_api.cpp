@@ -45,7 +45,7 @@ TEST(ServerApi, ChatBodyWithAllKnownFieldsParses) {
   b["stream_options"] = {{"include_usage", true}};
   b["documents"] = json::array({"passage one", {{"id", "abc"}}, {{"text", "passage three"}}});
   b["fusion"] = {{"method", "epic"}, {"ratio", 0.3}, {"reorder", true}, {"conversation_id", "c1"},
-                 {"prefix_cache", false}, {"chunk_variant", "prefixed"}};
+                 {"prefix_cache", false}, {"chunk_context", "prefixed"}};
   b["frequency_penalty"] = 0;  // unknown to us: ignored, as OpenAI ignores unknown fields
   b["user"] = "someone";
   const auto pc = chat(b);
@@ -83,7 +83,7 @@ TEST(ServerApi, ChatBodyWithAllKnownFieldsParses) {
   EXPECT_NE(std::string(e.what()).find("anchor_ratio"), std::string::npos) << e.what();
   b["fusion"] = {{"method", "qcfuse"}, {"options", {{"anchors_ratio", 0.1}}}};
   EXPECT_NE(std::string(refusal(b).what()).find("anchors_ratio"), std::string::npos);
-  EXPECT_EQ(r.fusion.chunk_variant, "prefixed");
+  EXPECT_EQ(r.fusion.chunk_context, "prefixed");
 }
 
 TEST(ServerApi, DefaultsAndNullsMeanNotGiven) {
@@ -178,8 +178,9 @@ TEST(ServerApi, WrongTypesAndValuesAre400NamingTheField) {
       {"fusion", json{{"method", "prophet"}, {"options", {{"probe_rows", "tail"}}}}, "fusion.options"},
       {"fusion", json{{"method", "epic"}, {"options", {{"x", 1}}}}, "fusion.options"},
       {"fusion", json{{"method", "qcfuse"}, {"options", "fast"}}, "fusion.options"},
-      {"fusion", json{{"chunk_variant", "pic"}}, "fusion.chunk_variant"},
-      {"fusion", json{{"chunk_variant", 1}}, "fusion.chunk_variant"},
+      {"fusion", json{{"chunk_context", "pic"}}, "fusion.chunk_context"},
+      {"fusion", json{{"chunk_context", 1}}, "fusion.chunk_context"},
+      {"fusion", json{{"chunk_variant", "pic"}}, "fusion.chunk_context"},  // the older name
       // Quality on demand (issue 26): auto takes a quality in (0, 1] and chooses the ratio itself.
       {"fusion", json{{"method", "auto"}}, "fusion.quality"},
       {"fusion", json{{"method", "auto"}, {"quality", 0}}, "fusion.quality"},

@@ -97,7 +97,7 @@ class PairedDifferencesTest(unittest.TestCase):
         self.assertEqual(bench_report.fmt_interval(0.2, 0.1, 0.3, 2), "+0.20 [+0.10, +0.30]*")
 
 
-class ChunkVariantTest(unittest.TestCase):
+class ChunkContextTest(unittest.TestCase):
     def rows(self):
         rows = [row("full", 1.0, e, 1.0) for e in "abc"]
         for variant, base in (("alone", 0.5), ("prefixed", 0.4)):
@@ -107,19 +107,21 @@ class ChunkVariantTest(unittest.TestCase):
                     r = row(method, ratio, e, fid + 0.01 * i, kl=1.0 - fid)
                     r["first_token_agree"] = True
                     if variant == "prefixed":
-                        r["chunk_variant"] = "prefixed"
+                        # Rows of results.jsonl files written before issue 25 name the field
+                        # "chunk_variant"; both spellings must read the same.
+                        r["chunk_context" if i % 2 else "chunk_variant"] = "prefixed"
                     rows.append(r)
         return rows
 
     def test_prefixed_rows_get_their_own_dataset_with_full_shared(self):
-        labelled = bench_report.label_variants(self.rows())
+        labelled = bench_report.label_chunk_contexts(self.rows())
         pre = [r for r in labelled if r["dataset"] == "d [prefixed]"]
         self.assertEqual(sum(1 for r in pre if r["method"] == "full"), 3)
         self.assertEqual(sum(1 for r in pre if r["method"] == "epic"), 6)
         self.assertEqual(sum(1 for r in labelled if r["dataset"] == "d" and r["method"] == "epic"), 6)
 
     def test_prefixed_minus_alone_and_ratio_zero_against_reuse(self):
-        diffs = bench_report.paired_more(bench_report.label_variants(self.rows()))
+        diffs = bench_report.paired_more(bench_report.label_chunk_contexts(self.rows()))
         by = {(d["comparison"], d["method"], d["ratio"]): d for d in diffs}
         d = by[("prefixed - alone", "epic", 0.15)]
         self.assertEqual(d["n"], 3)
@@ -135,7 +137,7 @@ class ChunkVariantTest(unittest.TestCase):
         # against alone reuse (0.50/0.51/0.52).
         self.assertNotIn(("fusionrag (prefixed) - reuse (alone)", "fusionrag", 0.0), by)
         versus = {(d["comparison"], d["method"], d["ratio"]): d for d in
-                  bench_report.paired_more(bench_report.label_variants(self.rows()), versus=("fusionrag",))}
+                  bench_report.paired_more(bench_report.label_chunk_contexts(self.rows()), versus=("fusionrag",))}
         g = versus[("fusionrag (prefixed) - reuse (alone)", "fusionrag", 0.0)]
         self.assertAlmostEqual(g["d_fidelity"], 0.0)
         self.assertAlmostEqual(g["d_kl"], 0.0)
@@ -147,9 +149,9 @@ class ChunkVariantTest(unittest.TestCase):
                 r = row("qcfuse", 0.15, e, 0.9 - 0.01 * i, kl=0.05)
                 r["first_token_agree"] = True
                 if variant == "prefixed":
-                    r["chunk_variant"] = "prefixed"
+                    r["chunk_context"] = "prefixed"
                 rows.append(r)
-        labelled = bench_report.label_variants(rows)
+        labelled = bench_report.label_chunk_contexts(rows)
         by = {(d["comparison"], d["ratio"]): d for d in bench_report.paired_more(labelled, versus=("qcfuse",))}
         d = by[("qcfuse - epic (alone)", 0.15)]
         self.assertEqual(d["n"], 3)
