@@ -81,8 +81,6 @@ TEST_F(Fusion, RejectsBadOptions) {
   EXPECT_THROW(ex.prefill(req, {"epic", -0.1, 0}), std::invalid_argument);
 }
 
-// The executor owns its chunk keys (issue 25 item 2): what FusionExecutor::prefetch loads is
-// what prefill then looks up, for both chunk contexts, so every chunk is a prefetch hit.
 // GET /v1/methods lists what the selectors say they accept: every method, every parameter's
 // default and every listed value must configure (so the page never offers what a request refuses).
 TEST(MethodCatalog, EveryMethodAndEveryListedParameterConfigures) {
@@ -110,6 +108,8 @@ TEST(MethodCatalog, EveryMethodAndEveryListedParameterConfigures) {
   EXPECT_GE(params, 10u);
 }
 
+// The executor owns its chunk keys (issue 25 item 2): what FusionExecutor::prefetch loads is
+// what prefill then looks up, for both chunk contexts, so every chunk is a prefetch hit.
 TEST_F(Fusion, PrefetchThenPrefillHitsEveryChunk) {
   namespace fs = std::filesystem;
   const Model& m = test::shared_model();
