@@ -108,8 +108,13 @@ TEST(AutoCalibrationFile, ParsesWritesAndRefusesAnotherModel) {
   v = j;
   v["steps"][1].erase("max_predicted");
   bad(v, "a step needs method, ratio, weights, max_predicted");
-  // No calibration of a fingerprint no one made.
+  // No calibration of a fingerprint no one made; the shipped one of the unit tests' model is
+  // compiled in (data/auto_calibrations, cf_bundle_json).
   EXPECT_FALSE(autoq::find_calibration("0000000000000000").has_value());
+  const auto shipped = autoq::find_calibration("8fe8bd56461abfd6");
+  ASSERT_TRUE(shipped.has_value());
+  EXPECT_EQ(shipped->fingerprint, "8fe8bd56461abfd6");
+  EXPECT_EQ(shipped->steps.size(), 3u);
 }
 
 TEST(AutoDecisionRule, QualityBoundsAndSkippedSteps) {

@@ -1,0 +1,134 @@
+#!/usr/bin/env python3
+"""Report of the auto policy (issue 26) from `chunkfuse calibrate` outputs.
+
+  tools/auto_quality_report.py signals RECORDS.jsonl...
+      which cheap signals predict an answer identical to full prefill's, per ladder step: the
+      ROC AUC of each (0.5 = no better than chance), over the given records. The predictor uses
+      margin and entropy; the others are recorded to judge whether they would earn their cost.
+  tools/auto_quality_report.py plot REPORT.json [REPORT.json...] --out FIG.png
+      observed share of identical answers against mean TTFT: every fixed policy (points) and
+      the auto policy over its targets (a curve), one panel per report (model / split); and
+      the reliability table (predicted against observed, per step) as a second row.
+  tools/auto_quality_report.py table REPORT.json
+      the report as a Markdown table for BENCHMARKS.md.
+"""
+import argparse
+import json
+import sys
+
+
+def read_jsonl(paths):
+    rows = []
+    for p in paths:
+        with open(p) as f:
+            rows += [json.loads(line) for line in f if line.strip()]
+    return rows
+
+
+def auc(scores, labels):
+    """ROC AUC by the rank-sum (Mann-Whitney) formula, ties counted half; None without both classes."""
+    pos = [s for s, y in zip(scores, labels) if y]
+    neg = [s for s, y in zip(scores, labels) if not y]
+    if not pos or not neg:
+        return None
+    wins = sum((p > n) + 0.5 * (p == n) for p in pos for n in neg)
+    return wins / (len(pos) * len(neg))
+
+
+def signals(args):
+    recs = read_jsonl(args.records)
+    if not recs:
+        sys.exit("no records")
+    n_steps = len(recs[0]["steps"])
+    print("%d records (%s)" % (len(recs), ", ".join(sorted({r["dataset"] for r in recs}))))
+    print("| step | identical | margin | -entropy | -KL to previous step | top-1 = previous step's | context tokens (fewer) |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for k in range(n_steps):
+        st = [r["steps"][k] for r in recs]
+        y = [s["identical"] for s in st]
+        cols = [auc([s["margin"] for s in st], y), auc([-s["entropy"] for s in st], y)]
+        if k > 0:
+            prev = [r["steps"][k - 1] for r in recs]
+            cols.append(auc([-s["kl_to_prev"] for s in st], y))
+            cols.append(auc([int(s["top1"] == p["top1"]) for s, p in zip(st, prev)], y))
+        else:
+            cols += [None, None]
+        cols.append(auc([-r["context_tokens"] for r in recs], y))
+        fmt = lambda v: "-" if v is None else "%.2f" % v
+        print("| %s %.2f | %.2f | %s |" % (st[0]["method"], st[0]["ratio"], sum(y) / len(y), " | ".join(fmt(c) for c in cols)))
+
+
+def table(args):
+    rep = json.load(open(args.report))
+    print("%d examples (%s), model %s" % (rep["examples"], ", ".join(rep["datasets"]), rep["fingerprint"]))
+    print()
+    print("| policy | identical to full prefill [95%] | mean TTFT ms | p90 TTFT ms |")
+    print("|---|---:|---:|---:|")
+    for f in rep["fixed"]:
+        print("| %s ρ %.2f | %.3f [%.3f, %.3f] | %.0f | %.0f |" % (f["method"], f["ratio"], f["share"], f["share_low"],
+                                                                f["share_high"], f["mean_ttft_ms"], f["p90_ttft_ms"]))
+    for t in rep["auto"]:
+        print("| auto q %.2f | %.3f [%.3f, %.3f] | %.0f | %.0f |" % (t["target"], t["share"], t["share_low"],
+                                                                 t["share_high"], t["mean_ttft_ms"], t["p90_ttft_ms"]))
+    print()
+    print("| target | meets | chosen | decision ms | cheapest fixed with that share | its mean TTFT | speed-up |")
+    print("|---:|---|---|---:|---|---:|---:|")
+    for t in rep["auto"]:
+        c = t["cheapest_fixed"]
+        chosen = ", ".join("%s: %d" % kv for kv in sorted(t["chosen"].items()))
+        print("| %.2f | %s | %s | %.0f | %s ρ %.2f | %.0f | %.2fx |" % (
+            t["target"], "yes" if t["meets_target"] else "**no**", chosen, t["decision_ms"], c["method"], c["ratio"],
+            c["mean_ttft_ms"], t["speedup_vs_cheapest_fixed"]))
+
+
+def plot(args):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    reps = [json.load(open(p)) for p in args.reports]
+    fig, axes = plt.subplots(2, len(reps), figsize=(5.5 * len(reps), 8), squeeze=False)
+    for i, (path, rep) in enumerate(zip(args.reports, reps)):
+        ax = axes[0][i]
+        for f in rep["fixed"]:
+            ax.errorbar(f["mean_ttft_ms"], f["share"], yerr=[[f["share"] - f["share_low"]], [f["share_high"] - f["share"]]],
+                        fmt="o", capsize=3)
+            ax.annotate("%s %.2f" % (f["method"], f["ratio"]), (f["mean_ttft_ms"], f["share"]), fontsize=7)
+        xs = [t["mean_ttft_ms"] for t in rep["auto"]]
+        ys = [t["share"] for t in rep["auto"]]
+        ax.plot(xs, ys, "k-s", label="auto (targets %s)" % ", ".join("%.2f" % t["target"] for t in rep["auto"]))
+        ax.set_xlabel("mean TTFT (ms)")
+        ax.set_ylabel("answers identical to full prefill's")
+        ax.set_title("%s\n%s, %d examples" % (rep["fingerprint"], ", ".join(rep["datasets"]), rep["examples"]), fontsize=9)
+        ax.legend(fontsize=7)
+        ax = axes[1][i]
+        ax.plot([0, 1], [0, 1], "k:", lw=1)
+        for r in rep["reliability"]:
+            ax.plot([b["predicted"] for b in r["bins"]], [b["observed"] for b in r["bins"]], "o-",
+                    label="%s %.2f" % (r["method"], r["ratio"]))
+        ax.set_xlabel("predicted probability (bins of 0.1)")
+        ax.set_ylabel("observed share identical")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(args.out, dpi=110)
+    print("wrote", args.out)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    s = sub.add_parser("signals")
+    s.add_argument("records", nargs="+")
+    s.set_defaults(fn=signals)
+    t = sub.add_parser("table")
+    t.add_argument("report")
+    t.set_defaults(fn=table)
+    p = sub.add_parser("plot")
+    p.add_argument("reports", nargs="+")
+    p.add_argument("--out", required=True)
+    p.set_defaults(fn=plot)
+    args = ap.parse_args()
+    args.fn(args)
+
+
+if __name__ == "__main__":
+    main()
