@@ -237,7 +237,7 @@ void add_bench_command(CLI::App& app, CommandRunner& run) {
   cmd->add_option("--chunk-contexts,--chunk-variants", a->chunk_contexts,
                   "comma-separated chunk contexts (--chunk-variants: the older name) every method but full runs on: alone (each chunk computed "
                   "from position 0) and/or prefixed (after the system prefix S, FusionRAG eq. 5); prefixed rows "
-                  "carry chunk_variant and the report compares them with alone, paired")
+                  "carry chunk_context and the report compares them with alone, paired")
       ->capture_default_str();
   cmd->add_option("--out", a->out, "output folder (results.jsonl, report.md, summary.csv, plots)")->required();
   cmd->add_option("--store", a->store, "chunk-cache store folder (default: <out>/store)");

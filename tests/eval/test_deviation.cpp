@@ -71,12 +71,12 @@ TEST(Deviation, RatioOneIsZeroLayerZeroValuesAreExactAndReuseDeviatesLaterSlow) 
   cfg.progress = false;
   const std::string path = run_deviation(fwd, tiny_dataset(), cfg);
 
-  // (variant, method, ratio, part, layer) -> distances
+  // (chunk context, method, ratio, part, layer) -> distances
   std::map<std::tuple<std::string, std::string, std::string, std::string, int>, Row> rows;
   std::ifstream in(path);
   std::string line;
   std::getline(in, line);
-  EXPECT_EQ(line, "dataset,example,chunk_variant,method,ratio,part,layer,k_rel,v_rel");
+  EXPECT_EQ(line, "dataset,example,chunk_context,method,ratio,part,layer,k_rel,v_rel");
   while (std::getline(in, line)) {
     std::stringstream ss(line);
     std::vector<std::string> f;
@@ -85,26 +85,26 @@ TEST(Deviation, RatioOneIsZeroLayerZeroValuesAreExactAndReuseDeviatesLaterSlow) 
     rows[{f[2], f[3], f[4], f[5], std::stoi(f[6])}] = {std::stod(f[7]), std::stod(f[8])};
   }
   const int layers = m.hparams().n_layers;
-  // 2 variants x (reuse + 2 methods x 2 ratios) x 2 parts x layers
+  // 2 chunk contexts x (reuse + 2 methods x 2 ratios) x 2 parts x layers
   EXPECT_EQ(rows.size(), static_cast<size_t>(2 * 5 * 2 * layers));
-  for (const std::string variant : {"alone", "prefixed"}) {
+  for (const std::string context : {"alone", "prefixed"}) {
     for (const std::string part : {"context", "question"})
       for (int l = 0; l < layers; ++l) {
         for (const std::string method : {"epic", "fusionrag"}) {
-          const Row r = rows.at({variant, method, "1", part, l});
-          EXPECT_LT(r.k, 1e-3) << variant << " " << method << " " << part << " layer " << l;
-          EXPECT_LT(r.v, 1e-3) << variant << " " << method << " " << part << " layer " << l;
+          const Row r = rows.at({context, method, "1", part, l});
+          EXPECT_LT(r.k, 1e-3) << context << " " << method << " " << part << " layer " << l;
+          EXPECT_LT(r.v, 1e-3) << context << " " << method << " " << part << " layer " << l;
         }
       }
     for (const std::string method : {"reuse", "fusionrag"}) {
-      const Row ctx0 = rows.at({variant, method, "0", "context", 0});
-      EXPECT_EQ(ctx0.v, 0.0) << variant << " " << method << ": layer-0 V depends on the token only";
-      EXPECT_LT(ctx0.k, 1e-3) << variant << " " << method << ": layer-0 K differs by moving keys only";
-      EXPECT_EQ(rows.at({variant, method, "0", "question", 0}).v, 0.0);
+      const Row ctx0 = rows.at({context, method, "0", "context", 0});
+      EXPECT_EQ(ctx0.v, 0.0) << context << " " << method << ": layer-0 V depends on the token only";
+      EXPECT_LT(ctx0.k, 1e-3) << context << " " << method << ": layer-0 K differs by moving keys only";
+      EXPECT_EQ(rows.at({context, method, "0", "question", 0}).v, 0.0);
     }
     // Reuse lacks the cross-chunk context from layer 1 on, on the chunks and so on U.
-    for (int l = 1; l < layers; ++l) EXPECT_GT(rows.at({variant, "reuse", "0", "context", l}).v, 1e-3) << l;
-    EXPECT_GT(rows.at({variant, "reuse", "0", "question", layers - 1}).k, 1e-3);
+    for (int l = 1; l < layers; ++l) EXPECT_GT(rows.at({context, "reuse", "0", "context", l}).v, 1e-3) << l;
+    EXPECT_GT(rows.at({context, "reuse", "0", "question", layers - 1}).k, 1e-3);
   }
   // Prefixed caches saw S: less deviation than alone ones on the chunks from layer 1 on (the
   // first chunk is even exact), on average over the layers.
