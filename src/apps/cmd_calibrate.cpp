@@ -129,7 +129,7 @@ void add_calibrate_command(CLI::App& app, CommandRunner& run) {
   cmd->add_option("--chunk-tokens", a->chunk_tokens, "0: a chunk per passage; N: fixed-size chunks")->capture_default_str();
   cmd->add_option("--chunks", a->chunks, "exactly this many chunks per request (with --chunk-tokens: the paper's 20 x 512)")
       ->capture_default_str();
-  cmd->add_option("--chunk-context,--chunk-variant", a->chunk_context, "chunk caches: alone or prefixed")->capture_default_str();
+  cmd->add_option("--chunk-context", a->chunk_context, "chunk caches: alone or prefixed")->capture_default_str();
   cmd->add_option("--evaluate", a->evaluate, "records file of another split: replay the policy on it instead of calibrating");
   cmd->add_option("--calibration", a->calibration, "with --evaluate: the calibration file to replay");
   cmd->add_option("--report", a->report, "with --evaluate: write the JSON report here");

@@ -174,7 +174,7 @@ size_t record_examples(const Model& model, Forward& fwd, const Dataset& dataset,
                          {"dataset", dataset.name},
                          {"index", e},
                          {"fingerprint", model.fingerprint_hex()},
-                         {"chunk_variant", chunk_context_name(o.chunk_context)},
+                         {"chunk_context", chunk_context_name(o.chunk_context)},
                          {"context_tokens", req.context_tokens()},
                          {"chunks", req.chunks.size()},
                          {"full", {{"ttft_ms", full_ttft}, {"answer", full_answer}, {"gold_f1", qa_f1(full_answer, ex.answers)}}},
@@ -226,7 +226,8 @@ autoq::AutoCalibration fit_calibration(const std::vector<json>& records, double 
   std::set<std::string> datasets;
   for (const auto& r : records) datasets.insert(r.at("dataset").get<std::string>());
   cal.provenance = {{"examples", records.size()}, {"datasets", datasets}, {"l2", l2}, {"fit", fit},
-                    {"chunk_variant", first.value("chunk_variant", "alone")}};
+                    // records of before the renaming (issue 25 item 4) say chunk_variant
+                    {"chunk_context", first.value("chunk_context", first.value("chunk_variant", "alone"))}};
   return cal;
 }
 
