@@ -30,8 +30,8 @@ for f in $FILES; do
     peer=.venv/bin/python
     [[ $isa == avx2 ]] && peer=.venv-avx2/bin/python
     echo "== $f $isa" >&2
-    .venv/bin/python bench/runtime_bench.py --binary "$BUILD/chunkfuse" --model "${FILE[$f]}" --threads 2 \
+    .venv/bin/python bench/runtime_bench.py --binary "$BUILD/chunkfuse" --model "${FILE[$f]}" --threads "${THREADS:-2}" \
       --isa "$isa" --peer-python "$peer" --peers repack,plain --reps "$REPS" --prompt-tokens "$PROMPTS" \
-      --gen-tokens 64 --wait-quiet 60 --out "$out/${f}_${isa}${SUFFIX:-}.json" 2>>bench/out/runtime_issue28.err | tail -7
+      --gen-tokens 64 --wait-quiet ${WAIT_QUIET:-15} --out "$out/${f}_${isa}_t${THREADS:-2}${SUFFIX:-}.json" 2>>bench/out/runtime_issue28.err | tail -7
   done
 done
