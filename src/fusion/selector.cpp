@@ -56,6 +56,13 @@ nlohmann::json method_catalog() {
     for (const auto& p : e.make()->parameters()) params.push_back(p.to_json());
     out.push_back({{"id", e.name}, {"parameters", params}});
   }
+  // Quality on demand (auto_quality.h): no options; it takes fusion.quality instead of a ratio.
+  out.push_back({{"id", "auto"},
+                 {"parameters", nlohmann::json::array()},
+                 {"fields", {MethodParam{"quality", "number", 0.9, {},
+                                         "probability in (0, 1] of an answer identical to full prefill's; "
+                                         "the policy picks method and ratio (fusion.quality, not fusion.ratio)"}
+                                 .to_json()}}});
   return out;
 }
 

@@ -107,6 +107,10 @@ json request_detail_json(const std::string& id, const CompletionRequest& req, co
          {"reorder", req.fusion.reorder},
          {"answer", r.text},
          {"usage", r.to_json()}};
+  if (!r.auto_choice.is_null()) {  // method auto: what it chose (fusion/auto_quality.h)
+    j["auto"] = r.auto_choice;
+    j["ratio"] = r.auto_choice.at("ratio");
+  }
   json ret = json::array();
   for (const auto& c : retrieved) {
     json x = c.to_json();

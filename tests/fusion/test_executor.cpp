@@ -89,7 +89,9 @@ TEST(MethodCatalog, EveryMethodAndEveryListedParameterConfigures) {
   for (const auto& m : catalog) ids.push_back(m.at("id"));
   std::vector<std::string> expected{"full"};
   for (const auto& n : selector_names()) expected.push_back(n);
+  expected.push_back("auto");  // issue 26: takes fusion.quality (its "fields"), no options
   EXPECT_EQ(ids, expected);
+  EXPECT_EQ(catalog.back().at("fields").at(0).at("name"), "quality");
   size_t params = 0;
   for (const auto& m : catalog) {
     const std::string id = m.at("id");

@@ -152,6 +152,18 @@ class WebUiTest(unittest.TestCase):
         self.assertLess(method_done, full_done)
         self.shot("4-compare")
 
+        # Quality on demand: "auto" takes a quality instead of a ratio, and the answer says
+        # what the server chose for it (issue 26).
+        p.get_by_test_id("compare").uncheck()
+        p.get_by_test_id("method").select_option("auto")
+        expect(p.get_by_test_id("quality")).to_be_visible()
+        expect(p.get_by_label("Ratio")).to_have_count(0)
+        p.get_by_test_id("quality").fill("0.9")
+        self.ask("What is the main export of Quenton?")
+        choice = p.locator(".turns > li").last.get_by_test_id("auto-choice")
+        expect(choice).to_contain_text("predicted", timeout=90000)
+        self.assertRegex(choice.inner_text(), r"→ (full|[a-z]+) ρ [01]\.\d\d")
+
         # Bad input gets a clear message in the page; the page keeps working.
         p.get_by_test_id("upload").set_input_files([self.file("empty.txt", b"")])
         expect(p.get_by_test_id("kb-error")).to_contain_text("empty")

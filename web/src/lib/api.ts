@@ -120,10 +120,20 @@ export interface DetailChunk {
   last_layer: number; // the last layer recomputing its rows (Cache-Craft stops unfocused chunks early)
   scores?: number[];
 }
+// What the auto policy chose (chunkfuse.auto).
+export interface AutoChoice {
+  method: string;
+  ratio: number;
+  predicted_quality: number;
+  decision_ms: number;
+  steps_run: number;
+  calibrated: boolean;
+}
 export interface Detail {
   id: string;
   method: string;
   ratio: number;
+  auto?: AutoChoice;
   answer: string;
   n_layers: number;
   chunks: DetailChunk[];
@@ -163,6 +173,7 @@ export interface ChatOptions {
   model: string;
   method: string;
   ratio: number;
+  quality: number; // method "auto": the probability of an answer identical to full prefill's
   reorder: boolean;
   k: number;
   maxTokens: number;
@@ -186,7 +197,11 @@ export async function streamChat(
       max_tokens: o.maxTokens,
       temperature: 0,
       retrieval: { k: o.k },
-      fusion: { method: o.method, ratio: o.ratio, reorder: o.reorder },
+      // "auto" picks the ratio itself from the quality asked for (a ratio with it is a 400).
+      fusion:
+        o.method === "auto"
+          ? { method: o.method, quality: o.quality, reorder: o.reorder }
+          : { method: o.method, ratio: o.ratio, reorder: o.reorder },
     }),
   });
   if (!res.ok || !res.body) throw await errorOf(res);
@@ -238,6 +253,7 @@ export interface MethodParam {
 export interface MethodInfo {
   id: string;
   parameters: MethodParam[];
+  fields?: MethodParam[]; // fusion fields besides the options ("auto": quality)
 }
 export interface MethodList {
   default: string;
