@@ -380,6 +380,7 @@ TEST(ServerApi, MethodsListTheRegistryWithParameters) {
   }
   std::vector<std::string> expected{"full"};
   for (const auto& n : selector_names()) expected.push_back(n);
+  expected.push_back("auto");  // issue 26: quality on demand, listed last with its "fields"
   EXPECT_EQ(ids, expected);
   const auto qc = std::find_if(j["data"].begin(), j["data"].end(), [](const json& m) { return m["id"] == "qcfuse"; });
   ASSERT_NE(qc, j["data"].end());
