@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <stdexcept>
 
+#include "runtime/generate.h"
+
 namespace cf::eval {
 
 std::vector<std::vector<TokenId>> split_tokens(const std::vector<TokenId>& tokens, size_t n) {
@@ -47,6 +49,16 @@ std::vector<CorpusChunk> dataset_knowledge_base(const Model& model, const Datase
     for (auto& c : build_example_request(model, ex, prompt, chunk_tokens).chunks)
       kb.push_back({model.tokenizer().decode(c, false), std::move(c)});
   return kb;
+}
+
+DecodedAnswer decode_answer(Forward& fwd, FusionResult& r, const std::vector<TokenId>& prompt, int max_tokens) {
+  Generator gen(fwd);
+  GenerateOptions opt;
+  opt.max_tokens = max_tokens;
+  opt.sampling.temperature = 0;  // greedy
+  opt.stop = {"\n"};
+  GenerateResult g = gen.continue_from(r.cache, r.logits, r.next_position, prompt, opt);
+  return {g.text, g.tokens.size(), g.decode_tokens_per_s(), g.stop_reason};
 }
 
 }  // namespace cf::eval

@@ -11,9 +11,11 @@
 // The system prefix S and question suffix U are the same in both layouts.
 #pragma once
 #include <cstddef>
+#include <string>
 #include <vector>
 
 #include "eval/datasets.h"
+#include "fusion/executor.h"
 #include "fusion/fusionrag_enrich.h"
 #include "fusion/rag_prompt.h"
 
@@ -32,6 +34,16 @@ RagRequest build_example_request(const Model& model, const QaExample& example, c
 // the whole dataset is too short or n_chunks is 0.
 RagRequest build_example_request_filled(const Model& model, const Dataset& dataset, size_t index,
                                         const RagPromptOptions& prompt, size_t chunk_tokens, size_t n_chunks);
+// The answer of a fused (or full) prefill as the benchmark decodes it: greedy, to the first
+// newline or max_tokens (the bench and `chunkfuse calibrate` compare answers decoded alike).
+struct DecodedAnswer {
+  std::string answer;
+  size_t tokens = 0;
+  double decode_tok_s = 0;
+  std::string stop_reason;
+};
+DecodedAnswer decode_answer(Forward& fwd, FusionResult& r, const std::vector<TokenId>& prompt, int max_tokens);
+
 // FusionRAG's knowledge base for a dataset (§3.1): every chunk of every example, also
 // beyond a --limit, so a chunk's neighbours come from the whole corpus as in the paper's
 // offline stage, not only from the passages retrieved with it.

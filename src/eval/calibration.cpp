@@ -14,22 +14,11 @@
 #include "fusion/executor.h"
 #include "kv/chunk_store.h"
 #include "model/model.h"
-#include "runtime/generate.h"
 
 namespace cf::eval {
 namespace {
 
 using nlohmann::json;
-
-// The bench's answer: greedy, up to the first newline or max_tokens (runner.cpp decodes the same way).
-std::string greedy_answer(Forward& fwd, FusionResult& r, const std::vector<TokenId>& prompt, int max_tokens) {
-  Generator gen(fwd);
-  GenerateOptions opt;
-  opt.max_tokens = max_tokens;
-  opt.sampling.temperature = 0;
-  opt.stop = {"\n"};
-  return gen.continue_from(r.cache, r.logits, r.next_position, prompt, opt).text;
-}
 
 std::set<std::string> recorded_ids(const std::string& path) {
   std::set<std::string> ids;
@@ -145,7 +134,7 @@ size_t record_examples(const Model& model, Forward& fwd, const Dataset& dataset,
     FusionResult full = executor.prefill(req, full_opt);
     const std::vector<float> full_logits = full.logits;
     const double full_ttft = full.timings.ttft_ms;
-    const std::string full_answer = greedy_answer(fwd, full, prompt, o.max_tokens);
+    const std::string full_answer = decode_answer(fwd, full, prompt, o.max_tokens).answer;
     json steps = json::array();
     std::vector<float> prev_logits;
     for (const LadderStep& s : o.ladder) {
@@ -165,7 +154,7 @@ size_t record_examples(const Model& model, Forward& fwd, const Dataset& dataset,
                   {"kl_to_full", kl_divergence_from_logits(full_logits, r.logits)},
                   {"kl_to_prev", prev_logits.empty() ? 0.0 : kl_divergence_from_logits(prev_logits, r.logits)}};
       prev_logits = r.logits;
-      const std::string answer = greedy_answer(fwd, r, prompt, o.max_tokens);
+      const std::string answer = decode_answer(fwd, r, prompt, o.max_tokens).answer;
       row["answer"] = answer;
       row["identical"] = answer == full_answer;
       steps.push_back(std::move(row));

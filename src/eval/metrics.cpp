@@ -6,6 +6,8 @@
 #include <stdexcept>
 #include <unordered_map>
 
+#include "runtime/sampler.h"
+
 namespace cf::eval {
 namespace {
 
@@ -80,18 +82,6 @@ size_t lcs_length(const std::vector<std::string>& a, const std::vector<std::stri
     std::swap(prev, cur);
   }
   return prev[b.size()];
-}
-
-// log-softmax in double
-std::vector<double> log_softmax(std::span<const float> x) {
-  double mx = -INFINITY;
-  for (float v : x) mx = std::max(mx, static_cast<double>(v));
-  double sum = 0;
-  for (float v : x) sum += std::exp(static_cast<double>(v) - mx);
-  const double lse = mx + std::log(sum);
-  std::vector<double> out(x.size());
-  for (size_t i = 0; i < x.size(); ++i) out[i] = static_cast<double>(x[i]) - lse;
-  return out;
 }
 
 std::string ascii_lower(std::string_view s) {

@@ -49,23 +49,6 @@ std::string shell_quote(const std::string& s) {
   return q + "'";
 }
 
-struct Decoded {
-  std::string answer;
-  size_t tokens = 0;
-  double decode_tok_s = 0;
-  std::string stop_reason;
-};
-
-Decoded decode(Forward& fwd, FusionResult& r, const std::vector<TokenId>& prompt, int max_tokens) {
-  Generator gen(fwd);
-  GenerateOptions opt;
-  opt.max_tokens = max_tokens;
-  opt.sampling.temperature = 0;  // greedy
-  opt.stop = {"\n"};
-  GenerateResult g = gen.continue_from(r.cache, r.logits, r.next_position, prompt, opt);
-  return {g.text, g.tokens.size(), g.decode_tokens_per_s(), g.stop_reason};
-}
-
 // The selector a run's method name stands for: a method preset's "method", else itself.
 std::string selector_of(const nlohmann::json& method_presets, const std::string& method) {
   if (method_presets.is_object() && method_presets.contains(method)) return method_presets.at(method).at("method").get<std::string>();
@@ -352,7 +335,7 @@ struct ExampleContext {
   const RagRequest& req;
   const std::vector<TokenId>& prompt;
   const FusionResult& full;
-  const Decoded& full_dec;
+  const DecodedAnswer& full_dec;
   uint64_t seed;
   double load_avg;
 };
@@ -360,7 +343,7 @@ struct ExampleContext {
 // One results.jsonl row: the answer's quality against gold and against full prefill, the
 // timings, and what the method did.
 json result_row(const BenchConfig& cfg, const ExampleContext& x, const BenchRun& run, const std::string& base,
-                const json& options, const FusionResult& r, const Decoded& dec, std::optional<double> jac,
+                const json& options, const FusionResult& r, const DecodedAnswer& dec, std::optional<double> jac,
                 const OfflineWork& offline) {
   const FusionTimings& t = r.timings;
   const auto& gold = x.ex.answers;
@@ -515,7 +498,7 @@ BenchSummary BenchRunner::run(const Dataset& dataset) {
 
     // (2) The reference.
     FusionResult full = executor.prefill(req, {"full", 1.0, cfg_.seed});
-    const Decoded full_dec = decode(fwd_, full, prompt, cfg_.max_tokens);  // its logits stay as they were
+    const DecodedAnswer full_dec = decode_answer(fwd_, full, prompt, cfg_.max_tokens);  // its logits stay as they were
     double load_avg[1] = {0};
     if (getloadavg(load_avg, 1) != 1) load_avg[0] = -1;
     const ExampleContext x{label, fp, ex, e, req, prompt, full, full_dec, cfg_.seed * 1000003ull + e, load_avg[0]};
@@ -529,14 +512,14 @@ BenchSummary BenchRunner::run(const Dataset& dataset) {
       progress.update(units, ex.id + " " + run.method + "@" + ratio_text(run.ratio) +
                                  (run.chunk_context == ChunkContext::prefixed ? " prefixed" : ""));
       std::optional<FusionResult> own;
-      Decoded dec = full_dec;
+      DecodedAnswer dec = full_dec;
       std::string base = run.method;
       json options = json::object();
       std::optional<double> jac;
       if (run.method != "full") {
         options = options_of(cfg_, run.method, base);
         own.emplace(executor.prefill(req, {base, run.ratio, x.seed, options, run.chunk_context}));
-        dec = decode(fwd_, *own, prompt, cfg_.max_tokens);
+        dec = decode_answer(fwd_, *own, prompt, cfg_.max_tokens);
         if (!cfg_.jaccard_reference.empty() && run.method != "reuse") {
           const std::string rk = ratio_text(run.ratio) + " " + chunk_context_name(run.chunk_context);
           if (run.method == cfg_.jaccard_reference) reference_slots[rk] = own->recomputed;

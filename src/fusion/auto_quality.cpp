@@ -14,22 +14,12 @@
 #include "base/clock.h"
 #include "base/paths.h"
 #include "fusion/bundled_files.h"
+#include "runtime/sampler.h"
 
 namespace cf::autoq {
 namespace {
 
 using nlohmann::json;
-
-// Softmax of a logit row in double (the vocabulary is large, the tail matters for entropy).
-std::vector<double> softmax(std::span<const float> logits) {
-  if (logits.empty()) throw std::invalid_argument("auto: empty logits");
-  const float mx = *std::max_element(logits.begin(), logits.end());
-  std::vector<double> p(logits.size());
-  double sum = 0;
-  for (size_t i = 0; i < logits.size(); ++i) sum += p[i] = std::exp(static_cast<double>(logits[i]) - mx);
-  for (double& v : p) v /= sum;
-  return p;
-}
 
 std::invalid_argument field_error(const std::string& source, const std::string& what) {
   return std::invalid_argument(source + ": " + what);
@@ -38,20 +28,17 @@ std::invalid_argument field_error(const std::string& source, const std::string& 
 }  // namespace
 
 FirstTokenSignals first_token_signals(std::span<const float> logits) {
-  const std::vector<double> p = softmax(logits);
+  if (logits.empty()) throw std::invalid_argument("auto: empty logits");
+  const std::vector<double> lp = log_softmax(logits);
   FirstTokenSignals s;
-  double p1 = -1, p2 = -1;
-  for (size_t i = 0; i < p.size(); ++i) {
-    if (p[i] > p1) {
-      p2 = p1;
-      p1 = p[i];
-      s.top1 = static_cast<int32_t>(i);
-    } else if (p[i] > p2) {
-      p2 = p[i];
-    }
-    if (p[i] > 0) s.entropy -= p[i] * std::log(p[i]);
+  s.top1 = argmax(logits.data(), logits.size());
+  double second = 0;
+  for (size_t i = 0; i < lp.size(); ++i) {
+    const double p = std::exp(lp[i]);
+    if (static_cast<int32_t>(i) != s.top1) second = std::max(second, p);
+    if (p > 0) s.entropy -= p * lp[i];
   }
-  s.margin = p1 - std::max(p2, 0.0);
+  s.margin = std::exp(lp[s.top1]) - second;
   return s;
 }
 
@@ -245,11 +232,12 @@ FusionResult prefill(FusionExecutor& executor, const RagRequest& request, const 
       FusionResult r = executor.prefill(request, opt);
       const auto t0 = SteadyClock::now();
       const FirstTokenSignals s = first_token_signals(r.logits);
-      const double p = cal->predict(k, s);
+      const double p = cal->predict(k, s);  // reported; accepts() decides, as the replay does
+      const bool accepted = accepts(*cal, k, s, quality);
       const double predict_ms = ms_since(t0);
       ++decision.steps_run;
       decision.trace.push_back({{"method", step.method}, {"ratio", step.ratio}, {"predicted", p}, {"ttft_ms", r.timings.ttft_ms}});
-      if (p >= quality) {
+      if (accepted) {
         decision.method = step.method;
         decision.ratio = step.ratio;
         decision.predicted_quality = p;

@@ -24,6 +24,17 @@ TokenId argmax(const float* logits, size_t n) {
   return static_cast<TokenId>(std::max_element(logits, logits + n) - logits);
 }
 
+std::vector<double> log_softmax(std::span<const float> x) {
+  double mx = -INFINITY;
+  for (float v : x) mx = std::max(mx, static_cast<double>(v));
+  double sum = 0;
+  for (float v : x) sum += std::exp(static_cast<double>(v) - mx);
+  const double lse = mx + std::log(sum);
+  std::vector<double> out(x.size());
+  for (size_t i = 0; i < x.size(); ++i) out[i] = static_cast<double>(x[i]) - lse;
+  return out;
+}
+
 TokenId Sampler::sample(const float* logits, size_t vocab, std::span<const TokenId> history) {
   struct Cand {
     TokenId id;

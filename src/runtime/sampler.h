@@ -6,6 +6,7 @@
 #include <random>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "model/tokenizer.h"
 
@@ -35,5 +36,7 @@ class Sampler {
 };
 
 TokenId argmax(const float* logits, size_t n);
+// log(softmax(logits)) in double (the whole vocabulary's tail counts for KL and entropy).
+std::vector<double> log_softmax(std::span<const float> logits);
 
 }  // namespace cf
