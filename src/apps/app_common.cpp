@@ -21,6 +21,13 @@ void add_model_options(CLI::App& cmd, ModelOptions& opt) {
       ->capture_default_str();
 }
 
+void add_prompt_options(CLI::App& cmd, RagPromptOptions& opt) {
+  cmd.add_option("--system", opt.system, "system message of the RAG prompt (empty: the template's own)")
+      ->capture_default_str();
+  cmd.add_option("--question-cue", opt.question_cue, "text after the question, the last words before the answer")
+      ->capture_default_str();
+}
+
 std::unique_ptr<Model> load_model(const ModelOptions& opt, bool quiet) {
   if (!std::filesystem::exists(opt.model_path))
     throw std::runtime_error("model file not found: " + opt.model_path +

@@ -6,6 +6,7 @@
 
 #include "apps/commands.h"
 #include "base/thread_pool.h"
+#include "fusion/rag_prompt.h"
 #include "kv/chunk_key.h"
 #include "model/model.h"
 
@@ -18,6 +19,10 @@ struct ModelOptions {
 
 // Adds -m/--model (defaulting to the setup script's model) and -t/--threads.
 void add_model_options(CLI::App& cmd, ModelOptions& opt);
+
+// Adds --system and --question-cue: the RAG layout's words (fusion/rag_prompt.h), for trying
+// another layout; the defaults are the measured one (BENCHMARKS.md, "The RAG prompt").
+void add_prompt_options(CLI::App& cmd, RagPromptOptions& opt);
 
 // Loads the model, printing what it loaded to stderr; throws with a clear message.
 std::unique_ptr<Model> load_model(const ModelOptions& opt, bool quiet = false);

@@ -29,6 +29,7 @@ struct AskArgs {
   bool show_tokens = true;
   uint64_t seed = 0;
   std::string chunk_context = "alone";
+  RagPromptOptions prompt;
 };
 
 // The context with recomputed tokens highlighted (reverse video on a terminal, [[...]]
@@ -67,7 +68,7 @@ int run_ask(const AskArgs& a) {
   ChunkStore store(so);
   FusionExecutor executor(fwd, store);
 
-  RagRequest req = build_rag_request(*model, passages, a.question);
+  RagRequest req = build_rag_request(*model, passages, a.question, a.prompt);
   if (static_cast<int>(req.flatten().size()) + a.max_tokens > model->hparams().context_length)
     throw std::runtime_error("prompt of " + std::to_string(req.flatten().size()) + " tokens plus " +
                              std::to_string(a.max_tokens) + " to generate exceeds the context of " +
@@ -165,6 +166,7 @@ void add_ask_command(CLI::App& app, CommandRunner& run) {
   cmd->add_option("--chunk-context,--chunk-variant", a->chunk_context, "chunk caches: alone (from position 0) or prefixed (after S)")
       ->check(CLI::IsMember({"alone", "prefixed"}))
       ->capture_default_str();
+  add_prompt_options(*cmd, a->prompt);
   cmd->add_flag("--json", a->json, "print one JSON object");
   cmd->add_flag("!--no-tokens", a->show_tokens, "do not print the recomputed tokens");
   cmd->callback([&run, a] { run = [a] { return run_ask(*a); }; });

@@ -43,6 +43,7 @@ struct BenchArgs {
   std::string jaccard_ref;
   size_t chunks = 0;
   std::string chunk_contexts = "alone";
+  RagPromptOptions prompt;
 };
 
 // "K/N" -> (K, N) with 0 <= K < N.
@@ -76,6 +77,9 @@ void record_command(const BenchArgs& a) {
   if (!a.jaccard_ref.empty()) c << " --jaccard-ref " << a.jaccard_ref;
   if (a.chunks) c << " --chunks " << a.chunks;
   if (a.chunk_contexts != "alone") c << " --chunk-contexts " << a.chunk_contexts;
+  const RagPromptOptions default_prompt;
+  if (a.prompt.system != default_prompt.system) c << " --system '" << a.prompt.system << "'";
+  if (a.prompt.question_cue != default_prompt.question_cue) c << " --question-cue '" << a.prompt.question_cue << "'";
   if (a.peer) c << " --peer";
   if (!a.peer_python.empty()) c << " --peer-python " << a.peer_python;
   c << " --max-tokens " << a.max_tokens << " --seed " << a.seed << " -t " << a.model.threads;
@@ -135,6 +139,7 @@ int run_bench(const BenchArgs& a) {
   cfg.memory_budget_bytes = a.memory_mb << 20;
   cfg.model_name = std::filesystem::path(a.model.model_path).filename().string();
   cfg.chunk_tokens = a.chunk_tokens;
+  cfg.prompt = a.prompt;
   cfg.chunk_contexts = parse_chunk_context_list(a.chunk_contexts, "--chunk-contexts");
   if (!a.method_options.empty()) {
     try {
@@ -239,6 +244,7 @@ void add_bench_command(CLI::App& app, CommandRunner& run) {
                   "from position 0) and/or prefixed (after the system prefix S, FusionRAG eq. 5); prefixed rows "
                   "carry chunk_context and the report compares them with alone, paired")
       ->capture_default_str();
+  add_prompt_options(*cmd, a->prompt);
   cmd->add_option("--out", a->out, "output folder (results.jsonl, report.md, summary.csv, plots)")->required();
   cmd->add_option("--store", a->store, "chunk-cache store folder (default: <out>/store)");
   cmd->add_flag("--memory-store", a->memory_store, "keep chunk caches in memory only (no disk tier)");

@@ -209,16 +209,29 @@ std::vector<BenchRun> planned_runs(const BenchConfig& cfg) {
 
 // The row keys already in `results_path` (a resumed bench skips them). Rows of this dataset and
 // model made with another max_tokens cannot be mixed with new ones: throws.
+// Rows written before rows named their prompt layout were made with this one.
+std::string first_layout_id() {
+  RagPromptOptions first;
+  first.system = "You are a helpful assistant. Answer the question using the passages. Answer briefly.";
+  first.question_cue.clear();
+  return prompt_layout_id(first);
+}
+
 std::set<std::string> rows_present(const std::string& results_path, const std::string& label, uint64_t fp,
-                                   int max_tokens) {
+                                   int max_tokens, const std::string& layout) {
   std::set<std::string> done;
+  const std::string first_layout = first_layout_id();
   for (const json& row : read_results(results_path)) {
     if (!row.contains("dataset") || !row.contains("example") || !row.contains("method") || !row.contains("ratio"))
       continue;
-    if (row.value("dataset", "") == label && row.value("model_fingerprint", "") == fingerprint_hex(fp) &&
-        row.value("max_tokens", 0) != max_tokens)
+    const bool same_data = row.value("dataset", "") == label && row.value("model_fingerprint", "") == fingerprint_hex(fp);
+    if (same_data && row.value("max_tokens", 0) != max_tokens)
       throw std::runtime_error(results_path + " holds rows of this dataset and model made with max_tokens " +
                                std::to_string(row.value("max_tokens", 0)) + "; use a fresh --out or the same settings");
+    if (same_data && row.value("prompt_layout", first_layout) != layout)
+      throw std::runtime_error(results_path + " holds rows of this dataset and model made with another prompt layout (" +
+                               row.value("prompt_layout", first_layout) + ", this run's is " + layout +
+                               ": --system/--question-cue or the defaults changed); use a fresh --out or the same words");
     uint64_t row_fp = std::strtoull(row.value("model_fingerprint", "0").c_str(), nullptr, 16);
     ChunkContext chunk_context = ChunkContext::alone;
     // "chunk_context"; rows written before issue 25 name it "chunk_variant".
@@ -385,6 +398,7 @@ json result_row(const BenchConfig& cfg, const ExampleContext& x, const BenchRun&
            {"stop_reason", dec.stop_reason},
            {"decode_tok_s", dec.decode_tok_s},
            {"max_tokens", cfg.max_tokens},
+           {"prompt_layout", prompt_layout_id(cfg.prompt)},
            {"seed", x.seed},
            {"threads", cfg.threads},
            {"store", cfg.memory_only_store ? "memory" : std::string("disk-") + dtype_name(cfg.disk_dtype)},
@@ -422,7 +436,7 @@ BenchSummary BenchRunner::run(const Dataset& dataset) {
   BenchSummary sum;
   sum.results_path = (fs::path(cfg_.out_dir) / "results.jsonl").string();
   const std::string label = dataset_label(dataset.name, cfg_.chunk_tokens, cfg_.chunks_per_request);
-  const std::set<std::string> done = rows_present(sum.results_path, label, fp, cfg_.max_tokens);
+  const std::set<std::string> done = rows_present(sum.results_path, label, fp, cfg_.max_tokens, prompt_layout_id(cfg_.prompt));
 
   // This shard's examples, and the runs each still lacks.
   const size_t n_examples = cfg_.limit ? std::min(cfg_.limit, dataset.examples.size()) : dataset.examples.size();

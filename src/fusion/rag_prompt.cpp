@@ -1,11 +1,22 @@
 #include "fusion/rag_prompt.h"
 
+#include <xxhash.h>
+
+#include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 #include <tuple>
 
 namespace cf {
+
+std::string prompt_layout_id(const RagPromptOptions& opt) {
+  const std::string words = opt.system + '\x1f' + opt.question_cue + '\x1f' + opt.passage_separator + '\x1f' +
+                            (opt.use_chat_template ? "chat" : "plain");
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(XXH3_64bits(words.data(), words.size())));
+  return hex;
+}
 
 std::vector<TokenId> RagRequest::flatten() const {
   std::vector<TokenId> all(system);
@@ -153,7 +164,8 @@ std::vector<std::string> default_chat_stops(const ChatTemplate& tmpl) {
 RagRequest build_rag_request(const Model& model, const std::vector<Passage>& passages, const std::string& question,
                              const RagPromptOptions& opt) {
   const Tokenizer& tok = model.tokenizer();
-  const std::string question_text = "Question: " + question;
+  const std::string question_label = "Question: ";
+  const std::string question_text = question_label + question + opt.question_cue;
   // S and the text after U: the model's own chat template around an empty user turn, or the
   // plain-text layout (a file without a template, e.g. a base model, or when asked).
   std::vector<ChatMessage> msgs;
@@ -169,8 +181,9 @@ RagRequest build_rag_request(const Model& model, const std::vector<Passage>& pas
   r.system = tok.encode(before, /*add_special=*/true, /*parse_special=*/true);
   for (const auto& p : passages) r.chunks.push_back(tok.encode(passage_text(p, opt), false, false));
   r.suffix = tok.encode(question_text + after, false, true);
-  const size_t q_at = question_text.size() - question.size();
-  std::tie(r.question_begin, r.question_end) = rows_spelling(tok, r.suffix, question_text + after, q_at, question_text.size());
+  const size_t q_at = question_label.size();
+  std::tie(r.question_begin, r.question_end) =
+      rows_spelling(tok, r.suffix, question_text + after, q_at, q_at + question.size());
   return r;
 }
 

@@ -20,9 +20,15 @@ struct Passage {
 
 struct RagPromptOptions {
   std::string system = "You are a helpful assistant. Answer the question using the passages. Answer briefly.";
+  // Text after the question in U ("Question: <question><cue>"), the last words the model reads.
+  std::string question_cue;
   std::string passage_separator = "\n\n";  // appended to every passage
   bool use_chat_template = true;  // when the model file has one (else plain text)
 };
+
+// A short name for the layout's words (16 hex digits of their hash): bench rows carry it, so
+// a resumed run never mixes answers to differently worded prompts.
+std::string prompt_layout_id(const RagPromptOptions& opt);
 
 struct RagRequest {
   std::vector<TokenId> system;              // S

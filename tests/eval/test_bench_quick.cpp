@@ -233,6 +233,13 @@ TEST(BenchQuick, TwoMusiqueExamples) {
   other.max_tokens = 5;
   BenchRunner mixed(fwd, other);
   EXPECT_THROW(mixed.run(data), std::runtime_error);
+  // So is another prompt layout (its answers are to another prompt); every row names its own.
+  for (const auto& r : read_results(first.results_path)) EXPECT_EQ(r["prompt_layout"], prompt_layout_id(cfg.prompt));
+  BenchConfig reworded = cfg;
+  reworded.prompt.question_cue = "\nIn a few words.";
+  BenchRunner reworded_run(fwd, reworded);
+  EXPECT_THROW(reworded_run.run(data), std::runtime_error);
+  EXPECT_EQ(read_results(first.results_path).size(), 8u);
 
   // The report.
   std::string how_to;

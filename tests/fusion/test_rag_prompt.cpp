@@ -34,6 +34,20 @@ TEST(RagPrompt, RequestInPlainTextLayout) {
   const std::vector<TokenId> q(r.suffix.begin() + static_cast<std::ptrdiff_t>(r.question_begin),
                                r.suffix.begin() + static_cast<std::ptrdiff_t>(r.question_end));
   EXPECT_EQ(m.tokenizer().decode(q, false), " What is exported?");
+
+  // A cue after the question ends U; the probe rows still spell the question alone, and the
+  // layout's name changes with its words.
+  RagPromptOptions cued = opt;
+  cued.question_cue = "\nIn a few words.";
+  const RagRequest c = build_rag_request(m, {{"Ore", "Copper is mined here."}}, "What is exported?", cued);
+  EXPECT_EQ(m.tokenizer().decode(c.suffix, false), "Question: What is exported?\nIn a few words.\nAnswer:");
+  EXPECT_EQ(c.system, r.system);
+  EXPECT_EQ(c.chunks, r.chunks);
+  const std::vector<TokenId> cq(c.suffix.begin() + static_cast<std::ptrdiff_t>(c.question_begin),
+                                c.suffix.begin() + static_cast<std::ptrdiff_t>(c.question_end));
+  EXPECT_EQ(m.tokenizer().decode(cq, false), " What is exported?");
+  EXPECT_NE(prompt_layout_id(cued), prompt_layout_id(opt));
+  EXPECT_EQ(prompt_layout_id(cued), prompt_layout_id(cued));
 }
 
 TEST(RagPrompt, PlainTextChatForAFileWithoutTemplate) {
