@@ -89,4 +89,12 @@ BENCHMARK(q6_k)->Apply(llama_1b_shapes)->UseRealTime()->MinTime(0.2);
 // Decode through Llama-3.2-1B's tied output matrix (Q6_K in its Q4_K_M file, 128256 x 2048,
 // larger than any cache): a memory-bound GEMV, where the stored bytes per weight decide.
 BENCHMARK(q6_k)->Args({128256, 2048, 1, 2})->UseRealTime()->MinTime(1.0);
+// Decode as a model runs it: the other matrices above fit in this machine's 32 MiB L3, a
+// model's layers together do not, so these stream from memory like a token's GEMVs
+// (Qwen2.5 1.5B's and 0.5B's widths; issue 28).
+BENCHMARK(q4_k)->Args({65536, 1536, 1, 1})->UseRealTime()->MinTime(0.5);
+BENCHMARK(q6_k)->Args({65536, 1536, 1, 1})->UseRealTime()->MinTime(0.5);
+BENCHMARK(q5_0)->Args({65536, 896, 1, 1})->UseRealTime()->MinTime(0.5);
+BENCHMARK(q8_0)->Args({65536, 896, 1, 1})->UseRealTime()->MinTime(0.5);
+BENCHMARK(q4_0)->Args({65536, 576, 1, 1})->UseRealTime()->MinTime(0.5);
 BENCHMARK_MAIN();

@@ -491,73 +491,96 @@ void k_batched_tile(const uint8_t* tile, size_t nb, const ActView& a, size_t r0,
   }
 }
 
-// The vec-dot order (fewer than kKQuantBatchedRows rows: decode).
+// The vec-dot order (fewer than kKQuantBatchedRows rows: decode), R activation rows x all
+// 16 rows of the tile (out[r][16]). Decode streams the weights from memory once, so both
+// halves of a super-tile are done while it is in L1: a pass per half over the whole row
+// left the memory idle during the second pass (the prefetches run ahead only in the first).
 template <KQuant Q, int R>
-void k_half(const uint8_t* tile, size_t nb, const ActView& a, size_t r0, int h, float* out) {
+void k_vec(const uint8_t* tile, size_t nb, const ActView& a, size_t r0, float* out) {
   constexpr KTileGeom G = ktile_geom(Q);
-  __m256 lane[R][8], accm[R][4], summs[R];
-  for (int r = 0; r < R; ++r) {
-    for (int g = 0; g < 8; ++g) lane[r][g] = _mm256_setzero_ps();
-    for (int i = 0; i < 4; ++i) accm[r][i] = _mm256_setzero_ps();
-    summs[r] = _mm256_setzero_ps();
-  }
+  __m256 lane[R][2][8], accm[R][2][4], summs[R][2];
+  for (int r = 0; r < R; ++r)
+    for (int h = 0; h < 2; ++h) {
+      for (int g = 0; g < 8; ++g) lane[r][h][g] = _mm256_setzero_ps();
+      for (int i = 0; i < 4; ++i) accm[r][h][i] = _mm256_setzero_ps();
+      summs[r][h] = _mm256_setzero_ps();
+    }
   for (size_t sb = 0; sb < nb / 8; ++sb) {
     const uint8_t* t = tile + sb * G.bytes;
-    __m256i S[R][8];
-    for (int r = 0; r < R; ++r) {
-      const int32_t* bs16 = a.kbs16(r0 + r) + 16 * sb;
-      for (int g = 0; g < 8; ++g) {
-        S[r][g] = _mm256_setzero_si256();
-        if constexpr (Q == KQuant::Q6) {  // the -32 offset, lane g taking block g's share
-          const __m256i lo = _mm256_mullo_epi32(scales8(t + G.sc + 16 * g + 8 * h, true), _mm256_set1_epi32(bs16[2 * g]));
-          const __m256i hi = _mm256_mullo_epi32(scales8(t + G.sc_hi + 16 * g + 8 * h, true), _mm256_set1_epi32(bs16[2 * g + 1]));
-          S[r][g] = _mm256_mullo_epi32(_mm256_add_epi32(lo, hi), _mm256_set1_epi32(-32));
+    for (int h = 0; h < 2; ++h) {
+      __m256i S[R][8];
+      for (int r = 0; r < R; ++r) {
+        const int32_t* bs16 = a.kbs16(r0 + r) + 16 * sb;
+        for (int g = 0; g < 8; ++g) {
+          S[r][g] = _mm256_setzero_si256();
+          if constexpr (Q == KQuant::Q6) {  // the -32 offset, lane g taking block g's share
+            const __m256i lo = _mm256_mullo_epi32(scales8(t + G.sc + 16 * g + 8 * h, true), _mm256_set1_epi32(bs16[2 * g]));
+            const __m256i hi = _mm256_mullo_epi32(scales8(t + G.sc_hi + 16 * g + 8 * h, true), _mm256_set1_epi32(bs16[2 * g + 1]));
+            S[r][g] = _mm256_mullo_epi32(_mm256_add_epi32(lo, hi), _mm256_set1_epi32(-32));
+          }
         }
       }
-    }
-    for (size_t c = 0; c < 8; ++c) {
-      const size_t b = sb * 8 + c;
-      __m256i w[8];
-      if (h == 0) prefetch_ahead(t + G.block * c, G.block);
-      nib_block_half<G.high_bits>(t + G.block * c, h, w);
-      const __m256i sc_lo = scale_pairs8(scales8(t + G.sc + 16 * c + 8 * h, Q == KQuant::Q6));
-      const __m256i sc_hi = Q == KQuant::Q6 ? scale_pairs8(scales8(t + G.sc_hi + 16 * c + 8 * h, true)) : sc_lo;
-      for (int r = 0; r < R; ++r) {
-        const int8_t* q = a.qs(r0 + r) + b * kQK;
-        for (int g = 0; g < 8; ++g)
-          S[r][g] = _mm256_add_epi32(S[r][g], _mm256_madd_epi16(_mm256_maddubs_epi16(w[g], bcast32(q + 4 * g)),
-                                                                g < 4 ? sc_lo : sc_hi));
+      for (size_t c = 0; c < 8; ++c) {
+        const size_t b = sb * 8 + c;
+        __m256i w[8];
+        if (h == 0)  // an eighth of the super-tile ahead per block: scales and d included
+          for (size_t off = c * G.bytes / 8 / 64 * 64; off < (c + 1) * G.bytes / 8; off += 64)
+            __builtin_prefetch(t + kStreamPrefetchBytes + off, 0, 3);
+        nib_block_half<G.high_bits>(t + G.block * c, h, w);
+        const __m256i sc_lo = scale_pairs8(scales8(t + G.sc + 16 * c + 8 * h, Q == KQuant::Q6));
+        const __m256i sc_hi = Q == KQuant::Q6 ? scale_pairs8(scales8(t + G.sc_hi + 16 * c + 8 * h, true)) : sc_lo;
+        for (int r = 0; r < R; ++r) {
+          const int8_t* q = a.qs(r0 + r) + b * kQK;
+          for (int g = 0; g < 8; ++g)
+            S[r][g] = _mm256_add_epi32(S[r][g], _mm256_madd_epi16(_mm256_maddubs_epi16(w[g], bcast32(q + 4 * g)),
+                                                                  g < 4 ? sc_lo : sc_hi));
+        }
       }
-    }
-    const __m256 dw = _mm256_loadu_ps(reinterpret_cast<const float*>(t + G.d + 32 * h));
-    for (int r = 0; r < R; ++r) {
-      const float xd = a.kd(r0 + r)[sb];
-      const __m256 dd = _mm256_mul_ps(_mm256_set1_ps(xd), dw);
-      for (int g = 0; g < 8; ++g) lane[r][g] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(S[r][g]), lane[r][g]);
-      if constexpr (Q != KQuant::Q6) {
-        const __m256 dmin =
-            _mm256_mul_ps(_mm256_set1_ps(-xd), _mm256_loadu_ps(reinterpret_cast<const float*>(t + G.dmin + 32 * h)));
-        const int32_t* bs16 = a.kbs16(r0 + r) + 16 * sb;
-        __m256i mb[8];
-        for (int j = 0; j < 8; ++j)
-          mb[j] = _mm256_mullo_epi32(scales8(t + G.m + 16 * j + 8 * h, false), _mm256_set1_epi32(bs16[2 * j] + bs16[2 * j + 1]));
-        if constexpr (Q == KQuant::Q4) {
-          for (int i = 0; i < 4; ++i)
-            accm[r][i] = _mm256_fmadd_ps(dmin, _mm256_cvtepi32_ps(_mm256_add_epi32(mb[2 * i], mb[2 * i + 1])), accm[r][i]);
-        } else {
-          __m256i tot = mb[0];
-          for (int j = 1; j < 8; ++j) tot = _mm256_add_epi32(tot, mb[j]);
-          summs[r] = _mm256_fmadd_ps(dmin, _mm256_cvtepi32_ps(tot), summs[r]);
+      const __m256 dw = _mm256_loadu_ps(reinterpret_cast<const float*>(t + G.d + 32 * h));
+      for (int r = 0; r < R; ++r) {
+        const float xd = a.kd(r0 + r)[sb];
+        const __m256 dd = _mm256_mul_ps(_mm256_set1_ps(xd), dw);
+        for (int g = 0; g < 8; ++g) lane[r][h][g] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(S[r][g]), lane[r][h][g]);
+        if constexpr (Q != KQuant::Q6) {
+          const __m256 dmin =
+              _mm256_mul_ps(_mm256_set1_ps(-xd), _mm256_loadu_ps(reinterpret_cast<const float*>(t + G.dmin + 32 * h)));
+          const int32_t* bs16 = a.kbs16(r0 + r) + 16 * sb;
+          __m256i mb[8];
+          for (int j = 0; j < 8; ++j)
+            mb[j] = _mm256_mullo_epi32(scales8(t + G.m + 16 * j + 8 * h, false), _mm256_set1_epi32(bs16[2 * j] + bs16[2 * j + 1]));
+          if constexpr (Q == KQuant::Q4) {
+            for (int i = 0; i < 4; ++i)
+              accm[r][h][i] = _mm256_fmadd_ps(dmin, _mm256_cvtepi32_ps(_mm256_add_epi32(mb[2 * i], mb[2 * i + 1])), accm[r][h][i]);
+          } else {
+            __m256i tot = mb[0];
+            for (int j = 1; j < 8; ++j) tot = _mm256_add_epi32(tot, mb[j]);
+            summs[r][h] = _mm256_fmadd_ps(dmin, _mm256_cvtepi32_ps(tot), summs[r][h]);
+          }
         }
       }
     }
   }
-  for (int r = 0; r < R; ++r) {
-    __m256 res = hsum8_lanes(lane[r]);
-    if constexpr (Q == KQuant::Q4)
-      res = _mm256_add_ps(res, _mm256_add_ps(_mm256_add_ps(accm[r][0], accm[r][2]), _mm256_add_ps(accm[r][1], accm[r][3])));
-    if constexpr (Q == KQuant::Q5) res = _mm256_add_ps(res, summs[r]);
-    _mm256_storeu_ps(out + 8 * r, res);
+  for (int r = 0; r < R; ++r)
+    for (int h = 0; h < 2; ++h) {
+      __m256 res = hsum8_lanes(lane[r][h]);
+      const __m256* m = accm[r][h];
+      if constexpr (Q == KQuant::Q4) res = _mm256_add_ps(res, _mm256_add_ps(_mm256_add_ps(m[0], m[2]), _mm256_add_ps(m[1], m[3])));
+      if constexpr (Q == KQuant::Q5) res = _mm256_add_ps(res, summs[r][h]);
+      _mm256_storeu_ps(out + 16 * r + 8 * h, res);
+    }
+}
+
+template <KQuant Q>
+void k_vec_tile(const uint8_t* tile, size_t nb, const ActView& a, size_t r0, size_t nr, float* y, size_t y_stride,
+                unsigned o_lo, unsigned o_hi) {
+  alignas(32) float buf[2 * 16];
+  for (size_t r = 0; r < nr;) {
+    const size_t g = nr - r >= 2 ? 2 : 1;
+    if (g == 2) k_vec<Q, 2>(tile, nb, a, r0 + r, buf);
+    else k_vec<Q, 1>(tile, nb, a, r0 + r, buf);
+    for (size_t i = 0; i < g; ++i)
+      for (unsigned o = o_lo; o < o_hi; ++o) y[(r + i) * y_stride + o] = buf[16 * i + o];
+    r += g;
   }
 }
 
@@ -655,34 +678,6 @@ void pair_tile(const uint8_t* tile, size_t nb, const ActView& a, size_t r0, size
   }
 }
 
-using HalfFn = void (*)(const uint8_t*, size_t, const ActView&, size_t, int, float*);
-
-// F4 (4 rows at a time; null: none), F2, F1.
-template <HalfFn F1, HalfFn F2, HalfFn F4 = nullptr>
-void run_tile(const uint8_t* tile, size_t nb, const ActView& a, size_t r0, size_t nr, float* y, size_t y_stride,
-              unsigned o_lo, unsigned o_hi) {
-  alignas(32) float buf[4 * 8];
-  for (int h = 0; h < 2; ++h) {
-    const unsigned lo = std::max(o_lo, 8u * h), hi = std::min(o_hi, 8u * h + 8);
-    if (lo >= hi) continue;
-    size_t r = 0;
-    for (; r < nr; ) {
-      const size_t left = nr - r;
-      const size_t g = F4 != nullptr && left >= 4 ? 4 : left >= 2 ? 2 : 1;
-      if (g == 4) {
-        if constexpr (F4 != nullptr) F4(tile, nb, a, r0 + r, h, buf);
-      } else if (g == 2) {
-        F2(tile, nb, a, r0 + r, h, buf);
-      } else {
-        F1(tile, nb, a, r0 + r, h, buf);
-      }
-      for (size_t i = 0; i < g; ++i)
-        for (unsigned o = lo; o < hi; ++o) y[(r + i) * y_stride + o] = buf[8 * i + o - 8 * h];
-      r += g;
-    }
-  }
-}
-
 template <PairKind P>
 constexpr TileKernelFn kPairTile = pair_tile<P>;
 
@@ -690,7 +685,7 @@ constexpr TileKernelFn kPairTile = pair_tile<P>;
 }  // namespace
 
 template <KQuant Q>
-constexpr TileKernelFn kKTile = run_tile<k_half<Q, 1>, k_half<Q, 2>>;
+constexpr TileKernelFn kKTile = k_vec_tile<Q>;
 
 TileKernelFn kquant_tile_avx2(KQuant q, bool batched) {
   switch (q) {
