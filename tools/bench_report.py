@@ -72,11 +72,16 @@ def read_rows(path):
     return read_jsonl(path, "bench_report")
 
 
+def display_method(r):
+    """auto's rows carry its quality target in the ratio slot (bench --qualities): "auto q"."""
+    return "auto q" if r["method"] == "auto" else r["method"]
+
+
 def method_order(rows):
     order = ["full", "reuse"]
     for r in rows:
-        if r["method"] not in order:
-            order.append(r["method"])
+        if display_method(r) not in order:
+            order.append(display_method(r))
     return order
 
 
@@ -90,7 +95,7 @@ def aggregate(rows, peer=None):
     peer = peer or {}
     groups = defaultdict(lambda: defaultdict(list))
     for r in rows:
-        groups[(r["dataset"], r.get("model", ""))][(r["method"], float(r["ratio"]))].append(r)
+        groups[(r["dataset"], r.get("model", ""))][(display_method(r), float(r["ratio"]))].append(r)
     out = OrderedDict()
     for key in sorted(groups):
         cells = groups[key]
@@ -114,6 +119,7 @@ def aggregate(rows, peer=None):
             a["rouge_l"] = mean([r["rouge_l"] for r in rs])
             a["string_match"] = mean([r["string_match"] for r in rs if "string_match" in r])
             a["fidelity_f1"] = mean([r["fidelity_f1"] for r in rs])
+            a["identical"] = mean([1.0 if r.get("answer") == r.get("full_answer") else 0.0 for r in rs])
             a["first_token_agree"] = mean([1.0 if r["first_token_agree"] else 0.0 for r in rs])
             a["kl_mean"] = mean([r["kl"] for r in rs])
             a["kl_median"] = quantile([r["kl"] for r in rs], 0.5)
@@ -172,7 +178,7 @@ def paired_differences(rows):
     cells = defaultdict(lambda: defaultdict(dict))
     for r in rows:
         ratio = float(r["ratio"])
-        if r["method"] in ("full", "reuse") or not 0.0 < ratio < 1.0:
+        if r["method"] in ("full", "reuse", "auto") or not 0.0 < ratio < 1.0:  # auto's ratio is a target
             continue
         cells[(r["dataset"], r.get("model", ""))][(ratio, r["method"])][r["example"]] = r
     out = OrderedDict()
@@ -236,6 +242,8 @@ def paired_more(rows, versus=()):
     by label_chunk_contexts."""
     cell = defaultdict(dict)  # (dataset, model, context, method, ratio) -> example -> row
     for r in rows:
+        if r["method"] == "auto":  # its ratio slot holds a quality target: no selector to pair with
+            continue
         ds = r["dataset"]
         context = "prefixed" if ds.endswith(PREFIXED) else "alone"
         cell[(ds[: -len(PREFIXED)] if context == "prefixed" else ds, r.get("model", ""), context, r["method"],
@@ -357,7 +365,8 @@ def write_report(out_dir, rows, tables, plots, have_peer=False, paired=None, mor
     lines += [f"Rows: {len(rows)}. Chunk store: {', '.join(stores)}. Greedy decoding, up to "
               f"{', '.join(map(str, max_tokens))} tokens, stopping at a newline.", ""]
     lines += ["Columns: F1/EM/ROUGE-L against the gold answers (LongBench normalisation, max over "
-              "gold answers); fidelity = token F1 of the answer against full prefill's answer; "
+              "gold answers); fidelity = token F1 of the answer against full prefill's answer; ident. = share of "
+              "answers identical to full prefill's; "
               "1st tok = share of examples whose first generated token equals full prefill's; "
               "KL = mean KL(full || method) of the first-token distributions; TTFT median and p90 "
               "(ms); sel. = share of TTFT spent in selection; speedup = full prefill's median TTFT / "
@@ -372,9 +381,9 @@ def write_report(out_dir, rows, tables, plots, have_peer=False, paired=None, mor
         lines += [f"## {dataset} ({model}, {n_ex} examples, "
                   f"{fmt(mean([a['context_tokens_mean'] for a in table]), 0)} context tokens on average)", ""]
         peer_head = " llama.cpp | vs llama.cpp |" if have_peer else ""
-        lines.append("| method | ρ | n | F1 | EM | ROUGE-L | match | fidelity | 1st tok | KL | TTFT med | TTFT p90 "
+        lines.append("| method | ρ | n | F1 | EM | ROUGE-L | match | fidelity | ident. | 1st tok | KL | TTFT med | TTFT p90 "
                      "| sel. | speedup |" + peer_head + " recomp. | recovery |")
-        lines.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+        lines.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
                      + ("---:|---:|" if have_peer else "") + "---:|---:|")
         for a in table:
             peer_cells = (f" {fmt(a['llama_ttft_median_ms'], 1)} | {fmt(a['speedup_vs_llama'], 2)}x |"
@@ -382,7 +391,7 @@ def write_report(out_dir, rows, tables, plots, have_peer=False, paired=None, mor
             lines.append(
                 f"| {a['method']} | {a['ratio']:g} | {a['n']} | {fmt(a['f1'])} | {fmt(a['em'])} | "
                 f"{fmt(a['rouge_l'])} | {fmt(a['string_match'])} | {fmt(a['fidelity_f1'])} | "
-                f"{fmt(a['first_token_agree'], 2)} | "
+                f"{fmt(a['identical'], 2)} | {fmt(a['first_token_agree'], 2)} | "
                 f"{fmt(a['kl_mean'], 4)} | {fmt(a['ttft_median_ms'], 1)} | {fmt(a['ttft_p90_ms'], 1)} | "
                 f"{fmt(100 * a['selection_share'], 1)}% | {fmt(a['speedup_vs_full'], 2)}x |{peer_cells} "
                 f"{fmt(100 * a['recomputed_share'], 1)}% | {fmt(a['f1_recovery'], 2)} |")

@@ -24,6 +24,7 @@ struct BenchArgs {
   std::string data_dir;
   std::string methods = "full,reuse,epic,cacheblend";
   std::string ratios = "0,0.05,0.15,0.3,1";
+  std::string qualities;
   size_t limit = 0;
   std::string shard;  // "K/N"
   int max_tokens = 32;
@@ -68,6 +69,7 @@ void record_command(const BenchArgs& a) {
   c << "chunkfuse bench -m " << a.model.model_path << " --data " << a.data;
   if (!a.data_dir.empty()) c << " --data-dir " << a.data_dir;
   c << " --methods " << a.methods << " --ratios " << a.ratios;
+  if (!a.qualities.empty()) c << " --qualities " << a.qualities;
   if (a.limit) c << " --limit " << a.limit;
   if (!a.shard.empty()) c << " --shard " << a.shard;
   if (a.chunk_tokens) c << " --chunk-tokens " << a.chunk_tokens;
@@ -94,6 +96,7 @@ int run_bench(const BenchArgs& a) {
   eval::BenchConfig cfg;
   cfg.methods = split_list(a.methods);
   cfg.ratios = parse_ratio_list(a.ratios);
+  cfg.qualities = parse_ratio_list(a.qualities, "--qualities");
   if (!a.method_presets.empty()) {
     std::string text = a.method_presets;
     if (std::filesystem::exists(text)) {  // a file, else inline JSON
@@ -122,7 +125,7 @@ int run_bench(const BenchArgs& a) {
   cfg.chunks_per_request = a.chunks;
   try {
     eval::check_method_presets(cfg.method_presets);
-    eval::expand_runs(cfg.methods, cfg.ratios, cfg.method_presets);  // reject bad methods before loading anything
+    eval::expand_runs(cfg.methods, cfg.ratios, cfg.method_presets, cfg.qualities);  // reject bad methods before loading anything
     if (!cfg.jaccard_reference.empty()) eval::expand_runs({cfg.jaccard_reference}, {0.5}, cfg.method_presets);
   } catch (const std::invalid_argument& e) {
     throw std::runtime_error(e.what());
@@ -207,10 +210,14 @@ void add_bench_command(CLI::App& app, CommandRunner& run) {
       ->required();
   cmd->add_option("--data-dir", a->data_dir, "folder of the named datasets (default: ../shared/datasets beside the "
                                              "repository, or $CHUNKFUSE_DATA_DIR)");
-  cmd->add_option("--methods", a->methods, "comma-separated methods (full, reuse, and the selectors)")
+  cmd->add_option("--methods", a->methods, "comma-separated methods (full, reuse, the selectors, and auto with --qualities)")
       ->capture_default_str();
   cmd->add_option("--ratios", a->ratios, "comma-separated recompute ratios (full and reuse run once)")
       ->capture_default_str();
+  cmd->add_option("--qualities", a->qualities,
+                  "comma-separated quality targets of method auto (the probability of an answer identical to full "
+                  "prefill's; it picks method and ratio per request): one run per target, its rows' ratio column "
+                  "holds the target, the choice is in their \"auto\" field");
   cmd->add_option("--limit", a->limit, "first N examples only (0: all)")->capture_default_str();
   cmd->add_option("--shard", a->shard,
                   "K/N: only examples whose index is K modulo N (of the first --limit), to split a long run "

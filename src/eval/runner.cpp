@@ -20,6 +20,7 @@
 #include "base/progress.h"
 #include "eval/bench_request.h"
 #include "eval/metrics.h"
+#include "fusion/auto_quality.h"
 #include "fusion/executor.h"
 #include "fusion/fusionrag_enrich.h"
 #include "kv/chunk_store.h"
@@ -116,7 +117,7 @@ double jaccard(const std::vector<size_t>& a, const std::vector<size_t>& b) {
 }
 
 std::vector<BenchRun> expand_runs(const std::vector<std::string>& methods, const std::vector<double>& ratios,
-                                  const nlohmann::json& method_presets) {
+                                  const nlohmann::json& method_presets, const std::vector<double>& qualities) {
   const auto known = selector_names();
   std::vector<BenchRun> runs;
   std::set<std::string> seen;
@@ -126,6 +127,13 @@ std::vector<BenchRun> expand_runs(const std::vector<std::string>& methods, const
       runs.push_back({m, 1.0});
     } else if (m == "reuse") {
       runs.push_back({m, 0.0});
+    } else if (m == autoq::kMethodName) {
+      if (qualities.empty()) throw std::invalid_argument("method 'auto' needs at least one --qualities value");
+      std::set<std::string> seen_q;
+      for (double q : qualities) {
+        if (!(q > 0.0 && q <= 1.0)) throw std::invalid_argument("quality " + ratio_text(q) + " is outside (0, 1]");
+        if (seen_q.insert(ratio_text(q)).second) runs.push_back({m, q});
+      }
     } else {
       if (std::find(known.begin(), known.end(), m) == known.end() && !(method_presets.is_object() && method_presets.contains(m))) {
         std::string names = "full";
@@ -199,7 +207,7 @@ std::vector<BenchRun> planned_runs(const BenchConfig& cfg) {
   if (cfg.chunk_contexts.empty()) throw std::invalid_argument("bench: no chunk context to run");
   std::vector<BenchRun> runs;
   for (size_t v = 0; v < cfg.chunk_contexts.size(); ++v)
-    for (BenchRun r : expand_runs(cfg.methods, cfg.ratios, cfg.method_presets)) {
+    for (BenchRun r : expand_runs(cfg.methods, cfg.ratios, cfg.method_presets, cfg.qualities)) {
       if (r.method == "full" && v > 0) continue;
       r.chunk_context = r.method == "full" ? ChunkContext::alone : cfg.chunk_contexts[v];
       runs.push_back(r);
@@ -407,6 +415,10 @@ json result_row(const BenchConfig& cfg, const ExampleContext& x, const BenchRun&
     row["base_method"] = base;
     row["method_options"] = options;
   }
+  if (base == autoq::kMethodName) {
+    row["quality"] = run.ratio;
+    row["auto"] = r.auto_decision;
+  }
   if (jac) {
     row["jaccard_ref"] = *jac;
     row["jaccard_reference"] = cfg.jaccard_reference;
@@ -532,9 +544,11 @@ BenchSummary BenchRunner::run(const Dataset& dataset) {
       std::optional<double> jac;
       if (run.method != "full") {
         options = options_of(cfg_, run.method, base);
-        own.emplace(executor.prefill(req, {base, run.ratio, x.seed, options, run.chunk_context}));
+        FusionOptions fo{base, run.ratio, x.seed, options, run.chunk_context};
+        if (base == autoq::kMethodName) fo.quality = run.ratio;  // the target; the policy picks the ratio
+        own.emplace(executor.prefill(req, fo));
         dec = decode_answer(fwd_, *own, prompt, cfg_.max_tokens);
-        if (!cfg_.jaccard_reference.empty() && run.method != "reuse") {
+        if (!cfg_.jaccard_reference.empty() && run.method != "reuse" && base != autoq::kMethodName) {
           const std::string rk = ratio_text(run.ratio) + " " + chunk_context_name(run.chunk_context);
           if (run.method == cfg_.jaccard_reference) reference_slots[rk] = own->recomputed;
           if (!reference_slots.count(rk)) {  // untimed, not recorded

@@ -40,6 +40,7 @@ namespace cf::eval {
 struct BenchConfig {
   std::vector<std::string> methods;  // "full" and/or selector names
   std::vector<double> ratios;        // for the methods other than full and reuse
+  std::vector<double> qualities;     // for "auto": its quality targets (expand_runs)
   size_t limit = 0;                  // first N examples; 0: all
   size_t shard_index = 0, shard_count = 1;  // of those, only the indices = shard_index mod shard_count
   int max_tokens = 32;
@@ -92,8 +93,12 @@ struct BenchRun {
 // full -> (full, 1) and reuse -> (reuse, 0) once; every other method once per ratio.
 // Throws std::invalid_argument on an unknown method, a ratio outside [0, 1], or an empty plan.
 // Names in `method_presets` are accepted as methods too (see BenchConfig::method_presets).
+// "auto" (fusion/auto_quality.h) runs once per quality target in `qualities`, each in (0, 1];
+// its BenchRun::ratio and its rows' "ratio" hold the target (the key of a row), the ratio it
+// chose is in the row's "auto".
 std::vector<BenchRun> expand_runs(const std::vector<std::string>& methods, const std::vector<double>& ratios,
-                                  const nlohmann::json& method_presets = nlohmann::json::object());
+                                  const nlohmann::json& method_presets = nlohmann::json::object(),
+                                  const std::vector<double>& qualities = {});
 // Checks a method presets object ({name: {"method": selector, "options": {...}}}); throws
 // std::invalid_argument naming the bad entry (unknown method, bad option: the selector's own
 // configure() judges them).

@@ -56,6 +56,15 @@ TEST(BenchPlan, FullAndReuseOnceOthersPerRatio) {
   EXPECT_THROW(expand_runs({"nonesuch"}, {0.1}), std::invalid_argument);
   EXPECT_THROW(expand_runs({"epic"}, {1.5}), std::invalid_argument);
   EXPECT_THROW(expand_runs({"epic"}, {}), std::invalid_argument);
+  // auto: once per quality target, the target in the ratio slot; it needs targets in (0, 1].
+  const auto autos = expand_runs({"full", "auto"}, {0.15}, nlohmann::json::object(), {0.9, 0.5, 0.9});
+  ASSERT_EQ(autos.size(), 3u);
+  EXPECT_EQ(autos[1].method, "auto");
+  EXPECT_DOUBLE_EQ(autos[1].ratio, 0.9);
+  EXPECT_DOUBLE_EQ(autos[2].ratio, 0.5);
+  EXPECT_THROW(expand_runs({"auto"}, {0.15}), std::invalid_argument);
+  EXPECT_THROW(expand_runs({"auto"}, {0.15}, nlohmann::json::object(), {0.0}), std::invalid_argument);
+  EXPECT_THROW(expand_runs({"auto"}, {0.15}, nlohmann::json::object(), {1.5}), std::invalid_argument);
   EXPECT_THROW(expand_runs({}, {0.1}), std::invalid_argument);
 }
 
@@ -252,6 +261,46 @@ TEST(BenchQuick, TwoMusiqueExamples) {
   EXPECT_NE(report.find("musique_s"), std::string::npos);
   EXPECT_NE(report.find("epic"), std::string::npos);
   EXPECT_EQ(line_count((out / "summary.csv").string()), 1u + 4u);  // header + full, reuse, epic@0.15, epic@1
+  fs::remove_all(out);
+}
+
+// The auto policy as a bench method (issue 26): one row per quality target, the choice in
+// "auto". At target 1 only full prefill can answer, so that row is full prefill's answer.
+TEST(BenchQuick, AutoRunsOncePerQualityTarget) {
+  CF_REQUIRE_MODEL();
+  Dataset data = load_dataset("musique_s");
+  data.examples.resize(1);
+  data.examples[0].passages.resize(3);
+  for (auto& p : data.examples[0].passages) p.text = p.text.substr(0, 400);
+  const fs::path out = fs::temp_directory_path() / ("cf_bench_auto_" + std::to_string(::getpid()));
+  fs::remove_all(out);
+  Forward fwd(test::shared_model(), test::shared_pool());
+  BenchConfig cfg;
+  cfg.methods = {"full", "auto"};
+  cfg.qualities = {0.5, 1.0};
+  cfg.max_tokens = 6;
+  cfg.out_dir = out.string();
+  cfg.memory_only_store = true;
+  cfg.progress = false;
+  EXPECT_EQ(BenchRunner(fwd, cfg).run(data).rows_written, 3u);
+  std::map<double, nlohmann::json> autos;
+  nlohmann::json full;
+  for (const auto& r : read_results((out / "results.jsonl").string()))
+    (r["method"] == "auto" ? autos[r["quality"].get<double>()] : full) = r;
+  ASSERT_EQ(autos.size(), 2u);
+  ASSERT_FALSE(full.is_null());
+  for (const auto& [q, row] : autos) {
+    EXPECT_DOUBLE_EQ(row["ratio"].get<double>(), q) << "the target is the row's key";
+    ASSERT_TRUE(row["auto"].is_object());
+    EXPECT_TRUE(row["auto"]["calibrated"].get<bool>()) << "the default test model ships a calibration";
+    EXPECT_DOUBLE_EQ(row["auto"]["quality"].get<double>(), q);
+    EXPECT_GE(row["auto"]["steps_run"].get<size_t>(), 1u);
+  }
+  const auto& certain = autos.at(1.0);
+  EXPECT_EQ(certain["auto"]["method"], "full");
+  EXPECT_EQ(certain["recomputed_tokens"], full["recomputed_tokens"]);
+  EXPECT_EQ(certain["answer"], full["answer"]);
+  EXPECT_DOUBLE_EQ(certain["fidelity_f1"].get<double>(), 1.0);
   fs::remove_all(out);
 }
 

@@ -88,6 +88,15 @@ class PairedDifferencesTest(unittest.TestCase):
         self.assertAlmostEqual(d["d_fidelity"], 0.15)
         self.assertEqual((d["better"], d["worse"]), (2, 0))
 
+    def test_auto_rows_are_labelled_and_never_paired_with_selectors(self):
+        # auto's ratio slot holds a quality target (0.15 here, the same number as epic's ratio).
+        rows = [row("epic", 0.15, e, 0.5) for e in "abc"] + [row("cacheblend", 0.15, e, 0.7) for e in "abc"]
+        rows += [row("auto", 0.15, e, 1.0) for e in "abc"]
+        diffs = bench_report.paired_differences(rows)[("d", "m.gguf")]
+        self.assertEqual([(d["best"], d["method"]) for d in diffs], [("cacheblend", "epic")])
+        self.assertIn("auto q", bench_report.method_order(rows))
+        self.assertNotIn("auto", bench_report.method_order(rows))
+
     def test_a_single_method_gives_no_comparison(self):
         rows = [row("A", 0.15, "a", 0.5), row("full", 1.0, "a", 1.0)]
         self.assertEqual(bench_report.paired_differences(rows)[("d", "m.gguf")], [])
