@@ -1,5 +1,6 @@
 #include "serve/prompt_layout.h"
 
+#include <algorithm>
 #include <numeric>
 
 #include "fusion/rag_prompt.h"
@@ -50,6 +51,14 @@ void lay_out_continued(const Tokenizer& tok, const ChatTemplate& tmpl, const std
 
 }  // namespace
 
+std::vector<ChatMessage> with_rag_system(const std::vector<ChatMessage>& messages, bool has_passages) {
+  const bool has_system = std::any_of(messages.begin(), messages.end(), [](const ChatMessage& m) { return m.role == "system"; });
+  if (!has_passages || has_system) return messages;
+  std::vector<ChatMessage> out{{"system", RagPromptOptions{}.system}};
+  out.insert(out.end(), messages.begin(), messages.end());
+  return out;
+}
+
 size_t PromptLayout::tokens() const {
   size_t n = system.size() + suffix.size();
   for (const auto& c : chunks) n += c.size();
@@ -68,7 +77,7 @@ void lay_out_prompt(const Tokenizer& tok, const ChatTemplate& tmpl, const Comple
     lay_out_continued(tok, tmpl, req.messages, *history, l);
   } else {
     // Every message's content is text, never special tokens (issue 29, item 5).
-    ChatPromptTokens t = encode_chat_prompt(tok, tmpl, req.messages);
+    ChatPromptTokens t = encode_chat_prompt(tok, tmpl, with_rag_system(req.messages, !l.chunks.empty()));
     l.system = std::move(t.before);
     l.suffix = std::move(t.content);
     l.suffix.insert(l.suffix.end(), t.after.begin(), t.after.end());

@@ -10,11 +10,11 @@
 #include <string>
 #include <vector>
 
+#include "model/chat_template.h"
 #include "model/tokenizer.h"
 
 namespace cf {
 
-class ChatTemplate;
 struct CompletionRequest;
 
 // A request laid out on the caller's thread: S, one token list per document, U.
@@ -30,6 +30,12 @@ struct PromptLayout {
 // The text a document becomes in its chunk: the same for inline and registered passages, so
 // one passage has one id.
 std::string document_chunk_text(const std::string& text);
+
+// A chat with passages the server puts in (documents, retrieval) and no system message gets
+// the RAG layout's own (RagPromptOptions::system, the words `ask` and `bench` use and
+// BENCHMARKS.md measured): without one the template's default system turn asks for nothing
+// about passages or answer length. A client's own system message always wins.
+std::vector<ChatMessage> with_rag_system(const std::vector<ChatMessage>& messages, bool has_passages);
 
 // Fills layout.system, suffix and history_tokens for `req`, whose documents are already in
 // layout.chunks. `history`: the kept tokens of the conversation `req` continues, or null.

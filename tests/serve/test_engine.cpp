@@ -3,6 +3,7 @@
 // batching and cancellation do not disturb other requests, bad requests get clear errors.
 #include "serve/engine.h"
 #include "serve/fusion_trace.h"
+#include "serve/prompt_layout.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -159,6 +160,37 @@ TEST(Engine, FusedRequestEqualsExecutorInProcess) {
   GenerateResult gp = Generator(fwd).continue_from(fp.cache, fp.logits, fp.next_position, rr.flatten(), greedy(16));
   EXPECT_EQ(pre.text, gp.text);
   EXPECT_EQ(pre.recomputed_tokens, fp.recomputed.size());
+}
+
+// A chat with documents and no system message is laid out with the RAG layout's system
+// message (the one ask and bench use); a chat without documents keeps the template's default,
+// and a client's own system message is never replaced.
+TEST(Engine, DocumentsWithoutSystemMessageGetTheRagSystemMessage) {
+  CF_REQUIRE_MODEL();
+  Engine& e = shared_engine();
+  const Model& m = test::shared_model();
+  CompletionRequest bare = chat("Where is the Eiffel Tower?", {kDocs[0], kDocs[1]}, "full", 8);
+  bare.messages.erase(bare.messages.begin());  // the user message alone
+  CompletionRequest given = bare;
+  given.messages.insert(given.messages.begin(), ChatMessage{"system", RagPromptOptions{}.system});
+  ASSERT_NE(reference_layout(m, given).system, reference_layout(m, bare).system) << "the template's default system turn";
+  // The explicit request puts its S in the prefix cache; the bare one hits all of it, so
+  // its S is token for token the same.
+  given.fusion.prefix_cache = bare.fusion.prefix_cache = true;
+  const CompletionResult expected = e.complete(given);
+  const CompletionResult r = e.complete(bare);
+  EXPECT_GE(r.prefix_hit_tokens, reference_layout(m, given).system.size());
+  EXPECT_EQ(r.prompt_tokens, reference_layout(m, given).flatten().size());
+  EXPECT_EQ(r.text, expected.text);
+
+  const auto with = with_rag_system(bare.messages, true);
+  ASSERT_EQ(with.size(), 2u);
+  EXPECT_EQ(with[0].role, "system");
+  EXPECT_EQ(with[0].content, RagPromptOptions{}.system);
+  EXPECT_EQ(with_rag_system(bare.messages, false).size(), 1u) << "no passages: the client's messages as they are";
+  const auto own = with_rag_system(chat("q", {kDocs[0]}).messages, true);
+  ASSERT_EQ(own.size(), 2u);
+  EXPECT_EQ(own[0].content, kSystem) << "the client's own system message wins";
 }
 
 TEST(Engine, PrefixCacheServesTheSecondIdenticalRequest) {

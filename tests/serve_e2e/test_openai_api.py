@@ -13,8 +13,9 @@ import serve_helpers as h  # noqa: E402
 
 # `chunkfuse ask`'s prompt (src/fusion/rag_prompt.h): its default system message, the user
 # content "Question: <q>", one chunk per passage "Title: <t>\n<text>" (+ the "\n\n" separator
-# the engine adds to every document, as ask does to every passage).
-ASK_SYSTEM = "You are a helpful assistant. Answer the question using the passages. Answer briefly."
+# the engine adds to every document, as ask does to every passage). The chats below send no
+# system message: a chat with documents gets ask's own (serve/prompt_layout.h with_rag_system),
+# so the two prompts are the same only if the server applies it.
 PASSAGES = [
     {"title": "Lake Orta", "text": "Lake Orta is a lake in northern Italy. The island of San Giulio lies in its centre."},
     {"title": "Orta San Giulio", "text": "Orta San Giulio is a town on the eastern shore of Lake Orta, "
@@ -30,7 +31,7 @@ def document_text(p):
 
 
 def rag_messages(question=QUESTION):
-    return [{"role": "system", "content": ASK_SYSTEM}, {"role": "user", "content": "Question: " + question}]
+    return [{"role": "user", "content": "Question: " + question}]
 
 
 class OpenAIApiTest(unittest.TestCase):
