@@ -174,41 +174,56 @@ inline __m256i group_dot(__m256i w, __m256i wabs, const int8_t* q) {
     return _mm256_madd_epi16(_mm256_maddubs_epi16(w, bcast32(q)), ones);
 }
 
-// One activation row (decode): every group in one pass over the blocks (8 accumulators),
-// each line unpacked as it is used.
+// One activation row (decode), all 16 rows of the tile: per half 8 accumulators (one per
+// group), in one pass over the blocks, each line unpacked as it is used. Decode streams the
+// tile from memory once, so both halves of kVecChunk blocks are done while they are in L1:
+// a pass per half over the row left the memory idle in the second (the prefetches run
+// ahead only in the first).
+constexpr size_t kVecChunk = 8;
 template <PairKind P>
-void pair_row1(const uint8_t* tile, size_t nb, const ActView& a, size_t r0, int h, float* out) {
+void pair_vec(const uint8_t* tile, size_t nb, const ActView& a, size_t r, float* out) {
   using T = PairTraits<P>;
-  __m256 acc[8];
-  for (int g = 0; g < 8; ++g) acc[g] = _mm256_setzero_ps();
-  const int8_t* xq = a.qs(r0);
-  const float* xd = a.d(r0);
-  for (size_t b = 0; b < nb; ++b) {
-    const uint8_t* wb = tile + b * T::kBlock;
-    if (h == 0) prefetch_ahead(wb, T::kBlock);
-    const __m256 dd = _mm256_mul_ps(load8_fp16(wb + T::kD + 16 * h), _mm256_set1_ps(xd[b]));
-    for (int L = 0; L < 4; ++L) {
-      __m256i w0, w1;
-      load_pair<P>(wb, h, L, w0, w1);
-      __m256i a0 = w0, a1 = w1;
-      if constexpr (T::kSigned) {
-        a0 = _mm256_abs_epi8(w0);
-        a1 = _mm256_abs_epi8(w1);
+  __m256 acc[2][8];
+  for (int h = 0; h < 2; ++h)
+    for (int g = 0; g < 8; ++g) acc[h][g] = _mm256_setzero_ps();
+  const int8_t* xq = a.qs(r);
+  const float* xd = a.d(r);
+  for (size_t b0 = 0; b0 < nb; b0 += kVecChunk) {
+    const size_t b1 = std::min(nb, b0 + kVecChunk);
+    for (int h = 0; h < 2; ++h) {
+      __m256 l[8];
+      for (int g = 0; g < 8; ++g) l[g] = acc[h][g];
+      for (size_t b = b0; b < b1; ++b) {
+        const uint8_t* wb = tile + b * T::kBlock;
+        if (h == 0) prefetch_ahead(wb, T::kBlock);
+        const __m256 dd = _mm256_mul_ps(load8_fp16(wb + T::kD + 16 * h), _mm256_set1_ps(xd[b]));
+        for (int L = 0; L < 4; ++L) {
+          __m256i w0, w1;
+          load_pair<P>(wb, h, L, w0, w1);
+          __m256i a0 = w0, a1 = w1;
+          if constexpr (T::kSigned) {
+            a0 = _mm256_abs_epi8(w0);
+            a1 = _mm256_abs_epi8(w1);
+          }
+          const int8_t* q = xq + b * kQK + 4 * L;
+          l[L] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(group_dot<T::kSigned>(w0, a0, q)), l[L]);
+          l[L + 4] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(group_dot<T::kSigned>(w1, a1, q + 16)), l[L + 4]);
+        }
       }
-      const int8_t* q = xq + b * kQK + 4 * L;
-      acc[L] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(group_dot<T::kSigned>(w0, a0, q)), acc[L]);
-      acc[L + 4] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(group_dot<T::kSigned>(w1, a1, q + 16)), acc[L + 4]);
+      for (int g = 0; g < 8; ++g) acc[h][g] = l[g];
     }
   }
-  __m256 res = hsum8_lanes(acc);
-  if constexpr (T::kMin) {
-    const float* xs = a.s16(r0);
-    __m256 summ = _mm256_setzero_ps();
-    for (size_t b = 0; b < nb; ++b)
-      summ = _mm256_fmadd_ps(load8_fp16(tile + b * T::kBlock + T::kG.m + 16 * h), _mm256_set1_ps(xs[b]), summ);
-    res = _mm256_add_ps(res, summ);
+  for (int h = 0; h < 2; ++h) {
+    __m256 res = hsum8_lanes(acc[h]);
+    if constexpr (T::kMin) {
+      const float* xs = a.s16(r);
+      __m256 summ = _mm256_setzero_ps();
+      for (size_t b = 0; b < nb; ++b)
+        summ = _mm256_fmadd_ps(load8_fp16(tile + b * T::kBlock + T::kG.m + 16 * h), _mm256_set1_ps(xs[b]), summ);
+      res = _mm256_add_ps(res, summ);
+    }
+    _mm256_storeu_ps(out + 8 * h, res);
   }
-  _mm256_storeu_ps(out, res);
 }
 
 // Float tiles' activations, 8 at a time (the values of round_f16_row / round_bf16_row).
@@ -664,15 +679,22 @@ constexpr size_t kUnpackRows = 2;
 template <PairKind P>
 void pair_tile(const uint8_t* tile, size_t nb, const ActView& a, size_t r0, size_t nr, float* y, size_t y_stride,
                unsigned o_lo, unsigned o_hi) {
+  if (nr < kUnpackRows) {  // decode: read the tile directly
+    alignas(32) float buf[16];
+    for (size_t r = 0; r < nr; ++r) {
+      pair_vec<P>(tile, nb, a, r0 + r, buf);
+      for (unsigned o = o_lo; o < o_hi; ++o) y[r * y_stride + o] = buf[o];
+    }
+    return;
+  }
   alignas(32) float buf[8];
-  uint8_t* ub = nr >= kUnpackRows ? unpack_scratch(nb * Unpacked<P>::kStride) : nullptr;
+  uint8_t* ub = unpack_scratch(nb * Unpacked<P>::kStride);
   for (int h = 0; h < 2; ++h) {
     const unsigned lo = std::max(o_lo, 8u * h), hi = std::min(o_hi, 8u * h + 8);
     if (lo >= hi) continue;
-    if (ub) unpack_half<P>(tile, nb, h, ub);
+    unpack_half<P>(tile, nb, h, ub);
     for (size_t r = 0; r < nr; ++r) {
-      if (ub) unpacked_row<P>(ub, nb, a, r0 + r, buf);
-      else pair_row1<P>(tile, nb, a, r0 + r, h, buf);
+      unpacked_row<P>(ub, nb, a, r0 + r, buf);
       for (unsigned o = lo; o < hi; ++o) y[r * y_stride + o] = buf[o - 8 * h];
     }
   }
