@@ -82,6 +82,53 @@ void quantize_q8_avx2(const float* x, size_t cols, uint8_t* out) {
   }
 }
 
+// quantize_q8_k_record (kernels_kquant.cpp) 8 lanes at a time, the same values: the value
+// of largest magnitude is the first one in order (its sign sets the scale's), and
+// q = round-half-even(iscale * x), capped at 127 (the portable loop ran a K-quant decode's
+// activations one value at a time).
+void quantize_q8_k_avx2(const float* x, size_t cols, uint8_t* out) {
+  const size_t nb = cols / kQK;
+  const auto [qs, dv, bs16] = q8k_record(out, nb);
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  for (size_t sb = 0; sb < nb / 8; ++sb) {
+    const float* xs = x + sb * kQK_K;
+    int8_t* q = qs + sb * kQK_K;
+    __m256 mx = _mm256_setzero_ps();
+    for (size_t i = 0; i < kQK_K; i += 8) mx = _mm256_max_ps(mx, _mm256_andnot_ps(sign, _mm256_loadu_ps(xs + i)));
+    const float amax = hmax8(mx);
+    if (amax == 0.0f) {
+      std::memset(q, 0, kQK_K);
+      std::memset(bs16 + 16 * sb, 0, 16 * sizeof(int32_t));
+      dv[sb] = 0.0f;
+      continue;
+    }
+    float max = amax;
+    for (size_t i = 0; i < kQK_K; i += 8) {
+      const int hit = _mm256_movemask_ps(
+          _mm256_cmp_ps(_mm256_andnot_ps(sign, _mm256_loadu_ps(xs + i)), _mm256_set1_ps(amax), _CMP_EQ_OQ));
+      if (hit) {
+        max = xs[i + __builtin_ctz(static_cast<unsigned>(hit))];
+        break;
+      }
+    }
+    const float iscale = -127.0f / max;
+    const __m256 mul = _mm256_set1_ps(iscale);
+    for (size_t i = 0; i < kQK_K; i += 32) {
+      __m256i v[4];
+      for (int k = 0; k < 4; ++k)
+        v[k] = _mm256_min_epi32(_mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(mul, _mm256_loadu_ps(xs + i + 8 * k)),
+                                                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)),
+                                _mm256_set1_epi32(127));
+      __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(v[0], v[1]), _mm256_packs_epi32(v[2], v[3]));
+      p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + i), p);
+      bs16[16 * sb + i / 16] = hsum8(_mm256_add_epi32(v[0], v[1]));
+      bs16[16 * sb + i / 16 + 1] = hsum8(_mm256_add_epi32(v[2], v[3]));
+    }
+    dv[sb] = 1.0f / iscale;
+  }
+}
+
 inline __m256i bcast32(const int8_t* p) { return _mm256_set1_epi32(load_i32(p)); }
 
 inline __m256 hsum8_lanes(const __m256 l[8]) {
@@ -427,11 +474,9 @@ void k_unpack_half(const uint8_t* tile, size_t nsb, int h, uint8_t* buf) {
         _mm256_store_si256(reinterpret_cast<__m256i*>(ub + U::kPairs + 32 * i),
                            i16_pairs(scales8(t + G.m + 16 * (2 * i) + 8 * h, false),
                                      scales8(t + G.m + 16 * (2 * i + 1) + 8 * h, false)));
-      _mm256_store_si256(reinterpret_cast<__m256i*>(ub + U::kDmin),
-                         _mm256_loadu_si256(reinterpret_cast<const __m256i*>(t + G.dmin + 32 * h)));
+      _mm256_store_ps(reinterpret_cast<float*>(ub + U::kDmin), load8_fp16(t + G.dmin + 16 * h));
     }
-    _mm256_store_si256(reinterpret_cast<__m256i*>(ub + U::kD),
-                       _mm256_loadu_si256(reinterpret_cast<const __m256i*>(t + G.d + 32 * h)));
+    _mm256_store_ps(reinterpret_cast<float*>(ub + U::kD), load8_fp16(t + G.d + 16 * h));
   }
 }
 
@@ -551,14 +596,14 @@ void k_vec(const uint8_t* tile, size_t nb, const ActView& a, size_t r0, float* o
                                                                   g < 4 ? sc_lo : sc_hi));
         }
       }
-      const __m256 dw = _mm256_loadu_ps(reinterpret_cast<const float*>(t + G.d + 32 * h));
+      const __m256 dw = load8_fp16(t + G.d + 16 * h);
       for (int r = 0; r < R; ++r) {
         const float xd = a.kd(r0 + r)[sb];
         const __m256 dd = _mm256_mul_ps(_mm256_set1_ps(xd), dw);
         for (int g = 0; g < 8; ++g) lane[r][h][g] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(S[r][g]), lane[r][h][g]);
         if constexpr (Q != KQuant::Q6) {
           const __m256 dmin =
-              _mm256_mul_ps(_mm256_set1_ps(-xd), _mm256_loadu_ps(reinterpret_cast<const float*>(t + G.dmin + 32 * h)));
+              _mm256_mul_ps(_mm256_set1_ps(-xd), load8_fp16(t + G.dmin + 16 * h));
           const int32_t* bs16 = a.kbs16(r0 + r) + 16 * sb;
           __m256i mb[8];
           for (int j = 0; j < 8; ++j)
@@ -719,7 +764,7 @@ TileKernelFn kquant_tile_avx2(KQuant q, bool batched) {
 }
 
 const IsaKernels& avx2_kernels() {
-  static const IsaKernels k{quantize_q8_avx2,  quantize_q8_k_record, kPairTile<PairKind::Q4_1>, kPairTile<PairKind::Q4_0>,
+  static const IsaKernels k{quantize_q8_avx2,  quantize_q8_k_avx2, kPairTile<PairKind::Q4_1>, kPairTile<PairKind::Q4_0>,
                             kPairTile<PairKind::Q5_1>, kPairTile<PairKind::Q5_0>, kPairTile<PairKind::Q8_0>,
                             half_tile<false, false>,
                             half_tile<true, false>,

@@ -500,13 +500,13 @@ inline void k_rows_vecdot(const uint8_t* tile, size_t nb, const ActView& a, size
           S[r][g] = _mm512_dpwssd_epi32(S[r][g], _mm512_maddubs_epi16(w[g], bcast32(q + 4 * g)), g < 4 ? sc_lo : sc_hi);
       }
     }
-    const __m512 dw = _mm512_loadu_ps(t + G.d);
+    const __m512 dw = load16_fp16(t + G.d);
     for (int r = 0; r < R; ++r) {
       const float xd = a.kd(r0 + r)[sb];
       const __m512 dd = _mm512_mul_ps(_mm512_set1_ps(xd), dw);
       for (int g = 0; g < 8; ++g) lane[r][g] = _mm512_fmadd_ps(dd, _mm512_cvtepi32_ps(S[r][g]), lane[r][g]);
       if constexpr (Q != KQuant::Q6) {
-        const __m512 dmin = _mm512_mul_ps(_mm512_set1_ps(-xd), _mm512_loadu_ps(t + G.dmin));
+        const __m512 dmin = _mm512_mul_ps(_mm512_set1_ps(-xd), load16_fp16(t + G.dmin));
         const int32_t* bs16 = a.kbs16(r0 + r) + 16 * sb;
         __m512i mb[8];
         for (int j = 0; j < 8; ++j)
@@ -566,7 +566,7 @@ inline void k_rows_gemm(const uint8_t* tile, size_t nb, const ActView& a, size_t
       }
     }
     // llama.cpp's tiled GEMM: (total * d - mins * dmin) * xd, one fma per super-block.
-    const __m512 dw = _mm512_loadu_ps(t + G.d);
+    const __m512 dw = load16_fp16(t + G.d);
     for (int r = 0; r < R; ++r) {
       __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(S[r]), dw);
       if constexpr (Q != KQuant::Q6) {
@@ -575,7 +575,7 @@ inline void k_rows_gemm(const uint8_t* tile, size_t nb, const ActView& a, size_t
         for (int j = 0; j < 8; ++j)
           s2 = _mm512_add_epi32(s2, _mm512_mullo_epi32(scales16(t + G.m + 16 * j, false),
                                                        _mm512_set1_epi32(bs16[2 * j] + bs16[2 * j + 1])));
-        v = _mm512_fnmadd_ps(_mm512_loadu_ps(t + G.dmin), _mm512_cvtepi32_ps(s2), v);
+        v = _mm512_fnmadd_ps(load16_fp16(t + G.dmin), _mm512_cvtepi32_ps(s2), v);
       }
       acc[r] = _mm512_fmadd_ps(v, _mm512_set1_ps(a.kd(r0 + r)[sb]), acc[r]);
     }

@@ -122,7 +122,9 @@ inline constexpr NibGeom nib_geom(NibKind k) {
 // llama.cpp's ggml_vec_dot_q{4,5,6}_K_q8_K (AVX2 order) bit for bit: per 256-element
 // super-block and 16 rows, 8 blocks of unsigned values, then the sub-block scales as bytes
 // [block][row] (Q4_K/Q5_K: uint8 sc and m; Q6_K: int8 sc_lo for elements 0..15 and sc_hi
-// for 16..31 of each block), then float d[16] and float dmin[16] (the file's fp16 values).
+// for 16..31 of each block), then the file's fp16 d[16] and dmin[16] (Q6_K: d, then 32
+// bytes of padding that keep super-tiles 64-byte multiples). Decode streams these bytes
+// from memory: as floats they made a Q4_K super-tile 2432 bytes, 5.6% above the file's 2304.
 // Each 32-block is a nibble block (above) at the file's width, so that decode, which only
 // streams weights, reads no more bytes than llama.cpp does; unpacking the high bits costs a
 // few shifts and masks per 64 bytes, which the prefill GEMM spreads over 8 activation rows.
@@ -145,8 +147,8 @@ struct KTileGeom {
 };
 inline constexpr KTileGeom ktile_geom(KQuant q) {
   switch (q) {
-    case KQuant::Q4: return {256, 0, 2048, 0, 2176, 2304, 2368, 2432};
-    case KQuant::Q5: return {320, 1, 2560, 0, 2688, 2816, 2880, 2944};
+    case KQuant::Q4: return {256, 0, 2048, 0, 2176, 2304, 2336, 2368};
+    case KQuant::Q5: return {320, 1, 2560, 0, 2688, 2816, 2848, 2880};
     case KQuant::Q6: break;
   }
   return {384, 2, 3072, 3200, 0, 3328, 0, 3392};

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "model/kernels.h"
 #include "model/kernels_impl.h"
 
 namespace cf::kern {
@@ -81,18 +82,18 @@ void ktile_portable(const uint8_t* tile, size_t nb, const ActView& a, size_t r0,
           for (size_t j = 0; j < 8; ++j) mb[j] = t[G.m + 16 * j + o] * (bs16[16 * sb + 2 * j] + bs16[16 * sb + 2 * j + 1]);
         if constexpr (Batched) {  // llama.cpp's tiled GEMM
           const int32_t s1 = S[0] + S[1] + S[2] + S[3] + S[4] + S[5] + S[6] + S[7];
-          float v = static_cast<float>(s1) * load_f32(t + G.d + 4 * o);
+          float v = static_cast<float>(s1) * fp16_to_fp32(load_u16(t + G.d + 2 * o));
           if constexpr (Q != KQuant::Q6) {
             const int32_t s2 = mb[0] + mb[1] + mb[2] + mb[3] + mb[4] + mb[5] + mb[6] + mb[7];
-            v = std::fma(-load_f32(t + G.dmin + 4 * o), static_cast<float>(s2), v);
+            v = std::fma(-fp16_to_fp32(load_u16(t + G.dmin + 2 * o)), static_cast<float>(s2), v);
           }
           acc[o] = std::fma(v, xd[sb], acc[o]);  // its build fuses acc + v * dx (checked in the binary)
           continue;
         }
-        const float dd = xd[sb] * load_f32(t + G.d + 4 * o);
+        const float dd = xd[sb] * fp16_to_fp32(load_u16(t + G.d + 2 * o));
         for (int g = 0; g < 8; ++g) lane[o][g] = std::fma(dd, static_cast<float>(S[g]), lane[o][g]);
         if constexpr (Q != KQuant::Q6) {
-          const float dmin = -xd[sb] * load_f32(t + G.dmin + 4 * o);
+          const float dmin = -xd[sb] * fp16_to_fp32(load_u16(t + G.dmin + 2 * o));
           if constexpr (Q == KQuant::Q4) {
             for (int i = 0; i < 4; ++i) accm[o][i] = std::fma(dmin, static_cast<float>(mb[2 * i] + mb[2 * i + 1]), accm[o][i]);
           } else {

@@ -114,7 +114,7 @@ struct KBlock {
   uint8_t u[256];
   int sc[16];
   uint8_t m[8];
-  float d = 0, dmin = 0;
+  uint16_t d = 0, dmin = 0;  // fp16, as in the file
 };
 
 void decode_kblock(GgmlType type, const uint8_t* row, size_t sb, KBlock& out) {
@@ -135,8 +135,8 @@ void decode_kblock(GgmlType type, const uint8_t* row, size_t sb, KBlock& out) {
         out.sc[j] = sc;
         out.m[j] = mn;
       }
-      out.d = h2f(blk);
-      out.dmin = h2f(blk + 2);
+      out.d = load_u16(blk);
+      out.dmin = load_u16(blk + 2);
       return;
     }
     case GgmlType::Q6_K: {
@@ -149,7 +149,7 @@ void decode_kblock(GgmlType type, const uint8_t* row, size_t sb, KBlock& out) {
         out.u[e] = static_cast<uint8_t>(low | (((qh >> (2 * quarter)) & 3) << 4));
       }
       for (int i = 0; i < 16; ++i) out.sc[i] = static_cast<int8_t>(blk[192 + i]);
-      out.d = h2f(blk + 208);
+      out.d = load_u16(blk + 208);
       return;
     }
     default: throw std::invalid_argument("repack: not a K-quant: " + std::string(ggml_type_name(type)));
@@ -173,8 +173,8 @@ void pack_kblock(KQuant q, const KBlock& kb, unsigned o, uint8_t* dst) {
       dst[g.m + 16 * c + o] = kb.m[c];
     }
   }
-  store_f32(dst + g.d + 4 * o, kb.d);
-  if (q != KQuant::Q6) store_f32(dst + g.dmin + 4 * o, kb.dmin);
+  std::memcpy(dst + g.d + 2 * o, &kb.d, 2);
+  if (q != KQuant::Q6) std::memcpy(dst + g.dmin + 2 * o, &kb.dmin, 2);
 }
 
 }  // namespace
@@ -249,7 +249,7 @@ void dequantize_packed_row(uint32_t weight_type, const uint8_t* packed, size_t c
     const KTileGeom g = ktile_geom(q);
     for (size_t sb = 0; sb < nb / 8; ++sb) {
       const uint8_t* t = tile + sb * g.bytes;
-      const float d = load_f32(t + g.d + 4 * lane);
+      const float d = h2f(t + g.d + 2 * lane);
       for (int e = 0; e < 256; ++e) {
         const int c = e / 32, l = e % 32;
         float* out = dst + sb * kQK_K + e;
@@ -258,7 +258,7 @@ void dequantize_packed_row(uint32_t weight_type, const uint8_t* packed, size_t c
                       : g.high_bits == 1 ? nib_block_value<1>(blk, lane, l)
                                          : nib_block_value<2>(blk, lane, l);
         if (q != KQuant::Q6) {
-          *out = d * t[g.sc + 16 * c + lane] * static_cast<float>(w) - load_f32(t + g.dmin + 4 * lane) * t[g.m + 16 * c + lane];
+          *out = d * t[g.sc + 16 * c + lane] * static_cast<float>(w) - h2f(t + g.dmin + 2 * lane) * t[g.m + 16 * c + lane];
         } else {
           const auto sc = static_cast<int8_t>(t[(l < 16 ? g.sc : g.sc_hi) + 16 * c + lane]);
           *out = d * sc * static_cast<float>(w - 32);
