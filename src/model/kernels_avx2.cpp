@@ -75,10 +75,9 @@ void quantize_q8_avx2(const float* x, size_t cols, uint8_t* out) {
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(qs + b * kQK), p);
     dv[b] = fp16_round_f16c(d);
     s16[b] = fp16_round_f16c(d * static_cast<float>(sum));
-    for (int g = 0; g < 8; ++g) {
-      const int8_t* qg = qs + b * kQK + 4 * g;
-      cv[8 * b + g] = -128 * (qg[0] + qg[1] + qg[2] + qg[3]);
-    }
+    // corr: -128 x each group's sum of 4 q (maddubs with 1s: pair sums; madd: group sums)
+    const __m256i groups = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), p), _mm256_set1_epi16(1));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(cv + 8 * b), _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(groups, 7)));
   }
 }
 
