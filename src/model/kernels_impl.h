@@ -124,7 +124,8 @@ inline constexpr NibGeom nib_geom(NibKind k) {
 // [block][row] (Q4_K/Q5_K: uint8 sc and m; Q6_K: int8 sc_lo for elements 0..15 and sc_hi
 // for 16..31 of each block), then the file's fp16 d[16] and dmin[16] (Q6_K: d, then 32
 // bytes of padding that keep super-tiles 64-byte multiples). Decode streams these bytes
-// from memory: as floats they made a Q4_K super-tile 2432 bytes, 5.6% above the file's 2304.
+// from memory: as floats they made a Q4_K super-tile 2432 bytes, 5.6% above the file's 2304
+// (now 2368: what remains is the scales and mins as whole bytes, not 6-bit fields).
 // Each 32-block is a nibble block (above) at the file's width, so that decode, which only
 // streams weights, reads no more bytes than llama.cpp does; unpacking the high bits costs a
 // few shifts and masks per 64 bytes, which the prefill GEMM spreads over 8 activation rows.
