@@ -215,8 +215,6 @@ std::vector<BenchRun> planned_runs(const BenchConfig& cfg) {
   return runs;
 }
 
-// The row keys already in `results_path` (a resumed bench skips them). Rows of this dataset and
-// model made with another max_tokens cannot be mixed with new ones: throws.
 // Rows written before rows named their prompt layout were made with this one.
 std::string first_layout_id() {
   RagPromptOptions first;
@@ -225,6 +223,8 @@ std::string first_layout_id() {
   return prompt_layout_id(first);
 }
 
+// The row keys already in `results_path` (a resumed bench skips them). Rows of this dataset and
+// model made with another max_tokens or another prompt layout cannot be mixed with new ones: throws.
 std::set<std::string> rows_present(const std::string& results_path, const std::string& label, uint64_t fp,
                                    int max_tokens, const std::string& layout) {
   std::set<std::string> done;
