@@ -67,6 +67,10 @@ def table(args):
     for f in rep["fixed"]:
         print("| %s ρ %.2f | %.3f [%.3f, %.3f] | %.0f | %.0f |" % (f["method"], f["ratio"], f["share"], f["share_low"],
                                                                 f["share_high"], f["mean_ttft_ms"], f["p90_ttft_ms"]))
+    full = rep["fixed"][-1]["mean_ttft_ms"]
+    for name, b in sorted(rep.get("perfect_predictor", {}).items()):
+        print("| perfect predictor (%s) | 1 | %.0f (%.2fx below full) | %.0f |" % (name, b["mean_ttft_ms"], full / b["mean_ttft_ms"],
+                                                                               b["p90_ttft_ms"]))
     for t in rep["auto"]:
         print("| auto q %.2f | %.3f [%.3f, %.3f] | %.0f | %.0f |" % (t["target"], t["share"], t["share_low"],
                                                                  t["share_high"], t["mean_ttft_ms"], t["p90_ttft_ms"]))

@@ -58,6 +58,32 @@ autoq::FirstTokenSignals signals_of(const json& step) {
   return s;
 }
 
+// What no predictor can beat on these records (share 1 by construction): "ladder" tries the
+// steps in order and stops at the first whose answer is identical (a perfect accept/reject at
+// every step, the failed steps still paid); "clairvoyant" pays only the cheapest identical
+// step. Both fall back to full prefill. If even these are not well below full prefill's TTFT,
+// no signal can make the auto policy fast on this model and ladder.
+json perfect_predictor_bounds(const std::vector<json>& records) {
+  std::vector<double> ladder, clairvoyant;
+  for (const auto& r : records) {
+    const double full = r["full"]["ttft_ms"].get<double>();
+    double spent = 0, cheapest = full;
+    bool found = false;
+    for (const auto& st : r["steps"]) {
+      const double t = st["ttft_ms"].get<double>();
+      if (!found) spent += t;
+      if (st["identical"].get<bool>()) {
+        found = true;
+        cheapest = std::min(cheapest, t);
+      }
+    }
+    ladder.push_back(found ? spent : spent + full);
+    clairvoyant.push_back(cheapest);
+  }
+  auto row = [](const std::vector<double>& t) { return json{{"mean_ttft_ms", mean(t)}, {"p90_ttft_ms", percentile(t, 0.9)}}; };
+  return {{"ladder", row(ladder)}, {"clairvoyant", row(clairvoyant)}};
+}
+
 }  // namespace
 
 std::vector<LadderStep> parse_ladder(const std::string& text) {
@@ -154,9 +180,11 @@ size_t record_examples(const Model& model, Forward& fwd, const Dataset& dataset,
                   {"kl_to_full", kl_divergence_from_logits(full_logits, r.logits)},
                   {"kl_to_prev", prev_logits.empty() ? 0.0 : kl_divergence_from_logits(prev_logits, r.logits)}};
       prev_logits = r.logits;
-      const std::string answer = decode_answer(fwd, r, prompt, o.max_tokens).answer;
-      row["answer"] = answer;
-      row["identical"] = answer == full_answer;
+      const DecodedAnswer dec = decode_answer(fwd, r, prompt, o.max_tokens);
+      row["answer"] = dec.answer;
+      row["identical"] = dec.answer == full_answer;
+      row["answer_tokens"] = dec.tokens;  // with the rate: what a signal that decodes the answer would cost
+      row["decode_tok_s"] = dec.decode_tok_s;
       steps.push_back(std::move(row));
     }
     const json record = {{"id", id},
@@ -319,7 +347,8 @@ json evaluate_policy(const std::vector<json>& records, const autoq::AutoCalibrat
   std::set<std::string> datasets;
   for (const auto& r : records) datasets.insert(r.at("dataset").get<std::string>());
   return {{"fingerprint", cal.fingerprint}, {"examples", records.size()}, {"datasets", datasets},
-          {"fixed", fixed}, {"auto", by_target}, {"reliability", reliability}};
+          {"fixed", fixed}, {"auto", by_target}, {"perfect_predictor", perfect_predictor_bounds(records)},
+          {"reliability", reliability}};
 }
 
 }  // namespace cf::eval

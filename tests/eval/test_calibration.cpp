@@ -128,6 +128,11 @@ TEST(CalibrationReplay, ReportsTheSharesTimesAndChoicesOfThePolicy) {
   EXPECT_DOUBLE_EQ(bins[1]["observed"].get<double>(), 0.5);
   EXPECT_NEAR(bins[1]["predicted"].get<double>(), 0.95, 1e-9);
 
+  // A perfect predictor on the same ladder: a 10; b 10 + 30 (step 1 identical); c 10; d 10 + 30
+  // + 100. Paying only the cheapest identical step: 10, 30, 10, 100.
+  EXPECT_DOUBLE_EQ(rep["perfect_predictor"]["ladder"]["mean_ttft_ms"].get<double>(), (10 + 40 + 10 + 140) / 4.0);
+  EXPECT_DOUBLE_EQ(rep["perfect_predictor"]["clairvoyant"]["mean_ttft_ms"].get<double>(), (10 + 30 + 10 + 100) / 4.0);
+
   std::vector<json> other = records;
   other[0]["fingerprint"] = "ff00";
   EXPECT_THROW(evaluate_policy(other, c, {0.9}), std::invalid_argument);
