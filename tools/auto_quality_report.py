@@ -68,7 +68,10 @@ def table(args):
         print("| %s ρ %.2f | %.3f [%.3f, %.3f] | %.0f | %.0f |" % (f["method"], f["ratio"], f["share"], f["share_low"],
                                                                 f["share_high"], f["mean_ttft_ms"], f["p90_ttft_ms"]))
     full = rep["fixed"][-1]["mean_ttft_ms"]
-    for name, b in sorted(rep.get("perfect_predictor", {}).items()):
+    bounds = rep.get("perfect_predictor", {})
+    rows = [(name, bounds[name]) for name in ("clairvoyant", "ladder") if name in bounds]
+    rows += [("%s ρ %.2f alone" % (b["method"], b["ratio"]), b) for b in bounds.get("single_step", [])]
+    for name, b in rows:
         print("| perfect predictor (%s) | 1 | %.0f (%.2fx below full) | %.0f |" % (name, b["mean_ttft_ms"], full / b["mean_ttft_ms"],
                                                                                b["p90_ttft_ms"]))
     for t in rep["auto"]:

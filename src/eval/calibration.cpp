@@ -61,11 +61,17 @@ autoq::FirstTokenSignals signals_of(const json& step) {
 // What no predictor can beat on these records (share 1 by construction): "ladder" tries the
 // steps in order and stops at the first whose answer is identical (a perfect accept/reject at
 // every step, the failed steps still paid); "clairvoyant" pays only the cheapest identical
-// step. Both fall back to full prefill. If even these are not well below full prefill's TTFT,
-// no signal can make the auto policy fast on this model and ladder.
+// step; "single_step" is the ladder of step k alone. All fall back to full prefill. If even
+// these are not well below full prefill's TTFT, no signal can make the auto policy fast on
+// this model and ladder.
 json perfect_predictor_bounds(const std::vector<json>& records) {
   std::vector<double> ladder, clairvoyant;
+  std::vector<std::vector<double>> single(records.front()["steps"].size());
   for (const auto& r : records) {
+    for (size_t k = 0; k < single.size(); ++k) {
+      const json& st = r["steps"][k];
+      single[k].push_back(st["ttft_ms"].get<double>() + (st["identical"].get<bool>() ? 0 : r["full"]["ttft_ms"].get<double>()));
+    }
     const double full = r["full"]["ttft_ms"].get<double>();
     double spent = 0, cheapest = full;
     bool found = false;
@@ -81,7 +87,14 @@ json perfect_predictor_bounds(const std::vector<json>& records) {
     clairvoyant.push_back(cheapest);
   }
   auto row = [](const std::vector<double>& t) { return json{{"mean_ttft_ms", mean(t)}, {"p90_ttft_ms", percentile(t, 0.9)}}; };
-  return {{"ladder", row(ladder)}, {"clairvoyant", row(clairvoyant)}};
+  json out = {{"ladder", row(ladder)}, {"clairvoyant", row(clairvoyant)}, {"single_step", json::array()}};
+  for (size_t k = 0; k < single.size(); ++k) {
+    json one = row(single[k]);
+    one["method"] = records.front()["steps"][k]["method"];
+    one["ratio"] = records.front()["steps"][k]["ratio"];
+    out["single_step"].push_back(one);
+  }
+  return out;
 }
 
 }  // namespace

@@ -132,6 +132,8 @@ TEST(CalibrationReplay, ReportsTheSharesTimesAndChoicesOfThePolicy) {
   // + 100. Paying only the cheapest identical step: 10, 30, 10, 100.
   EXPECT_DOUBLE_EQ(rep["perfect_predictor"]["ladder"]["mean_ttft_ms"].get<double>(), (10 + 40 + 10 + 140) / 4.0);
   EXPECT_DOUBLE_EQ(rep["perfect_predictor"]["clairvoyant"]["mean_ttft_ms"].get<double>(), (10 + 30 + 10 + 100) / 4.0);
+  // Step 1 alone, perfectly predicted: 30 for a, b, c; 30 + 100 for d.
+  EXPECT_DOUBLE_EQ(rep["perfect_predictor"]["single_step"][1]["mean_ttft_ms"].get<double>(), (30 * 3 + 130) / 4.0);
 
   std::vector<json> other = records;
   other[0]["fingerprint"] = "ff00";
