@@ -41,8 +41,9 @@ def signals(args):
         sys.exit("no records")
     n_steps = len(recs[0]["steps"])
     print("%d records (%s)" % (len(recs), ", ".join(sorted({r["dataset"] for r in recs}))))
-    print("| step | identical | margin | -entropy | -KL to previous step | top-1 = previous step's | context tokens (fewer) |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
+    print("| step | identical | margin | -entropy | -KL to previous step | top-1 = previous step's | answer = previous step's "
+          "(share agreeing, identical among them) | context tokens (fewer) |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for k in range(n_steps):
         st = [r["steps"][k] for r in recs]
         y = [s["identical"] for s in st]
@@ -51,10 +52,15 @@ def signals(args):
             prev = [r["steps"][k - 1] for r in recs]
             cols.append(auc([-s["kl_to_prev"] for s in st], y))
             cols.append(auc([int(s["top1"] == p["top1"]) for s, p in zip(st, prev)], y))
+            # The whole greedy answer of both steps: a signal that costs the previous step's
+            # prefill and both answers' decoding, not measured by the predictor today.
+            agree = [int(s["answer"] == p["answer"]) for s, p in zip(st, prev)]
+            hits = sum(a and yy for a, yy in zip(agree, y))
+            cols.append("%.2f (%.2f, %.2f)" % (auc(agree, y), sum(agree) / len(agree), hits / max(1, sum(agree))))
         else:
-            cols += [None, None]
+            cols += [None, None, None]
         cols.append(auc([-r["context_tokens"] for r in recs], y))
-        fmt = lambda v: "-" if v is None else "%.2f" % v
+        fmt = lambda v: "-" if v is None else (v if isinstance(v, str) else "%.2f" % v)
         print("| %s %.2f | %.2f | %s |" % (st[0]["method"], st[0]["ratio"], sum(y) / len(y), " | ".join(fmt(c) for c in cols)))
 
 

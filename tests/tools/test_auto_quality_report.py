@@ -1,0 +1,55 @@
+"""Unit tests of tools/auto_quality_report.py (issue 26): the AUC and the signals table on
+records made by hand. Run by ctest (bench_report_py discovers every test here)."""
+import contextlib
+import io
+import json
+import os
+import sys
+import tempfile
+import unittest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools"))
+import auto_quality_report  # noqa: E402
+
+
+def step(ratio, answer, identical, margin, top1=1):
+    return {"method": "prophet", "ratio": ratio, "answer": answer, "identical": identical, "margin": margin,
+            "entropy": 1.0 - margin, "kl_to_prev": 0.1, "top1": top1}
+
+
+class AucTest(unittest.TestCase):
+    def test_perfect_chance_and_ties(self):
+        self.assertEqual(auto_quality_report.auc([0.9, 0.8, 0.1, 0.2], [1, 1, 0, 0]), 1.0)
+        self.assertEqual(auto_quality_report.auc([0.1, 0.2, 0.9, 0.8], [1, 1, 0, 0]), 0.0)
+        self.assertEqual(auto_quality_report.auc([1, 1, 1, 1], [1, 0, 1, 0]), 0.5)  # all tied
+        self.assertIsNone(auto_quality_report.auc([0.3, 0.4], [1, 1]))  # one class only
+
+
+class SignalsTableTest(unittest.TestCase):
+    def test_answer_agreement_column(self):
+        # Step 1 agrees with step 0 on a, b, c; identical on a, b (and on d, which disagrees).
+        recs = [
+            {"id": "a", "dataset": "d", "context_tokens": 10, "steps": [step(0.05, "x", True, 0.9), step(0.15, "x", True, 0.9)]},
+            {"id": "b", "dataset": "d", "context_tokens": 20, "steps": [step(0.05, "y", False, 0.5), step(0.15, "y", True, 0.5)]},
+            {"id": "c", "dataset": "d", "context_tokens": 30, "steps": [step(0.05, "z", False, 0.2), step(0.15, "z", False, 0.2)]},
+            {"id": "d", "dataset": "d", "context_tokens": 40, "steps": [step(0.05, "u", False, 0.1), step(0.15, "v", True, 0.1)]},
+        ]
+        with tempfile.NamedTemporaryFile("w", suffix=".jsonl", delete=False) as f:
+            f.write("".join(json.dumps(r) + "\n" for r in recs))
+        out = io.StringIO()
+        try:
+            with contextlib.redirect_stdout(out):
+                auto_quality_report.signals(type("A", (), {"records": [f.name]})())
+        finally:
+            os.unlink(f.name)
+        row = [line for line in out.getvalue().splitlines() if line.startswith("| prophet 0.15")][0]
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        # Identical on 3 of 4. Agreement's AUC over the pairs (identical, the one non-identical c,
+        # which agrees): a and b tie with c (0.5 each), d loses (0): 1/3. Agreeing: 3 of 4, of
+        # which 2 identical.
+        self.assertEqual(cells[1], "0.75")
+        self.assertEqual(cells[6], "0.33 (0.75, 0.67)")
+
+
+if __name__ == "__main__":
+    unittest.main()
