@@ -31,6 +31,7 @@ struct CalibrateArgs {
   int max_tokens = 32;
   size_t chunk_tokens = 0, chunks = 0;
   std::string chunk_context = "alone";
+  RagPromptOptions prompt;
   // --evaluate
   std::string evaluate;
   std::string calibration;
@@ -81,6 +82,7 @@ int run_calibrate(const CalibrateArgs& a) {
   o.max_tokens = a.max_tokens;
   o.chunk_tokens = a.chunk_tokens;
   o.chunks_per_request = a.chunks;
+  o.prompt = a.prompt;
   if (!parse_chunk_context(a.chunk_context, o.chunk_context)) throw std::invalid_argument("--chunk-context: alone or prefixed");
   auto model = load_model(a.model);
   const eval::Dataset data = eval::load_dataset(a.dataset, a.data_dir, 0, &model->tokenizer());
@@ -130,6 +132,7 @@ void add_calibrate_command(CLI::App& app, CommandRunner& run) {
   cmd->add_option("--chunks", a->chunks, "exactly this many chunks per request (with --chunk-tokens: the paper's 20 x 512)")
       ->capture_default_str();
   cmd->add_option("--chunk-context", a->chunk_context, "chunk caches: alone or prefixed")->capture_default_str();
+  add_prompt_options(*cmd, a->prompt);  // fit on the words the served prompts will carry
   cmd->add_option("--evaluate", a->evaluate, "records file of another split: replay the policy on it instead of calibrating");
   cmd->add_option("--calibration", a->calibration, "with --evaluate: the calibration file to replay");
   cmd->add_option("--report", a->report, "with --evaluate: write the JSON report here");

@@ -20,10 +20,18 @@ namespace {
 
 using nlohmann::json;
 
-std::set<std::string> recorded_ids(const std::string& path) {
+// The ids already in a records file; refuses a file made with other RAG words (records
+// written before the layout was recorded carry no id and are not checked).
+std::set<std::string> recorded_ids(const std::string& path, const std::string& layout) {
   std::set<std::string> ids;
   if (!std::filesystem::exists(path)) return ids;
-  for (const auto& r : read_records(path)) ids.insert(r.at("id").get<std::string>());
+  for (const auto& r : read_records(path)) {
+    if (r.contains("prompt_layout") && r["prompt_layout"] != layout)
+      throw std::invalid_argument(path + " holds records made with other RAG prompt words (layout " +
+                                  r["prompt_layout"].get<std::string>() + ", these are " + layout +
+                                  "): use another --records file");
+    ids.insert(r.at("id").get<std::string>());
+  }
   return ids;
 }
 
@@ -148,7 +156,8 @@ std::vector<json> read_records(const std::string& path) {
 size_t record_examples(const Model& model, Forward& fwd, const Dataset& dataset, const CalibrationRunOptions& o) {
   const size_t end = o.limit ? std::min(dataset.examples.size(), o.first + o.limit) : dataset.examples.size();
   if (o.first >= end) throw std::invalid_argument("no examples in that range of " + dataset.name);
-  const std::set<std::string> done = recorded_ids(o.records_path);
+  const std::string layout = prompt_layout_id(o.prompt);
+  const std::set<std::string> done = recorded_ids(o.records_path, layout);
   ChunkStoreOptions so;  // memory only: the chunks of a calibration run are not worth keeping
   so.memory_budget_bytes = size_t{1} << 30;
   so.model = StoreModel{model.fingerprint(), model.hparams()};
@@ -204,6 +213,7 @@ size_t record_examples(const Model& model, Forward& fwd, const Dataset& dataset,
                          {"dataset", dataset.name},
                          {"index", e},
                          {"fingerprint", model.fingerprint_hex()},
+                         {"prompt_layout", layout},
                          {"chunk_context", chunk_context_name(o.chunk_context)},
                          {"context_tokens", req.context_tokens()},
                          {"chunks", req.chunks.size()},
@@ -227,6 +237,8 @@ autoq::AutoCalibration fit_calibration(const std::vector<json>& records, double 
     if (r.at("fingerprint") != first.at("fingerprint"))
       throw std::invalid_argument("records of two models (" + cal.fingerprint + ", " + r.at("fingerprint").get<std::string>() + ")");
     if (r.at("steps").size() != n_steps) throw std::invalid_argument("records of two ladders (" + r.at("id").get<std::string>() + ")");
+    if (r.value("prompt_layout", "") != first.value("prompt_layout", ""))
+      throw std::invalid_argument("records of two RAG prompt layouts (" + r.at("id").get<std::string>() + ")");
     for (size_t k = 0; k < n_steps; ++k)
       if (r["steps"][k].at("method") != first["steps"][k].at("method") || r["steps"][k].at("ratio") != first["steps"][k].at("ratio"))
         throw std::invalid_argument("records of two ladders (" + r.at("id").get<std::string>() + ")");
@@ -243,12 +255,17 @@ autoq::AutoCalibration fit_calibration(const std::vector<json>& records, double 
     st.method = first["steps"][k]["method"].get<std::string>();
     st.ratio = first["steps"][k]["ratio"].get<double>();
     st.weights = autoq::fit_logistic(x, y, l2);
-    double log_loss = 0;
+    double log_loss = 0, step_ms = 0, full_ms = 0;
     for (size_t n = 0; n < x.size(); ++n) {
       const double p = std::clamp(autoq::logistic(st.weights, x[n]), 1e-9, 1 - 1e-9);
       st.max_predicted = std::max(st.max_predicted, p);
+      st.predictions.push_back(p);
       log_loss -= y[n] ? std::log(p) : std::log(1 - p);
+      step_ms += records[n]["steps"][k].at("ttft_ms").get<double>();
+      full_ms += records[n]["full"].at("ttft_ms").get<double>();
     }
+    std::sort(st.predictions.begin(), st.predictions.end());
+    st.ttft_share = full_ms > 0 ? step_ms / full_ms : 0;
     fit.push_back({{"method", st.method}, {"ratio", st.ratio}, {"identical_share", mean(std::vector<double>(y.begin(), y.end()))},
                    {"log_loss", log_loss / static_cast<double>(x.size())}});
     cal.steps.push_back(std::move(st));
@@ -256,6 +273,7 @@ autoq::AutoCalibration fit_calibration(const std::vector<json>& records, double 
   std::set<std::string> datasets;
   for (const auto& r : records) datasets.insert(r.at("dataset").get<std::string>());
   cal.provenance = {{"examples", records.size()}, {"datasets", datasets}, {"l2", l2}, {"fit", fit},
+                    {"prompt_layout", first.value("prompt_layout", "")},
                     // records of before the renaming (issue 25 item 4) say chunk_variant
                     {"chunk_context", first.value("chunk_context", first.value("chunk_variant", "alone"))}};
   return cal;

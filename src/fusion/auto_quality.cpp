@@ -120,6 +120,8 @@ AutoCalibration AutoCalibration::parse(const json& j, const std::string& source)
       st.options = s.value("options", json::object());
       st.weights = s.at("weights").get<std::vector<double>>();
       st.max_predicted = s.at("max_predicted").get<double>();
+      st.predictions = s.value("predictions", std::vector<double>{});
+      st.ttft_share = s.value("ttft_share", 0.0);
     } catch (const json::exception& e) {
       throw field_error(source, std::string("a step needs method, ratio, weights, max_predicted: ") + e.what());
     }
@@ -128,6 +130,11 @@ AutoCalibration AutoCalibration::parse(const json& j, const std::string& source)
     if (!(st.ratio >= 0 && st.ratio <= 1)) throw field_error(source, "step ratio must be in [0, 1]");
     for (double w : st.weights)
       if (!std::isfinite(w)) throw field_error(source, "step weights must be finite");
+    if (!(st.ttft_share >= 0 && std::isfinite(st.ttft_share))) throw field_error(source, "step ttft_share must be a number >= 0");
+    for (double p : st.predictions)
+      if (!(p >= 0 && p <= 1)) throw field_error(source, "step predictions must be probabilities");
+    if (!std::is_sorted(st.predictions.begin(), st.predictions.end()))
+      throw field_error(source, "step predictions must be in ascending order");
     c.steps.push_back(std::move(st));
   }
   c.provenance = j.value("provenance", json::object());
@@ -138,7 +145,7 @@ json AutoCalibration::to_json() const {
   json out = json::array();
   for (const auto& s : steps)
     out.push_back({{"method", s.method}, {"ratio", s.ratio}, {"options", s.options}, {"weights", s.weights},
-                     {"max_predicted", s.max_predicted}});
+                     {"max_predicted", s.max_predicted}, {"predictions", s.predictions}, {"ttft_share", s.ttft_share}});
   return {{"format", kCalibrationFormat},
           {"fingerprint", fingerprint},
           {"features", {"margin", "entropy"}},
@@ -205,7 +212,12 @@ bool accepts(const AutoCalibration& cal, size_t step, const FirstTokenSignals& s
 }
 
 bool worth_running(const AutoCalibration& cal, size_t step, double quality) {
-  return cal.steps.at(step).max_predicted >= quality;
+  const AutoStep& s = cal.steps.at(step);
+  if (s.max_predicted < quality) return false;
+  if (s.predictions.empty() || s.ttft_share <= 0) return true;  // a file from before they were recorded
+  const auto first_accepted = std::lower_bound(s.predictions.begin(), s.predictions.end(), quality);
+  const double answered = static_cast<double>(s.predictions.end() - first_accepted) / static_cast<double>(s.predictions.size());
+  return answered > s.ttft_share;
 }
 
 json AutoDecision::to_json() const {

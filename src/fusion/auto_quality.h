@@ -53,6 +53,11 @@ struct AutoStep {
   nlohmann::json options = nlohmann::json::object();
   std::vector<double> weights;  // intercept, then one per predictor_features()
   double max_predicted = 0;     // the highest probability it gave on the calibration set
+  // What it cost and answered on the calibration set, for worth_running(): every probability
+  // it gave there (ascending), and its mean TTFT as a share of full prefill's. Empty / 0 in
+  // files written before they were recorded (then max_predicted alone decides).
+  std::vector<double> predictions;
+  double ttft_share = 0;
 };
 
 struct AutoCalibration {
@@ -82,7 +87,10 @@ AutoCalibration load_calibration_file(const std::string& path, const std::string
 void check_quality(double quality);
 
 // The decision, pure: given the steps run so far, whether step `step` (just run, with
-// signals `s`) answers at target `quality`; and whether a step is worth running at all.
+// signals `s`) answers at target `quality`; and whether a step is worth running at all: it
+// must have reached `quality` on the calibration set, and answer there a larger share of the
+// requests than the share of full prefill's time it costs (else running it loses time on
+// average: it costs that share on every request and saves the rest only on those it answers).
 bool accepts(const AutoCalibration& cal, size_t step, const FirstTokenSignals& s, double quality);
 bool worth_running(const AutoCalibration& cal, size_t step, double quality);
 

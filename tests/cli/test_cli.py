@@ -252,5 +252,46 @@ class BenchDeviationProfileTest(CliCase):
                      "--out", out, message="no-data")
 
 
+class CalibrateTest(CliCase):
+    def test_records_fit_evaluate_and_layout_guard(self):
+        """`calibrate` records full prefill and every ladder step per example, fits a calibration
+        with each step's price, replays it, and refuses to resume a records file made with other
+        RAG words (issue 26)."""
+        data = os.path.join(self.tmp, "tiny-cal.jsonl")
+        tiny_dataset(data)
+        records = os.path.join(self.tmp, "cal.records.jsonl")
+        cal = os.path.join(self.tmp, "cal.auto.json")
+        self.ok("calibrate", "-m", MODEL, "-t", "1", "--dataset", data, "--first", "0", "--limit", "2",
+                "--ladder", "prophet:0.05,epic:0.3", "--max-tokens", "6", "--records", records, "--out", cal)
+        with open(records) as f:
+            recs = [json.loads(line) for line in f]
+        self.assertEqual(len(recs), 2)
+        for r in recs:
+            self.assertEqual([(s["method"], s["ratio"]) for s in r["steps"]], [("prophet", 0.05), ("epic", 0.3)])
+            self.assertTrue(r["prompt_layout"])
+            for s in r["steps"]:
+                self.assertEqual(s["identical"], s["answer"] == r["full"]["answer"])
+                self.assertGreater(s["ttft_ms"], 0.0)
+        with open(cal) as f:
+            c = json.load(f)
+        self.assertEqual(c["provenance"]["prompt_layout"], recs[0]["prompt_layout"])
+        for step in c["steps"]:
+            self.assertEqual(len(step["predictions"]), 2)
+            self.assertEqual(step["predictions"], sorted(step["predictions"]))
+            self.assertGreater(step["ttft_share"], 0.0)
+        report = os.path.join(self.tmp, "cal.report.json")
+        self.ok("calibrate", "--evaluate", records, "--calibration", cal, "--report", report, "--targets", "0.9")
+        with open(report) as f:
+            rep = json.load(f)
+        self.assertEqual(rep["examples"], 2)
+        self.assertEqual(len(rep["perfect_predictor"]["single_step"]), 2)
+        # Resuming with other words would mix two layouts in one fit.
+        self.refused("calibrate", "-m", MODEL, "-t", "1", "--dataset", data, "--first", "0", "--limit", "2",
+                     "--ladder", "prophet:0.05,epic:0.3", "--records", records, "--no-fit", "--system", "Be brief.",
+                     message="other RAG prompt words")
+        self.refused("calibrate", "-m", MODEL, "--dataset", data, "--ladder", "full:0.5", "--records", records,
+                     message="unknown method 'full'")
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 
@@ -78,6 +79,11 @@ TEST(CalibrationFit, LearnsWhichMarginsAnswerLikeFullPrefill) {
   EXPECT_GT(c.steps[0].max_predicted, 0.9);
   EXPECT_LE(c.steps[0].max_predicted, 1.0);
   EXPECT_EQ(c.provenance["examples"], 200);
+  // What the step costs (10 ms against full prefill's 100) and every probability it gave.
+  EXPECT_DOUBLE_EQ(c.steps[0].ttft_share, 0.1);
+  ASSERT_EQ(c.steps[0].predictions.size(), 200u);
+  EXPECT_TRUE(std::is_sorted(c.steps[0].predictions.begin(), c.steps[0].predictions.end()));
+  EXPECT_DOUBLE_EQ(c.steps[0].predictions.back(), c.steps[0].max_predicted);
 
   records.push_back(record("other", {step(0.1, 0.5, true, 10)}, 100, "cd34"));
   EXPECT_THROW(fit_calibration(records), std::invalid_argument);
@@ -91,8 +97,9 @@ TEST(CalibrationReplay, ReportsTheSharesTimesAndChoicesOfThePolicy) {
   autoq::AutoCalibration c;
   c.fingerprint = "ab12";
   const double logit95 = std::log(0.95 / 0.05);
-  c.steps = {{"prophet", 0.05, json::object(), {-30.0, 30.0 + logit95, 0.0}, 0.95},
-             {"prophet", 0.3, json::object(), {-20.0, 0.0, 0.0}, 0.5}};
+  // Without predictions / ttft_share (as in files from before they were recorded): max_predicted alone decides.
+  c.steps = {{"prophet", 0.05, json::object(), {-30.0, 30.0 + logit95, 0.0}, 0.95, {}, 0},
+             {"prophet", 0.3, json::object(), {-20.0, 0.0, 0.0}, 0.5, {}, 0}};
   const std::vector<json> records = {
       record("a", {step(0.05, 1.0, true, 10), step(0.3, 0.0, true, 30)}, 100),   // step 0 answers, right
       record("b", {step(0.05, 1.0, false, 10), step(0.3, 0.0, true, 30)}, 100),  // step 0 answers, wrong

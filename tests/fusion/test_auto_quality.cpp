@@ -127,6 +127,23 @@ TEST(AutoDecisionRule, QualityBoundsAndSkippedSteps) {
   EXPECT_TRUE(autoq::worth_running(c, 0, 0.95));
   EXPECT_FALSE(autoq::worth_running(c, 0, 0.96));  // never reached 0.96 on the calibration set
   EXPECT_FALSE(autoq::worth_running(c, 1, 0.5));
+
+  // With what the step answered and cost on the calibration set: it reached 0.95 on 1 of 10
+  // requests there. At 20% of full prefill's time that loses time on average (0.1 < 0.2);
+  // at 5% it gains (0.1 > 0.05); at target 0.5 it answered 3 of 10, worth 20%.
+  json j = calibration_json("aa", 3.0, 0.95);
+  j["steps"][0]["predictions"] = {0.1, 0.1, 0.1, 0.1, 0.1, 0.1, 0.1, 0.6, 0.6, 0.95};
+  j["steps"][0]["ttft_share"] = 0.2;
+  autoq::AutoCalibration priced = autoq::AutoCalibration::parse(j, "t");
+  EXPECT_FALSE(autoq::worth_running(priced, 0, 0.9));
+  EXPECT_TRUE(autoq::worth_running(priced, 0, 0.5));
+  priced.steps[0].ttft_share = 0.05;
+  EXPECT_TRUE(autoq::worth_running(priced, 0, 0.9));
+  EXPECT_EQ(autoq::AutoCalibration::parse(priced.to_json(), "again").steps[0].predictions, priced.steps[0].predictions);
+  j["steps"][0]["predictions"] = {0.6, 0.1};
+  EXPECT_THROW(autoq::AutoCalibration::parse(j, "t"), std::invalid_argument);  // not ascending
+  j["steps"][0]["predictions"] = {0.1, 1.5};
+  EXPECT_THROW(autoq::AutoCalibration::parse(j, "t"), std::invalid_argument);
 }
 
 // On the real model: a step predicted above the target answers with exactly that step's
