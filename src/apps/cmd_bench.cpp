@@ -63,7 +63,15 @@ bool parse_shard(const std::string& s, size_t& index, size_t& count) {
   }
 }
 
-// Appends the invocation to <out>/bench_command.txt, for the report ("the command and machine").
+// One word for a POSIX shell whatever it holds: '...' with each ' written as '\''.
+std::string shell_word(const std::string& s) {
+  std::string out = "'";
+  for (char ch : s) out += ch == '\'' ? std::string("'\\''") : std::string(1, ch);
+  return out + "'";
+}
+
+// Appends the invocation to <out>/bench_command.txt, for the report ("the command and machine"),
+// as a command a shell can run again.
 void record_command(const BenchArgs& a) {
   std::ostringstream c;
   c << "chunkfuse bench -m " << a.model.model_path << " --data " << a.data;
@@ -73,15 +81,15 @@ void record_command(const BenchArgs& a) {
   if (a.limit) c << " --limit " << a.limit;
   if (!a.shard.empty()) c << " --shard " << a.shard;
   if (a.chunk_tokens) c << " --chunk-tokens " << a.chunk_tokens;
-  if (!a.method_options.empty()) c << " --method-options '" << a.method_options << "'";
-  if (!a.method_presets.empty()) c << " --method-presets '" << a.method_presets << "'";
+  if (!a.method_options.empty()) c << " --method-options " << shell_word(a.method_options);
+  if (!a.method_presets.empty()) c << " --method-presets " << shell_word(a.method_presets);
   if (!a.ablation.empty()) c << " --ablation " << a.ablation;
   if (!a.jaccard_ref.empty()) c << " --jaccard-ref " << a.jaccard_ref;
   if (a.chunks) c << " --chunks " << a.chunks;
   if (a.chunk_contexts != "alone") c << " --chunk-contexts " << a.chunk_contexts;
   const RagPromptOptions default_prompt;
-  if (a.prompt.system != default_prompt.system) c << " --system '" << a.prompt.system << "'";
-  if (a.prompt.question_cue != default_prompt.question_cue) c << " --question-cue '" << a.prompt.question_cue << "'";
+  if (a.prompt.system != default_prompt.system) c << " --system " << shell_word(a.prompt.system);
+  if (a.prompt.question_cue != default_prompt.question_cue) c << " --question-cue " << shell_word(a.prompt.question_cue);
   if (a.peer) c << " --peer";
   if (!a.peer_python.empty()) c << " --peer-python " << a.peer_python;
   c << " --max-tokens " << a.max_tokens << " --seed " << a.seed << " -t " << a.model.threads;

@@ -131,7 +131,7 @@ std::vector<BenchRun> expand_runs(const std::vector<std::string>& methods, const
       if (qualities.empty()) throw std::invalid_argument("method 'auto' needs at least one --qualities value");
       std::set<std::string> seen_q;
       for (double q : qualities) {
-        if (!(q > 0.0 && q <= 1.0)) throw std::invalid_argument("quality " + ratio_text(q) + " is outside (0, 1]");
+        autoq::check_quality(q);  // the request's own rule and message
         if (seen_q.insert(ratio_text(q)).second) runs.push_back({m, q});
       }
     } else {

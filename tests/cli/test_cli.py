@@ -8,6 +8,7 @@ runs its own); by hand: CHUNKFUSE_BIN=build/chunkfuse python3 -m unittest discov
 """
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import tempfile
@@ -213,6 +214,14 @@ class BenchDeviationProfileTest(CliCase):
                               "--ratios", "0.15", "-n", "6", "--memory-store", "--no-report", "--out", out_dir)
         self.assertIn("0 rows written, 6 already present", stdout + err)
         self.refused("bench", "-m", MODEL, "--data", data, "--methods", "nope", "--out", out_dir, message="nope")
+        # bench_command.txt is a command a shell runs again, whatever the prompt words hold.
+        words = "It's short; say \"no\" $HOME"
+        quoted_dir = os.path.join(self.tmp, "bench-quoted")
+        self.ok("bench", "-m", MODEL, "-t", "1", "--data", data, "--methods", "full", "-n", "2", "--limit", "1",
+                "--memory-store", "--no-report", "--system", words, "--out", quoted_dir)
+        with open(os.path.join(quoted_dir, "bench_command.txt")) as f:
+            argv = shlex.split(f.read().splitlines()[-1])
+        self.assertEqual(argv[argv.index("--system") + 1], words)
         self.refused("bench", "-m", MODEL, "--data", os.path.join(self.tmp, "none.jsonl"), "--out", out_dir,
                      message="none.jsonl")
 
