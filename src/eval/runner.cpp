@@ -131,7 +131,11 @@ std::vector<BenchRun> expand_runs(const std::vector<std::string>& methods, const
       if (qualities.empty()) throw std::invalid_argument("method 'auto' needs at least one --qualities value");
       std::set<std::string> seen_q;
       for (double q : qualities) {
-        autoq::check_quality(q);  // the request's own rule and message
+        try {
+          autoq::check_quality(q);  // the request's own rule, named as the bench's option
+        } catch (const std::invalid_argument& e) {
+          throw std::invalid_argument("--qualities " + ratio_text(q) + ": " + e.what());
+        }
         if (seen_q.insert(ratio_text(q)).second) runs.push_back({m, q});
       }
     } else {

@@ -4,6 +4,7 @@
 // Checks the sanity the issue asks for (full's fidelity to itself is 1; rho = 1 equals
 // full), the rows written, that a resumed run adds nothing (also after a half-written
 // line), and that the report is produced.
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -63,7 +64,12 @@ TEST(BenchPlan, FullAndReuseOnceOthersPerRatio) {
   EXPECT_DOUBLE_EQ(autos[1].ratio, 0.9);
   EXPECT_DOUBLE_EQ(autos[2].ratio, 0.5);
   EXPECT_THROW(expand_runs({"auto"}, {0.15}), std::invalid_argument);
-  EXPECT_THROW(expand_runs({"auto"}, {0.15}, nlohmann::json::object(), {0.0}), std::invalid_argument);
+  try {
+    expand_runs({"auto"}, {0.15}, nlohmann::json::object(), {0.0});
+    ADD_FAILURE() << "quality 0 must be refused";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_THAT(e.what(), ::testing::HasSubstr("--qualities 0: fusion.quality must be a number in (0, 1]"));
+  }
   EXPECT_THROW(expand_runs({"auto"}, {0.15}, nlohmann::json::object(), {1.5}), std::invalid_argument);
   EXPECT_THROW(expand_runs({}, {0.1}), std::invalid_argument);
 }
