@@ -76,11 +76,11 @@ json perfect_predictor_bounds(const std::vector<json>& records) {
   std::vector<double> ladder, clairvoyant;
   std::vector<std::vector<double>> single(records.front()["steps"].size());
   for (const auto& r : records) {
+    const double full = r["full"]["ttft_ms"].get<double>();
     for (size_t k = 0; k < single.size(); ++k) {
       const json& st = r["steps"][k];
-      single[k].push_back(st["ttft_ms"].get<double>() + (st["identical"].get<bool>() ? 0 : r["full"]["ttft_ms"].get<double>()));
+      single[k].push_back(st["ttft_ms"].get<double>() + (st["identical"].get<bool>() ? 0 : full));
     }
-    const double full = r["full"]["ttft_ms"].get<double>();
     double spent = 0, cheapest = full;
     bool found = false;
     for (const auto& st : r["steps"]) {
@@ -258,13 +258,13 @@ autoq::AutoCalibration fit_calibration(const std::vector<json>& records, double 
     double log_loss = 0, step_ms = 0, full_ms = 0;
     for (size_t n = 0; n < x.size(); ++n) {
       const double p = std::clamp(autoq::logistic(st.weights, x[n]), 1e-9, 1 - 1e-9);
-      st.max_predicted = std::max(st.max_predicted, p);
       st.predictions.push_back(p);
       log_loss -= y[n] ? std::log(p) : std::log(1 - p);
       step_ms += records[n]["steps"][k].at("ttft_ms").get<double>();
       full_ms += records[n]["full"].at("ttft_ms").get<double>();
     }
     std::sort(st.predictions.begin(), st.predictions.end());
+    st.max_predicted = st.predictions.back();
     st.ttft_share = full_ms > 0 ? step_ms / full_ms : 0;
     fit.push_back({{"method", st.method}, {"ratio", st.ratio}, {"identical_share", mean(std::vector<double>(y.begin(), y.end()))},
                    {"log_loss", log_loss / static_cast<double>(x.size())}});
