@@ -479,10 +479,20 @@ void k_unpack_half(const uint8_t* tile, size_t nsb, int h, uint8_t* buf) {
   }
 }
 
+// An empty asm that takes and gives back v: GCC may not reassociate an integer sum across
+// it. Without it GCC turned each row's running sum of vpmaddubsw products into a tree over
+// all 8 groups, whose 32 live products spilled to the stack on every super-block.
+inline void keep_chain(__m256i& v) { asm("" : "+x"(v)); }
+
 template <KQuant Q, int R>
 void k_batched_rows(const uint8_t* buf, size_t nsb, const ActView& a, size_t r0, float* out /*[R][8]*/) {
   using U = KUnpacked<Q>;
   constexpr int kNPairs = Q == KQuant::Q6 ? 8 : 4;
+  // Groups whose vpmaddubsw pairs can be summed in int16 before the scale: a pair is at most
+  // 2 x 128 x wmax (wmax 15 / 31 / 63 for Q4_K / Q5_K / Q6_K), so 8 / 4 / 2 of them stay
+  // below 32768. Integer sums are exact in any order: the result is unchanged, and the
+  // vpmaddwd (a multiply, like vpmaddubsw) runs once per 8 / 4 / 2 groups, not per group.
+  constexpr int kGroupsInt16 = Q == KQuant::Q4 ? 8 : Q == KQuant::Q5 ? 4 : 2;
   __m256 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
   for (size_t sb = 0; sb < nsb; ++sb) {
@@ -491,14 +501,28 @@ void k_batched_rows(const uint8_t* buf, size_t nsb, const ActView& a, size_t r0,
     for (int r = 0; r < R; ++r) xq[r] = a.qs(r0 + r) + sb * kQK_K;
     __m256i S[R];
     for (int r = 0; r < R; ++r) S[r] = _mm256_setzero_si256();
+#pragma GCC unroll 8
     for (int c = 0; c < 8; ++c) {
-      const __m256i sc_lo = _mm256_load_si256(reinterpret_cast<const __m256i*>(ub + U::kSc + (Q == KQuant::Q6 ? 64 : 32) * c));
-      const __m256i sc_hi = Q == KQuant::Q6 ? _mm256_load_si256(reinterpret_cast<const __m256i*>(ub + U::kSc + 64 * c + 32)) : sc_lo;
-      for (int g = 0; g < 8; ++g) {
-        const __m256i w = _mm256_load_si256(reinterpret_cast<const __m256i*>(ub + U::kW + 32 * (8 * c + g)));
-        for (int r = 0; r < R; ++r)
-          S[r] = _mm256_add_epi32(S[r], _mm256_madd_epi16(_mm256_maddubs_epi16(w, bcast32(xq[r] + 32 * c + 4 * g)),
-                                                          g < 4 ? sc_lo : sc_hi));
+#pragma GCC unroll 8
+      for (int g0 = 0; g0 < 8; g0 += kGroupsInt16) {
+        // Block c's scale pairs (Q6_K: of its low or high 16 elements), read where used.
+        const uint8_t* sc = ub + U::kSc + (Q == KQuant::Q6 ? 64 * c + (g0 < 4 ? 0 : 32) : 32 * c);
+        __m256i P[R];  // int16 pair sums of kGroupsInt16 groups, then one vpmaddwd with the scale
+#pragma GCC unroll 8
+        for (int g = g0; g < g0 + kGroupsInt16; ++g) {
+          const __m256i w = _mm256_load_si256(reinterpret_cast<const __m256i*>(ub + U::kW + 32 * (8 * c + g)));
+#pragma GCC unroll 4
+          for (int r = 0; r < R; ++r) {
+            const __m256i p = _mm256_maddubs_epi16(w, bcast32(xq[r] + 32 * c + 4 * g));
+            P[r] = g == g0 ? p : _mm256_add_epi16(P[r], p);
+            keep_chain(P[r]);
+          }
+        }
+#pragma GCC unroll 4
+        for (int r = 0; r < R; ++r) {
+          S[r] = _mm256_add_epi32(S[r], _mm256_madd_epi16(P[r], _mm256_load_si256(reinterpret_cast<const __m256i*>(sc))));
+          keep_chain(S[r]);
+        }
       }
     }
     const __m256 dw = _mm256_load_ps(reinterpret_cast<const float*>(ub + U::kD));

@@ -730,6 +730,48 @@ TEST(Multiply, KQuantsFollowLlamaCppOrderExactly) {
   }
 }
 
+// The tiled K-quant GEMMs may sum several groups' vpmaddubsw pairs in int16 before the scale
+// (kernels_avx2.cpp: 8 / 4 / 2 groups for Q4_K / Q5_K / Q6_K). That is exact only while the
+// sums stay below 32768: weights at their largest quant against activations that quantize to
+// -128 or 127 are the worst case, which random quants never reach.
+TEST(Multiply, KQuantsExactAtExtremeQuants) {
+  std::mt19937 rng(29);
+  ThreadPool pool(2);
+  for (GgmlType t : {GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K}) {
+    const size_t rows = 24, cols = 512, n = 9;
+    auto w = random_blocks(t, rows * cols / 256, rng, false);
+    const size_t bb = ggml_type_info(t).block_bytes;
+    for (size_t b = 0; b < w.size() / bb; ++b) {
+      uint8_t* blk = w.data() + b * bb;
+      // Every quant at its maximum (15 / 31 / 63): the value bytes all ones.
+      if (t == GgmlType::Q6_K) std::memset(blk, 0xFF, 128 + 64);         // ql, qh
+      else if (t == GgmlType::Q5_K) std::memset(blk + 16, 0xFF, 32 + 128);  // qh, qs
+      else std::memset(blk + 16, 0xFF, 128);                               // qs
+    }
+    WeightMatrix m(t, w.data(), rows, cols);
+    const size_t rb = ggml_row_bytes(t, cols);
+    // Q8_K's rule (q = min(127, round(-128 / max x)), max: the first value of largest |x|):
+    // equal values all quantize to -128; -0.999 after a leading 1 in each super-block to 127.
+    for (bool to_127 : {false, true}) {
+      std::vector<float> x(n * cols, to_127 ? -0.999f : 1.0f);
+      if (to_127)
+        for (size_t i = 0; i < x.size(); i += 256) x[i] = 1.0f;
+      std::vector<float> want(n * rows);
+      for (size_t r = 0; r < n; ++r)
+        for (size_t o = 0; o < rows; ++o) want[r * rows + o] = llama_kquant_dot(t, w.data() + o * rb, &x[r * cols], cols, true);
+      for (Isa isa : available_isas()) {
+        IsaGuard g(isa);
+        std::vector<float> y(n * rows);
+        m.multiply(x.data(), n, cols, y.data(), rows, pool);
+        for (size_t i = 0; i < y.size(); ++i)
+          ASSERT_EQ(std::bit_cast<uint32_t>(y[i]), std::bit_cast<uint32_t>(want[i]))
+              << ggml_type_name(t) << " " << isa_name(isa) << (to_127 ? " 127" : " -128") << " at " << i << ": " << y[i] << " vs "
+              << want[i];
+      }
+    }
+  }
+}
+
 // vdpbf16ps on this CPU (the caller checks it has it): acc[l] += a[2l+1] b[2l+1], then
 // + a[2l] b[2l].
 #if defined(__x86_64__)
