@@ -126,6 +126,7 @@ void quantize_q8_k_avx2(const float* x, size_t cols, uint8_t* out) {
     }
     dv[sb] = 1.0f / iscale;
   }
+  fill_q8k_pairs(out, nb);
 }
 
 inline __m256i bcast32(const int8_t* p) { return _mm256_set1_epi32(load_i32(p)); }
@@ -489,8 +490,8 @@ void k_batched_rows(const uint8_t* buf, size_t nsb, const ActView& a, size_t r0,
   using U = KUnpacked<Q>;
   constexpr int kNPairs = Q == KQuant::Q6 ? 8 : 4;
   // Groups whose vpmaddubsw pairs can be summed in int16 before the scale: a pair is at most
-  // 2 x 128 x wmax (wmax 15 / 31 / 63 for Q4_K / Q5_K / Q6_K), so 8 / 4 / 2 of them stay
-  // below 32768. Integer sums are exact in any order: the result is unchanged, and the
+  // 2 x 127 x wmax in magnitude (Q8_K's q in [-127, 127]; wmax 15 / 31 / 63 for Q4_K / Q5_K /
+  // Q6_K), so 8 / 4 / 2 of them stay below 32768 (KQuantsExactAtExtremeQuants). Integer sums are exact in any order: the result is unchanged, and the
   // vpmaddwd (a multiply, like vpmaddubsw) runs once per 8 / 4 / 2 groups, not per group.
   constexpr int kGroupsInt16 = Q == KQuant::Q4 ? 8 : Q == KQuant::Q5 ? 4 : 2;
   __m256 acc[R];
@@ -527,15 +528,11 @@ void k_batched_rows(const uint8_t* buf, size_t nsb, const ActView& a, size_t r0,
     }
     const __m256 dw = _mm256_load_ps(reinterpret_cast<const float*>(ub + U::kD));
     for (int r = 0; r < R; ++r) {
-      const int32_t* bs16 = a.kbs16(r0 + r) + 16 * sb;
+      const int32_t* xpairs = a.kpairs(r0 + r) + 12 * sb + (Q == KQuant::Q6 ? 4 : 0);
       __m256i s2 = _mm256_setzero_si256();
-      for (int i = 0; i < kNPairs; ++i) {
-        const int32_t lo = Q == KQuant::Q6 ? bs16[2 * i] : bs16[4 * i] + bs16[4 * i + 1];
-        const int32_t hi = Q == KQuant::Q6 ? bs16[2 * i + 1] : bs16[4 * i + 2] + bs16[4 * i + 3];
-        const auto pair = static_cast<int32_t>((static_cast<uint32_t>(lo) & 0xFFFFu) | (static_cast<uint32_t>(hi) << 16));
+      for (int i = 0; i < kNPairs; ++i)
         s2 = _mm256_add_epi32(s2, _mm256_madd_epi16(_mm256_load_si256(reinterpret_cast<const __m256i*>(ub + U::kPairs + 32 * i)),
-                                                    _mm256_set1_epi32(pair)));
-      }
+                                                    _mm256_set1_epi32(xpairs[i])));
       __m256 v;
       if constexpr (Q == KQuant::Q6) {  // the -32 offset of every group, summed with them
         v = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(S[r], _mm256_slli_epi32(s2, 5))), dw);

@@ -91,6 +91,7 @@ void quantize_q8_k_avx512(const float* x, size_t cols, uint8_t* out) {
     }
     dv[sb] = 1.0f / iscale;
   }
+  fill_q8k_pairs(out, nb);
 }
 
 inline __m512i bcast32(const int8_t* p) { return _mm512_set1_epi32(load_i32(p)); }

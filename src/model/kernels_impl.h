@@ -180,13 +180,17 @@ struct ActView {
   const int32_t* corr(size_t r) const { return reinterpret_cast<const int32_t*>(d(r) + 2 * nb); }
   const float* xf(size_t r) const { return reinterpret_cast<const float*>(base + r * stride); }  // float tiles
   // Q8_K records (K super-tiles): int8 qs[32 nb], float d[nb / 8], int32 bs16[2 nb] (the
-  // sum of each 16 q, llama.cpp's bsums).
+  // sum of each 16 q, llama.cpp's bsums), int32 kpairs[12 nb / 8]: per super-block the bsums
+  // again as int16 pairs (lo | hi << 16) for vpmaddwd against the weights' min / offset
+  // factors, [0, 4) (bs_2i, bs_2i+1) with bs_j = bs16[2j] + bs16[2j+1] (Q4_K, Q5_K), [4, 12)
+  // (bs16[2g], bs16[2g+1]) (Q6_K). Made once per row here, not once per tile in the kernel.
   const float* kd(size_t r) const { return d(r); }
   const int32_t* kbs16(size_t r) const { return reinterpret_cast<const int32_t*>(d(r) + nb / 8); }
+  const int32_t* kpairs(size_t r) const { return kbs16(r) + 2 * nb; }
 };
 inline size_t act_row_stride(size_t nb) { return (nb * (kQK + 8 + 32) + 63) / 64 * 64; }
 inline size_t float_act_row_stride(size_t nb) { return nb * kQK * 4; }  // a multiple of 64
-inline size_t q8k_act_row_stride(size_t nb) { return (nb * kQK + nb / 8 * 4 + nb * 8 + 63) / 64 * 64; }
+inline size_t q8k_act_row_stride(size_t nb) { return (nb * kQK + nb / 8 * 4 + nb * 8 + nb * 6 + 63) / 64 * 64; }
 // The writable fields of a Q8_K record of nb 32-blocks at `out`.
 struct Q8KRecord {
   int8_t* qs;
@@ -196,6 +200,19 @@ struct Q8KRecord {
 inline Q8KRecord q8k_record(uint8_t* out, size_t nb) {
   const ActView a{out, 0, nb};
   return {reinterpret_cast<int8_t*>(out), const_cast<float*>(a.kd(0)), const_cast<int32_t*>(a.kbs16(0))};
+}
+// The kpairs of a Q8_K record whose bs16 are written (every ISA's quantize_q8_k ends here).
+inline void fill_q8k_pairs(uint8_t* out, size_t nb) {
+  const ActView a{out, 0, nb};
+  const int32_t* bs = a.kbs16(0);
+  auto* p = const_cast<int32_t*>(a.kpairs(0));
+  auto pair = [](int32_t lo, int32_t hi) {  // |bsum| <= 32 x 127: exact in int16
+    return static_cast<int32_t>((static_cast<uint32_t>(lo) & 0xFFFFu) | (static_cast<uint32_t>(hi) << 16));
+  };
+  for (size_t sb = 0; sb < nb / 8; ++sb, bs += 16, p += 12) {
+    for (int i = 0; i < 4; ++i) p[i] = pair(bs[4 * i] + bs[4 * i + 1], bs[4 * i + 2] + bs[4 * i + 3]);
+    for (int g = 0; g < 8; ++g) p[4 + g] = pair(bs[2 * g], bs[2 * g + 1]);
+  }
 }
 // llama.cpp's quantize_row_q8_K (its reference rule, which x86 uses) into a Q8_K record.
 void quantize_q8_k_record(const float* x, size_t cols, uint8_t* out);

@@ -44,6 +44,7 @@ void quantize_q8_k_record(const float* x, size_t cols, uint8_t* out) {
     for (size_t j = 0; j < 16; ++j) sum += qs[16 * i + j];
     bs16[i] = sum;
   }
+  fill_q8k_pairs(out, nb);
 }
 
 namespace {

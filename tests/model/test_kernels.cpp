@@ -733,7 +733,7 @@ TEST(Multiply, KQuantsFollowLlamaCppOrderExactly) {
 // The tiled K-quant GEMMs may sum several groups' vpmaddubsw pairs in int16 before the scale
 // (kernels_avx2.cpp: 8 / 4 / 2 groups for Q4_K / Q5_K / Q6_K). That is exact only while the
 // sums stay below 32768: weights at their largest quant against activations that quantize to
-// -128 or 127 are the worst case, which random quants never reach.
+// -127 or 127 are the worst case, which random quants never reach.
 TEST(Multiply, KQuantsExactAtExtremeQuants) {
   std::mt19937 rng(29);
   ThreadPool pool(2);
@@ -750,8 +750,8 @@ TEST(Multiply, KQuantsExactAtExtremeQuants) {
     }
     WeightMatrix m(t, w.data(), rows, cols);
     const size_t rb = ggml_row_bytes(t, cols);
-    // Q8_K's rule (q = min(127, round(-128 / max x)), max: the first value of largest |x|):
-    // equal values all quantize to -128; -0.999 after a leading 1 in each super-block to 127.
+    // Q8_K's rule (q = min(127, round(-127 x / max)), max: the first value of largest |x|):
+    // equal values all quantize to -127; -0.999 after a leading 1 in each super-block to 127.
     for (bool to_127 : {false, true}) {
       std::vector<float> x(n * cols, to_127 ? -0.999f : 1.0f);
       if (to_127)
@@ -765,7 +765,7 @@ TEST(Multiply, KQuantsExactAtExtremeQuants) {
         m.multiply(x.data(), n, cols, y.data(), rows, pool);
         for (size_t i = 0; i < y.size(); ++i)
           ASSERT_EQ(std::bit_cast<uint32_t>(y[i]), std::bit_cast<uint32_t>(want[i]))
-              << ggml_type_name(t) << " " << isa_name(isa) << (to_127 ? " 127" : " -128") << " at " << i << ": " << y[i] << " vs "
+              << ggml_type_name(t) << " " << isa_name(isa) << (to_127 ? " 127" : " -127") << " at " << i << ": " << y[i] << " vs "
               << want[i];
       }
     }
