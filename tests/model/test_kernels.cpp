@@ -553,6 +553,20 @@ TEST(Multiply, RepackedBitIdenticalAcrossIsasThreadsAndRanges) {
   }
 }
 
+// m x (n rows of cols) on every ISA this CPU has equals `want` bit for bit.
+void expect_bitwise_on_every_isa(const WeightMatrix& m, const std::vector<float>& x, size_t n, size_t cols,
+                                 const std::vector<float>& want, ThreadPool& pool, const std::string& what) {
+  const size_t rows = m.rows();
+  for (Isa isa : available_isas()) {
+    IsaGuard g(isa);
+    std::vector<float> y(n * rows);
+    m.multiply(x.data(), n, cols, y.data(), rows, pool);
+    for (size_t i = 0; i < y.size(); ++i)
+      ASSERT_EQ(std::bit_cast<uint32_t>(y[i]), std::bit_cast<uint32_t>(want[i]))
+          << what << " " << isa_name(isa) << " at " << i << ": " << y[i] << " vs " << want[i];
+  }
+}
+
 // llama.cpp's x86 vec-dot order for Q4_1 x Q8_1 and Q8_0 x Q8_0 (ggml_vec_dot_q4_1_q8_1,
 // ggml_vec_dot_q8_0_q8_0 and tinyBLAS_Q0_AVX on an AVX2/AVX-512 build), written from the
 // file's blocks: 8 float lanes, lane g = fma(dw*dx, exact dot of elements 4g..4g+3, lane g)
@@ -610,14 +624,7 @@ TEST(Multiply, RepackedFollowsLlamaCppOrderExactly) {
       std::vector<float> want(n * rows);
       for (size_t r = 0; r < n; ++r)
         for (size_t o = 0; o < rows; ++o) want[r * rows + o] = llama_order_dot(t, w.data() + o * rb, &x[r * cols], cols);
-      for (Isa isa : available_isas()) {
-        IsaGuard g(isa);
-        std::vector<float> y(n * rows);
-        m.multiply(x.data(), n, cols, y.data(), rows, pool);
-        for (size_t i = 0; i < y.size(); ++i)
-          ASSERT_EQ(std::bit_cast<uint32_t>(y[i]), std::bit_cast<uint32_t>(want[i]))
-              << ggml_type_name(t) << " " << isa_name(isa) << " n=" << n << " at " << i;
-      }
+      expect_bitwise_on_every_isa(m, x, n, cols, want, pool, std::string(ggml_type_name(t)) + " n=" + std::to_string(n));
       if (t != GgmlType::Q4_1 && t != GgmlType::Q8_0) continue;
       // The plain (non-repacked) dot of the same weight type agrees as well.
       std::vector<uint8_t> rec(kern::generic_act_row_bytes(static_cast<uint32_t>(t), cols));
@@ -718,14 +725,7 @@ TEST(Multiply, KQuantsFollowLlamaCppOrderExactly) {
       for (size_t r = 0; r < n; ++r)
         for (size_t o = 0; o < rows; ++o)
           want[r * rows + o] = llama_kquant_dot(t, w.data() + o * rb, &x[r * cols], cols, n >= 8);
-      for (Isa isa : available_isas()) {
-        IsaGuard g(isa);
-        std::vector<float> y(n * rows);
-        m.multiply(x.data(), n, cols, y.data(), rows, pool);
-        for (size_t i = 0; i < y.size(); ++i)
-          ASSERT_EQ(std::bit_cast<uint32_t>(y[i]), std::bit_cast<uint32_t>(want[i]))
-              << ggml_type_name(t) << " " << isa_name(isa) << " n=" << n << " at " << i << ": " << y[i] << " vs " << want[i];
-      }
+      expect_bitwise_on_every_isa(m, x, n, cols, want, pool, std::string(ggml_type_name(t)) + " n=" + std::to_string(n));
     }
   }
 }
@@ -759,15 +759,7 @@ TEST(Multiply, KQuantsExactAtExtremeQuants) {
       std::vector<float> want(n * rows);
       for (size_t r = 0; r < n; ++r)
         for (size_t o = 0; o < rows; ++o) want[r * rows + o] = llama_kquant_dot(t, w.data() + o * rb, &x[r * cols], cols, true);
-      for (Isa isa : available_isas()) {
-        IsaGuard g(isa);
-        std::vector<float> y(n * rows);
-        m.multiply(x.data(), n, cols, y.data(), rows, pool);
-        for (size_t i = 0; i < y.size(); ++i)
-          ASSERT_EQ(std::bit_cast<uint32_t>(y[i]), std::bit_cast<uint32_t>(want[i]))
-              << ggml_type_name(t) << " " << isa_name(isa) << (to_127 ? " 127" : " -127") << " at " << i << ": " << y[i] << " vs "
-              << want[i];
-      }
+      expect_bitwise_on_every_isa(m, x, n, cols, want, pool, std::string(ggml_type_name(t)) + (to_127 ? " 127" : " -127"));
     }
   }
 }
