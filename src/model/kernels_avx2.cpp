@@ -491,8 +491,9 @@ void k_batched_rows(const uint8_t* buf, size_t nsb, const ActView& a, size_t r0,
   constexpr int kNPairs = Q == KQuant::Q6 ? 8 : 4;
   // Groups whose vpmaddubsw pairs can be summed in int16 before the scale: a pair is at most
   // 2 x 127 x wmax in magnitude (Q8_K's q in [-127, 127]; wmax 15 / 31 / 63 for Q4_K / Q5_K /
-  // Q6_K), so 8 / 4 / 2 of them stay below 32768 (KQuantsExactAtExtremeQuants). Integer sums are exact in any order: the result is unchanged, and the
-  // vpmaddwd (a multiply, like vpmaddubsw) runs once per 8 / 4 / 2 groups, not per group.
+  // Q6_K), so 8 / 4 / 2 of them stay below 32768 (KQuantsExactAtExtremeQuants). Integer sums
+  // are exact in any order: the result is unchanged, and the vpmaddwd (a multiply, like
+  // vpmaddubsw) runs once per 8 / 4 / 2 groups, not per group.
   constexpr int kGroupsInt16 = Q == KQuant::Q4 ? 8 : Q == KQuant::Q5 ? 4 : 2;
   __m256 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
