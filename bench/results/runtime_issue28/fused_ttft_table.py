@@ -6,14 +6,16 @@ the examples of peer TTFT / our TTFT.
 
 Usage: python3 fused_ttft_table.py DIR   (DIR and DIR_plainpeer, written by fused_ttft.sh)
 """
-import json
 import statistics
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "tools"))
+import benchlib  # noqa: E402
+
 
 def rows(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return benchlib.read_jsonl(path, "fused_ttft_table")
 
 
 def main() -> None:
