@@ -64,6 +64,12 @@ def signals(args):
         print("| %s %.2f | %.2f | %s |" % (st[0]["method"], st[0]["ratio"], sum(y) / len(y), " | ".join(fmt(c) for c in cols)))
 
 
+def step_name(key):
+    """"prophet:0.050000" -> "prophet 0.05"; "full" stays."""
+    method, _, ratio = key.partition(":")
+    return method if not ratio else "%s %g" % (method, float(ratio))
+
+
 def table(args):
     rep = json.load(open(args.report))
     print("%d examples (%s), model %s" % (rep["examples"], ", ".join(rep["datasets"]), rep["fingerprint"]))
@@ -84,14 +90,18 @@ def table(args):
         print("| auto q %.2f | %.3f [%.3f, %.3f] | %.0f | %.0f |" % (t["target"], t["share"], t["share_low"],
                                                                  t["share_high"], t["mean_ttft_ms"], t["p90_ttft_ms"]))
     print()
-    print("| target | meets | chosen | decision ms | cheapest fixed with that share | its mean TTFT | speed-up |")
-    print("|---:|---|---|---:|---|---:|---:|")
+    print("| target | meets | policy: steps run, accepted from p | answered by | decision ms (share of saved) "
+          "| cheapest fixed with that share | its mean TTFT | speed-up |")
+    print("|---:|---|---|---|---:|---|---:|---:|")
     for t in rep["auto"]:
         c = t["cheapest_fixed"]
-        chosen = ", ".join("%s: %d" % kv for kv in sorted(t["chosen"].items()))
-        print("| %.2f | %s | %s | %.0f | %s ρ %.2f | %.0f | %.2fx |" % (
-            t["target"], "yes" if t["meets_target"] else "**no**", chosen, t["decision_ms"], c["method"], c["ratio"],
-            c["mean_ttft_ms"], t["speedup_vs_cheapest_fixed"]))
+        chosen = ", ".join("%s: %d" % (step_name(k), v) for k, v in sorted(t["chosen"].items()))
+        pol = t.get("policy", {})
+        steps = ", ".join(step_name(s) for s in pol.get("steps", [])) or "none (full prefill)"
+        policy = steps if not pol.get("steps") else "%s; %.3f" % (steps, pol["threshold"])
+        print("| %.2f | %s | %s | %s | %.0f (%.2f) | %s ρ %.2f | %.0f | %.2fx |" % (
+            t["target"], "yes" if t["meets_target"] else "**no**", policy, chosen, t["decision_ms"],
+            t["decision_share_of_saved"], c["method"], c["ratio"], c["mean_ttft_ms"], t["speedup_vs_cheapest_fixed"]))
 
 
 def plot(args):

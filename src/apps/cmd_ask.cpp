@@ -118,9 +118,9 @@ int run_ask(const AskArgs& a) {
   const std::string ran_method = chose ? fr.auto_decision["method"].get<std::string>() : a.method;
   const double ran_ratio = chose ? fr.auto_decision["ratio"].get<double>() : a.ratio;
   if (const auto& d = fr.auto_decision; d.is_object())
-    std::fprintf(stderr, "auto (quality %.2f): %s at ratio %.2f, predicted %.3f, %zu step(s) run, decision %.0f ms%s\n",
+    std::fprintf(stderr, "auto (quality %.2f): %s at ratio %.2f, predicted %.3f (accepted from %.3f), %zu step(s) run, decision %.0f ms%s\n",
                  a.quality, d["method"].get<std::string>().c_str(), d["ratio"].get<double>(),
-                 d["predicted_quality"].get<double>(), d["steps_run"].get<size_t>(), d["decision_ms"].get<double>(),
+                 d["predicted_quality"].get<double>(), d["threshold"].get<double>(), d["steps_run"].get<size_t>(), d["decision_ms"].get<double>(),
                  d["calibrated"].get<bool>() ? "" : " (no calibration for this model: full prefill; run `chunkfuse calibrate`)");
   // Which QCFuse profile ran: a fresh install must not fall back to floor(L/2) unnoticed.
   if (const auto& d = fr.selection_details; d.is_object() && d.contains("layers_source"))

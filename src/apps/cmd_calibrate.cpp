@@ -3,6 +3,7 @@
 //   record and fit   run full prefill and every ladder step on a dataset split (resumable
 //                    records file), then fit the per-step predictors and write the calibration
 //                    (<cache>/calibrations/<fingerprint>.auto.json by default, which the engine reads)
+//   --fit RECORDS    fit and write the calibration from a records file alone (no model, nothing run)
 //   --evaluate       replay the policy on another split's records: observed share of answers
 //                    identical to full prefill's per target, TTFT against every fixed policy,
 //                    a reliability table (JSON report; tools/auto_quality_report.py plots it)
@@ -32,6 +33,7 @@ struct CalibrateArgs {
   size_t chunk_tokens = 0, chunks = 0;
   std::string chunk_context = "alone";
   RagPromptOptions prompt;
+  std::string fit;  // --fit RECORDS
   // --evaluate
   std::string evaluate;
   std::string calibration;
@@ -73,8 +75,36 @@ int run_evaluate(const CalibrateArgs& a) {
   return 0;
 }
 
+// Fits the per-step predictors and the per-target policies on a records file and writes the
+// calibration (default: the cache's file for the records' model, which the engine reads).
+int fit_and_write(const CalibrateArgs& a, const std::string& records_path, const std::string& fingerprint,
+                  const nlohmann::json& provenance) {
+  autoq::AutoCalibration cal = eval::fit_calibration(eval::read_records(records_path), a.l2);
+  if (!fingerprint.empty() && cal.fingerprint != fingerprint)
+    throw std::invalid_argument(records_path + " holds records of model " + cal.fingerprint + ", not of this model (" +
+                                fingerprint + ")");
+  cal.provenance.update(provenance);
+  cal.provenance["records_file"] = std::filesystem::path(records_path).filename().string();
+  const std::string out = a.out.empty() ? autoq::calibration_cache_path(cal.fingerprint) : a.out;
+  write_json(out, cal.to_json());
+  for (const auto& f : cal.provenance["fit"])
+    std::printf("  %-10s rho %.2f  identical on %.3f of the calibration set, log-loss %.3f\n",
+                f["method"].get<std::string>().c_str(), f["ratio"].get<double>(), f["identical_share"].get<double>(),
+                f["log_loss"].get<double>());
+  for (double q : {0.8, 0.9, 0.95, 0.99}) {
+    const autoq::AutoPolicy& p = cal.policy_for(q);
+    std::string steps;
+    for (size_t k : p.steps) steps += (steps.empty() ? "" : ", ") + cal.steps[k].method + " " + std::to_string(cal.steps[k].ratio).substr(0, 4);
+    std::printf("  q %.2f: %s, accept at p >= %.3f; on the calibration set identical %.3f at %.2f of full prefill's TTFT\n", q,
+                steps.empty() ? "full prefill" : ("run " + steps).c_str(), p.threshold, p.observed_share, p.ttft_share);
+  }
+  std::printf("calibration written to %s\n", out.c_str());
+  return 0;
+}
+
 int run_calibrate(const CalibrateArgs& a) {
   if (!a.evaluate.empty()) return run_evaluate(a);
+  if (!a.fit.empty()) return fit_and_write(a, a.fit, "", nlohmann::json::object());
   eval::CalibrationRunOptions o;
   o.ladder = eval::parse_ladder(a.ladder);
   o.first = a.first;
@@ -97,17 +127,9 @@ int run_calibrate(const CalibrateArgs& a) {
   const size_t ran = eval::record_examples(*model, fwd, data, o);
   std::fprintf(stderr, "%zu examples run (the others were already recorded)\n", ran);
   if (a.no_fit) return 0;
-  autoq::AutoCalibration cal = eval::fit_calibration(eval::read_records(o.records_path), a.l2);
-  cal.provenance["split"] = {{"dataset", data.name}, {"first", a.first}, {"limit", a.limit}};
-  cal.provenance["model_file"] = std::filesystem::path(a.model.model_path).filename().string();
-  const std::string out = a.out.empty() ? autoq::calibration_cache_path(model->fingerprint_hex()) : a.out;
-  write_json(out, cal.to_json());
-  for (const auto& f : cal.provenance["fit"])
-    std::printf("  %-10s rho %.2f  identical on %.3f of the calibration set, log-loss %.3f\n",
-                f["method"].get<std::string>().c_str(), f["ratio"].get<double>(), f["identical_share"].get<double>(),
-                f["log_loss"].get<double>());
-  std::printf("calibration written to %s\n", out.c_str());
-  return 0;
+  return fit_and_write(a, o.records_path, model->fingerprint_hex(),
+                       {{"split", {{"dataset", data.name}, {"first", a.first}, {"limit", a.limit}}},
+                        {"model_file", std::filesystem::path(a.model.model_path).filename().string()}});
 }
 
 }  // namespace
@@ -133,6 +155,7 @@ void add_calibrate_command(CLI::App& app, CommandRunner& run) {
       ->capture_default_str();
   cmd->add_option("--chunk-context", a->chunk_context, "chunk caches: alone or prefixed")->capture_default_str();
   add_prompt_options(*cmd, a->prompt);  // fit on the words the served prompts will carry
+  cmd->add_option("--fit", a->fit, "records file: fit the calibration from it alone (no model is loaded, nothing is run)");
   cmd->add_option("--evaluate", a->evaluate, "records file of another split: replay the policy on it instead of calibrating");
   cmd->add_option("--calibration", a->calibration, "with --evaluate: the calibration file to replay");
   cmd->add_option("--report", a->report, "with --evaluate: write the JSON report here");

@@ -244,6 +244,7 @@ autoq::AutoCalibration fit_calibration(const std::vector<json>& records, double 
         throw std::invalid_argument("records of two ladders (" + r.at("id").get<std::string>() + ")");
   }
   json fit = json::array();
+  std::vector<autoq::PlanCase> cases(records.size());
   for (size_t k = 0; k < n_steps; ++k) {
     std::vector<std::vector<double>> x;
     std::vector<int> y;
@@ -255,24 +256,29 @@ autoq::AutoCalibration fit_calibration(const std::vector<json>& records, double 
     st.method = first["steps"][k]["method"].get<std::string>();
     st.ratio = first["steps"][k]["ratio"].get<double>();
     st.weights = autoq::fit_logistic(x, y, l2);
-    double log_loss = 0, step_ms = 0, full_ms = 0;
+    double log_loss = 0;
     for (size_t n = 0; n < x.size(); ++n) {
-      const double p = std::clamp(autoq::logistic(st.weights, x[n]), 1e-9, 1 - 1e-9);
-      st.predictions.push_back(p);
-      log_loss -= y[n] ? std::log(p) : std::log(1 - p);
-      step_ms += records[n]["steps"][k].at("ttft_ms").get<double>();
-      full_ms += records[n]["full"].at("ttft_ms").get<double>();
+      const double p = autoq::logistic(st.weights, x[n]);
+      const double clamped = std::clamp(p, 1e-9, 1 - 1e-9);
+      log_loss -= y[n] ? std::log(clamped) : std::log(1 - clamped);
+      cases[n].predicted.push_back(p);
+      cases[n].identical.push_back(y[n] != 0);
+      cases[n].step_ms.push_back(records[n]["steps"][k].at("ttft_ms").get<double>());
+      cases[n].full_ms = records[n]["full"].at("ttft_ms").get<double>();
     }
-    std::sort(st.predictions.begin(), st.predictions.end());
-    st.max_predicted = st.predictions.back();
-    st.ttft_share = full_ms > 0 ? step_ms / full_ms : 0;
     fit.push_back({{"method", st.method}, {"ratio", st.ratio}, {"identical_share", mean(std::vector<double>(y.begin(), y.end()))},
                    {"log_loss", log_loss / static_cast<double>(x.size())}});
     cal.steps.push_back(std::move(st));
   }
+  cal.policies = autoq::plan_policies(cases);
   std::set<std::string> datasets;
   for (const auto& r : records) datasets.insert(r.at("dataset").get<std::string>());
-  cal.provenance = {{"examples", records.size()}, {"datasets", datasets}, {"l2", l2}, {"fit", fit},
+  size_t lowest = SIZE_MAX, highest = 0;
+  for (const auto& r : records) {
+    lowest = std::min(lowest, r.value("index", size_t{0}));
+    highest = std::max(highest, r.value("index", size_t{0}));
+  }
+  cal.provenance = {{"examples", records.size()}, {"datasets", datasets}, {"indices", {lowest, highest}}, {"l2", l2}, {"fit", fit},
                     {"prompt_layout", first.value("prompt_layout", "")},
                     // records of before the renaming (issue 25 item 4) say chunk_variant
                     {"chunk_context", first.value("chunk_context", first.value("chunk_variant", "alone"))}};
@@ -310,29 +316,29 @@ json evaluate_policy(const std::vector<json>& records, const autoq::AutoCalibrat
   json by_target = json::array();
   for (double q : targets) {
     autoq::check_quality(q);
+    const autoq::AutoPolicy& policy = cal.policy_for(q);
     std::vector<double> ttft, wasted;
     double same = 0;
     json chosen = json::object();
+    auto count = [&chosen](const std::string& key) { chosen[key] = chosen.value(key, 0) + 1; };
     for (const auto& r : records) {
       double spent = 0, lost = 0;
       bool done = false;
-      for (size_t k = 0; k < cal.steps.size() && !done; ++k) {
-        if (!autoq::worth_running(cal, k, q)) continue;
+      for (size_t k : policy.steps) {
         const json& st = r["steps"][k];
         spent += st["ttft_ms"].get<double>();
-        if (autoq::accepts(cal, k, signals_of(st), q)) {
+        if (autoq::accepts(policy, cal.predict(k, signals_of(st)))) {
           same += st["identical"].get<bool>() ? 1 : 0;
-          chosen[cal.steps[k].method + ":" + std::to_string(cal.steps[k].ratio)] =
-              chosen.value(cal.steps[k].method + ":" + std::to_string(cal.steps[k].ratio), 0) + 1;
+          count(cal.steps[k].method + ":" + std::to_string(cal.steps[k].ratio));
           done = true;
-        } else {
-          lost += st["ttft_ms"].get<double>();
+          break;
         }
+        lost += st["ttft_ms"].get<double>();
       }
       if (!done) {
         spent += r["full"]["ttft_ms"].get<double>();
         same += 1;
-        chosen["full"] = chosen.value("full", 0) + 1;
+        count("full");
       }
       ttft.push_back(spent);
       wasted.push_back(lost);
@@ -345,7 +351,11 @@ json evaluate_policy(const std::vector<json>& records, const autoq::AutoCalibrat
       if (f["share"].get<double>() >= share && (cheapest.is_null() || f["mean_ttft_ms"].get<double>() < cheapest["mean_ttft_ms"].get<double>()))
         cheapest = f;
     const double saved = mean(full_ttft) - auto_mean + mean(wasted);  // TTFT the chosen steps saved against full prefill
+    json steps_run = json::array();
+    for (size_t k : policy.steps) steps_run.push_back(cal.steps[k].method + ":" + std::to_string(cal.steps[k].ratio));
     by_target.push_back({{"target", q},
+                         {"policy", {{"steps", steps_run}, {"threshold", policy.threshold},
+                                     {"calibration_share", policy.observed_share}, {"calibration_ttft_share", policy.ttft_share}}},
                          {"share", share},
                          {"share_low", ci.first},
                          {"share_high", ci.second},

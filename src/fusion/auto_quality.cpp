@@ -104,6 +104,9 @@ std::vector<double> fit_logistic(const std::vector<std::vector<double>>& x, cons
 
 AutoCalibration AutoCalibration::parse(const json& j, const std::string& source) {
   if (!j.is_object()) throw field_error(source, "a calibration is a JSON object");
+  if (j.value("format", "") == "chunkfuse.auto.calibration/1")
+    throw field_error(source, "written by an older chunkfuse (format /1, without policies): refit it from its records "
+                              "file with `chunkfuse calibrate --fit RECORDS` (nothing is rerun)");
   if (j.value("format", "") != kCalibrationFormat)
     throw field_error(source, std::string("format must be \"") + kCalibrationFormat + "\"");
   AutoCalibration c;
@@ -119,42 +122,148 @@ AutoCalibration AutoCalibration::parse(const json& j, const std::string& source)
       st.ratio = s.at("ratio").get<double>();
       st.options = s.value("options", json::object());
       st.weights = s.at("weights").get<std::vector<double>>();
-      st.max_predicted = s.at("max_predicted").get<double>();
-      st.predictions = s.value("predictions", std::vector<double>{});
-      st.ttft_share = s.value("ttft_share", 0.0);
     } catch (const json::exception& e) {
-      throw field_error(source, std::string("a step needs method, ratio, weights, max_predicted: ") + e.what());
+      throw field_error(source, std::string("a step needs method, ratio, weights: ") + e.what());
     }
     if (st.weights.size() != kFeatureCount + 1)
       throw field_error(source, "step weights must have " + std::to_string(kFeatureCount + 1) + " numbers");
     if (!(st.ratio >= 0 && st.ratio <= 1)) throw field_error(source, "step ratio must be in [0, 1]");
     for (double w : st.weights)
       if (!std::isfinite(w)) throw field_error(source, "step weights must be finite");
-    if (!(st.ttft_share >= 0 && std::isfinite(st.ttft_share))) throw field_error(source, "step ttft_share must be a number >= 0");
-    for (double p : st.predictions)
-      if (!(p >= 0 && p <= 1)) throw field_error(source, "step predictions must be probabilities");
-    if (!std::is_sorted(st.predictions.begin(), st.predictions.end()))
-      throw field_error(source, "step predictions must be in ascending order");
     c.steps.push_back(std::move(st));
+  }
+  if (!j.contains("policies") || !j["policies"].is_array()) throw field_error(source, "\"policies\" must be an array");
+  auto share = [](double v) { return v >= 0 && v <= 1; };
+  for (const auto& p : j["policies"]) {
+    AutoPolicy pol;
+    try {
+      pol.quality = p.at("quality").get<double>();
+      pol.steps = p.at("steps").get<std::vector<size_t>>();
+      pol.threshold = p.at("threshold").get<double>();
+      pol.expected_share = p.value("expected_share", 0.0);
+      pol.observed_share = p.value("observed_share", 0.0);
+      pol.ttft_share = p.value("ttft_share", 0.0);
+    } catch (const json::exception& e) {
+      throw field_error(source, std::string("a policy needs quality, steps, threshold: ") + e.what());
+    }
+    if (!(pol.quality > 0 && pol.quality <= 1)) throw field_error(source, "policy quality must be in (0, 1]");
+    if (!c.policies.empty() && !(pol.quality > c.policies.back().quality))
+      throw field_error(source, "policies must be in ascending quality");
+    if (!share(pol.threshold) || !share(pol.expected_share) || !share(pol.observed_share))
+      throw field_error(source, "policy threshold and shares must be in [0, 1]");
+    if (!(pol.ttft_share >= 0 && std::isfinite(pol.ttft_share))) throw field_error(source, "policy ttft_share must be >= 0");
+    for (size_t i = 0; i < pol.steps.size(); ++i)
+      if (pol.steps[i] >= c.steps.size() || (i > 0 && pol.steps[i] <= pol.steps[i - 1]))
+        throw field_error(source, "policy steps must be ascending indices of \"steps\"");
+    c.policies.push_back(std::move(pol));
   }
   c.provenance = j.value("provenance", json::object());
   return c;
 }
 
 json AutoCalibration::to_json() const {
-  json out = json::array();
+  json steps_out = json::array(), policies_out = json::array();
   for (const auto& s : steps)
-    out.push_back({{"method", s.method}, {"ratio", s.ratio}, {"options", s.options}, {"weights", s.weights},
-                     {"max_predicted", s.max_predicted}, {"predictions", s.predictions}, {"ttft_share", s.ttft_share}});
+    steps_out.push_back({{"method", s.method}, {"ratio", s.ratio}, {"options", s.options}, {"weights", s.weights}});
+  for (const auto& p : policies)
+    policies_out.push_back({{"quality", p.quality}, {"steps", p.steps}, {"threshold", p.threshold},
+                            {"expected_share", p.expected_share}, {"observed_share", p.observed_share},
+                            {"ttft_share", p.ttft_share}});
   return {{"format", kCalibrationFormat},
           {"fingerprint", fingerprint},
           {"features", {"margin", "entropy"}},
-          {"steps", out},
+          {"steps", steps_out},
+          {"policies", policies_out},
           {"provenance", provenance}};
 }
 
 double AutoCalibration::predict(size_t step, const FirstTokenSignals& s) const {
   return logistic(steps.at(step).weights, predictor_features(s));
+}
+
+const AutoPolicy& AutoCalibration::policy_for(double quality) const {
+  static const AutoPolicy full_prefill;
+  for (const auto& p : policies)
+    if (p.quality >= quality - 1e-9) return p;
+  return full_prefill;
+}
+
+bool accepts(const AutoPolicy& policy, double p) { return p >= policy.threshold; }
+
+// Every subset of the ladder (kept in order) and every threshold that changes a decision
+// (each distinct prediction of those steps): replay it on the cases, then keep, per target,
+// the cheapest. The shares are in-sample; the held-out replay (eval::evaluate_policy) is the
+// honest measure of what they deliver.
+std::vector<AutoPolicy> plan_policies(const std::vector<PlanCase>& cases) {
+  if (cases.empty()) throw std::invalid_argument("plan_policies: no cases");
+  const size_t k_steps = cases.front().predicted.size();
+  if (k_steps > kMaxLadderSteps)
+    throw std::invalid_argument("a ladder of at most " + std::to_string(kMaxLadderSteps) + " steps can be planned");
+  double full_ms = 0;
+  for (const auto& c : cases) {
+    if (c.predicted.size() != k_steps || c.identical.size() != k_steps || c.step_ms.size() != k_steps)
+      throw std::invalid_argument("plan_policies: cases of different ladders");
+    full_ms += c.full_ms;
+  }
+  const double n = static_cast<double>(cases.size());
+  std::vector<AutoPolicy> candidates = {AutoPolicy{}};  // full prefill for all
+  candidates.back().ttft_share = 1.0;
+  for (uint32_t mask = 1; mask < (1u << k_steps); ++mask) {
+    std::vector<size_t> subset;
+    std::vector<double> thresholds;
+    for (size_t k = 0; k < k_steps; ++k)
+      if (mask & (1u << k)) {
+        subset.push_back(k);
+        for (const auto& c : cases) thresholds.push_back(c.predicted[k]);
+      }
+    std::sort(thresholds.begin(), thresholds.end());
+    thresholds.erase(std::unique(thresholds.begin(), thresholds.end()), thresholds.end());
+    for (double t : thresholds) {
+      AutoPolicy pol;
+      pol.steps = subset;
+      pol.threshold = t;
+      double expected = 0, observed = 0, spent = 0;
+      for (const auto& c : cases) {
+        bool answered = false;
+        for (size_t k : subset) {
+          spent += c.step_ms[k];
+          if (accepts(pol, c.predicted[k])) {
+            expected += c.predicted[k];
+            observed += c.identical[k] ? 1 : 0;
+            answered = true;
+            break;
+          }
+        }
+        if (!answered) {
+          spent += c.full_ms;
+          expected += 1;
+          observed += 1;
+        }
+      }
+      pol.expected_share = expected / n;
+      pol.observed_share = observed / n;
+      pol.ttft_share = full_ms > 0 ? spent / full_ms : 1.0;
+      candidates.push_back(std::move(pol));
+    }
+  }
+  std::vector<AutoPolicy> out;
+  for (int percent = 1; percent <= 100; ++percent) {
+    const double q = percent / 100.0;
+    const AutoPolicy* best = nullptr;
+    for (const auto& c : candidates)
+      if (std::min(c.expected_share, c.observed_share) >= q - 1e-12 &&
+          (!best || c.ttft_share < best->ttft_share - 1e-12 ||
+           (std::abs(c.ttft_share - best->ttft_share) <= 1e-12 && c.steps.size() < best->steps.size())))
+        best = &c;
+    AutoPolicy chosen = *best;  // full prefill always qualifies
+    chosen.quality = q;
+    // The previous target's entry serves this one too when the choice is the same: widen it.
+    if (!out.empty() && out.back().steps == chosen.steps && out.back().threshold == chosen.threshold)
+      out.back().quality = q;
+    else
+      out.push_back(std::move(chosen));
+  }
+  return out;
 }
 
 std::string calibration_cache_path(const std::string& fingerprint_hex) {
@@ -207,22 +316,9 @@ void check_quality(double quality) {
     throw std::invalid_argument("fusion.quality must be a number in (0, 1] (the probability of an answer identical to full prefill's)");
 }
 
-bool accepts(const AutoCalibration& cal, size_t step, const FirstTokenSignals& s, double quality) {
-  return cal.predict(step, s) >= quality;
-}
-
-bool worth_running(const AutoCalibration& cal, size_t step, double quality) {
-  const AutoStep& s = cal.steps.at(step);
-  if (s.max_predicted < quality) return false;
-  if (s.predictions.empty() || s.ttft_share <= 0) return true;  // a file from before they were recorded
-  const auto first_accepted = std::lower_bound(s.predictions.begin(), s.predictions.end(), quality);
-  const double answered = static_cast<double>(s.predictions.end() - first_accepted) / static_cast<double>(s.predictions.size());
-  return answered > s.ttft_share;
-}
-
 json AutoDecision::to_json() const {
   return {{"method", method},       {"ratio", ratio},     {"predicted_quality", predicted_quality},
-          {"quality", quality},     {"decision_ms", decision_ms}, {"steps_run", steps_run},
+          {"quality", quality},     {"threshold", threshold}, {"decision_ms", decision_ms}, {"steps_run", steps_run},
           {"calibrated", calibrated}, {"trace", trace}};
 }
 
@@ -235,21 +331,20 @@ FusionResult prefill(FusionExecutor& executor, const RagRequest& request, const 
   FusionOptions opt = base;
   double wasted_ms = 0;
   if (cal) {
-    for (size_t k = 0; k < cal->steps.size(); ++k) {
-      if (!worth_running(*cal, k, quality)) continue;
-      const AutoStep& step = cal->steps[k];
+    const AutoPolicy& policy = cal->policy_for(quality);
+    decision.threshold = policy.threshold;
+    for (size_t k : policy.steps) {
+      const AutoStep& step = cal->steps.at(k);
       opt.method = step.method;
       opt.ratio = step.ratio;
       opt.method_options = step.options;
       FusionResult r = executor.prefill(request, opt);
       const auto t0 = SteadyClock::now();
-      const FirstTokenSignals s = first_token_signals(r.logits);
-      const double p = cal->predict(k, s);  // reported; accepts() decides, as the replay does
-      const bool accepted = accepts(*cal, k, s, quality);
+      const double p = cal->predict(k, first_token_signals(r.logits));
       const double predict_ms = ms_since(t0);
       ++decision.steps_run;
       decision.trace.push_back({{"method", step.method}, {"ratio", step.ratio}, {"predicted", p}, {"ttft_ms", r.timings.ttft_ms}});
-      if (accepted) {
+      if (accepts(policy, p)) {
         decision.method = step.method;
         decision.ratio = step.ratio;
         decision.predicted_quality = p;

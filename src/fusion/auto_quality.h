@@ -1,16 +1,20 @@
-// Quality on demand (issue 26): a request names the quality it needs ("an answer identical
-// to full prefill's with probability at least q") and the engine picks the method and the
-// recompute ratio per request.
+// Quality on demand (issue 26): a request names the quality it needs ("of requests like
+// these, a share of at least q get an answer identical to full prefill's") and the engine
+// picks the method and the recompute ratio per request.
 //
-// The policy is an escalation ladder, cheapest step first (e.g. prophet at ρ 0.05, 0.15,
-// 0.3), ending in full prefill, which is always right by definition. Each step runs the
-// fused prefill; a per-step logistic model, calibrated offline on the model itself
+// The policy is an escalation ladder, cheapest step first (e.g. reuse, then a selector at ρ
+// 0.05, 0.15, 0.3), ending in full prefill, which is always right by definition. Each step runs
+// the fused prefill; a per-step logistic model, calibrated offline on the model itself
 // (`chunkfuse calibrate`, src/eval/calibration.h), turns what the step's first-token
-// distribution reveals (its top-1 margin and its entropy) into the probability that the
-// whole greedy answer from this step equals full prefill's. The first step whose
-// probability reaches q answers; a step whose calibrated probabilities never reached q is
-// skipped (it could only cost time). No paper proposes this; the ladder's steps are the
-// papers' selectors (selector.h), run unchanged.
+// distribution reveals (its top-1 margin and its entropy) into the probability p that the
+// whole greedy answer from this step equals full prefill's. For each target q the calibration
+// also fixes an AutoPolicy: which steps to run and one acceptance threshold t on p, the
+// cheapest on the calibration set whose share of identical answers (observed, and expected
+// from the p it accepted) is at least q. The first step run with p >= t answers; if none
+// does, full prefill. t is usually below q: the share counts every request, and those that
+// escalate to full prefill are identical, so a step may answer some requests it is less sure
+// of. No paper proposes this; the ladder's steps are the papers' selectors (selector.h), run
+// unchanged.
 //
 // Calibrations are per model (the fingerprint is checked, another model's file is refused):
 // <cache_root>/calibrations/<fingerprint>.auto.json written by `chunkfuse calibrate`, else one
@@ -28,7 +32,7 @@
 namespace cf::autoq {
 
 inline constexpr const char* kMethodName = "auto";
-inline constexpr const char* kCalibrationFormat = "chunkfuse.auto.calibration/1";
+inline constexpr const char* kCalibrationFormat = "chunkfuse.auto.calibration/2";
 
 // What one fused prefill's first-token logits say about its answer.
 struct FirstTokenSignals {
@@ -52,17 +56,26 @@ struct AutoStep {
   double ratio = 0;
   nlohmann::json options = nlohmann::json::object();
   std::vector<double> weights;  // intercept, then one per predictor_features()
-  double max_predicted = 0;     // the highest probability it gave on the calibration set
-  // What it cost and answered on the calibration set, for worth_running(): every probability
-  // it gave there (ascending), and its mean TTFT as a share of full prefill's. Empty / 0 in
-  // files written before they were recorded (then max_predicted alone decides).
-  std::vector<double> predictions;
-  double ttft_share = 0;
+};
+
+// What the calibration chose for the targets up to `quality`: the ladder steps to run (their
+// indices, cheapest first; none: full prefill for every request) and the probability at which
+// a step's answer is accepted; with what it achieved on the calibration set.
+struct AutoPolicy {
+  double quality = 1.0;
+  std::vector<size_t> steps;
+  double threshold = 1.0;
+  double expected_share = 1.0;  // mean over requests of p where a step answered, 1 elsewhere
+  double observed_share = 1.0;  // answers identical to full prefill's (escalations count as identical)
+  double ttft_share = 1.0;      // mean TTFT, steps run and discarded included, over full prefill's
 };
 
 struct AutoCalibration {
   std::string fingerprint;  // Model::fingerprint_hex()
   std::vector<AutoStep> steps;  // cheapest first; full prefill is the implicit last step
+  // Ascending quality; each serves every target above the previous one's quality and up to
+  // its own (runs of grid targets with the same choice are stored once).
+  std::vector<AutoPolicy> policies;
   nlohmann::json provenance = nlohmann::json::object();  // dataset, examples, when, fit quality
   std::string source;  // where it was read from (for messages)
 
@@ -70,7 +83,25 @@ struct AutoCalibration {
   static AutoCalibration parse(const nlohmann::json& j, const std::string& source);
   nlohmann::json to_json() const;
   double predict(size_t step, const FirstTokenSignals& s) const;
+  // The policy for target `quality`: the first whose quality is at least it; above every
+  // stored one, full prefill.
+  const AutoPolicy& policy_for(double quality) const;
 };
+
+// One calibration request as the planner sees it: per ladder step, its predicted probability,
+// whether its answer was identical to full prefill's, and its TTFT; and full prefill's TTFT.
+struct PlanCase {
+  std::vector<double> predicted;
+  std::vector<bool> identical;
+  std::vector<double> step_ms;
+  double full_ms = 0;
+};
+// For every target on a grid of 0.01, the cheapest (mean TTFT) choice of a subset of the
+// ladder and a threshold whose observed and expected shares on `cases` both reach the target;
+// consecutive targets with the same choice are merged. Throws std::invalid_argument on ragged
+// cases or a ladder longer than kMaxLadderSteps (every subset is tried).
+inline constexpr size_t kMaxLadderSteps = 8;
+std::vector<AutoPolicy> plan_policies(const std::vector<PlanCase>& cases);
 
 // The calibration of the model with this fingerprint: the cache's, else the bundled one;
 // nullopt when there is none. A file whose fingerprint is another model's is refused
@@ -86,13 +117,9 @@ AutoCalibration load_calibration_file(const std::string& path, const std::string
 // Throws std::invalid_argument naming the field: quality must be in (0, 1].
 void check_quality(double quality);
 
-// The decision, pure: given the steps run so far, whether step `step` (just run, with
-// signals `s`) answers at target `quality`; and whether a step is worth running at all: it
-// must have reached `quality` on the calibration set, and answer there a larger share of the
-// requests than the share of full prefill's time it costs (else running it loses time on
-// average: it costs that share on every request and saves the rest only on those it answers).
-bool accepts(const AutoCalibration& cal, size_t step, const FirstTokenSignals& s, double quality);
-bool worth_running(const AutoCalibration& cal, size_t step, double quality);
+// The decision, pure: whether a step of `policy` that predicted `p` answers (the engine, the
+// planner and the replay all decide with it).
+bool accepts(const AutoPolicy& policy, double p);
 
 // What the auto policy chose, reported in the response (chunkfuse.auto).
 struct AutoDecision {
@@ -100,6 +127,7 @@ struct AutoDecision {
   double ratio = 1.0;
   double predicted_quality = 1.0;
   double quality = 1.0;        // the target asked for
+  double threshold = 1.0;      // the policy's acceptance threshold for that target
   double decision_ms = 0;      // steps run and discarded + the predictor's own time
   size_t steps_run = 0;
   bool calibrated = true;      // false: no calibration for this model, full prefill answered

@@ -60,8 +60,8 @@ nlohmann::json method_catalog() {
   out.push_back({{"id", "auto"},
                  {"parameters", nlohmann::json::array()},
                  {"fields", {MethodParam{"quality", "number", 0.9, {},
-                                         "probability in (0, 1] of an answer identical to full prefill's; "
-                                         "the policy picks method and ratio (fusion.quality, not fusion.ratio)"}
+                                         "share in (0, 1] of answers identical to full prefill's (as calibrated); "
+                                         "the policy picks method and ratio per request (fusion.quality, not fusion.ratio)"}
                                  .to_json()}}});
   return out;
 }

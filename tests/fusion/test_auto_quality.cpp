@@ -59,20 +59,25 @@ TEST(AutoFit, RecoversAKnownLogisticModel) {
   EXPECT_THROW(autoq::fit_logistic({{1.0}}, {1, 0}), std::invalid_argument);
 }
 
-json calibration_json(const std::string& fingerprint, double intercept0, double max0) {
+// Two prophet steps; step 0 predicts sigmoid(intercept0) for every request, step 1 ~0. One
+// policy, for targets up to 0.9: run both, accept from p >= threshold.
+json calibration_json(const std::string& fingerprint, double intercept0, double threshold = 0.9) {
   return {{"format", autoq::kCalibrationFormat},
           {"fingerprint", fingerprint},
           {"steps",
-           {{{"method", "prophet"}, {"ratio", 0.05}, {"weights", {intercept0, 0.0, 0.0}}, {"max_predicted", max0}},
-            {{"method", "prophet"}, {"ratio", 0.3}, {"weights", {-20.0, 0.0, 0.0}}, {"max_predicted", 0.0}}}}};
+           {{{"method", "prophet"}, {"ratio", 0.05}, {"weights", {intercept0, 0.0, 0.0}}},
+            {{"method", "prophet"}, {"ratio", 0.3}, {"weights", {-20.0, 0.0, 0.0}}}}},
+          {"policies", {{{"quality", 0.9}, {"steps", {0, 1}}, {"threshold", threshold}, {"expected_share", 0.92},
+                         {"observed_share", 0.9}, {"ttft_share", 0.4}}}}};
 }
 
 TEST(AutoCalibrationFile, ParsesWritesAndRefusesAnotherModel) {
-  const json j = calibration_json("00112233aabbccdd", 3.0, 0.95);
+  const json j = calibration_json("00112233aabbccdd", 3.0);
   const autoq::AutoCalibration c = autoq::AutoCalibration::parse(j, "test");
   ASSERT_EQ(c.steps.size(), 2u);
   EXPECT_NEAR(c.predict(0, {}), 1 / (1 + std::exp(-3.0)), 1e-12);
   EXPECT_EQ(autoq::AutoCalibration::parse(c.to_json(), "again").to_json()["steps"], c.to_json()["steps"]);
+  EXPECT_EQ(autoq::AutoCalibration::parse(c.to_json(), "again").to_json()["policies"], c.to_json()["policies"]);
 
   const std::string path = ::testing::TempDir() + "auto_" + std::to_string(::getpid()) + ".auto.json";
   std::ofstream(path) << j.dump();
@@ -106,8 +111,26 @@ TEST(AutoCalibrationFile, ParsesWritesAndRefusesAnotherModel) {
   v["steps"][0]["ratio"] = 2;
   bad(v, "step ratio must be in [0, 1]");
   v = j;
-  v["steps"][1].erase("max_predicted");
-  bad(v, "a step needs method, ratio, weights, max_predicted");
+  v["steps"][1].erase("weights");
+  bad(v, "a step needs method, ratio, weights");
+  v = j;
+  v.erase("policies");
+  bad(v, "\"policies\" must be an array");
+  v = j;
+  v["policies"][0]["steps"] = {1, 0};
+  bad(v, "policy steps must be ascending indices");
+  v = j;
+  v["policies"][0]["steps"] = {2};
+  bad(v, "policy steps must be ascending indices");
+  v = j;
+  v["policies"][0]["threshold"] = 1.5;
+  bad(v, "policy threshold and shares must be in [0, 1]");
+  v = j;
+  v["policies"].push_back(v["policies"][0]);
+  bad(v, "policies must be in ascending quality");
+  v = j;
+  v["format"] = "chunkfuse.auto.calibration/1";  // a file of the per-request rule: refit, not misread
+  bad(v, "chunkfuse calibrate --fit RECORDS");
   // No calibration of a fingerprint no one made; the shipped one of the unit tests' model is
   // compiled in (data/auto_calibrations, cf_bundle_json).
   EXPECT_FALSE(autoq::find_calibration("0000000000000000").has_value());
@@ -117,39 +140,73 @@ TEST(AutoCalibrationFile, ParsesWritesAndRefusesAnotherModel) {
   EXPECT_EQ(shipped->steps.size(), 3u);
 }
 
-TEST(AutoDecisionRule, QualityBoundsAndSkippedSteps) {
+TEST(AutoDecisionRule, QualityBoundsAndPolicyLookup) {
   for (double q : {0.0, -0.1, 1.01, std::nan("")}) EXPECT_THROW(autoq::check_quality(q), std::invalid_argument) << q;
   EXPECT_NO_THROW(autoq::check_quality(1.0));
-  const autoq::AutoCalibration c = autoq::AutoCalibration::parse(calibration_json("aa", 3.0, 0.95), "t");
-  // p(step 0) = 0.953 for every request.
-  EXPECT_TRUE(autoq::accepts(c, 0, {}, 0.9));
-  EXPECT_FALSE(autoq::accepts(c, 0, {}, 0.96));
-  EXPECT_TRUE(autoq::worth_running(c, 0, 0.95));
-  EXPECT_FALSE(autoq::worth_running(c, 0, 0.96));  // never reached 0.96 on the calibration set
-  EXPECT_FALSE(autoq::worth_running(c, 1, 0.5));
-
-  // With what the step answered and cost on the calibration set: it reached 0.95 on 1 of 10
-  // requests there. At 20% of full prefill's time that loses time on average (0.1 < 0.2);
-  // at 5% it gains (0.1 > 0.05); at target 0.5 it answered 3 of 10, worth 20%.
-  json j = calibration_json("aa", 3.0, 0.95);
-  j["steps"][0]["predictions"] = {0.1, 0.1, 0.1, 0.1, 0.1, 0.1, 0.1, 0.6, 0.6, 0.95};
-  j["steps"][0]["ttft_share"] = 0.2;
-  autoq::AutoCalibration priced = autoq::AutoCalibration::parse(j, "t");
-  EXPECT_FALSE(autoq::worth_running(priced, 0, 0.9));
-  EXPECT_TRUE(autoq::worth_running(priced, 0, 0.5));
-  priced.steps[0].ttft_share = 0.05;
-  EXPECT_TRUE(autoq::worth_running(priced, 0, 0.9));
-  EXPECT_EQ(autoq::AutoCalibration::parse(priced.to_json(), "again").steps[0].predictions, priced.steps[0].predictions);
-  j["steps"][0]["predictions"] = {0.6, 0.1};
-  EXPECT_THROW(autoq::AutoCalibration::parse(j, "t"), std::invalid_argument);  // not ascending
-  j["steps"][0]["predictions"] = {0.1, 1.5};
-  EXPECT_THROW(autoq::AutoCalibration::parse(j, "t"), std::invalid_argument);
+  json j = calibration_json("aa", 3.0, 0.8);
+  j["policies"] = {{{"quality", 0.5}, {"steps", {0}}, {"threshold", 0.3}},
+                   {{"quality", 0.9}, {"steps", {0, 1}}, {"threshold", 0.8}}};
+  const autoq::AutoCalibration c = autoq::AutoCalibration::parse(j, "t");
+  // Each policy serves the targets above the previous one's and up to its own.
+  EXPECT_DOUBLE_EQ(c.policy_for(0.2).threshold, 0.3);
+  EXPECT_DOUBLE_EQ(c.policy_for(0.5).threshold, 0.3);
+  EXPECT_DOUBLE_EQ(c.policy_for(0.51).threshold, 0.8);
+  EXPECT_EQ(c.policy_for(0.9).steps, (std::vector<size_t>{0, 1}));
+  // Above every stored policy: full prefill (no steps), which every target allows.
+  EXPECT_TRUE(c.policy_for(0.91).steps.empty());
+  EXPECT_TRUE(c.policy_for(1.0).steps.empty());
+  EXPECT_TRUE(autoq::accepts(c.policy_for(0.9), 0.8));
+  EXPECT_FALSE(autoq::accepts(c.policy_for(0.9), 0.79));
 }
 
-// On the real model: a step predicted above the target answers with exactly that step's
-// prefill; a target no step reaches answers with full prefill, after running only the
-// steps worth running; without a calibration, full prefill answers and says so.
-TEST(AutoPrefill, EscalatesToTheFirstStepThatReachesTheTarget) {
+// Ten requests, step 0 costs 10 ms and full prefill 100. Requests 0-5 predict 0.9 (5 of them
+// identical), 6-9 predict 0.2 (none identical). Step 1 costs 90 and is never identical.
+//   accept from 0.2: all answered, 5/10 identical, expected (6*0.9 + 4*0.2)/10 = 0.62, 100 ms of 1000
+//   accept from 0.9: 6 answered, 5 + 4 escalated = 9/10, expected 0.94, 6*10 + 4*110 = 500 ms
+// So: targets to 0.5 take the first, to 0.9 the second, above it full prefill; step 1 is
+// never run (it only adds cost).
+TEST(AutoPlan, PicksTheCheapestStepsAndThresholdPerTarget) {
+  std::vector<autoq::PlanCase> cases;
+  for (int i = 0; i < 10; ++i)
+    cases.push_back({{i < 6 ? 0.9 : 0.2, 0.1}, {i < 5, false}, {10.0, 90.0}, 100.0});
+  const std::vector<autoq::AutoPolicy> plan = autoq::plan_policies(cases);
+  ASSERT_EQ(plan.size(), 3u);
+  EXPECT_DOUBLE_EQ(plan[0].quality, 0.5);
+  EXPECT_EQ(plan[0].steps, (std::vector<size_t>{0}));
+  EXPECT_DOUBLE_EQ(plan[0].threshold, 0.2);
+  EXPECT_DOUBLE_EQ(plan[0].observed_share, 0.5);
+  EXPECT_NEAR(plan[0].expected_share, 0.62, 1e-12);
+  EXPECT_DOUBLE_EQ(plan[0].ttft_share, 0.1);
+  EXPECT_DOUBLE_EQ(plan[1].quality, 0.9);
+  EXPECT_EQ(plan[1].steps, (std::vector<size_t>{0}));
+  EXPECT_DOUBLE_EQ(plan[1].threshold, 0.9);
+  EXPECT_DOUBLE_EQ(plan[1].observed_share, 0.9);
+  EXPECT_NEAR(plan[1].expected_share, 0.94, 1e-12);
+  EXPECT_DOUBLE_EQ(plan[1].ttft_share, 0.5);
+  EXPECT_DOUBLE_EQ(plan[2].quality, 1.0);
+  EXPECT_TRUE(plan[2].steps.empty());
+
+  // The expected share binds too: predictions that promise less than what happened.
+  for (auto& c : cases) c.predicted[0] = c.predicted[0] == 0.9 ? 0.7 : 0.2;
+  // accept from 0.7: observed 0.9 but expected (6*0.7 + 4)/10 = 0.82, so it serves 0.82 at most.
+  const auto cautious = autoq::plan_policies(cases);
+  ASSERT_EQ(cautious.size(), 3u);
+  EXPECT_DOUBLE_EQ(cautious[1].quality, 0.82);
+  EXPECT_DOUBLE_EQ(cautious[1].threshold, 0.7);
+
+  EXPECT_THROW(autoq::plan_policies({}), std::invalid_argument);
+  cases[3].step_ms.pop_back();
+  EXPECT_THROW(autoq::plan_policies(cases), std::invalid_argument);
+  std::vector<autoq::PlanCase> long_ladder = {{std::vector<double>(9, 0.5), std::vector<bool>(9, true),
+                                               std::vector<double>(9, 1.0), 10.0}};
+  EXPECT_THROW(autoq::plan_policies(long_ladder), std::invalid_argument);
+}
+
+// On the real model: a step predicted above the policy's threshold answers with exactly that
+// step's prefill (even below the target: the threshold, not the target, decides); a target
+// above every policy answers with full prefill without running a step; rejected steps run in
+// order and are counted; without a calibration, full prefill answers and says so.
+TEST(AutoPrefill, RunsThePolicyOfTheTarget) {
   CF_REQUIRE_MODEL();
   const Model& m = test::shared_model();
   Forward fwd(m, test::shared_pool());
@@ -159,14 +216,17 @@ TEST(AutoPrefill, EscalatesToTheFirstStepThatReachesTheTarget) {
       m, {{"Warsaw", "Warsaw is the capital of Poland. Marie Curie was born there."}, {"Paris", "Paris is in France."}},
       "Where was Marie Curie born?");
   FusionOptions base;
-  const autoq::AutoCalibration c = autoq::AutoCalibration::parse(calibration_json(m.fingerprint_hex(), 3.0, 0.95), "t");
+  const double p60 = std::log(0.6 / 0.4);  // step 0 predicts 0.6 for every request
+  const autoq::AutoCalibration c = autoq::AutoCalibration::parse(calibration_json(m.fingerprint_hex(), p60, 0.5), "t");
 
   autoq::AutoDecision d;
   FusionResult r = autoq::prefill(ex, req, base, &c, 0.9, d);
   EXPECT_EQ(d.method, "prophet");
   EXPECT_DOUBLE_EQ(d.ratio, 0.05);
   EXPECT_EQ(d.steps_run, 1u);
-  EXPECT_NEAR(d.predicted_quality, 1 / (1 + std::exp(-3.0)), 1e-9);
+  EXPECT_NEAR(d.predicted_quality, 0.6, 1e-9);
+  EXPECT_DOUBLE_EQ(d.threshold, 0.5);
+  EXPECT_DOUBLE_EQ(d.to_json()["threshold"].get<double>(), 0.5);
   FusionOptions same = base;
   same.method = "prophet";
   same.ratio = 0.05;
@@ -174,7 +234,7 @@ TEST(AutoPrefill, EscalatesToTheFirstStepThatReachesTheTarget) {
   EXPECT_EQ(r.recomputed, direct.recomputed);
   EXPECT_EQ(test::max_diff(r.logits, direct.logits), 0.0f);
 
-  r = autoq::prefill(ex, req, base, &c, 0.99, d);  // step 0 not worth running, step 1 never reaches it
+  r = autoq::prefill(ex, req, base, &c, 0.95, d);  // no policy serves 0.95: full prefill, no step run
   EXPECT_EQ(d.method, "full");
   EXPECT_EQ(d.steps_run, 1u);
   EXPECT_EQ(d.trace.size(), 1u);
@@ -182,12 +242,14 @@ TEST(AutoPrefill, EscalatesToTheFirstStepThatReachesTheTarget) {
   full.method = "full";
   EXPECT_EQ(test::max_diff(r.logits, ex.prefill(req, full).logits), 0.0f);
 
-  const autoq::AutoCalibration low = autoq::AutoCalibration::parse(calibration_json(m.fingerprint_hex(), -3.0, 0.95), "t");
-  r = autoq::prefill(ex, req, base, &low, 0.9, d);  // step 0 runs, is rejected, full answers
+  const autoq::AutoCalibration strict = autoq::AutoCalibration::parse(calibration_json(m.fingerprint_hex(), p60, 0.7), "t");
+  r = autoq::prefill(ex, req, base, &strict, 0.9, d);  // both steps run and are rejected, full answers
   EXPECT_EQ(d.method, "full");
-  EXPECT_EQ(d.steps_run, 2u);
+  EXPECT_EQ(d.steps_run, 3u);
   EXPECT_GT(d.decision_ms, 0.0);
   EXPECT_EQ(d.trace[0]["method"], "prophet");
+  EXPECT_DOUBLE_EQ(d.trace[1]["ratio"].get<double>(), 0.3);
+  EXPECT_EQ(d.trace[2]["method"], "full");
 
   r = autoq::prefill(ex, req, base, nullptr, 0.9, d);
   EXPECT_FALSE(d.calibrated);

@@ -173,7 +173,7 @@ export interface ChatOptions {
   model: string;
   method: string;
   ratio: number;
-  quality: number; // method "auto": the probability of an answer identical to full prefill's
+  quality: number; // method "auto": the share of answers identical to full prefill's
   reorder: boolean;
   k: number;
   maxTokens: number;
