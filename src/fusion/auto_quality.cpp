@@ -206,8 +206,7 @@ std::vector<AutoPolicy> plan_policies(const std::vector<PlanCase>& cases) {
     full_ms += c.full_ms;
   }
   const double n = static_cast<double>(cases.size());
-  std::vector<AutoPolicy> candidates = {AutoPolicy{}};  // full prefill for all
-  candidates.back().ttft_share = 1.0;
+  std::vector<AutoPolicy> candidates = {AutoPolicy{}};  // full prefill for all (shares 1, time 1)
   for (uint32_t mask = 1; mask < (1u << k_steps); ++mask) {
     std::vector<size_t> subset;
     std::vector<double> thresholds;

@@ -126,6 +126,7 @@ TEST(CalibrationReplay, ReportsTheSharesTimesAndChoicesOfThePolicy) {
   EXPECT_DOUBLE_EQ(q90["decision_ms"].get<double>(), 5.0);
   EXPECT_EQ(q90["chosen"]["full"], 2);
   EXPECT_FALSE(q90["meets_target"].get<bool>());  // 0.75 < 0.9
+  EXPECT_TRUE(q90["interval_reaches_target"].get<bool>());  // 3 of 4: Wilson's upper end 0.95
   // The cheapest fixed policy with a share of at least 0.75: step 1 (30 ms).
   EXPECT_DOUBLE_EQ(q90["cheapest_fixed"]["ratio"].get<double>(), 0.3);
   EXPECT_DOUBLE_EQ(q90["speedup_vs_cheapest_fixed"].get<double>(), 30.0 / 60.0);
