@@ -423,6 +423,13 @@ inline __m256i scales8(const uint8_t* p, bool is_signed) {
 inline __m256i scale_pairs8(__m256i s) {
   return _mm256_or_si256(_mm256_and_si256(s, _mm256_set1_epi32(0xFFFF)), _mm256_slli_epi32(s, 16));
 }
+// Two rows of 8 bytes (lo[k], hi[k]) as 8 int32 lanes of int16 pairs (lo[k] | hi[k] << 16),
+// for a vpmaddwd with a broadcast pair: lo[k] x a + hi[k] x b per lane.
+inline __m256i byte_pairs8(const uint8_t* lo, const uint8_t* hi, bool is_signed) {
+  const __m128i v = _mm_unpacklo_epi8(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(lo)),
+                                      _mm_loadl_epi64(reinterpret_cast<const __m128i*>(hi)));
+  return is_signed ? _mm256_cvtepi8_epi16(v) : _mm256_cvtepu8_epi16(v);
+}
 
 // The K super-tiles in llama.cpp's tiled-GEMM order (Batched): each super-block's integer
 // sum over all groups is one number per output (t = float(sum_g S_g) * d, kernels_impl.h),
@@ -590,15 +597,16 @@ void k_vec(const uint8_t* tile, size_t nb, const ActView& a, size_t r0, float* o
     const uint8_t* t = tile + sb * G.bytes;
     for (int h = 0; h < 2; ++h) {
       __m256i S[R][8];
-      for (int r = 0; r < R; ++r) {
-        const int32_t* bs16 = a.kbs16(r0 + r) + 16 * sb;
-        for (int g = 0; g < 8; ++g) {
-          S[r][g] = _mm256_setzero_si256();
-          if constexpr (Q == KQuant::Q6) {  // the -32 offset, lane g taking block g's share
-            const __m256i lo = _mm256_mullo_epi32(scales8(t + G.sc + 16 * g + 8 * h, true), _mm256_set1_epi32(bs16[2 * g]));
-            const __m256i hi = _mm256_mullo_epi32(scales8(t + G.sc_hi + 16 * g + 8 * h, true), _mm256_set1_epi32(bs16[2 * g + 1]));
-            S[r][g] = _mm256_mullo_epi32(_mm256_add_epi32(lo, hi), _mm256_set1_epi32(-32));
+      for (int g = 0; g < 8; ++g) {
+        if constexpr (Q == KQuant::Q6) {  // the -32 offset, lane g taking block g's share:
+          // -32 x (scale_lo x bsum_lo + scale_hi x bsum_hi), one vpmaddwd on int16 pairs
+          const __m256i sc = byte_pairs8(t + G.sc + 16 * g + 8 * h, t + G.sc_hi + 16 * g + 8 * h, true);
+          for (int r = 0; r < R; ++r) {
+            const __m256i dot = _mm256_madd_epi16(sc, _mm256_set1_epi32(a.kpairs(r0 + r)[12 * sb + 4 + g]));
+            S[r][g] = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(dot, 5));
           }
+        } else {
+          for (int r = 0; r < R; ++r) S[r][g] = _mm256_setzero_si256();
         }
       }
       for (size_t c = 0; c < 8; ++c) {
@@ -625,16 +633,17 @@ void k_vec(const uint8_t* tile, size_t nb, const ActView& a, size_t r0, float* o
         if constexpr (Q != KQuant::Q6) {
           const __m256 dmin =
               _mm256_mul_ps(_mm256_set1_ps(-xd), load8_fp16(t + G.dmin + 16 * h));
-          const int32_t* bs16 = a.kbs16(r0 + r) + 16 * sb;
-          __m256i mb[8];
-          for (int j = 0; j < 8; ++j)
-            mb[j] = _mm256_mullo_epi32(scales8(t + G.m + 16 * j + 8 * h, false), _mm256_set1_epi32(bs16[2 * j] + bs16[2 * j + 1]));
+          // Blocks 2i and 2i + 1's min x bsum, summed: one vpmaddwd of the mins' int16 pairs
+          // with the record's bsum pairs (kpairs), the same integers as two vpmulld and an add.
+          const int32_t* xpairs = a.kpairs(r0 + r) + 12 * sb;
+          __m256i mb[4];
+          for (int i = 0; i < 4; ++i)
+            mb[i] = _mm256_madd_epi16(byte_pairs8(t + G.m + 32 * i + 8 * h, t + G.m + 32 * i + 16 + 8 * h, false),
+                                      _mm256_set1_epi32(xpairs[i]));
           if constexpr (Q == KQuant::Q4) {
-            for (int i = 0; i < 4; ++i)
-              accm[r][h][i] = _mm256_fmadd_ps(dmin, _mm256_cvtepi32_ps(_mm256_add_epi32(mb[2 * i], mb[2 * i + 1])), accm[r][h][i]);
+            for (int i = 0; i < 4; ++i) accm[r][h][i] = _mm256_fmadd_ps(dmin, _mm256_cvtepi32_ps(mb[i]), accm[r][h][i]);
           } else {
-            __m256i tot = mb[0];
-            for (int j = 1; j < 8; ++j) tot = _mm256_add_epi32(tot, mb[j]);
+            const __m256i tot = _mm256_add_epi32(_mm256_add_epi32(mb[0], mb[1]), _mm256_add_epi32(mb[2], mb[3]));
             summs[r][h] = _mm256_fmadd_ps(dmin, _mm256_cvtepi32_ps(tot), summs[r][h]);
           }
         }

@@ -733,12 +733,13 @@ TEST(Multiply, KQuantsFollowLlamaCppOrderExactly) {
 // The tiled K-quant GEMMs may sum several groups' vpmaddubsw pairs in int16 before the scale
 // (kernels_avx2.cpp: 8 / 4 / 2 groups for Q4_K / Q5_K / Q6_K). That is exact only while the
 // sums stay below 32768: weights at their largest quant against activations that quantize to
-// -127 or 127 are the worst case, which random quants never reach.
+// -127 or 127 are the worst case, which random quants never reach. The decode vec-dot sums
+// its min and offset terms on int16 pairs of the activation sums (kpairs): extremes too.
 TEST(Multiply, KQuantsExactAtExtremeQuants) {
   std::mt19937 rng(29);
   ThreadPool pool(2);
   for (GgmlType t : {GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K}) {
-    const size_t rows = 24, cols = 512, n = 9;
+    const size_t rows = 24, cols = 512;
     auto w = random_blocks(t, rows * cols / 256, rng, false);
     const size_t bb = ggml_type_info(t).block_bytes;
     for (size_t b = 0; b < w.size() / bb; ++b) {
@@ -752,14 +753,16 @@ TEST(Multiply, KQuantsExactAtExtremeQuants) {
     const size_t rb = ggml_row_bytes(t, cols);
     // Q8_K's rule (q = min(127, round(-127 x / max)), max: the first value of largest |x|):
     // equal values all quantize to -127; -0.999 after a leading 1 in each super-block to 127.
+    for (size_t n : {1, 9})  // the decode vec-dot and the tiled GEMM
     for (bool to_127 : {false, true}) {
       std::vector<float> x(n * cols, to_127 ? -0.999f : 1.0f);
       if (to_127)
         for (size_t i = 0; i < x.size(); i += 256) x[i] = 1.0f;
       std::vector<float> want(n * rows);
       for (size_t r = 0; r < n; ++r)
-        for (size_t o = 0; o < rows; ++o) want[r * rows + o] = llama_kquant_dot(t, w.data() + o * rb, &x[r * cols], cols, true);
-      expect_bitwise_on_every_isa(m, x, n, cols, want, pool, std::string(ggml_type_name(t)) + (to_127 ? " 127" : " -127"));
+        for (size_t o = 0; o < rows; ++o) want[r * rows + o] = llama_kquant_dot(t, w.data() + o * rb, &x[r * cols], cols, n >= 8);
+      expect_bitwise_on_every_isa(m, x, n, cols, want, pool,
+                                  std::string(ggml_type_name(t)) + (to_127 ? " 127" : " -127") + " n=" + std::to_string(n));
     }
   }
 }
