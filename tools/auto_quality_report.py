@@ -14,6 +14,7 @@
 """
 import argparse
 import json
+import math
 import sys
 
 
@@ -105,6 +106,43 @@ def table(args):
             t["decision_share_of_saved"], c["method"], c["ratio"], c["mean_ttft_ms"], t["speedup_vs_cheapest_fixed"]))
 
 
+def wilson(k, n, z=1.959964):
+    if n == 0:
+        return 0.0, 1.0
+    p, z2n = k / n, z * z / n
+    centre, half = (p + z2n / 2) / (1 + z2n), z * math.sqrt(p * (1 - p) / n + z2n / (4 * n)) / (1 + z2n)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def pool(args):
+    """Cross-validation: the reports of each fold's held-out split (same model and ladder), their
+    requests pooled: shares with a Wilson interval over all, mean TTFT over all, and the
+    cheapest pooled fixed policy reaching the pooled share."""
+    reps = [json.load(open(p)) for p in args.reports]
+    n = sum(r["examples"] for r in reps)
+    fixed = []
+    for i, f in enumerate(reps[0]["fixed"]):
+        share = sum(r["fixed"][i]["share"] * r["examples"] for r in reps) / n
+        mean = sum(r["fixed"][i]["mean_ttft_ms"] * r["examples"] for r in reps) / n
+        fixed.append((f["method"], f["ratio"], share, mean))
+    print("%d held-out requests over %d folds (model %s)" % (n, len(reps), reps[0]["fingerprint"]))
+    print()
+    print("| policy | identical to full prefill [95%] | mean TTFT ms | speed-up against the cheapest fixed policy with that share |")
+    print("|---|---:|---:|---|")
+    for method, ratio, share, mean in fixed:
+        lo, hi = wilson(round(share * n), n)
+        print("| %s ρ %.2f | %.3f [%.3f, %.3f] | %.0f | |" % (method, ratio, share, lo, hi, mean))
+    for j, t in enumerate(reps[0]["auto"]):
+        share = sum(r["auto"][j]["share"] * r["examples"] for r in reps) / n
+        mean = sum(r["auto"][j]["mean_ttft_ms"] * r["examples"] for r in reps) / n
+        decision = sum(r["auto"][j]["decision_ms"] * r["examples"] for r in reps) / n
+        lo, hi = wilson(round(share * n), n)
+        cheapest = min((f for f in fixed if f[2] >= share - 1e-9), key=lambda f: f[3])
+        print("| auto q %.2f | %.3f [%.3f, %.3f] %s | %.0f (decision %.0f) | %s ρ %.2f, %.0f ms: %.2fx |" % (
+            t["target"], share, lo, hi, "" if share >= t["target"] else ("(interval reaches it)" if hi >= t["target"] else "**below**"),
+            mean, decision, cheapest[0], cheapest[1], cheapest[3], cheapest[3] / mean))
+
+
 def plot(args):
     import matplotlib
     matplotlib.use("Agg")
@@ -146,6 +184,9 @@ def main():
     t = sub.add_parser("table")
     t.add_argument("report")
     t.set_defaults(fn=table)
+    c = sub.add_parser("pool")
+    c.add_argument("reports", nargs="+")
+    c.set_defaults(fn=pool)
     p = sub.add_parser("plot")
     p.add_argument("reports", nargs="+")
     p.add_argument("--out", required=True)

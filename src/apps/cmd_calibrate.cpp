@@ -3,7 +3,7 @@
 //   record and fit   run full prefill and every ladder step on a dataset split (resumable
 //                    records file), then fit the per-step predictors and write the calibration
 //                    (<cache>/calibrations/<fingerprint>.auto.json by default, which the engine reads)
-//   --fit RECORDS    fit and write the calibration from a records file alone (no model, nothing run)
+//   --fit RECORDS... fit and write the calibration from records files alone (no model, nothing run)
 //   --evaluate       replay the policy on another split's records: observed share of answers
 //                    identical to full prefill's per target, TTFT against every fixed policy,
 //                    a reliability table (JSON report; tools/auto_quality_report.py plots it)
@@ -33,7 +33,7 @@ struct CalibrateArgs {
   size_t chunk_tokens = 0, chunks = 0;
   std::string chunk_context = "alone";
   RagPromptOptions prompt;
-  std::string fit;  // --fit RECORDS
+  std::vector<std::string> fit;  // --fit RECORDS...
   // --evaluate
   std::string evaluate;
   std::string calibration;
@@ -79,14 +79,20 @@ int run_evaluate(const CalibrateArgs& a) {
 
 // Fits the per-step predictors and the per-target policies on a records file and writes the
 // calibration (default: the cache's file for the records' model, which the engine reads).
-int fit_and_write(const CalibrateArgs& a, const std::string& records_path, const std::string& fingerprint,
+int fit_and_write(const CalibrateArgs& a, const std::vector<std::string>& records_paths, const std::string& fingerprint,
                   const nlohmann::json& provenance) {
-  autoq::AutoCalibration cal = eval::fit_calibration(eval::read_records(records_path), a.l2);
+  std::vector<nlohmann::json> records;
+  nlohmann::json files = nlohmann::json::array();
+  for (const auto& path : records_paths) {
+    for (auto& r : eval::read_records(path)) records.push_back(std::move(r));
+    files.push_back(std::filesystem::path(path).filename().string());
+  }
+  autoq::AutoCalibration cal = eval::fit_calibration(records, a.l2);  // refuses records of two models or ladders
   if (!fingerprint.empty() && cal.fingerprint != fingerprint)
-    throw std::invalid_argument(records_path + " holds records of model " + cal.fingerprint + ", not of this model (" +
+    throw std::invalid_argument(records_paths.front() + " holds records of model " + cal.fingerprint + ", not of this model (" +
                                 fingerprint + ")");
   cal.provenance.update(provenance);
-  cal.provenance["records_file"] = std::filesystem::path(records_path).filename().string();
+  cal.provenance["records_files"] = files;
   const std::string out = a.out.empty() ? autoq::calibration_cache_path(cal.fingerprint) : a.out;
   write_json(out, cal.to_json());
   for (const auto& f : cal.provenance["fit"])
@@ -129,7 +135,7 @@ int run_calibrate(const CalibrateArgs& a) {
   const size_t ran = eval::record_examples(*model, fwd, data, o);
   std::fprintf(stderr, "%zu examples run (the others were already recorded)\n", ran);
   if (a.no_fit) return 0;
-  return fit_and_write(a, o.records_path, model->fingerprint_hex(),
+  return fit_and_write(a, {o.records_path}, model->fingerprint_hex(),
                        {{"split", {{"dataset", data.name}, {"first", a.first}, {"limit", a.limit}}},
                         {"model_file", std::filesystem::path(a.model.model_path).filename().string()}});
 }
@@ -157,7 +163,7 @@ void add_calibrate_command(CLI::App& app, CommandRunner& run) {
       ->capture_default_str();
   cmd->add_option("--chunk-context", a->chunk_context, "chunk caches: alone or prefixed")->capture_default_str();
   add_prompt_options(*cmd, a->prompt);  // fit on the words the served prompts will carry
-  cmd->add_option("--fit", a->fit, "records file: fit the calibration from it alone (no model is loaded, nothing is run)");
+  cmd->add_option("--fit", a->fit, "records files: fit the calibration from them alone (no model is loaded, nothing is run)");
   cmd->add_option("--evaluate", a->evaluate, "records file of another split: replay the policy on it instead of calibrating");
   cmd->add_option("--calibration", a->calibration, "with --evaluate: the calibration file to replay");
   cmd->add_option("--report", a->report, "with --evaluate: write the JSON report here");

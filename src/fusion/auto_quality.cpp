@@ -106,7 +106,7 @@ AutoCalibration AutoCalibration::parse(const json& j, const std::string& source)
   if (!j.is_object()) throw field_error(source, "a calibration is a JSON object");
   if (j.value("format", "") == "chunkfuse.auto.calibration/1")
     throw field_error(source, "written by an older chunkfuse (format /1, without policies): refit it from its records "
-                              "file with `chunkfuse calibrate --fit RECORDS` (nothing is rerun)");
+                              "file with `chunkfuse calibrate --fit RECORDS...` (nothing is rerun)");
   if (j.value("format", "") != kCalibrationFormat)
     throw field_error(source, std::string("format must be \"") + kCalibrationFormat + "\"");
   AutoCalibration c;

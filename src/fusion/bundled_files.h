@@ -18,7 +18,7 @@ extern const BundledFile kBundledProfiles[];
 }  // namespace qcfuse
 
 namespace autoq {
-// data/auto_calibrations/*.auto.json (format chunkfuse.auto.calibration/1; auto_quality.h).
+// data/auto_calibrations/*.auto.json (format chunkfuse.auto.calibration/2; auto_quality.h).
 extern const BundledFile kBundledCalibrations[];
 }  // namespace autoq
 

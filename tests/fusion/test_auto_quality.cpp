@@ -1,6 +1,7 @@
 // The auto policy (issue 26, fusion/auto_quality.h): its signals, its predictor fit, its
 // calibration files (another model's is refused), and its escalation over the real executor.
 #include "fusion/auto_quality.h"
+#include "fusion/bundled_files.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -138,6 +139,16 @@ TEST(AutoCalibrationFile, ParsesWritesAndRefusesAnotherModel) {
   ASSERT_TRUE(shipped.has_value());
   EXPECT_EQ(shipped->fingerprint, "8fe8bd56461abfd6");
   EXPECT_EQ(shipped->steps.size(), 3u);
+  // Every shipped calibration parses (format /2) and plans some target with a fused step.
+  size_t shipped_count = 0;
+  for (const BundledFile* b = autoq::kBundledCalibrations; b->fingerprint; ++b, ++shipped_count) {
+    const auto c = autoq::find_calibration(b->fingerprint);
+    ASSERT_TRUE(c.has_value()) << b->file;
+    EXPECT_FALSE(c->policies.empty()) << b->file;
+    EXPECT_FALSE(c->policy_for(0.5).steps.empty()) << b->file;
+    EXPECT_TRUE(c->policy_for(1.0).steps.empty()) << b->file;
+  }
+  EXPECT_GE(shipped_count, 3u);  // SmolLM2, Qwen 0.5B, Qwen 1.5B
 }
 
 TEST(AutoDecisionRule, QualityBoundsAndPolicyLookup) {
