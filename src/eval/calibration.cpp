@@ -134,6 +134,9 @@ std::vector<LadderStep> parse_ladder(const std::string& text) {
     steps.push_back(s);
   }
   if (steps.empty()) throw std::invalid_argument("the ladder has no steps");
+  if (steps.size() > autoq::kMaxLadderSteps)  // the planner tries every subset: refuse before hours of recording
+    throw std::invalid_argument("the ladder has " + std::to_string(steps.size()) + " steps; at most " +
+                                std::to_string(autoq::kMaxLadderSteps) + " can be planned");
   return steps;
 }
 

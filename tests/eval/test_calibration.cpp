@@ -49,6 +49,8 @@ TEST(CalibrationLadder, BadStepsAreNamed) {
   EXPECT_THAT(msg("prophet:half"), HasSubstr("the ratio is not a number"));
   EXPECT_THAT(msg("prophet:0.1x"), HasSubstr("the ratio is not a number"));
   EXPECT_THAT(msg(""), HasSubstr("no steps"));
+  EXPECT_THAT(msg("reuse:0,epic:0.05,epic:0.1,epic:0.15,epic:0.2,epic:0.25,epic:0.3,epic:0.4,epic:0.5"),
+              HasSubstr("at most 8 can be planned"));
 }
 
 TEST(CalibrationRecords, ABadLineIsNamed) {
