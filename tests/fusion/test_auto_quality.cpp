@@ -9,6 +9,7 @@
 
 #include <cmath>
 #include <filesystem>
+#include <functional>
 #include <fstream>
 #include <random>
 
@@ -99,39 +100,25 @@ TEST(AutoCalibrationFile, ParsesWritesAndRefusesAnotherModel) {
       EXPECT_THAT(e.what(), HasSubstr(what)) << v.dump();
     }
   };
-  json v = j;
-  v["format"] = "other/1";
-  bad(v, "format must be");
-  v = j;
-  v["steps"] = json::array();
-  bad(v, "\"steps\" must be a non-empty array");
-  v = j;
-  v["steps"][0]["weights"] = {1.0};
-  bad(v, "step weights must have 3 numbers");
-  v = j;
-  v["steps"][0]["ratio"] = 2;
-  bad(v, "step ratio must be in [0, 1]");
-  v = j;
-  v["steps"][1].erase("weights");
-  bad(v, "a step needs method, ratio, weights");
-  v = j;
-  v.erase("policies");
-  bad(v, "\"policies\" must be an array");
-  v = j;
-  v["policies"][0]["steps"] = {1, 0};
-  bad(v, "policy steps must be ascending indices");
-  v = j;
-  v["policies"][0]["steps"] = {2};
-  bad(v, "policy steps must be ascending indices");
-  v = j;
-  v["policies"][0]["threshold"] = 1.5;
-  bad(v, "policy threshold and shares must be in [0, 1]");
-  v = j;
-  v["policies"].push_back(v["policies"][0]);
-  bad(v, "policies must be in ascending quality");
-  v = j;
-  v["format"] = "chunkfuse.auto.calibration/1";  // a file of the per-request rule: refit, not misread
-  bad(v, "chunkfuse calibrate --fit RECORDS");
+  const std::vector<std::pair<std::function<void(json&)>, std::string>> broken = {
+      {[](json& v) { v["format"] = "other/1"; }, "format must be"},
+      {[](json& v) { v["steps"] = json::array(); }, "\"steps\" must be a non-empty array"},
+      {[](json& v) { v["steps"][0]["weights"] = {1.0}; }, "step weights must have 3 numbers"},
+      {[](json& v) { v["steps"][0]["ratio"] = 2; }, "step ratio must be in [0, 1]"},
+      {[](json& v) { v["steps"][1].erase("weights"); }, "a step needs method, ratio, weights"},
+      {[](json& v) { v.erase("policies"); }, "\"policies\" must be an array"},
+      {[](json& v) { v["policies"][0]["steps"] = {1, 0}; }, "policy steps must be ascending indices"},
+      {[](json& v) { v["policies"][0]["steps"] = {2}; }, "policy steps must be ascending indices"},
+      {[](json& v) { v["policies"][0]["threshold"] = 1.5; }, "policy threshold and shares must be in [0, 1]"},
+      {[](json& v) { v["policies"].push_back(v["policies"][0]); }, "policies must be in ascending quality"},
+      // A file of the per-request rule: refit, not misread.
+      {[](json& v) { v["format"] = "chunkfuse.auto.calibration/1"; }, "chunkfuse calibrate --fit RECORDS"},
+  };
+  for (const auto& [edit, what] : broken) {
+    json v = j;
+    edit(v);
+    bad(v, what);
+  }
   // No calibration of a fingerprint no one made; the shipped one of the unit tests' model is
   // compiled in (data/auto_calibrations, cf_bundle_json).
   EXPECT_FALSE(autoq::find_calibration("0000000000000000").has_value());
@@ -182,18 +169,17 @@ TEST(AutoPlan, PicksTheCheapestStepsAndThresholdPerTarget) {
     cases.push_back({{i < 6 ? 0.9 : 0.2, 0.1}, {i < 5, false}, {10.0, 90.0}, 100.0});
   const std::vector<autoq::AutoPolicy> plan = autoq::plan_policies(cases);
   ASSERT_EQ(plan.size(), 3u);
-  EXPECT_DOUBLE_EQ(plan[0].quality, 0.5);
-  EXPECT_EQ(plan[0].steps, (std::vector<size_t>{0}));
-  EXPECT_DOUBLE_EQ(plan[0].threshold, 0.2);
-  EXPECT_DOUBLE_EQ(plan[0].observed_share, 0.5);
-  EXPECT_NEAR(plan[0].expected_share, 0.62, 1e-12);
-  EXPECT_DOUBLE_EQ(plan[0].ttft_share, 0.1);
-  EXPECT_DOUBLE_EQ(plan[1].quality, 0.9);
-  EXPECT_EQ(plan[1].steps, (std::vector<size_t>{0}));
-  EXPECT_DOUBLE_EQ(plan[1].threshold, 0.9);
-  EXPECT_DOUBLE_EQ(plan[1].observed_share, 0.9);
-  EXPECT_NEAR(plan[1].expected_share, 0.94, 1e-12);
-  EXPECT_DOUBLE_EQ(plan[1].ttft_share, 0.5);
+  auto expect_policy = [](const autoq::AutoPolicy& p, double quality, double threshold, double observed, double expected,
+                          double ttft) {
+    EXPECT_DOUBLE_EQ(p.quality, quality);
+    EXPECT_EQ(p.steps, (std::vector<size_t>{0})) << quality;
+    EXPECT_DOUBLE_EQ(p.threshold, threshold);
+    EXPECT_DOUBLE_EQ(p.observed_share, observed);
+    EXPECT_NEAR(p.expected_share, expected, 1e-12);
+    EXPECT_DOUBLE_EQ(p.ttft_share, ttft);
+  };
+  expect_policy(plan[0], 0.5, 0.2, 0.5, 0.62, 0.1);
+  expect_policy(plan[1], 0.9, 0.9, 0.9, 0.94, 0.5);
   EXPECT_DOUBLE_EQ(plan[2].quality, 1.0);
   EXPECT_TRUE(plan[2].steps.empty());
 
