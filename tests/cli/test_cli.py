@@ -264,7 +264,7 @@ class BenchDeviationProfileTest(CliCase):
 class CalibrateTest(CliCase):
     def test_records_fit_evaluate_and_layout_guard(self):
         """`calibrate` records full prefill and every ladder step per example, fits a calibration
-        with each step's price, replays it, and refuses to resume a records file made with other
+        with a plan per target, refits it from the records alone, replays it, and refuses to resume a records file made with other
         RAG words (issue 26)."""
         data = os.path.join(self.tmp, "tiny-cal.jsonl")
         tiny_dataset(data)
@@ -284,10 +284,18 @@ class CalibrateTest(CliCase):
         with open(cal) as f:
             c = json.load(f)
         self.assertEqual(c["provenance"]["prompt_layout"], recs[0]["prompt_layout"])
-        for step in c["steps"]:
-            self.assertEqual(len(step["predictions"]), 2)
-            self.assertEqual(step["predictions"], sorted(step["predictions"]))
-            self.assertGreater(step["ttft_share"], 0.0)
+        # A plan per target: ascending qualities up to 1, where full prefill (no step) serves.
+        qualities = [p["quality"] for p in c["policies"]]
+        self.assertEqual(qualities, sorted(qualities))
+        self.assertEqual(qualities[-1], 1.0)
+        self.assertEqual(c["policies"][-1]["steps"], [])
+        for p in c["policies"]:
+            self.assertGreaterEqual(min(p["observed_share"], p["expected_share"]), p["quality"] - 1e-9)
+        # --fit refits from the records alone (no model), to the same plan.
+        refit = os.path.join(self.tmp, "refit.auto.json")
+        self.ok("calibrate", "--fit", records, "--out", refit)
+        with open(refit) as f:
+            self.assertEqual(json.load(f)["policies"], c["policies"])
         report = os.path.join(self.tmp, "cal.report.json")
         self.ok("calibrate", "--evaluate", records, "--calibration", cal, "--report", report, "--targets", "0.9")
         with open(report) as f:
