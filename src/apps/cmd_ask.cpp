@@ -117,11 +117,21 @@ int run_ask(const AskArgs& a) {
   const bool chose = fr.auto_decision.is_object();
   const std::string ran_method = chose ? fr.auto_decision["method"].get<std::string>() : a.method;
   const double ran_ratio = chose ? fr.auto_decision["ratio"].get<double>() : a.ratio;
-  if (const auto& d = fr.auto_decision; d.is_object())
-    std::fprintf(stderr, "auto (quality %.2f): %s at ratio %.2f, predicted %.3f (accepted from %.3f), %zu step(s) run, decision %.0f ms%s\n",
-                 a.quality, d["method"].get<std::string>().c_str(), d["ratio"].get<double>(),
-                 d["predicted_quality"].get<double>(), d["threshold"].get<double>(), d["steps_run"].get<size_t>(), d["decision_ms"].get<double>(),
+  if (const auto& d = fr.auto_decision; d.is_object()) {
+    // Every step run, with its prediction against the plan's threshold, then what answered.
+    std::string steps;
+    for (const auto& t : d["trace"]) {
+      char one[96];
+      if (t["method"] == "full") std::snprintf(one, sizeof one, "full prefill");
+      else std::snprintf(one, sizeof one, "%s %.2f (p %.3f)", t["method"].get<std::string>().c_str(),
+                         t["ratio"].get<double>(), t["predicted"].get<double>());
+      steps += (steps.empty() ? "" : " -> ") + std::string(one);
+    }
+    std::fprintf(stderr, "auto (quality %.2f, accepting from p >= %.3f): %s; answered by %s at ratio %.2f, decision %.0f ms%s\n",
+                 a.quality, d["threshold"].get<double>(), steps.c_str(), d["method"].get<std::string>().c_str(),
+                 d["ratio"].get<double>(), d["decision_ms"].get<double>(),
                  d["calibrated"].get<bool>() ? "" : " (no calibration for this model: full prefill; run `chunkfuse calibrate`)");
+  }
   // Which QCFuse profile ran: a fresh install must not fall back to floor(L/2) unnoticed.
   if (const auto& d = fr.selection_details; d.is_object() && d.contains("layers_source"))
     std::fprintf(stderr, "qcfuse critical layers %s from %s\n", d["critical_layers"].dump().c_str(),
