@@ -100,10 +100,12 @@ def table(args):
         pol = t.get("policy", {})
         steps = ", ".join(step_name(s) for s in pol.get("steps", [])) or "none (full prefill)"
         policy = steps if not pol.get("steps") else "%s; %.3f" % (steps, pol["threshold"])
-        print("| %.2f | %s | %s | %s | %.0f (%.2f) | %s ρ %.2f | %.0f | %.2fx |" % (
+        share_of_saved = t["decision_share_of_saved"]
+        share_of_saved = "nothing saved" if share_of_saved is None else "%.2f" % share_of_saved
+        print("| %.2f | %s | %s | %s | %.0f (%s) | %s ρ %.2f | %.0f | %.2fx |" % (
             t["target"], ("yes" if t["meets_target"] else "**no**") + (
                 "" if t.get("interval_reaches_target", t["meets_target"]) else ", interval below"), policy, chosen, t["decision_ms"],
-            t["decision_share_of_saved"], c["method"], c["ratio"], c["mean_ttft_ms"], t["speedup_vs_cheapest_fixed"]))
+            share_of_saved, c["method"], c["ratio"], c["mean_ttft_ms"], t["speedup_vs_cheapest_fixed"]))
 
 
 def wilson(k, n, z=1.959964):

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <numeric>
 #include <set>
 #include <stdexcept>
 
@@ -320,7 +321,7 @@ json evaluate_policy(const std::vector<json>& records, const autoq::AutoCalibrat
   for (double q : targets) {
     autoq::check_quality(q);
     const autoq::AutoPolicy& policy = cal.policy_for(q);
-    std::vector<double> ttft, wasted;
+    std::vector<double> ttft, wasted, saved;  // saved: full prefill's TTFT less the answering step's
     double same = 0;
     json chosen = json::object();
     auto count = [&chosen](const std::string& key) { chosen[key] = chosen.value(key, 0) + 1; };
@@ -333,6 +334,7 @@ json evaluate_policy(const std::vector<json>& records, const autoq::AutoCalibrat
         if (autoq::accepts(policy, cal.predict(k, signals_of(st)))) {
           same += st["identical"].get<bool>() ? 1 : 0;
           count(cal.steps[k].method + ":" + std::to_string(cal.steps[k].ratio));
+          saved.push_back(r["full"]["ttft_ms"].get<double>() - st["ttft_ms"].get<double>());
           done = true;
           break;
         }
@@ -353,7 +355,8 @@ json evaluate_policy(const std::vector<json>& records, const autoq::AutoCalibrat
     for (const auto& f : fixed)
       if (f["share"].get<double>() >= share && (cheapest.is_null() || f["mean_ttft_ms"].get<double>() < cheapest["mean_ttft_ms"].get<double>()))
         cheapest = f;
-    const double saved = mean(full_ttft) - auto_mean + mean(wasted);  // TTFT the chosen steps saved against full prefill
+    // Per request; null where no step answered (nothing saved to set the decision against).
+    const double saved_ms = std::accumulate(saved.begin(), saved.end(), 0.0) / n;
     json steps_run = json::array();
     for (size_t k : policy.steps) steps_run.push_back(cal.steps[k].method + ":" + std::to_string(cal.steps[k].ratio));
     by_target.push_back({{"target", q},
@@ -367,7 +370,8 @@ json evaluate_policy(const std::vector<json>& records, const autoq::AutoCalibrat
                          {"mean_ttft_ms", auto_mean},
                          {"p90_ttft_ms", percentile(ttft, 0.9)},
                          {"decision_ms", mean(wasted)},
-                         {"decision_share_of_saved", saved > 0 ? mean(wasted) / saved : 0.0},
+                         {"saved_ms", saved_ms},
+                         {"decision_share_of_saved", saved_ms > 0 ? json(mean(wasted) / saved_ms) : json(nullptr)},
                          {"chosen", chosen},
                          {"cheapest_fixed", cheapest},
                          {"speedup_vs_cheapest_fixed", auto_mean > 0 ? cheapest["mean_ttft_ms"].get<double>() / auto_mean : 0.0}});

@@ -126,6 +126,9 @@ TEST(CalibrationReplay, ReportsTheSharesTimesAndChoicesOfThePolicy) {
   // a, b: 10 ms; c, d: 10 wasted + 100 (the policy does not run step 1).
   EXPECT_DOUBLE_EQ(q90["mean_ttft_ms"].get<double>(), (10 + 10 + 110 + 110) / 4.0);
   EXPECT_DOUBLE_EQ(q90["decision_ms"].get<double>(), 5.0);
+  // a and b saved 100 - 10 each: 45 ms a request, of which the rejected steps cost 5.
+  EXPECT_DOUBLE_EQ(q90["saved_ms"].get<double>(), 45.0);
+  EXPECT_DOUBLE_EQ(q90["decision_share_of_saved"].get<double>(), 5.0 / 45.0);
   EXPECT_EQ(q90["chosen"]["full"], 2);
   EXPECT_FALSE(q90["meets_target"].get<bool>());  // 0.75 < 0.9
   EXPECT_TRUE(q90["interval_reaches_target"].get<bool>());  // 3 of 4: Wilson's upper end 0.95
@@ -138,6 +141,7 @@ TEST(CalibrationReplay, ReportsTheSharesTimesAndChoicesOfThePolicy) {
   EXPECT_DOUBLE_EQ(q99["share"].get<double>(), 1.0);
   EXPECT_DOUBLE_EQ(q99["mean_ttft_ms"].get<double>(), 100.0);
   EXPECT_TRUE(q99["meets_target"].get<bool>());
+  EXPECT_TRUE(q99["decision_share_of_saved"].is_null());  // no step answered: nothing saved
 
   // Reliability: step 0 put a, b in the top bin (predicted 0.95, observed 0.5).
   const json& bins = rep["reliability"][0]["bins"];
