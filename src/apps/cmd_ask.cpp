@@ -56,7 +56,7 @@ int run_ask(const AskArgs& a) {
   if (a.question.empty()) throw std::runtime_error("empty --question");
   if (a.method == autoq::kMethodName) {
     if (!(a.quality > 0 && a.quality <= 1))
-      throw std::runtime_error("--method auto needs --quality in (0, 1]: the probability of an answer identical to full prefill's");
+      throw std::runtime_error("--method auto needs --quality in (0, 1]: the share of answers identical to full prefill's");
   } else if (a.method != "full") make_selector(a.method);  // unknown names fail before any work
   const auto passages = read_passages_jsonl(a.passages_file);
   auto model = load_model(a.model, a.json);

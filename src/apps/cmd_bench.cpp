@@ -223,7 +223,7 @@ void add_bench_command(CLI::App& app, CommandRunner& run) {
   cmd->add_option("--ratios", a->ratios, "comma-separated recompute ratios (full and reuse run once)")
       ->capture_default_str();
   cmd->add_option("--qualities", a->qualities,
-                  "comma-separated quality targets of method auto (the probability of an answer identical to full "
+                  "comma-separated quality targets of method auto (the share of answers identical to full "
                   "prefill's; it picks method and ratio per request): one run per target, its rows' ratio column "
                   "holds the target, the choice is in their \"auto\" field");
   cmd->add_option("--limit", a->limit, "first N examples only (0: all)")->capture_default_str();

@@ -67,6 +67,19 @@ autoq::FirstTokenSignals signals_of(const json& step) {
   return s;
 }
 
+// A record as the planner and the replay see it: each step's prediction under `cal`.
+autoq::PlanCase plan_case(const json& r, const autoq::AutoCalibration& cal) {
+  autoq::PlanCase c;
+  for (size_t k = 0; k < cal.steps.size(); ++k) {
+    const json& st = r["steps"][k];
+    c.predicted.push_back(cal.predict(k, signals_of(st)));
+    c.identical.push_back(st.at("identical").get<bool>());
+    c.step_ms.push_back(st.at("ttft_ms").get<double>());
+  }
+  c.full_ms = r["full"].at("ttft_ms").get<double>();
+  return c;
+}
+
 // What no predictor can beat on these records (share 1 by construction): "ladder" tries the
 // steps in order and stops at the first whose answer is identical (a perfect accept/reject at
 // every step, the failed steps still paid); "clairvoyant" pays only the cheapest identical
@@ -248,7 +261,6 @@ autoq::AutoCalibration fit_calibration(const std::vector<json>& records, double 
         throw std::invalid_argument("records of two ladders (" + r.at("id").get<std::string>() + ")");
   }
   json fit = json::array();
-  std::vector<autoq::PlanCase> cases(records.size());
   for (size_t k = 0; k < n_steps; ++k) {
     std::vector<std::vector<double>> x;
     std::vector<int> y;
@@ -262,18 +274,15 @@ autoq::AutoCalibration fit_calibration(const std::vector<json>& records, double 
     st.weights = autoq::fit_logistic(x, y, l2);
     double log_loss = 0;
     for (size_t n = 0; n < x.size(); ++n) {
-      const double p = autoq::logistic(st.weights, x[n]);
-      const double clamped = std::clamp(p, 1e-9, 1 - 1e-9);
-      log_loss -= y[n] ? std::log(clamped) : std::log(1 - clamped);
-      cases[n].predicted.push_back(p);
-      cases[n].identical.push_back(y[n] != 0);
-      cases[n].step_ms.push_back(records[n]["steps"][k].at("ttft_ms").get<double>());
-      cases[n].full_ms = records[n]["full"].at("ttft_ms").get<double>();
+      const double p = std::clamp(autoq::logistic(st.weights, x[n]), 1e-9, 1 - 1e-9);
+      log_loss -= y[n] ? std::log(p) : std::log(1 - p);
     }
     fit.push_back({{"method", st.method}, {"ratio", st.ratio}, {"identical_share", mean(std::vector<double>(y.begin(), y.end()))},
                    {"log_loss", log_loss / static_cast<double>(x.size())}});
     cal.steps.push_back(std::move(st));
   }
+  std::vector<autoq::PlanCase> cases;
+  for (const auto& r : records) cases.push_back(plan_case(r, cal));
   cal.policies = autoq::plan_policies(cases);
   std::set<std::string> datasets;
   for (const auto& r : records) datasets.insert(r.at("dataset").get<std::string>());
@@ -326,27 +335,18 @@ json evaluate_policy(const std::vector<json>& records, const autoq::AutoCalibrat
     json chosen = json::object();
     auto count = [&chosen](const std::string& key) { chosen[key] = chosen.value(key, 0) + 1; };
     for (const auto& r : records) {
-      double spent = 0, lost = 0;
-      bool done = false;
-      for (size_t k : policy.steps) {
-        const json& st = r["steps"][k];
-        spent += st["ttft_ms"].get<double>();
-        if (autoq::accepts(policy, cal.predict(k, signals_of(st)))) {
-          same += st["identical"].get<bool>() ? 1 : 0;
-          count(cal.steps[k].method + ":" + std::to_string(cal.steps[k].ratio));
-          saved.push_back(r["full"]["ttft_ms"].get<double>() - st["ttft_ms"].get<double>());
-          done = true;
-          break;
-        }
-        lost += st["ttft_ms"].get<double>();
-      }
-      if (!done) {
-        spent += r["full"]["ttft_ms"].get<double>();
+      const autoq::PlanOutcome o = autoq::walk(policy, plan_case(r, cal));
+      if (o.answered < 0) {
         same += 1;
         count("full");
+      } else {
+        const json& st = r["steps"][o.answered];
+        same += st["identical"].get<bool>() ? 1 : 0;
+        count(cal.steps[o.answered].method + ":" + std::to_string(cal.steps[o.answered].ratio));
+        saved.push_back(r["full"]["ttft_ms"].get<double>() - st["ttft_ms"].get<double>());
       }
-      ttft.push_back(spent);
-      wasted.push_back(lost);
+      ttft.push_back(o.spent_ms);
+      wasted.push_back(o.rejected_ms);
     }
     const auto ci = wilson(same, n);
     const double share = same / n, auto_mean = mean(ttft);

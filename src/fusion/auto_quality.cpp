@@ -223,21 +223,10 @@ std::vector<AutoPolicy> plan_policies(const std::vector<PlanCase>& cases) {
       pol.threshold = t;
       double expected = 0, observed = 0, spent = 0;
       for (const auto& c : cases) {
-        bool answered = false;
-        for (size_t k : subset) {
-          spent += c.step_ms[k];
-          if (accepts(pol, c.predicted[k])) {
-            expected += c.predicted[k];
-            observed += c.identical[k] ? 1 : 0;
-            answered = true;
-            break;
-          }
-        }
-        if (!answered) {
-          spent += c.full_ms;
-          expected += 1;
-          observed += 1;
-        }
+        const PlanOutcome o = walk(pol, c);
+        spent += o.spent_ms;
+        expected += o.answered < 0 ? 1.0 : c.predicted[o.answered];
+        observed += o.answered < 0 || c.identical[o.answered] ? 1 : 0;
       }
       pol.expected_share = expected / n;
       pol.observed_share = observed / n;
@@ -263,6 +252,20 @@ std::vector<AutoPolicy> plan_policies(const std::vector<PlanCase>& cases) {
       out.push_back(std::move(chosen));
   }
   return out;
+}
+
+PlanOutcome walk(const AutoPolicy& policy, const PlanCase& c) {
+  PlanOutcome o;
+  for (size_t k : policy.steps) {
+    o.spent_ms += c.step_ms.at(k);
+    if (accepts(policy, c.predicted.at(k))) {
+      o.answered = static_cast<int>(k);
+      return o;
+    }
+    o.rejected_ms += c.step_ms[k];
+  }
+  o.spent_ms += c.full_ms;
+  return o;
 }
 
 std::string calibration_cache_path(const std::string& fingerprint_hex) {
@@ -312,7 +315,7 @@ const AutoCalibration* shared_calibration(const std::string& fingerprint_hex) {
 
 void check_quality(double quality) {
   if (!(quality > 0 && quality <= 1))
-    throw std::invalid_argument("fusion.quality must be a number in (0, 1] (the probability of an answer identical to full prefill's)");
+    throw std::invalid_argument("fusion.quality must be a number in (0, 1] (the share of answers identical to full prefill's)");
 }
 
 json AutoDecision::to_json() const {

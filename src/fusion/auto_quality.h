@@ -103,6 +103,17 @@ struct PlanCase {
 inline constexpr size_t kMaxLadderSteps = 8;
 std::vector<AutoPolicy> plan_policies(const std::vector<PlanCase>& cases);
 
+// `policy` replayed on a recorded request: which ladder step answered (-1: full prefill), the
+// TTFT it paid (rejected steps included) and the part spent on rejected steps. The planner
+// and the offline replay (eval::evaluate_policy) walk with it; the engine's prefill() runs the
+// same walk live, one step at a time.
+struct PlanOutcome {
+  int answered = -1;
+  double spent_ms = 0;
+  double rejected_ms = 0;
+};
+PlanOutcome walk(const AutoPolicy& policy, const PlanCase& c);
+
 // The calibration of the model with this fingerprint: the cache's, else the bundled one;
 // nullopt when there is none. A file whose fingerprint is another model's is refused
 // (std::runtime_error naming both), never used.

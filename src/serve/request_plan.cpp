@@ -60,7 +60,7 @@ void validate_fusion(const FusionSpec& f) {
   if (f.method.empty()) throw invalid("'fusion.method' must not be empty", "fusion.method");
   if (f.method == autoq::kMethodName) {  // the policy picks method and ratio (fusion/auto_quality.h)
     if (!(f.quality > 0 && f.quality <= 1))
-      throw invalid("fusion method 'auto' needs fusion.quality in (0, 1]: the probability of an answer identical to "
+      throw invalid("fusion method 'auto' needs fusion.quality in (0, 1]: the share of answers identical to "
                     "full prefill's",
                     "fusion.quality");
     if (!f.options.is_null() && !f.options.empty()) throw invalid("fusion method 'auto' takes no options", "fusion.options");
