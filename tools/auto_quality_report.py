@@ -5,6 +5,13 @@
       which cheap signals predict an answer identical to full prefill's, per ladder step: the
       ROC AUC of each (0.5 = no better than chance), over the given records. The predictor uses
       margin and entropy; the others are recorded to judge whether they would earn their cost.
+  tools/auto_quality_report.py features CAL.jsonl HELD_OUT.jsonl [--questions DATASET.jsonl]
+      whether signals beyond the predictor's would help: per ladder step, a logistic model of
+      each feature set fitted on one split's records and scored (ROC AUC) on the other's, both
+      ways round, the held-out scores pooled. Sets: the predictor's (margin, entropy); + how the
+      first token moved from the previous ladder step (KL, top-1 equal); + the request's size
+      (log context tokens, chunks); + the question's kind (yes/no, "which", length; needs
+      --questions, the dataset file the records were made from).
   tools/auto_quality_report.py plot REPORT.json [REPORT.json...] --out FIG.png
       observed share of identical answers against mean TTFT: every fixed policy (points) and
       the auto policy over its targets (a curve), one panel per report (model / split); and
@@ -63,6 +70,67 @@ def signals(args):
         cols.append(auc([-r["context_tokens"] for r in recs], y))
         fmt = lambda v: "-" if v is None else (v if isinstance(v, str) else "%.2f" % v)
         print("| %s %.2f | %.2f | %s |" % (st[0]["method"], st[0]["ratio"], sum(y) / len(y), " | ".join(fmt(c) for c in cols)))
+
+
+YES_NO_WORDS = {"are", "is", "were", "was", "did", "do", "does", "can", "could", "has", "have"}
+
+
+def fit_logistic(x, y, l2=1.0):
+    """As autoq::fit_logistic: Newton's method, L2 penalty on the weights but not the intercept."""
+    import numpy as np
+    a = np.hstack([np.ones((len(x), 1)), np.asarray(x, float)])
+    y = np.asarray(y, float)
+    w = np.zeros(a.shape[1])
+    for _ in range(50):
+        p = 1 / (1 + np.exp(-a @ w))
+        g = a.T @ (p - y)
+        h = (a * np.maximum(p * (1 - p), 1e-12)[:, None]).T @ a
+        g[1:] += l2 * w[1:]
+        h[1:, 1:] += l2 * np.eye(len(w) - 1)
+        h[0, 0] += 1e-9
+        w -= np.linalg.solve(h, g)
+    return w
+
+
+def features(args):
+    import numpy as np
+    folds = [read_jsonl([args.calibration]), read_jsonl([args.held_out])]
+    questions = {}
+    if args.questions:
+        for row in read_jsonl([args.questions]):
+            questions[str(row.get("_id", row.get("id")))] = row.get("question") or row.get("input") or ""
+
+    def question_kind(r):
+        text = questions.get(r["id"].split(":", 1)[-1], "")
+        if not text:
+            sys.exit("no question for %s in %s" % (r["id"], args.questions))
+        first = text.split()[0].lower()
+        return [float(first in YES_NO_WORDS), float(first == "which"), len(text.split()) / 20]
+
+    sets = [("margin, entropy (the predictor)", lambda r, k: []),
+            ("+ movement from the previous step", lambda r, k: [r["steps"][k]["kl_to_prev"],
+                                                                 float(r["steps"][k]["top1"] == r["steps"][k - 1]["top1"])] if k else []),
+            ("+ request size", lambda r, k: [math.log(r["context_tokens"]), r["chunks"]])]
+    if questions:
+        sets.append(("+ question kind", lambda r, k: question_kind(r)))
+    n_steps = len(folds[0][0]["steps"])
+    names = ["%s %.2f" % (s["method"], s["ratio"]) for s in folds[0][0]["steps"]]
+    print("held-out ROC AUC for \"identical\", %d + %d records, fitted on one split, scored on the other, both ways" %
+          (len(folds[0]), len(folds[1])))
+    print("| features | " + " | ".join(names) + " |")
+    print("|---|" + "---:|" * n_steps)
+    for label, extra in sets:
+        cells = []
+        for k in range(n_steps):
+            feats = lambda r: [r["steps"][k]["margin"], r["steps"][k]["entropy"]] + extra(r, k)
+            scores, labels = [], []
+            for train, test in ((folds[0], folds[1]), (folds[1], folds[0])):
+                w = fit_logistic([feats(r) for r in train], [r["steps"][k]["identical"] for r in train])
+                scores += list(1 / (1 + np.exp(-(w[0] + np.asarray([feats(r) for r in test], float) @ w[1:]))))
+                labels += [r["steps"][k]["identical"] for r in test]
+            a = auc(scores, labels)
+            cells.append("-" if a is None else "%.2f" % a)
+        print("| %s | %s |" % (label, " | ".join(cells)))
 
 
 def step_name(key):
@@ -183,6 +251,11 @@ def main():
     s = sub.add_parser("signals")
     s.add_argument("records", nargs="+")
     s.set_defaults(fn=signals)
+    f = sub.add_parser("features")
+    f.add_argument("calibration")
+    f.add_argument("held_out")
+    f.add_argument("--questions")
+    f.set_defaults(fn=features)
     t = sub.add_parser("table")
     t.add_argument("report")
     t.set_defaults(fn=table)
