@@ -135,7 +135,7 @@ TEST(AutoCalibrationFile, ParsesWritesAndRefusesAnotherModel) {
     EXPECT_FALSE(c->policy_for(0.5).steps.empty()) << b->file;
     EXPECT_TRUE(c->policy_for(1.0).steps.empty()) << b->file;
   }
-  EXPECT_GE(shipped_count, 3u);  // SmolLM2, Qwen 0.5B, Qwen 1.5B
+  EXPECT_GE(shipped_count, 4u);  // SmolLM2, Gemma 3 270M, Qwen 0.5B, Qwen 1.5B
 }
 
 TEST(AutoDecisionRule, QualityBoundsAndPolicyLookup) {
