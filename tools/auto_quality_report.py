@@ -75,25 +75,49 @@ def signals(args):
 YES_NO_WORDS = {"are", "is", "were", "was", "did", "do", "does", "can", "could", "has", "have"}
 
 
+def solve(a, b):
+    """a x = b by Gaussian elimination with partial pivoting (a small dense system)."""
+    n = len(b)
+    m = [row[:] + [v] for row, v in zip(a, b)]
+    for c in range(n):
+        piv = max(range(c, n), key=lambda r: abs(m[r][c]))
+        m[c], m[piv] = m[piv], m[c]
+        for r in range(n):
+            if r != c and m[c][c] != 0:
+                f = m[r][c] / m[c][c]
+                m[r] = [x - f * y for x, y in zip(m[r], m[c])]
+    return [m[i][n] / m[i][i] if m[i][i] != 0 else 0.0 for i in range(n)]
+
+
+def logistic(w, x):
+    z = w[0] + sum(wi * xi for wi, xi in zip(w[1:], x))
+    return 1 / (1 + math.exp(-max(-60.0, min(60.0, z))))
+
+
 def fit_logistic(x, y, l2=1.0):
     """As autoq::fit_logistic: Newton's method, L2 penalty on the weights but not the intercept."""
-    import numpy as np
-    a = np.hstack([np.ones((len(x), 1)), np.asarray(x, float)])
-    y = np.asarray(y, float)
-    w = np.zeros(a.shape[1])
+    d = len(x[0]) + 1
+    w = [0.0] * d
     for _ in range(50):
-        p = 1 / (1 + np.exp(-a @ w))
-        g = a.T @ (p - y)
-        h = (a * np.maximum(p * (1 - p), 1e-12)[:, None]).T @ a
-        g[1:] += l2 * w[1:]
-        h[1:, 1:] += l2 * np.eye(len(w) - 1)
-        h[0, 0] += 1e-9
-        w -= np.linalg.solve(h, g)
+        g = [0.0] * d
+        h = [[0.0] * d for _ in range(d)]
+        for row, label in zip(x, y):
+            a = [1.0] + list(row)
+            p = logistic(w, row)
+            v = max(p * (1 - p), 1e-12)
+            for i in range(d):
+                g[i] += (p - label) * a[i]
+                for j in range(d):
+                    h[i][j] += v * a[i] * a[j]
+        for i in range(1, d):
+            g[i] += l2 * w[i]
+            h[i][i] += l2
+        h[0][0] += 1e-9
+        w = [wi - si for wi, si in zip(w, solve(h, g))]
     return w
 
 
 def features(args):
-    import numpy as np
     folds = [read_jsonl([args.calibration]), read_jsonl([args.held_out])]
     questions = {}
     if args.questions:
@@ -126,7 +150,7 @@ def features(args):
             scores, labels = [], []
             for train, test in ((folds[0], folds[1]), (folds[1], folds[0])):
                 w = fit_logistic([feats(r) for r in train], [r["steps"][k]["identical"] for r in train])
-                scores += list(1 / (1 + np.exp(-(w[0] + np.asarray([feats(r) for r in test], float) @ w[1:]))))
+                scores += [logistic(w, feats(r)) for r in test]
                 labels += [r["steps"][k]["identical"] for r in test]
             a = auc(scores, labels)
             cells.append("-" if a is None else "%.2f" % a)

@@ -1,5 +1,5 @@
-"""Unit tests of tools/auto_quality_report.py (issue 26): the AUC and the signals table on
-records made by hand. Run by ctest (bench_report_py discovers every test here)."""
+"""Unit tests of tools/auto_quality_report.py (issue 26): the AUC, the signals table and the
+held-out feature comparison on records made by hand. Run by ctest (bench_report_py discovers every test here)."""
 import contextlib
 import io
 import json
@@ -49,6 +49,47 @@ class SignalsTableTest(unittest.TestCase):
         # which 2 identical.
         self.assertEqual(cells[1], "0.75")
         self.assertEqual(cells[6], "0.33 (0.75, 0.67)")
+
+
+class FeaturesTest(unittest.TestCase):
+    def test_logistic_fit_recovers_a_separating_weight(self):
+        x = [[v / 10] for v in range(-10, 11)]
+        y = [int(v > 0) for v in range(-10, 11)]
+        w = auto_quality_report.fit_logistic(x, y, l2=0.01)
+        self.assertGreater(w[1], 5)  # steep and positive
+        self.assertLess(auto_quality_report.logistic(w, [-0.5]), 0.1)
+        self.assertGreater(auto_quality_report.logistic(w, [0.5]), 0.9)
+
+    def test_a_feature_that_separates_held_out_requests_shows(self):
+        # Yes/no questions are identical, the others not; margin and entropy say nothing (the
+        # same on every record). Only the question-kind set can score above chance held out.
+        def rec(i, yes_no):
+            s = step(0.15, "x", yes_no, 0.5)
+            return {"id": "ds:q%d" % i, "dataset": "ds", "context_tokens": 100, "chunks": 5, "steps": [s]}
+        paths = []
+        questions = []
+        for fold in range(2):
+            recs = [rec(10 * fold + i, i % 2 == 0) for i in range(10)]
+            questions += [{"_id": "q%d" % (10 * fold + i), "question": ("Is it so?" if i % 2 == 0 else "Who did it?")}
+                          for i in range(10)]
+            with tempfile.NamedTemporaryFile("w", suffix=".jsonl", delete=False) as f:
+                f.write("".join(json.dumps(r) + "\n" for r in recs))
+            paths.append(f.name)
+        with tempfile.NamedTemporaryFile("w", suffix=".jsonl", delete=False) as f:
+            f.write("".join(json.dumps(q) + "\n" for q in questions))
+        paths.append(f.name)
+        out = io.StringIO()
+        try:
+            with contextlib.redirect_stdout(out):
+                auto_quality_report.features(type("A", (), {"calibration": paths[0], "held_out": paths[1],
+                                                            "questions": paths[2]})())
+        finally:
+            for p in paths:
+                os.unlink(p)
+        rows = {line.split("|")[1].strip(): line.split("|")[2].strip() for line in out.getvalue().splitlines()
+                if line.startswith("| ") and "features" not in line}
+        self.assertEqual(rows["margin, entropy (the predictor)"], "0.50")
+        self.assertEqual(rows["+ question kind"], "1.00")
 
 
 if __name__ == "__main__":
