@@ -28,6 +28,8 @@ Run with a Python that has llama-cpp-python (scripts/setup.sh --bench makes .ven
   .venv/bin/python bench/runtime_bench.py --quick    # 1 rep, prefill 512 only
   .venv/bin/python bench/runtime_bench.py --model FILE.gguf   # any GGUF both engines load
   .venv/bin/python bench/runtime_bench.py --make-variants     # make the files of issue 11
+  python3 bench/runtime_bench.py --ratio-table bench/results/runtime_issue28/*_t2_quiet2.json
+                                              # ours / the better peer per rep, from stored files
 Prints a Markdown table and writes bench/out/runtime_<time>.json.
 """
 from __future__ import annotations
@@ -282,9 +284,20 @@ def fmt_spread(s: dict | None, digits: int = 1) -> str:
     return f"{s['median']:.{digits}f} [{s['min']:.{digits}f}–{s['max']:.{digits}f}]"
 
 
+def best_peer_ratios(reps: list[dict], peers: list[str], key, higher_is_better: bool) -> list[float]:
+    """Per rep, ours / the better llama.cpp peer of that rep (the faster for speeds, the leaner
+    for memory): the issue-28 ratio, paired within each rep."""
+    out = []
+    for r in reps:
+        theirs = [key(r[f"llama_{p}"]) for p in peers if r.get(f"llama_{p}")]
+        if r.get("ours") and theirs:
+            out.append(key(r["ours"]) / (max(theirs) if higher_is_better else min(theirs)))
+    return out
+
+
 def summarize(reps: list[dict], args: argparse.Namespace) -> list[dict]:
-    """One row per metric: spread of ours, of each llama.cpp peer, and of the paired per-rep
-    ratio ours / peer."""
+    """One row per metric: spread of ours, of each llama.cpp peer, of the paired per-rep ratio
+    ours / peer, and of ours / the better peer of each rep ("best")."""
     def metric(side: str, key) -> list[float] | None:
         vals = [key(r[side]) for r in reps if r.get(side)]
         return vals or None
@@ -311,13 +324,41 @@ def summarize(reps: list[dict], args: argparse.Namespace) -> list[dict]:
                 ratios = [key(r["ours"]) / key(r[side]) for r in reps if r.get("ours") and r.get(side)]
             row["peers"][peer] = {"llama": spread(theirs) if theirs else None,
                                   "ratio": spread(ratios) if ratios else None}
+        best = best_peer_ratios(reps, args.peers, key, higher_is_better="tok/s" in name)
+        row["best"] = spread(best) if best else None
         rows.append(row)
     return rows
 
 
+def summarize_file(path: str) -> tuple[dict, list[dict]]:
+    """The rows of a stored result JSON, summarized anew from its reps (files written before
+    the "best" column get it too)."""
+    with open(path) as f:
+        j = json.load(f)
+    meta, reps = j["meta"], j["reps"]
+    ours = next(r["ours"] for r in reps if r.get("ours"))
+    args = argparse.Namespace(prompt_tokens=[p["n_tokens"] for p in ours["prefill"]],
+                              gen_tokens=ours["decode"]["n_tokens"], peers=meta["peers"])
+    return meta, summarize(reps, args)
+
+
+def ratio_table(paths: list[str]) -> str:
+    """One Markdown line per result file: ours in tok/s, then ours / the better peer per speed
+    metric, median [min-max] over the reps (BENCHMARKS.md's issue-28 tables)."""
+    lines = []
+    for path in paths:
+        meta, rows = summarize_file(path)
+        speed = [r for r in rows if "tok/s" in r["metric"]]
+        ours = " / ".join(f"{r['ours']['median']:.0f}" for r in speed)
+        cells = " | ".join(fmt_spread(r["best"], 2) for r in speed)
+        lines.append(f"| {Path(path).name} | {ours} | {cells} | load {meta['loadavg_1_5_15_before'][0]:.1f}/"
+                     f"{meta['loadavg_1_5_15_after'][0]:.1f} |")
+    return "\n".join(lines)
+
+
 def markdown(rows: list[dict], meta: dict) -> str:
     peers = meta["peers"]
-    head = "| metric | chunkfuse |" + "".join(f" llama.cpp {p} | ours / {p} |" for p in peers)
+    head = "| metric | chunkfuse |" + "".join(f" llama.cpp {p} | ours / {p} |" for p in peers) + " ours / better peer |"
     lines = [
         f"chunkfuse vs llama.cpp on {Path(meta['model']).name} — {meta['machine'].get('Model name', '?')}, "
         f"{meta['threads']} threads, {meta['reps']} reps, median [min–max]; ours: {meta.get('ours_isa') or '?'} kernels; "
@@ -326,12 +367,12 @@ def markdown(rows: list[dict], meta: dict) -> str:
         "peers: " + ", ".join(f"{p} (buffers {meta['llama_cpp']['buffers'].get(p, '?')})" for p in peers),
         "",
         head,
-        "|---|---:|" + "---:|---:|" * len(peers),
+        "|---|---:|" + "---:|---:|" * len(peers) + "---:|",
     ]
     for r in rows:
         cells = "".join(f" {fmt_spread(r['peers'][p]['llama'], r['digits'])} | {fmt_spread(r['peers'][p]['ratio'], 2)} |"
                         for p in peers)
-        lines.append(f"| {r['metric']} | {fmt_spread(r['ours'], r['digits'])} |{cells}")
+        lines.append(f"| {r['metric']} | {fmt_spread(r['ours'], r['digits'])} |{cells} {fmt_spread(r.get('best'), 2)} |")
     return "\n".join(lines)
 
 
@@ -363,6 +404,9 @@ def main() -> None:
                          "(a shared machine; recorded per run)")
     ap.add_argument("--isa", choices=("avx512", "avx2", "portable"),
                     help="CHUNKFUSE_ISA for our side only (caps our kernels; the peer's ISA is its build's)")
+    ap.add_argument("--ratio-table", nargs="+", metavar="RESULT.json",
+                    help="run nothing: print ours / the better peer of each rep for stored result files, "
+                         "one Markdown line each (prefill and decode, median [min-max])")
     ap.add_argument("--llama-worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--peer", choices=tuple(PEERS), default="repack", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -374,6 +418,9 @@ def main() -> None:
         if p not in PEERS:
             raise SystemExit(f"unknown peer {p} (choose from {', '.join(PEERS)})")
 
+    if args.ratio_table:
+        print(ratio_table(args.ratio_table))
+        return
     if args.llama_worker:
         llama_worker(args)
         return
