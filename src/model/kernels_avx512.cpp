@@ -95,6 +95,15 @@ void quantize_q8_k_avx512(const float* x, size_t cols, uint8_t* out) {
 }
 
 inline __m512i bcast32(const int8_t* p) { return _mm512_set1_epi32(load_i32(p)); }
+// acc + vpdpbusd(w, the 4 activation bytes at p in every lane), the bytes read by the
+// instruction's own broadcast operand (GCC emits a vpbroadcastd per _mm512_set1_epi32).
+// Faster in the K-quant GEMM (bench_gemm q4_k/896/4864/512: 127 -> 142 GMAC/s, 5
+// alternated rounds), slower in the nibble and byte tiles (q8_0/4864/896/512: 73 -> 60),
+// where GCC's own schedule of the broadcasts wins; used in the first only.
+inline __m512i dpbusd_bcast(__m512i acc, __m512i w, const int8_t* p) {
+  asm("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*reinterpret_cast<const int32_t*>(p)));
+  return acc;
+}
 
 // llama.cpp's hsum_float_8 over 8 per-group accumulators, lane by lane.
 inline __m512 hsum8_lanes(const __m512 l[8]) {
@@ -455,6 +464,9 @@ void run_rows4(const uint8_t* tile, size_t nb, const ActView& a, size_t r0, size
 //   accumulates, 2 instructions per group;
 // - the tiled-GEMM order needs only a lane's super-block total: vpdpbusd chains the groups
 //   of a 32-block and one vpmulld scales them (two for Q6_K's 16-element scales).
+// The min (Q4_K, Q5_K) and -32 offset (Q6_K) terms multiply a tile's 6-bit factors by the
+// row's bsums: as int16 pairs (the weights' pair per super-block, shared by the rows; the
+// record's kpairs) one vpdpwssd makes two products and their sum, where vpmulld made one.
 inline __m512i scales16(const uint8_t* p, bool is_signed) {
   const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
   return is_signed ? _mm512_cvtepi8_epi32(v) : _mm512_cvtepu8_epi32(v);
@@ -463,15 +475,32 @@ inline __m512i scales16(const uint8_t* p, bool is_signed) {
 inline __m512i scale_pairs(__m512i s) {
   return _mm512_or_si512(_mm512_and_si512(s, _mm512_set1_epi32(0xFFFF)), _mm512_slli_epi32(s, 16));
 }
-
-// Q6_K's -32 offset for one row of super-block sb, lane group g taking 32-block g's share
-// (the sums of 16 activations, bs16, times the signed scales).
-inline __m512i q6_offset(const uint8_t* t, const int32_t* bs16, int g) {
-  constexpr KTileGeom G = ktile_geom(KQuant::Q6);
-  const __m512i lo = _mm512_mullo_epi32(scales16(t + G.sc + 16 * g, true), _mm512_set1_epi32(bs16[2 * g]));
-  const __m512i hi = _mm512_mullo_epi32(scales16(t + G.sc_hi + 16 * g, true), _mm512_set1_epi32(bs16[2 * g + 1]));
-  return _mm512_mullo_epi32(_mm512_add_epi32(lo, hi), _mm512_set1_epi32(-32));
+// Two 16-byte rows of factors (lo[k], hi[k]) as 16 int32 lanes of int16 pairs lo[k] | hi[k] << 16.
+inline __m512i byte_pairs16(const uint8_t* lo, const uint8_t* hi, bool is_signed) {
+  const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(lo));
+  const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(hi));
+  const __m256i v = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_unpacklo_epi8(a, b)), _mm_unpackhi_epi8(a, b), 1);
+  return is_signed ? _mm512_cvtepi8_epi16(v) : _mm512_cvtepu8_epi16(v);
 }
+// A super-tile's min / offset factor pairs against the record's kpairs (kernels_impl.h):
+// Q4_K / Q5_K (m_2i, m_2i+1) for i < 4, Q6_K (sc_lo g, sc_hi g) for g < 8.
+template <KQuant Q>
+struct KFactorPairs {
+  static constexpr int kN = Q == KQuant::Q6 ? 8 : 4;
+  __m512i p[kN];
+  explicit KFactorPairs(const uint8_t* t) {
+    constexpr KTileGeom G = ktile_geom(Q);
+    for (int i = 0; i < kN; ++i)
+      p[i] = Q == KQuant::Q6 ? byte_pairs16(t + G.sc + 16 * i, t + G.sc_hi + 16 * i, true)
+                             : byte_pairs16(t + G.m + 32 * i, t + G.m + 32 * i + 16, false);
+  }
+  // Pair i times the row's pair i (two products summed), added to acc.
+  __m512i dot(__m512i acc, int i, const int32_t* xpairs) const {
+    return _mm512_dpwssd_epi32(acc, p[i], _mm512_set1_epi32(xpairs[(Q == KQuant::Q6 ? 4 : 0) + i]));
+  }
+};
+// x * -32 (Q6_K's offset), as the subtraction of a shift.
+inline __m512i times_minus32(__m512i x) { return _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(x, 5)); }
 
 template <KQuant Q, int R>
 inline void k_rows_vecdot(const uint8_t* tile, size_t nb, const ActView& a, size_t r0, float* y, size_t y_stride,
@@ -485,10 +514,12 @@ inline void k_rows_vecdot(const uint8_t* tile, size_t nb, const ActView& a, size
   }
   for (size_t sb = 0; sb < nb / 8; ++sb) {
     const uint8_t* t = tile + sb * G.bytes;
+    const KFactorPairs<Q> fp(t);
     __m512i S[R][8];
     for (int r = 0; r < R; ++r)
       for (int g = 0; g < 8; ++g)
-        S[r][g] = Q == KQuant::Q6 ? q6_offset(t, a.kbs16(r0 + r) + 16 * sb, g) : _mm512_setzero_si512();
+        S[r][g] = Q == KQuant::Q6 ? times_minus32(fp.dot(_mm512_setzero_si512(), g, a.kpairs(r0 + r) + 12 * sb))
+                                  : _mm512_setzero_si512();
     for (size_t c = 0; c < 8; ++c) {
       prefetch_ahead(t + G.block * c, G.block);
       __m512i w[8];
@@ -508,16 +539,13 @@ inline void k_rows_vecdot(const uint8_t* tile, size_t nb, const ActView& a, size
       for (int g = 0; g < 8; ++g) lane[r][g] = _mm512_fmadd_ps(dd, _mm512_cvtepi32_ps(S[r][g]), lane[r][g]);
       if constexpr (Q != KQuant::Q6) {
         const __m512 dmin = _mm512_mul_ps(_mm512_set1_ps(-xd), load16_fp16(t + G.dmin));
-        const int32_t* bs16 = a.kbs16(r0 + r) + 16 * sb;
-        __m512i mb[8];
-        for (int j = 0; j < 8; ++j)
-          mb[j] = _mm512_mullo_epi32(scales16(t + G.m + 16 * j, false), _mm512_set1_epi32(bs16[2 * j] + bs16[2 * j + 1]));
-        if constexpr (Q == KQuant::Q4) {
+        const int32_t* xpairs = a.kpairs(r0 + r) + 12 * sb;
+        if constexpr (Q == KQuant::Q4) {  // m_2i * bs_2i + m_2i+1 * bs_2i+1, one float accumulator per i
           for (int i = 0; i < 4; ++i)
-            accm[r][i] = _mm512_fmadd_ps(dmin, _mm512_cvtepi32_ps(_mm512_add_epi32(mb[2 * i], mb[2 * i + 1])), accm[r][i]);
+            accm[r][i] = _mm512_fmadd_ps(dmin, _mm512_cvtepi32_ps(fp.dot(_mm512_setzero_si512(), i, xpairs)), accm[r][i]);
         } else {
-          __m512i tot = mb[0];
-          for (int j = 1; j < 8; ++j) tot = _mm512_add_epi32(tot, mb[j]);
+          __m512i tot = _mm512_setzero_si512();
+          for (int i = 0; i < 4; ++i) tot = fp.dot(tot, i, xpairs);
           summs[r] = _mm512_fmadd_ps(dmin, _mm512_cvtepi32_ps(tot), summs[r]);
         }
       }
@@ -540,11 +568,15 @@ inline void k_rows_gemm(const uint8_t* tile, size_t nb, const ActView& a, size_t
   for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
   for (size_t sb = 0; sb < nb / 8; ++sb) {
     const uint8_t* t = tile + sb * G.bytes;
+    const KFactorPairs<Q> fp(t);
     __m512i S[R];
     for (int r = 0; r < R; ++r) {
       S[r] = _mm512_setzero_si512();
-      if constexpr (Q == KQuant::Q6)
-        for (int g = 0; g < 8; ++g) S[r] = _mm512_add_epi32(S[r], q6_offset(t, a.kbs16(r0 + r) + 16 * sb, g));
+      if constexpr (Q == KQuant::Q6) {
+        __m512i off = _mm512_setzero_si512();
+        for (int g = 0; g < 8; ++g) off = fp.dot(off, g, a.kpairs(r0 + r) + 12 * sb);
+        S[r] = times_minus32(off);
+      }
     }
     for (size_t c = 0; c < 8; ++c) {
       __m512i w[8];
@@ -553,11 +585,11 @@ inline void k_rows_gemm(const uint8_t* tile, size_t nb, const ActView& a, size_t
       const __m512i sc_hi = Q == KQuant::Q6 ? scales16(t + G.sc_hi + 16 * c, true) : sc_lo;
       for (int r = 0; r < R; ++r) {
         const int8_t* q = a.qs(r0 + r) + (sb * 8 + c) * kQK;
-        __m512i lo = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[0], bcast32(q));
-        __m512i hi = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[4], bcast32(q + 16));
+        __m512i lo = dpbusd_bcast(_mm512_setzero_si512(), w[0], q);
+        __m512i hi = dpbusd_bcast(_mm512_setzero_si512(), w[4], q + 16);
         for (int g = 1; g < 4; ++g) {
-          lo = _mm512_dpbusd_epi32(lo, w[g], bcast32(q + 4 * g));
-          hi = _mm512_dpbusd_epi32(hi, w[g + 4], bcast32(q + 16 + 4 * g));
+          lo = dpbusd_bcast(lo, w[g], q + 4 * g);
+          hi = dpbusd_bcast(hi, w[g + 4], q + 16 + 4 * g);
         }
         if constexpr (Q == KQuant::Q6)
           S[r] = _mm512_add_epi32(S[r], _mm512_add_epi32(_mm512_mullo_epi32(lo, sc_lo),
@@ -571,11 +603,8 @@ inline void k_rows_gemm(const uint8_t* tile, size_t nb, const ActView& a, size_t
     for (int r = 0; r < R; ++r) {
       __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(S[r]), dw);
       if constexpr (Q != KQuant::Q6) {
-        const int32_t* bs16 = a.kbs16(r0 + r) + 16 * sb;
         __m512i s2 = _mm512_setzero_si512();
-        for (int j = 0; j < 8; ++j)
-          s2 = _mm512_add_epi32(s2, _mm512_mullo_epi32(scales16(t + G.m + 16 * j, false),
-                                                       _mm512_set1_epi32(bs16[2 * j] + bs16[2 * j + 1])));
+        for (int i = 0; i < 4; ++i) s2 = fp.dot(s2, i, a.kpairs(r0 + r) + 12 * sb);
         v = _mm512_fnmadd_ps(load16_fp16(t + G.dmin), _mm512_cvtepi32_ps(s2), v);
       }
       acc[r] = _mm512_fmadd_ps(v, _mm512_set1_ps(a.kd(r0 + r)[sb]), acc[r]);
@@ -648,10 +677,7 @@ constexpr TileKernelFn kByteTile = run_rows<byte_rows<1>, byte_rows<2>>;
 // GEMM order: one accumulator per row, so four rows share it, eight for Q5_K / Q6_K, whose
 // high-bit unpacking costs as much as four rows' dot products.
 template <KQuant Q>
-constexpr TileKernelFn kKGemm =
-    ktile_geom(Q).high_bits == 0
-        ? run_rows4<k_rows_gemm<Q, 1>, k_rows_gemm<Q, 2>, k_rows_gemm<Q, 4>>
-        : run_rows4<k_rows_gemm<Q, 1>, k_rows_gemm<Q, 2>, k_rows_gemm<Q, 4>, k_rows_gemm<Q, 8>>;
+constexpr TileKernelFn kKGemm = run_rows4<k_rows_gemm<Q, 1>, k_rows_gemm<Q, 2>, k_rows_gemm<Q, 4>, k_rows_gemm<Q, 8>>;
 template <KQuant Q, bool Batched>
 constexpr TileKernelFn kKTile = Batched ? kKGemm<Q> : run_rows<k_rows_vecdot<Q, 1>, k_rows_vecdot<Q, 2>>;
 
