@@ -565,7 +565,6 @@ inline void k_rows_gemm(const uint8_t* tile, size_t nb, const ActView& a, size_t
                         __mmask16 store_mask) {
   constexpr KTileGeom G = ktile_geom(Q);
   __m512 acc[R];
-  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
   for (size_t sb = 0; sb < nb / 8; ++sb) {
     const uint8_t* t = tile + sb * G.bytes;
     const KFactorPairs<Q> fp(t);
@@ -607,7 +606,10 @@ inline void k_rows_gemm(const uint8_t* tile, size_t nb, const ActView& a, size_t
         for (int i = 0; i < 4; ++i) s2 = fp.dot(s2, i, a.kpairs(r0 + r) + 12 * sb);
         v = _mm512_fnmadd_ps(load16_fp16(t + G.dmin), _mm512_cvtepi32_ps(s2), v);
       }
-      acc[r] = _mm512_fmadd_ps(v, _mm512_set1_ps(a.kd(r0 + r)[sb]), acc[r]);
+      // The first super-block sets acc (fma(v, xd, 0) == v * xd): zeroing the spilled
+      // accumulators made GCC emit a rep stos per call, 4.6% of the Q4_K GEMM's time.
+      const __m512 xd = _mm512_set1_ps(a.kd(r0 + r)[sb]);
+      acc[r] = sb == 0 ? _mm512_mul_ps(v, xd) : _mm512_fmadd_ps(v, xd, acc[r]);
     }
   }
   for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(y + r * y_stride, store_mask, acc[r]);
