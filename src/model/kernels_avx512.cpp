@@ -514,12 +514,15 @@ inline void k_rows_vecdot(const uint8_t* tile, size_t nb, const ActView& a, size
   }
   for (size_t sb = 0; sb < nb / 8; ++sb) {
     const uint8_t* t = tile + sb * G.bytes;
-    const KFactorPairs<Q> fp(t);
     __m512i S[R][8];
-    for (int r = 0; r < R; ++r)
-      for (int g = 0; g < 8; ++g)
-        S[r][g] = Q == KQuant::Q6 ? times_minus32(fp.dot(_mm512_setzero_si512(), g, a.kpairs(r0 + r) + 12 * sb))
-                                  : _mm512_setzero_si512();
+    if constexpr (Q == KQuant::Q6) {
+      const KFactorPairs<Q> fp(t);
+      for (int r = 0; r < R; ++r)
+        for (int g = 0; g < 8; ++g) S[r][g] = times_minus32(fp.dot(_mm512_setzero_si512(), g, a.kpairs(r0 + r) + 12 * sb));
+    } else {
+      for (int r = 0; r < R; ++r)
+        for (int g = 0; g < 8; ++g) S[r][g] = _mm512_setzero_si512();
+    }
     for (size_t c = 0; c < 8; ++c) {
       prefetch_ahead(t + G.block * c, G.block);
       __m512i w[8];
@@ -533,6 +536,9 @@ inline void k_rows_vecdot(const uint8_t* tile, size_t nb, const ActView& a, size
       }
     }
     const __m512 dw = load16_fp16(t + G.d);
+    // Built here, not with the super-block's start: live across the block loop, the pairs
+    // pushed the accumulators out of registers (decode of a streamed matrix ~15% slower).
+    const KFactorPairs<Q> fp(t);
     for (int r = 0; r < R; ++r) {
       const float xd = a.kd(r0 + r)[sb];
       const __m512 dd = _mm512_mul_ps(_mm512_set1_ps(xd), dw);
