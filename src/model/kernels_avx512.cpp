@@ -537,7 +537,8 @@ inline void k_rows_vecdot(const uint8_t* tile, size_t nb, const ActView& a, size
     }
     const __m512 dw = load16_fp16(t + G.d);
     // Built here, not with the super-block's start: live across the block loop, the pairs
-    // pushed the accumulators out of registers (decode of a streamed matrix ~15% slower).
+    // pushed the accumulators out of registers (bench_gemm q4_k/2048/2048/1: 64 GMAC/s
+    // there, 77 here).
     const KFactorPairs<Q> fp(t);
     for (int r = 0; r < R; ++r) {
       const float xd = a.kd(r0 + r)[sb];
@@ -682,8 +683,8 @@ constexpr TileKernelFn kByteTile = run_rows<byte_rows<1>, byte_rows<2>>;
 }  // namespace
 
 // Vec-dot order: two rows share each unpacked block (16 integer accumulators per row).
-// GEMM order: one accumulator per row, so four rows share it, eight for Q5_K / Q6_K, whose
-// high-bit unpacking costs as much as four rows' dot products.
+// GEMM order: one accumulator per row, so eight rows share each unpacked block (Q4_K: 4
+// until 2026-11-27; 8 measured ~8% faster once the min terms left the row loop's registers).
 template <KQuant Q>
 constexpr TileKernelFn kKGemm = run_rows4<k_rows_gemm<Q, 1>, k_rows_gemm<Q, 2>, k_rows_gemm<Q, 4>, k_rows_gemm<Q, 8>>;
 template <KQuant Q, bool Batched>
