@@ -66,6 +66,14 @@ void qwen_shapes(benchmark::internal::Benchmark* b) {
 void qwen_down_shapes(benchmark::internal::Benchmark* b) {
   for (int n : {1, 512}) b->Args({896, 4864, n, 1});
 }
+// Qwen2.5-1.5B (d 1536, MLP 8960): its Q4_K attention and MLP-in matrices, its Q6_K MLP-out.
+void qwen15_shapes(benchmark::internal::Benchmark* b) {
+  for (int n : {1, 512})
+    for (auto [rows, cols] : {std::pair{1536, 1536}, {8960, 1536}}) b->Args({rows, cols, n, 1});
+}
+void qwen15_down_shapes(benchmark::internal::Benchmark* b) {
+  for (int n : {1, 512}) b->Args({1536, 8960, n, 1});
+}
 void layer_shapes(benchmark::internal::Benchmark* b) {
   for (int threads : {1, 2})
     for (int n : {1, 64, 512, 2048})
@@ -85,6 +93,8 @@ BENCHMARK(q4_1)->Apply(qwen_shapes)->UseRealTime()->MinTime(0.2);
 BENCHMARK(q4_k)->Apply(qwen_down_shapes)->UseRealTime()->MinTime(0.2);
 BENCHMARK(q6_k)->Apply(qwen_down_shapes)->UseRealTime()->MinTime(0.2);
 BENCHMARK(q4_k)->Apply(llama_1b_shapes)->UseRealTime()->MinTime(0.2);
+BENCHMARK(q4_k)->Apply(qwen15_shapes)->UseRealTime()->MinTime(0.2);
+BENCHMARK(q6_k)->Apply(qwen15_down_shapes)->UseRealTime()->MinTime(0.2);
 BENCHMARK(q6_k)->Apply(llama_1b_shapes)->UseRealTime()->MinTime(0.2);
 // Decode through Llama-3.2-1B's tied output matrix (Q6_K in its Q4_K_M file, 128256 x 2048,
 // larger than any cache): a memory-bound GEMV, where the stored bytes per weight decide.
