@@ -574,6 +574,8 @@ inline void k_rows_gemm(const uint8_t* tile, size_t nb, const ActView& a, size_t
   __m512 acc[R];
   for (size_t sb = 0; sb < nb / 8; ++sb) {
     const uint8_t* t = tile + sb * G.bytes;
+    // Built once per super-block for the R rows (unlike the vec-dot's, after its block loop):
+    // built where used, once per row, q4_k/2048/2048/512 ran 156 GMAC/s against 166.
     const KFactorPairs<Q> fp(t);
     __m512i S[R];
     for (int r = 0; r < R; ++r) {
