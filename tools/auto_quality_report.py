@@ -11,7 +11,9 @@
       ways round, the held-out scores pooled. Sets: the predictor's (margin, entropy); + how the
       first token moved from the previous ladder step (KL, top-1 equal); + the request's size
       (log context tokens, chunks); + the question's kind (yes/no, "which", length; needs
-      --questions, the dataset file the records were made from).
+      --questions, the dataset file the records were made from); + how far the step's
+      recomputation moved the K/V from the reuse step's cache (log mean relative change over
+      the layers, K and V; over the context, or over the question's rows; records that have it).
   tools/auto_quality_report.py plot REPORT.json [REPORT.json...] --out FIG.png
       observed share of identical answers against mean TTFT: every fixed policy (points) and
       the auto policy over its targets (a curve), one panel per report (model / split); and
@@ -50,8 +52,8 @@ def signals(args):
     n_steps = len(recs[0]["steps"])
     print("%d records (%s)" % (len(recs), ", ".join(sorted({r["dataset"] for r in recs}))))
     print("| step | identical | margin | -entropy | -KL to previous step | top-1 = previous step's | answer = previous step's "
-          "(share agreeing, identical among them) | context tokens (fewer) |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+          "(share agreeing, identical among them) | context tokens (fewer) | -V change, context | -V change, question |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for k in range(n_steps):
         st = [r["steps"][k] for r in recs]
         y = [s["identical"] for s in st]
@@ -68,8 +70,22 @@ def signals(args):
         else:
             cols += [None, None, None]
         cols.append(auc([-r["context_tokens"] for r in recs], y))
+        for part in ("context", "question"):  # less change, more likely identical
+            ch = [kv_change(s, part) for s in st]
+            cols.append(None if None in ch else auc([-c[1] for c in ch], y))
         fmt = lambda v: "-" if v is None else (v if isinstance(v, str) else "%.2f" % v)
         print("| %s %.2f | %.2f | %s |" % (st[0]["method"], st[0]["ratio"], sum(y) / len(y), " | ".join(fmt(c) for c in cols)))
+
+
+def kv_change(step, part):
+    """log of the step's mean relative K and V change over the layers against the reuse step's
+    cache (`kv_change` in records made since 2026-11-27; part "context" or "question"), or
+    None where the record has none (the reuse step itself, older records)."""
+    c = step.get("kv_change")
+    if c is None:
+        return None
+    mean = lambda xs: sum(xs) / len(xs)
+    return [math.log(max(mean(c[part]["k"]), 1e-9)), math.log(max(mean(c[part]["v"]), 1e-9))]
 
 
 YES_NO_WORDS = {"are", "is", "were", "was", "did", "do", "does", "can", "could", "has", "have"}
@@ -137,6 +153,9 @@ def features(args):
             ("+ request size", lambda r, k: [math.log(r["context_tokens"]), r["chunks"]])]
     if questions:
         sets.append(("+ question kind", lambda r, k: question_kind(r)))
+    if all(kv_change(r["steps"][k], "context") is not None for fold in folds for r in fold for k in range(1, len(r["steps"]))):
+        sets.append(("+ recomputation's KV change, context", lambda r, k: kv_change(r["steps"][k], "context") or []))
+        sets.append(("+ recomputation's KV change, question", lambda r, k: kv_change(r["steps"][k], "question") or []))
     n_steps = len(folds[0][0]["steps"])
     names = ["%s %.2f" % (s["method"], s["ratio"]) for s in folds[0][0]["steps"]]
     print("held-out ROC AUC for \"identical\", %d + %d records, fitted on one split, scored on the other, both ways" %

@@ -5,12 +5,15 @@
 #include <filesystem>
 #include <fstream>
 #include <numeric>
+#include <optional>
+#include <tuple>
 #include <set>
 #include <stdexcept>
 
 #include "base/bounded_json.h"
 #include "base/progress.h"
 #include "eval/bench_request.h"
+#include "eval/deviation.h"
 #include "eval/metrics.h"
 #include "fusion/executor.h"
 #include "kv/chunk_store.h"
@@ -23,6 +26,26 @@ using nlohmann::json;
 
 // The ids already in a records file; refuses a file made with other RAG words (records
 // written before the layout was recorded carry no id and are not checked).
+// A signal recorded for issue 26 (is it worth adding to the predictor?): how far a step's
+// recomputation moved the request's K/V from the cached chunks', free once a reuse step has
+// run. Relative L2 per layer (eval/deviation.h) against the reuse step's cache, whose context
+// slots hold the stitched chunk caches as every step starts from them: over the context
+// (only the recomputed rows differ, so the norm counts them against all of it) and over the
+// question's rows (computed fresh in both, seeing the old or the recomputed context).
+json recompute_change(const KvCache& stitched, const KvCache& after, const RagRequest& req) {
+  const size_t begin = req.system.size(), end = begin + req.context_tokens(), u_end = end + req.suffix.size();
+  json out = json::object();
+  for (const auto& [part, lo, hi] : {std::tuple{"context", begin, end}, std::tuple{"question", end, u_end}}) {
+    json k = json::array(), v = json::array();
+    for (const LayerDeviation& d : kv_deviation(stitched, after, lo, hi)) {
+      k.push_back(d.k_rel);
+      v.push_back(d.v_rel);
+    }
+    out[part] = {{"k", std::move(k)}, {"v", std::move(v)}};
+  }
+  return out;
+}
+
 std::set<std::string> recorded_ids(const std::string& path, const std::string& layout) {
   std::set<std::string> ids;
   if (!std::filesystem::exists(path)) return ids;
@@ -202,6 +225,7 @@ size_t record_examples(const Model& model, Forward& fwd, const Dataset& dataset,
     const std::string full_answer = decode_answer(fwd, full, prompt, o.max_tokens).answer;
     json steps = json::array();
     std::vector<float> prev_logits;
+    std::optional<KvCache> stitched;  // the reuse step's cache: every chunk's cached K/V, unchanged
     for (const LadderStep& s : o.ladder) {
       FusionOptions opt;
       opt.method = s.method;
@@ -219,6 +243,8 @@ size_t record_examples(const Model& model, Forward& fwd, const Dataset& dataset,
                   {"kl_to_full", kl_divergence_from_logits(full_logits, r.logits)},
                   {"kl_to_prev", prev_logits.empty() ? 0.0 : kl_divergence_from_logits(prev_logits, r.logits)}};
       prev_logits = r.logits;
+      if (s.ratio == 0 && s.method == "reuse" && !stitched) stitched = r.cache;
+      if (stitched && s.ratio > 0) row["kv_change"] = recompute_change(*stitched, r.cache, req);
       const DecodedAnswer dec = decode_answer(fwd, r, prompt, o.max_tokens);
       row["answer"] = dec.answer;
       row["identical"] = dec.answer == full_answer;

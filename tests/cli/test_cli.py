@@ -309,6 +309,33 @@ class CalibrateTest(CliCase):
         self.refused("calibrate", "-m", MODEL, "--dataset", data, "--ladder", "full:0.5", "--records", records,
                      message="unknown method 'full'")
 
+    def test_records_carry_the_recomputation_kv_change_after_a_reuse_step(self):
+        """Behind a reuse step, each later step's record says how far its recomputation moved the
+        K/V from the stitched chunk caches, per layer: more recomputed rows, more change."""
+        data = os.path.join(self.tmp, "tiny-kv.jsonl")
+        tiny_dataset(data)
+        records = os.path.join(self.tmp, "kv.records.jsonl")
+        self.ok("calibrate", "-m", MODEL, "-t", "1", "--dataset", data, "--first", "0", "--limit", "1",
+                "--ladder", "reuse:0,epic:0.05,epic:1", "--max-tokens", "4", "--records", records, "--no-fit")
+        with open(records) as f:
+            (r,) = [json.loads(line) for line in f]
+        reuse, low, every = r["steps"]
+        self.assertNotIn("kv_change", reuse)
+        mean = lambda xs: sum(xs) / len(xs)
+        for s in (low, every):
+            for part in ("context", "question"):
+                for x in ("k", "v"):
+                    layers = s["kv_change"][part][x]
+                    self.assertEqual(len(layers), 30)  # SmolLM2-135M's layers
+                    self.assertTrue(all(v >= 0 for v in layers))
+        # Layer 0's K/V depend on the token and its position only: recomputing leaves them.
+        self.assertLess(every["kv_change"]["context"]["v"][0], 1e-3)
+        self.assertGreater(mean(low["kv_change"]["context"]["v"]), 0.0)
+        # (Not proportional: EPIC's 5% are each chunk's first tokens, the attention sinks of a
+        # chunk cached alone, whose K/V change most; here 0.19 against 0.35 for every row.)
+        self.assertGreater(mean(every["kv_change"]["context"]["v"]), 1.2 * mean(low["kv_change"]["context"]["v"]))
+        self.assertGreater(mean(every["kv_change"]["question"]["v"]), 0.0)
+
 
 if __name__ == "__main__":
     unittest.main()

@@ -91,6 +91,36 @@ class FeaturesTest(unittest.TestCase):
         self.assertEqual(rows["margin, entropy (the predictor)"], "0.50")
         self.assertEqual(rows["+ question kind"], "1.00")
 
+    def test_the_kv_change_sets_score_what_separates_held_out_requests(self):
+        # Behind a reuse step, requests whose recomputation moved the context's K/V little are
+        # identical, the others not; margin and entropy are the same everywhere. The context
+        # set must find it held out, the question set (equal everywhere) must not.
+        def rec(i, small):
+            change = {"context": {"k": [0.05 if small else 0.4] * 3, "v": [0.1 if small else 0.8] * 3},
+                      "question": {"k": [0.2] * 3, "v": [0.2] * 3}}
+            s = dict(step(0.15, "x", small, 0.5), kv_change=change)
+            return {"id": "ds:q%d" % i, "dataset": "ds", "context_tokens": 100, "chunks": 5,
+                    "steps": [step(0, "y", False, 0.5), s]}
+        paths = []
+        for fold in range(2):
+            with tempfile.NamedTemporaryFile("w", suffix=".jsonl", delete=False) as f:
+                f.write("".join(json.dumps(rec(10 * fold + i, i % 2 == 0)) + "\n" for i in range(10)))
+            paths.append(f.name)
+        out = io.StringIO()
+        try:
+            with contextlib.redirect_stdout(out):
+                auto_quality_report.features(type("A", (), {"calibration": paths[0], "held_out": paths[1],
+                                                            "questions": None})())
+        finally:
+            for p in paths:
+                os.unlink(p)
+        rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]]
+                for line in out.getvalue().splitlines() if line.startswith("| ") and "features" not in line}
+        self.assertEqual(rows["margin, entropy (the predictor)"][1], "0.50")
+        self.assertEqual(rows["+ recomputation's KV change, context"][1], "1.00")
+        self.assertEqual(rows["+ recomputation's KV change, question"][1], "0.50")
+        self.assertEqual(rows["+ recomputation's KV change, context"][0], "-")  # the reuse step: one class
+
 
 if __name__ == "__main__":
     unittest.main()
