@@ -13,7 +13,9 @@
       (log context tokens, chunks); + the question's kind (yes/no, "which", length; needs
       --questions, the dataset file the records were made from); + how far the step's
       recomputation moved the K/V from the reuse step's cache (log mean relative change over
-      the layers, K and V; over the context, or over the question's rows; records that have it).
+      the layers, K and V; over the context, or over the question's rows; records that have it);
+      + the selector's score mass (log of its sum per question token, the share the recomputed
+      rows hold: for ProphetKV and QCFuse, the probe's question-to-context attention).
   tools/auto_quality_report.py plot REPORT.json [REPORT.json...] --out FIG.png
       observed share of identical answers against mean TTFT: every fixed policy (points) and
       the auto policy over its targets (a curve), one panel per report (model / split); and
@@ -88,6 +90,16 @@ def kv_change(step, part):
     return [math.log(max(mean(c[part]["k"]), 1e-9)), math.log(max(mean(c[part]["v"]), 1e-9))]
 
 
+def probe_mass(record, step):
+    """The selector's score mass (`scores` in records made since 2026-11-27): log of its sum over
+    the context per question token (ProphetKV / QCFuse: the probe's attention from the question
+    to the context) and the share of it the recomputed rows hold; None where there is none."""
+    sc = step.get("scores")
+    if sc is None:
+        return None
+    return [math.log(max(sc["sum"], 1e-9) / max(record.get("question_tokens", 1), 1)), sc["selected_share"]]
+
+
 YES_NO_WORDS = {"are", "is", "were", "was", "did", "do", "does", "can", "could", "has", "have"}
 
 
@@ -156,6 +168,8 @@ def features(args):
     if all(kv_change(r["steps"][k], "context") is not None for fold in folds for r in fold for k in range(1, len(r["steps"]))):
         sets.append(("+ recomputation's KV change, context", lambda r, k: kv_change(r["steps"][k], "context") or []))
         sets.append(("+ recomputation's KV change, question", lambda r, k: kv_change(r["steps"][k], "question") or []))
+    if all(probe_mass(r, r["steps"][k]) is not None for fold in folds for r in fold for k in range(1, len(r["steps"]))):
+        sets.append(("+ selector's score mass (sum, share selected)", lambda r, k: probe_mass(r, r["steps"][k]) or []))
     n_steps = len(folds[0][0]["steps"])
     names = ["%s %.2f" % (s["method"], s["ratio"]) for s in folds[0][0]["steps"]]
     print("held-out ROC AUC for \"identical\", %d + %d records, fitted on one split, scored on the other, both ways" %

@@ -46,6 +46,17 @@ json recompute_change(const KvCache& stitched, const KvCache& after, const RagRe
   return out;
 }
 
+// Another signal for issue 26: what the selector's own scores say (ProphetKV's and QCFuse's are
+// the probe's attention from the question to each context token): their sum over the context
+// and the share of it the recomputed tokens hold.
+json score_mass(const std::vector<double>& scores, const std::vector<size_t>& recomputed, size_t context_begin) {
+  double total = 0, chosen = 0;
+  for (double v : scores) total += v;
+  for (size_t slot : recomputed)
+    if (slot >= context_begin && slot - context_begin < scores.size()) chosen += scores[slot - context_begin];
+  return {{"sum", total}, {"selected_share", total > 0 ? chosen / total : 0.0}};
+}
+
 std::set<std::string> recorded_ids(const std::string& path, const std::string& layout) {
   std::set<std::string> ids;
   if (!std::filesystem::exists(path)) return ids;
@@ -245,6 +256,7 @@ size_t record_examples(const Model& model, Forward& fwd, const Dataset& dataset,
       prev_logits = r.logits;
       if (s.ratio == 0 && s.method == "reuse" && !stitched) stitched = r.cache;
       if (stitched && s.ratio > 0) row["kv_change"] = recompute_change(*stitched, r.cache, req);
+      if (!r.token_scores.empty()) row["scores"] = score_mass(r.token_scores, r.recomputed, req.system.size());
       const DecodedAnswer dec = decode_answer(fwd, r, prompt, o.max_tokens);
       row["answer"] = dec.answer;
       row["identical"] = dec.answer == full_answer;
@@ -259,6 +271,7 @@ size_t record_examples(const Model& model, Forward& fwd, const Dataset& dataset,
                          {"prompt_layout", layout},
                          {"chunk_context", chunk_context_name(o.chunk_context)},
                          {"context_tokens", req.context_tokens()},
+                         {"question_tokens", req.suffix.size()},
                          {"chunks", req.chunks.size()},
                          {"full", {{"ttft_ms", full_ttft}, {"answer", full_answer}, {"gold_f1", qa_f1(full_answer, ex.answers)}}},
                          {"steps", steps}};

@@ -311,7 +311,8 @@ class CalibrateTest(CliCase):
 
     def test_records_carry_the_recomputation_kv_change_after_a_reuse_step(self):
         """Behind a reuse step, each later step's record says how far its recomputation moved the
-        K/V from the stitched chunk caches, per layer: more recomputed rows, more change."""
+        K/V from the stitched chunk caches, per layer: more recomputed rows, more change; and
+        the share of its selector's score mass the recomputed rows hold."""
         data = os.path.join(self.tmp, "tiny-kv.jsonl")
         tiny_dataset(data)
         records = os.path.join(self.tmp, "kv.records.jsonl")
@@ -335,6 +336,12 @@ class CalibrateTest(CliCase):
         # chunk cached alone, whose K/V change most; here 0.19 against 0.35 for every row.)
         self.assertGreater(mean(every["kv_change"]["context"]["v"]), 1.2 * mean(low["kv_change"]["context"]["v"]))
         self.assertGreater(mean(every["kv_change"]["question"]["v"]), 0.0)
+        # The selector's own scores: every row recomputed holds all of their mass, 5% less.
+        self.assertAlmostEqual(every["scores"]["selected_share"], 1.0)
+        self.assertLess(low["scores"]["selected_share"], 0.9)
+        self.assertGreater(low["scores"]["selected_share"], 0.0)
+        self.assertNotIn("scores", reuse)
+        self.assertGreater(r["question_tokens"], 0)
 
 
 if __name__ == "__main__":

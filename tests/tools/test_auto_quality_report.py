@@ -98,7 +98,7 @@ class FeaturesTest(unittest.TestCase):
         def rec(i, small):
             change = {"context": {"k": [0.05 if small else 0.4] * 3, "v": [0.1 if small else 0.8] * 3},
                       "question": {"k": [0.2] * 3, "v": [0.2] * 3}}
-            s = dict(step(0.15, "x", small, 0.5), kv_change=change)
+            s = dict(step(0.15, "x", small, 0.5), kv_change=change, scores={"sum": 40.0, "selected_share": 0.7})
             return {"id": "ds:q%d" % i, "dataset": "ds", "context_tokens": 100, "chunks": 5,
                     "steps": [step(0, "y", False, 0.5), s]}
         paths = []
@@ -120,6 +120,31 @@ class FeaturesTest(unittest.TestCase):
         self.assertEqual(rows["+ recomputation's KV change, context"][1], "1.00")
         self.assertEqual(rows["+ recomputation's KV change, question"][1], "0.50")
         self.assertEqual(rows["+ recomputation's KV change, context"][0], "-")  # the reuse step: one class
+        self.assertEqual(rows["+ selector's score mass (sum, share selected)"][1], "0.50")  # equal everywhere
+
+    def test_the_score_mass_set_scores_what_separates_held_out_requests(self):
+        # Identical where the recomputed rows hold most of the probe's attention.
+        def rec(i, covered):
+            s = dict(step(0.15, "x", covered, 0.5), scores={"sum": 40.0, "selected_share": 0.9 if covered else 0.4})
+            return {"id": "ds:q%d" % i, "dataset": "ds", "context_tokens": 100, "chunks": 5, "question_tokens": 10,
+                    "steps": [step(0, "y", False, 0.5), s]}
+        paths = []
+        for fold in range(2):
+            with tempfile.NamedTemporaryFile("w", suffix=".jsonl", delete=False) as f:
+                f.write("".join(json.dumps(rec(10 * fold + i, i % 3 == 0)) + "\n" for i in range(10)))
+            paths.append(f.name)
+        out = io.StringIO()
+        try:
+            with contextlib.redirect_stdout(out):
+                auto_quality_report.features(type("A", (), {"calibration": paths[0], "held_out": paths[1],
+                                                            "questions": None})())
+        finally:
+            for p in paths:
+                os.unlink(p)
+        rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]]
+                for line in out.getvalue().splitlines() if line.startswith("| ") and "features" not in line}
+        self.assertEqual(rows["+ selector's score mass (sum, share selected)"][1], "1.00")
+        self.assertNotIn("+ recomputation's KV change, context", rows)  # these records have none
 
 
 if __name__ == "__main__":
