@@ -6,9 +6,9 @@
 #include <fstream>
 #include <numeric>
 #include <optional>
-#include <tuple>
 #include <set>
 #include <stdexcept>
+#include <tuple>
 
 #include "base/bounded_json.h"
 #include "base/progress.h"
@@ -24,8 +24,6 @@ namespace {
 
 using nlohmann::json;
 
-// The ids already in a records file; refuses a file made with other RAG words (records
-// written before the layout was recorded carry no id and are not checked).
 // A signal recorded for issue 26 (is it worth adding to the predictor?): how far a step's
 // recomputation moved the request's K/V from the cached chunks', free once a reuse step has
 // run. Relative L2 per layer (eval/deviation.h) against the reuse step's cache, whose context
@@ -57,6 +55,8 @@ json score_mass(const std::vector<double>& scores, const std::vector<size_t>& re
   return {{"sum", total}, {"selected_share", total > 0 ? chosen / total : 0.0}};
 }
 
+// The ids already in a records file; refuses a file made with other RAG words (records
+// written before the layout was recorded carry no id and are not checked).
 std::set<std::string> recorded_ids(const std::string& path, const std::string& layout) {
   std::set<std::string> ids;
   if (!std::filesystem::exists(path)) return ids;
