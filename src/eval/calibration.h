@@ -4,8 +4,10 @@
 // (fused prefill, then the greedy answer as the bench decodes it) and appends one JSON line
 // per example to a records file: each step's first-token signals, its TTFT, whether its
 // answer is identical to full prefill's, and (for the report, not the predictor) its
-// first-token KL from full prefill and from the previous step. Resumable: examples already
-// in the file are skipped.
+// first-token KL from full prefill and from the previous step, how far its recomputation
+// moved the K/V from a reuse step's cache (`kv_change`, per layer; after a reuse step only)
+// and its selector's score mass (`scores`: sum, share held by the recomputed rows).
+// Resumable: examples already in the file are skipped.
 //
 // fit_calibration fits each step's logistic model on one split's records; evaluate_policy
 // replays the policy's decisions (the same functions the engine calls) on another split's
