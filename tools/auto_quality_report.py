@@ -68,7 +68,9 @@ def signals(args):
             # prefill and both answers' decoding, not measured by the predictor today.
             agree = [int(s["answer"] == p["answer"]) for s, p in zip(st, prev)]
             hits = sum(a and yy for a, yy in zip(agree, y))
-            cols.append("%.2f (%.2f, %.2f)" % (auc(agree, y), sum(agree) / len(agree), hits / max(1, sum(agree))))
+            a = auc(agree, y)
+            cols.append("%s (%.2f, %.2f)" % ("-" if a is None else "%.2f" % a, sum(agree) / len(agree),
+                                             hits / max(1, sum(agree))))
         else:
             cols += [None, None, None]
         cols.append(auc([-r["context_tokens"] for r in recs], y))

@@ -51,6 +51,25 @@ class SignalsTableTest(unittest.TestCase):
         self.assertEqual(cells[6], "0.33 (0.75, 0.67)")
 
 
+    def test_a_step_with_one_class_prints_dashes(self):
+        # Every answer identical at the second step: no AUC exists there; the row says "-".
+        recs = [{"id": c, "dataset": "d", "context_tokens": 10 * i,
+                 "steps": [step(0.05, c, i % 2 == 0, 0.1 * i), step(0.15, c, True, 0.1 * i)]} for i, c in enumerate("abcd")]
+        with tempfile.NamedTemporaryFile("w", suffix=".jsonl", delete=False) as f:
+            f.write("".join(json.dumps(r) + "\n" for r in recs))
+        out = io.StringIO()
+        try:
+            with contextlib.redirect_stdout(out):
+                auto_quality_report.signals(type("A", (), {"records": [f.name]})())
+        finally:
+            os.unlink(f.name)
+        row = [line for line in out.getvalue().splitlines() if line.startswith("| prophet 0.15")][0]
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        self.assertEqual(cells[1], "1.00")
+        self.assertEqual(cells[2], "-")
+        self.assertEqual(cells[6], "- (1.00, 1.00)")
+
+
 class FeaturesTest(unittest.TestCase):
     def test_logistic_fit_recovers_a_separating_weight(self):
         x = [[v / 10] for v in range(-10, 11)]
