@@ -17,6 +17,40 @@ def step(ratio, answer, identical, margin, top1=1):
             "entropy": 1.0 - margin, "kl_to_prev": 0.1, "top1": top1}
 
 
+def signals_row(recs, step_label):
+    """`signals` on these records: the cells of the row of one step (e.g. "prophet 0.15")."""
+    with tempfile.NamedTemporaryFile("w", suffix=".jsonl", delete=False) as f:
+        f.write("".join(json.dumps(r) + "\n" for r in recs))
+    out = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(out):
+            auto_quality_report.signals(type("A", (), {"records": [f.name]})())
+    finally:
+        os.unlink(f.name)
+    row = [line for line in out.getvalue().splitlines() if line.startswith("| " + step_label)][0]
+    return [c.strip() for c in row.strip("|").split("|")]
+
+
+def features_table(folds, questions=None):
+    """`features` on two folds of records (and the questions' rows, for --questions): {set label:
+    [cell per step]}."""
+    paths = []
+    for rows in folds + ([questions] if questions else []):
+        with tempfile.NamedTemporaryFile("w", suffix=".jsonl", delete=False) as f:
+            f.write("".join(json.dumps(r) + "\n" for r in rows))
+        paths.append(f.name)
+    out = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(out):
+            auto_quality_report.features(type("A", (), {"calibration": paths[0], "held_out": paths[1],
+                                                        "questions": paths[2] if questions else None})())
+    finally:
+        for p in paths:
+            os.unlink(p)
+    return {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]]
+            for line in out.getvalue().splitlines() if line.startswith("| ") and "features" not in line}
+
+
 class AucTest(unittest.TestCase):
     def test_perfect_chance_and_ties(self):
         self.assertEqual(auto_quality_report.auc([0.9, 0.8, 0.1, 0.2], [1, 1, 0, 0]), 1.0)
@@ -34,37 +68,18 @@ class SignalsTableTest(unittest.TestCase):
             {"id": "c", "dataset": "d", "context_tokens": 30, "steps": [step(0.05, "z", False, 0.2), step(0.15, "z", False, 0.2)]},
             {"id": "d", "dataset": "d", "context_tokens": 40, "steps": [step(0.05, "u", False, 0.1), step(0.15, "v", True, 0.1)]},
         ]
-        with tempfile.NamedTemporaryFile("w", suffix=".jsonl", delete=False) as f:
-            f.write("".join(json.dumps(r) + "\n" for r in recs))
-        out = io.StringIO()
-        try:
-            with contextlib.redirect_stdout(out):
-                auto_quality_report.signals(type("A", (), {"records": [f.name]})())
-        finally:
-            os.unlink(f.name)
-        row = [line for line in out.getvalue().splitlines() if line.startswith("| prophet 0.15")][0]
-        cells = [c.strip() for c in row.strip("|").split("|")]
+        cells = signals_row(recs, "prophet 0.15")
         # Identical on 3 of 4. Agreement's AUC over the pairs (identical, the one non-identical c,
         # which agrees): a and b tie with c (0.5 each), d loses (0): 1/3. Agreeing: 3 of 4, of
         # which 2 identical.
         self.assertEqual(cells[1], "0.75")
         self.assertEqual(cells[6], "0.33 (0.75, 0.67)")
 
-
     def test_a_step_with_one_class_prints_dashes(self):
         # Every answer identical at the second step: no AUC exists there; the row says "-".
         recs = [{"id": c, "dataset": "d", "context_tokens": 10 * i,
                  "steps": [step(0.05, c, i % 2 == 0, 0.1 * i), step(0.15, c, True, 0.1 * i)]} for i, c in enumerate("abcd")]
-        with tempfile.NamedTemporaryFile("w", suffix=".jsonl", delete=False) as f:
-            f.write("".join(json.dumps(r) + "\n" for r in recs))
-        out = io.StringIO()
-        try:
-            with contextlib.redirect_stdout(out):
-                auto_quality_report.signals(type("A", (), {"records": [f.name]})())
-        finally:
-            os.unlink(f.name)
-        row = [line for line in out.getvalue().splitlines() if line.startswith("| prophet 0.15")][0]
-        cells = [c.strip() for c in row.strip("|").split("|")]
+        cells = signals_row(recs, "prophet 0.15")
         self.assertEqual(cells[1], "1.00")
         self.assertEqual(cells[2], "-")
         self.assertEqual(cells[6], "- (1.00, 1.00)")
@@ -85,28 +100,10 @@ class FeaturesTest(unittest.TestCase):
         def rec(i, yes_no):
             s = step(0.15, "x", yes_no, 0.5)
             return {"id": "ds:q%d" % i, "dataset": "ds", "context_tokens": 100, "chunks": 5, "steps": [s]}
-        paths = []
-        questions = []
-        for fold in range(2):
-            recs = [rec(10 * fold + i, i % 2 == 0) for i in range(10)]
-            questions += [{"_id": "q%d" % (10 * fold + i), "question": ("Is it so?" if i % 2 == 0 else "Who did it?")}
-                          for i in range(10)]
-            with tempfile.NamedTemporaryFile("w", suffix=".jsonl", delete=False) as f:
-                f.write("".join(json.dumps(r) + "\n" for r in recs))
-            paths.append(f.name)
-        with tempfile.NamedTemporaryFile("w", suffix=".jsonl", delete=False) as f:
-            f.write("".join(json.dumps(q) + "\n" for q in questions))
-        paths.append(f.name)
-        out = io.StringIO()
-        try:
-            with contextlib.redirect_stdout(out):
-                auto_quality_report.features(type("A", (), {"calibration": paths[0], "held_out": paths[1],
-                                                            "questions": paths[2]})())
-        finally:
-            for p in paths:
-                os.unlink(p)
-        rows = {line.split("|")[1].strip(): line.split("|")[2].strip() for line in out.getvalue().splitlines()
-                if line.startswith("| ") and "features" not in line}
+        folds = [[rec(10 * fold + i, i % 2 == 0) for i in range(10)] for fold in range(2)]
+        questions = [{"_id": "q%d" % (10 * fold + i), "question": ("Is it so?" if i % 2 == 0 else "Who did it?")}
+                     for fold in range(2) for i in range(10)]
+        rows = {label: cells[0] for label, cells in features_table(folds, questions).items()}
         self.assertEqual(rows["margin, entropy (the predictor)"], "0.50")
         self.assertEqual(rows["+ question kind"], "1.00")
 
@@ -120,21 +117,7 @@ class FeaturesTest(unittest.TestCase):
             s = dict(step(0.15, "x", small, 0.5), kv_change=change, scores={"sum": 40.0, "selected_share": 0.7})
             return {"id": "ds:q%d" % i, "dataset": "ds", "context_tokens": 100, "chunks": 5,
                     "steps": [step(0, "y", False, 0.5), s]}
-        paths = []
-        for fold in range(2):
-            with tempfile.NamedTemporaryFile("w", suffix=".jsonl", delete=False) as f:
-                f.write("".join(json.dumps(rec(10 * fold + i, i % 2 == 0)) + "\n" for i in range(10)))
-            paths.append(f.name)
-        out = io.StringIO()
-        try:
-            with contextlib.redirect_stdout(out):
-                auto_quality_report.features(type("A", (), {"calibration": paths[0], "held_out": paths[1],
-                                                            "questions": None})())
-        finally:
-            for p in paths:
-                os.unlink(p)
-        rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]]
-                for line in out.getvalue().splitlines() if line.startswith("| ") and "features" not in line}
+        rows = features_table([[rec(10 * fold + i, i % 2 == 0) for i in range(10)] for fold in range(2)])
         self.assertEqual(rows["margin, entropy (the predictor)"][1], "0.50")
         self.assertEqual(rows["+ recomputation's KV change, context"][1], "1.00")
         self.assertEqual(rows["+ recomputation's KV change, question"][1], "0.50")
@@ -147,21 +130,7 @@ class FeaturesTest(unittest.TestCase):
             s = dict(step(0.15, "x", covered, 0.5), scores={"sum": 40.0, "selected_share": 0.9 if covered else 0.4})
             return {"id": "ds:q%d" % i, "dataset": "ds", "context_tokens": 100, "chunks": 5, "question_tokens": 10,
                     "steps": [step(0, "y", False, 0.5), s]}
-        paths = []
-        for fold in range(2):
-            with tempfile.NamedTemporaryFile("w", suffix=".jsonl", delete=False) as f:
-                f.write("".join(json.dumps(rec(10 * fold + i, i % 3 == 0)) + "\n" for i in range(10)))
-            paths.append(f.name)
-        out = io.StringIO()
-        try:
-            with contextlib.redirect_stdout(out):
-                auto_quality_report.features(type("A", (), {"calibration": paths[0], "held_out": paths[1],
-                                                            "questions": None})())
-        finally:
-            for p in paths:
-                os.unlink(p)
-        rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]]
-                for line in out.getvalue().splitlines() if line.startswith("| ") and "features" not in line}
+        rows = features_table([[rec(10 * fold + i, i % 3 == 0) for i in range(10)] for fold in range(2)])
         self.assertEqual(rows["+ selector's score mass (sum, share selected)"][1], "1.00")
         self.assertNotIn("+ recomputation's KV change, context", rows)  # these records have none
 
