@@ -3,7 +3,8 @@
 //   record and fit   run full prefill and every ladder step on a dataset split (resumable
 //                    records file), then fit the per-step predictors and write the calibration
 //                    (<cache>/calibrations/<fingerprint>.auto.json by default, which the engine reads)
-//   --fit RECORDS... fit and write the calibration from records files alone (no model, nothing run)
+//   --fit RECORDS... fit and write the calibration from records files alone (no model, nothing run);
+//                    with --ladder, on those of the records' steps only
 //   --evaluate       replay the policy on another split's records: observed share of answers
 //                    identical to full prefill's per target, TTFT against every fixed policy,
 //                    a reliability table (JSON report; tools/auto_quality_report.py plots it)
@@ -25,6 +26,7 @@ struct CalibrateArgs {
   std::string data_dir;
   size_t first = 0, limit = 80;
   std::string ladder = eval::kDefaultLadder;
+  bool ladder_given = false;  // with --fit: fit on these steps of the records only
   std::string records;
   std::string out;
   bool no_fit = false;
@@ -87,6 +89,7 @@ int fit_and_write(const CalibrateArgs& a, const std::vector<std::string>& record
     for (auto& r : eval::read_records(path)) records.push_back(std::move(r));
     files.push_back(std::filesystem::path(path).filename().string());
   }
+  if (a.ladder_given) records = eval::select_steps(records, eval::parse_ladder(a.ladder));
   autoq::AutoCalibration cal = eval::fit_calibration(records, a.l2);  // refuses records of two models or ladders
   if (!fingerprint.empty() && cal.fingerprint != fingerprint)
     throw std::invalid_argument(records_paths.front() + " holds records of model " + cal.fingerprint + ", not of this model (" +
@@ -150,7 +153,8 @@ void add_calibrate_command(CLI::App& app, CommandRunner& run) {
   cmd->add_option("--data-dir", a->data_dir, "folder of the named datasets (default: ../shared/datasets)");
   cmd->add_option("--first", a->first, "first example of the split")->capture_default_str();
   cmd->add_option("--limit", a->limit, "examples in the split (0: to the end)")->capture_default_str();
-  cmd->add_option("--ladder", a->ladder, "escalation steps before full prefill, cheapest first (method:ratio,...)")
+  cmd->add_option("--ladder", a->ladder, "escalation steps before full prefill, cheapest first (method:ratio,...); with --fit: "
+                  "the records' steps to fit on (default: all of them)")
       ->capture_default_str();
   cmd->add_option("--records", a->records, "records file (JSON Lines, resumable; default: <cache>/calibrations/<fingerprint>.<dataset>.records.jsonl)");
   cmd->add_option("--out", a->out, "calibration file (default: <cache>/calibrations/<fingerprint>.auto.json)");
@@ -168,7 +172,10 @@ void add_calibrate_command(CLI::App& app, CommandRunner& run) {
   cmd->add_option("--calibration", a->calibration, "with --evaluate: the calibration file to replay");
   cmd->add_option("--report", a->report, "with --evaluate: write the JSON report here");
   cmd->add_option("--targets", a->targets, "with --evaluate: quality targets")->capture_default_str();
-  cmd->callback([&run, a] { run = [a] { return run_calibrate(*a); }; });
+  cmd->callback([&run, a, cmd] {
+    a->ladder_given = cmd->count("--ladder") > 0;
+    run = [a] { return run_calibrate(*a); };
+  });
 }
 
 }  // namespace cf::apps

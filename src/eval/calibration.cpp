@@ -283,6 +283,27 @@ size_t record_examples(const Model& model, Forward& fwd, const Dataset& dataset,
   return ran;
 }
 
+std::vector<json> select_steps(const std::vector<json>& records, const std::vector<LadderStep>& ladder) {
+  std::vector<json> out;
+  out.reserve(records.size());
+  for (const auto& r : records) {
+    json steps = json::array();
+    for (const LadderStep& want : ladder) {
+      const json* found = nullptr;
+      for (const auto& st : r.at("steps"))
+        if (st.at("method") == want.method && std::abs(st.at("ratio").get<double>() - want.ratio) < 1e-9) found = &st;
+      if (!found)
+        throw std::invalid_argument("record " + r.at("id").get<std::string>() + " has no step " + want.method + ":" +
+                                    json(want.ratio).dump() + " (it ran another ladder)");
+      steps.push_back(*found);
+    }
+    json copy = r;
+    copy["steps"] = std::move(steps);
+    out.push_back(std::move(copy));
+  }
+  return out;
+}
+
 autoq::AutoCalibration fit_calibration(const std::vector<json>& records, double l2) {
   if (records.empty()) throw std::invalid_argument("no records to calibrate on");
   const json& first = records.front();
@@ -337,15 +358,15 @@ autoq::AutoCalibration fit_calibration(const std::vector<json>& records, double 
   return cal;
 }
 
-json evaluate_policy(const std::vector<json>& records, const autoq::AutoCalibration& cal, const std::vector<double>& targets) {
-  if (records.empty()) throw std::invalid_argument("no records to evaluate on");
-  for (const auto& r : records) {
+json evaluate_policy(const std::vector<json>& all_steps, const autoq::AutoCalibration& cal, const std::vector<double>& targets) {
+  if (all_steps.empty()) throw std::invalid_argument("no records to evaluate on");
+  for (const auto& r : all_steps)
     if (r.at("fingerprint").get<std::string>() != cal.fingerprint)
       throw std::invalid_argument("record " + r.at("id").get<std::string>() + " is of model " +
                                   r.at("fingerprint").get<std::string>() + ", the calibration of " + cal.fingerprint);
-    if (r.at("steps").size() != cal.steps.size())
-      throw std::invalid_argument("record " + r.at("id").get<std::string>() + " ran another ladder than the calibration's");
-  }
+  std::vector<LadderStep> ladder;
+  for (const auto& s : cal.steps) ladder.push_back({s.method, s.ratio});
+  const std::vector<json> records = select_steps(all_steps, ladder);
   const double n = static_cast<double>(records.size());
   // Fixed policies: each step alone, and full prefill.
   json fixed = json::array();

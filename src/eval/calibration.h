@@ -59,11 +59,16 @@ size_t record_examples(const Model& model, Forward& fwd, const Dataset& dataset,
 // Every line of a records file (throws std::runtime_error naming the file and line).
 std::vector<nlohmann::json> read_records(const std::string& path);
 
+// The records with only the steps of `ladder`, in its order: records of a longer ladder (say
+// EPIC's and ProphetKV's steps in one run) serve a calibration of any of its sub-ladders.
+// Throws std::invalid_argument naming the record and the step it lacks.
+std::vector<nlohmann::json> select_steps(const std::vector<nlohmann::json>& records, const std::vector<LadderStep>& ladder);
+
 // One logistic model per step from these records (all of one model and ladder; throws
 // std::invalid_argument otherwise).
 autoq::AutoCalibration fit_calibration(const std::vector<nlohmann::json>& records, double l2 = 1.0);
 
-// The policy replayed on `records` for each target: observed share of answers identical to
+// The policy replayed on `records` (their steps selected by the calibration's ladder) for each target: observed share of answers identical to
 // full prefill's (Wilson 95% interval), mean / p90 TTFT, decision cost, the cheapest fixed
 // policy reaching the same share; plus the fixed policies and a reliability table.
 nlohmann::json evaluate_policy(const std::vector<nlohmann::json>& records, const autoq::AutoCalibration& calibration,

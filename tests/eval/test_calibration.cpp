@@ -65,6 +65,41 @@ TEST(CalibrationRecords, ABadLineIsNamed) {
   std::filesystem::remove(path);
 }
 
+// Records of a longer ladder serve a calibration of any of its sub-ladders: the steps are
+// picked by (method, ratio) in the calibration's order; a record without one is named.
+TEST(CalibrationRecords, StepsAreSelectedByTheLadderNotByPosition) {
+  json epic = step(0.15, 0.9, true, 20);
+  epic["method"] = "epic";
+  const std::vector<json> records = {record("a", {step(0.05, 0.1, false, 10), epic, step(0.3, 0.5, true, 30)}, 100)};
+  const auto picked = select_steps(records, parse_ladder("prophet:0.3,epic:0.15"));
+  ASSERT_EQ(picked[0]["steps"].size(), 2u);
+  EXPECT_EQ(picked[0]["steps"][0]["ttft_ms"], 30);
+  EXPECT_EQ(picked[0]["steps"][1]["method"], "epic");
+  EXPECT_EQ(picked[0]["id"], "a");
+  try {
+    select_steps(records, parse_ladder("epic:0.3"));
+    FAIL() << "a missing step must be refused";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_THAT(e.what(), HasSubstr("record a has no step epic:0.3"));
+  }
+
+  // The replay selects the calibration's steps itself: a one-step calibration of the third
+  // step, accepting everything, answers from it (30 ms, identical).
+  autoq::AutoCalibration c;
+  c.fingerprint = "ab12";
+  c.steps = {{"prophet", 0.3, json::object(), {30.0, 0.0, 0.0}}};
+  autoq::AutoPolicy accept_all;
+  accept_all.quality = 0.5;
+  accept_all.steps = {0};
+  accept_all.threshold = 0.5;
+  c.policies = {accept_all};
+  const json rep = evaluate_policy(records, c, {0.5});
+  ASSERT_EQ(rep["fixed"].size(), 2u);
+  EXPECT_DOUBLE_EQ(rep["fixed"][0]["mean_ttft_ms"].get<double>(), 30.0);
+  EXPECT_DOUBLE_EQ(rep["auto"][0]["mean_ttft_ms"].get<double>(), 30.0);
+  EXPECT_DOUBLE_EQ(rep["auto"][0]["share"].get<double>(), 1.0);
+}
+
 // Identical exactly when the margin is high: the fit separates the two, and the plan answers
 // high targets with the step where its margin is high and the rest with full prefill.
 TEST(CalibrationFit, LearnsWhichMarginsAnswerLikeFullPrefill) {
