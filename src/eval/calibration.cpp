@@ -360,10 +360,16 @@ autoq::AutoCalibration fit_calibration(const std::vector<json>& records, double 
 
 json evaluate_policy(const std::vector<json>& all_steps, const autoq::AutoCalibration& cal, const std::vector<double>& targets) {
   if (all_steps.empty()) throw std::invalid_argument("no records to evaluate on");
-  for (const auto& r : all_steps)
+  // A replay on prompts of other words measures another policy: their first tokens differ.
+  const std::string layout = cal.provenance.value("prompt_layout", "");
+  for (const auto& r : all_steps) {
     if (r.at("fingerprint").get<std::string>() != cal.fingerprint)
       throw std::invalid_argument("record " + r.at("id").get<std::string>() + " is of model " +
                                   r.at("fingerprint").get<std::string>() + ", the calibration of " + cal.fingerprint);
+    if (!layout.empty() && r.value("prompt_layout", layout) != layout)
+      throw std::invalid_argument("record " + r.at("id").get<std::string>() + " was made with other RAG prompt words (layout " +
+                                  r["prompt_layout"].get<std::string>() + ") than the calibration's (" + layout + ")");
+  }
   std::vector<LadderStep> ladder;
   for (const auto& s : cal.steps) ladder.push_back({s.method, s.ratio});
   const std::vector<json> records = select_steps(all_steps, ladder);

@@ -194,6 +194,17 @@ TEST(CalibrationReplay, ReportsTheSharesTimesAndChoicesOfThePolicy) {
   std::vector<json> other = records;
   other[0]["fingerprint"] = "ff00";
   EXPECT_THROW(evaluate_policy(other, c, {0.9}), std::invalid_argument);
+  // Records of other RAG prompt words than the calibration's are refused, naming both.
+  c.provenance["prompt_layout"] = "11aa";
+  EXPECT_NO_THROW(evaluate_policy(records, c, {0.9}));  // records without a layout predate it
+  other = records;
+  other[2]["prompt_layout"] = "22bb";
+  try {
+    evaluate_policy(other, c, {0.9});
+    FAIL() << "records of another prompt layout must be refused";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_THAT(e.what(), HasSubstr("record c was made with other RAG prompt words (layout 22bb) than the calibration's (11aa)"));
+  }
   EXPECT_THROW(evaluate_policy(records, c, {1.5}), std::invalid_argument);
 }
 
