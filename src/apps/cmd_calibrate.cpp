@@ -5,7 +5,7 @@
 //                    (<cache>/calibrations/<fingerprint>.auto.json by default, which the engine reads)
 //   --fit RECORDS... fit and write the calibration from records files alone (no model, nothing run);
 //                    with --ladder, on those of the records' steps only
-//   --evaluate       replay the policy on another split's records: observed share of answers
+//   --evaluate RECORDS...  replay the policy on another split's records: observed share of answers
 //                    identical to full prefill's per target, TTFT against every fixed policy,
 //                    a reliability table (JSON report; tools/auto_quality_report.py plots it)
 #include <cstdio>
@@ -37,7 +37,7 @@ struct CalibrateArgs {
   RagPromptOptions prompt;
   std::vector<std::string> fit;  // --fit RECORDS...
   // --evaluate
-  std::string evaluate;
+  std::vector<std::string> evaluate;  // records files, joined (eval::join_records)
   std::string calibration;
   std::string report;
   std::string targets = "0.8,0.9,0.95,0.99";
@@ -51,8 +51,8 @@ void write_json(const std::string& path, const nlohmann::json& j) {
 
 int run_evaluate(const CalibrateArgs& a) {
   if (a.calibration.empty()) throw std::invalid_argument("--evaluate needs --calibration FILE");
-  const auto records = eval::read_records(a.evaluate);
-  if (records.empty()) throw std::invalid_argument(a.evaluate + ": no records");
+  const auto records = eval::join_records(a.evaluate);
+  if (records.empty()) throw std::invalid_argument(a.evaluate.front() + ": no records");
   const std::string fp = records.front().at("fingerprint").get<std::string>();
   const autoq::AutoCalibration cal = autoq::load_calibration_file(a.calibration, fp);
   const nlohmann::json report = eval::evaluate_policy(records, cal, parse_ratio_list(a.targets, "--targets"));
@@ -83,12 +83,9 @@ int run_evaluate(const CalibrateArgs& a) {
 // calibration (default: the cache's file for the records' model, which the engine reads).
 int fit_and_write(const CalibrateArgs& a, const std::vector<std::string>& records_paths, const std::string& fingerprint,
                   const nlohmann::json& provenance) {
-  std::vector<nlohmann::json> records;
+  std::vector<nlohmann::json> records = eval::join_records(records_paths);
   nlohmann::json files = nlohmann::json::array();
-  for (const auto& path : records_paths) {
-    for (auto& r : eval::read_records(path)) records.push_back(std::move(r));
-    files.push_back(std::filesystem::path(path).filename().string());
-  }
+  for (const auto& path : records_paths) files.push_back(std::filesystem::path(path).filename().string());
   if (a.ladder_given) records = eval::select_steps(records, eval::parse_ladder(a.ladder));
   autoq::AutoCalibration cal = eval::fit_calibration(records, a.l2);  // refuses records of two models or ladders
   if (!fingerprint.empty() && cal.fingerprint != fingerprint)
@@ -167,8 +164,11 @@ void add_calibrate_command(CLI::App& app, CommandRunner& run) {
       ->capture_default_str();
   cmd->add_option("--chunk-context", a->chunk_context, "chunk caches: alone or prefixed")->capture_default_str();
   add_prompt_options(*cmd, a->prompt);  // fit on the words the served prompts will carry
-  cmd->add_option("--fit", a->fit, "records files: fit the calibration from them alone (no model is loaded, nothing is run)");
-  cmd->add_option("--evaluate", a->evaluate, "records file of another split: replay the policy on it instead of calibrating");
+  cmd->add_option("--fit", a->fit,
+                  "records files: fit the calibration from them alone (no model is loaded, nothing is run); a request in "
+                  "several (runs of other ladders) is joined into one record with all their steps");
+  cmd->add_option("--evaluate", a->evaluate,
+                  "records files of another split: replay the policy on them instead of calibrating (joined as with --fit)");
   cmd->add_option("--calibration", a->calibration, "with --evaluate: the calibration file to replay");
   cmd->add_option("--report", a->report, "with --evaluate: write the JSON report here");
   cmd->add_option("--targets", a->targets, "with --evaluate: quality targets")->capture_default_str();

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <numeric>
 #include <optional>
 #include <set>
@@ -281,6 +282,34 @@ size_t record_examples(const Model& model, Forward& fwd, const Dataset& dataset,
   }
   bar.update(end - o.first);
   return ran;
+}
+
+std::vector<json> join_records(const std::vector<std::string>& paths) {
+  std::vector<json> out;
+  std::map<std::string, size_t> at;  // id -> index in out
+  for (const auto& path : paths)
+    for (auto& r : read_records(path)) {
+      const std::string id = r.at("id").get<std::string>();
+      const auto seen = at.find(id);
+      if (seen == at.end()) {
+        at.emplace(id, out.size());
+        out.push_back(std::move(r));
+        continue;
+      }
+      json& into = out[seen->second];
+      for (const char* key : {"fingerprint", "prompt_layout"})
+        if (r.value(key, "") != into.value(key, ""))
+          throw std::invalid_argument(path + ": record " + id + " differs in " + key + " from the same request's record before it");
+      if (r["full"].at("answer") != into["full"].at("answer"))
+        throw std::invalid_argument(path + ": record " + id + " has another full prefill answer than the same request's record before it");
+      for (auto& st : r.at("steps")) {
+        const bool known = std::any_of(into["steps"].begin(), into["steps"].end(), [&](const json& have) {
+          return have.at("method") == st.at("method") && have.at("ratio") == st.at("ratio");
+        });
+        if (!known) into["steps"].push_back(std::move(st));
+      }
+    }
+  return out;
 }
 
 std::vector<json> select_steps(const std::vector<json>& records, const std::vector<LadderStep>& ladder) {

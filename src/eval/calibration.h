@@ -59,6 +59,12 @@ size_t record_examples(const Model& model, Forward& fwd, const Dataset& dataset,
 // Every line of a records file (throws std::runtime_error naming the file and line).
 std::vector<nlohmann::json> read_records(const std::string& path);
 
+// The records of several files as one set: a request recorded in more than one (runs of
+// different ladders on the same split) becomes one record with the union of their steps (a
+// step in both: the first file's). Throws std::invalid_argument where two runs of a request
+// disagree on its model, prompt words or full prefill's answer (not the same request then).
+std::vector<nlohmann::json> join_records(const std::vector<std::string>& paths);
+
 // The records with only the steps of `ladder`, in its order: records of a longer ladder (say
 // EPIC's and ProphetKV's steps in one run) serve a calibration of any of its sub-ladders.
 // Throws std::invalid_argument naming the record and the step it lacks.

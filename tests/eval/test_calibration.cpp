@@ -65,6 +65,39 @@ TEST(CalibrationRecords, ABadLineIsNamed) {
   std::filesystem::remove(path);
 }
 
+// Runs of two ladders on the same requests join into one record per request with the union
+// of their steps; a request whose runs disagree on full prefill's answer is refused.
+TEST(CalibrationRecords, RunsOfTwoLaddersOnOneSplitJoin) {
+  const std::string dir = ::testing::TempDir() + "join_" + std::to_string(::getpid()) + "/";
+  std::filesystem::create_directories(dir);
+  json epic = step(0.15, 0.9, true, 20);
+  epic["method"] = "epic";
+  std::ofstream(dir + "epic.jsonl") << record("a", {step(0.0, 0.2, false, 1), epic}, 100).dump() << "\n"
+                                    << record("b", {step(0.0, 0.2, true, 1), epic}, 100).dump() << "\n";
+  std::ofstream(dir + "prophet.jsonl") << record("b", {step(0.0, 0.7, false, 2), step(0.3, 0.5, true, 30)}, 100).dump() << "\n"
+                                       << record("a", {step(0.0, 0.7, false, 2), step(0.3, 0.5, true, 30)}, 100).dump() << "\n";
+  const auto joined = join_records({dir + "epic.jsonl", dir + "prophet.jsonl"});
+  ASSERT_EQ(joined.size(), 2u);
+  EXPECT_EQ(joined[0]["id"], "a");  // the first file's order
+  ASSERT_EQ(joined[1]["steps"].size(), 3u);
+  EXPECT_EQ(joined[1]["steps"][0]["margin"], 0.2);  // the ratio-0 step of both: the first file's
+  EXPECT_EQ(joined[1]["steps"][1]["method"], "epic");
+  EXPECT_EQ(joined[1]["steps"][2]["ratio"], 0.3);
+  // Joined, the records fit a calibration of the whole ladder.
+  EXPECT_EQ(fit_calibration(joined).steps.size(), 3u);
+
+  json other = record("a", {step(0.3, 0.5, true, 30)}, 100);
+  other["full"]["answer"] = "y";
+  std::ofstream(dir + "other.jsonl") << other.dump() << "\n";
+  try {
+    join_records({dir + "epic.jsonl", dir + "other.jsonl"});
+    FAIL() << "two runs of a request with different full prefill answers must be refused";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_THAT(e.what(), HasSubstr("record a has another full prefill answer"));
+  }
+  std::filesystem::remove_all(dir);
+}
+
 // Records of a longer ladder serve a calibration of any of its sub-ladders: the steps are
 // picked by (method, ratio) in the calibration's order; a record without one is named.
 TEST(CalibrationRecords, StepsAreSelectedByTheLadderNotByPosition) {
