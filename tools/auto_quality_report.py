@@ -16,7 +16,7 @@
       the layers, K and V; over the context, or over the question's rows; records that have it);
       + the selector's score mass (log of its sum per question token, the share the recomputed
       rows hold: for ProphetKV and QCFuse, the probe's question-to-context attention).
-  tools/auto_quality_report.py plot REPORT.json [REPORT.json...] --out FIG.png
+  tools/auto_quality_report.py plot REPORT.json [REPORT.json...] --out FIG.png [--labels A,B,...]
       observed share of identical answers against mean TTFT: every fixed policy (points) and
       the auto policy over its targets (a curve), one panel per report (model / split); and
       the reliability table (predicted against observed, per step) as a second row.
@@ -273,10 +273,13 @@ def pool(args):
 
 
 def plot(args):
+    reps = [json.load(open(p)) for p in args.reports]
+    labels = args.labels.split(",") if args.labels else []
+    if labels and len(labels) != len(reps):
+        sys.exit("--labels: %d names for %d reports" % (len(labels), len(reps)))
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    reps = [json.load(open(p)) for p in args.reports]
     fig, axes = plt.subplots(2, len(reps), figsize=(5.5 * len(reps), 8), squeeze=False)
     for i, (path, rep) in enumerate(zip(args.reports, reps)):
         ax = axes[0][i]
@@ -289,7 +292,8 @@ def plot(args):
         ax.plot(xs, ys, "k-s", label="auto (targets %s)" % ", ".join("%.2f" % t["target"] for t in rep["auto"]))
         ax.set_xlabel("mean TTFT (ms)")
         ax.set_ylabel("answers identical to full prefill's")
-        ax.set_title("%s\n%s, %d examples" % (rep["fingerprint"], ", ".join(rep["datasets"]), rep["examples"]), fontsize=9)
+        ax.set_title("%s\n%s, %d examples" % (labels[i] if labels else rep["fingerprint"], ", ".join(rep["datasets"]),
+                                                rep["examples"]), fontsize=9)
         ax.legend(fontsize=7)
         ax = axes[1][i]
         ax.plot([0, 1], [0, 1], "k:", lw=1)
@@ -324,6 +328,7 @@ def main():
     p = sub.add_parser("plot")
     p.add_argument("reports", nargs="+")
     p.add_argument("--out", required=True)
+    p.add_argument("--labels", help="a title per report, comma-separated (default: the model's fingerprint)")
     p.set_defaults(fn=plot)
     args = ap.parse_args()
     args.fn(args)

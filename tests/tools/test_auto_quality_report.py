@@ -137,3 +137,16 @@ class FeaturesTest(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class PlotArgsTest(unittest.TestCase):
+    def test_a_title_per_report_or_a_clear_error(self):
+        with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+            json.dump({"fixed": [], "auto": [], "reliability": []}, f)
+        try:
+            args = type("A", (), {"reports": [f.name], "labels": "Qwen 0.5B,Qwen 1.5B", "out": "unused.png"})()
+            with self.assertRaises(SystemExit) as e:
+                auto_quality_report.plot(args)
+            self.assertEqual(str(e.exception), "--labels: 2 names for 1 reports")
+        finally:
+            os.unlink(f.name)
