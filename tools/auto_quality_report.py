@@ -198,6 +198,12 @@ def step_name(key):
     return method if not ratio else "%s %g" % (method, float(ratio))
 
 
+def policy_text(pol):
+    """A size class's plan at one target: the steps it runs and the p it accepts from."""
+    steps = ", ".join(step_name(s) for s in pol.get("steps", [])) or "none (full prefill)"
+    return steps if not pol.get("steps") else "%s; %.3f" % (steps, pol["threshold"])
+
+
 def table(args):
     rep = json.load(open(args.report))
     print("%d examples (%s), model %s" % (rep["examples"], ", ".join(rep["datasets"]), rep["fingerprint"]))
@@ -224,9 +230,9 @@ def table(args):
     for t in rep["auto"]:
         c = t["cheapest_fixed"]
         chosen = ", ".join("%s: %d" % (step_name(k), v) for k, v in sorted(t["chosen"].items()))
-        pol = t.get("policy", {})
-        steps = ", ".join(step_name(s) for s in pol.get("steps", [])) or "none (full prefill)"
-        policy = steps if not pol.get("steps") else "%s; %.3f" % (steps, pol["threshold"])
+        plans = t.get("policies_by_size") or [t.get("policy", {})]
+        policy = "; ".join(("%d+ tokens: " % pol["min_context_tokens"] if len(plans) > 1 else "") + policy_text(pol)
+                           for pol in plans)
         share_of_saved = t["decision_share_of_saved"]
         share_of_saved = "nothing saved" if share_of_saved is None else "%.2f" % share_of_saved
         print("| %.2f | %s | %s | %s | %.0f (%s) | %s ρ %.2f | %.0f | %.2fx |" % (

@@ -27,6 +27,7 @@ struct CalibrateArgs {
   size_t first = 0, limit = 80;
   std::string ladder = eval::kDefaultLadder;
   bool ladder_given = false;  // with --fit: fit on these steps of the records only
+  std::vector<size_t> size_bounds;  // --size-classes: a plan per request size
   std::string records;
   std::string out;
   bool no_fit = false;
@@ -87,7 +88,7 @@ int fit_and_write(const CalibrateArgs& a, const std::vector<std::string>& record
   nlohmann::json files = nlohmann::json::array();
   for (const auto& path : records_paths) files.push_back(std::filesystem::path(path).filename().string());
   if (a.ladder_given) records = eval::select_steps(records, eval::parse_ladder(a.ladder));
-  autoq::AutoCalibration cal = eval::fit_calibration(records, a.l2);  // refuses records of two models or ladders
+  autoq::AutoCalibration cal = eval::fit_calibration(records, a.l2, a.size_bounds);  // refuses records of two models or ladders
   if (!fingerprint.empty() && cal.fingerprint != fingerprint)
     throw std::invalid_argument(records_paths.front() + " holds records of model " + cal.fingerprint + ", not of this model (" +
                                 fingerprint + ")");
@@ -99,12 +100,16 @@ int fit_and_write(const CalibrateArgs& a, const std::vector<std::string>& record
     std::printf("  %-10s rho %.2f  identical on %.3f of the calibration set, log-loss %.3f\n",
                 f["method"].get<std::string>().c_str(), f["ratio"].get<double>(), f["identical_share"].get<double>(),
                 f["log_loss"].get<double>());
-  for (double q : {0.8, 0.9, 0.95, 0.99}) {
-    const autoq::AutoPolicy& p = cal.policy_for(q);
-    std::string steps;
-    for (size_t k : p.steps) steps += (steps.empty() ? "" : ", ") + cal.steps[k].method + " " + std::to_string(cal.steps[k].ratio).substr(0, 4);
-    std::printf("  q %.2f: %s, accept at p >= %.3f; on the calibration set identical %.3f at %.2f of full prefill's TTFT\n", q,
-                steps.empty() ? "full prefill" : ("run " + steps).c_str(), p.threshold, p.observed_share, p.ttft_share);
+  for (const auto& k : cal.size_classes) {
+    if (cal.size_classes.size() > 1)
+      std::printf("  requests of %zu+ context tokens (%zu calibration requests):\n", k.min_context_tokens, k.examples);
+    for (double q : {0.8, 0.9, 0.95, 0.99}) {
+      const autoq::AutoPolicy& p = cal.policy_for(q, k.min_context_tokens);
+      std::string steps;
+      for (size_t s : p.steps) steps += (steps.empty() ? "" : ", ") + cal.steps[s].method + " " + std::to_string(cal.steps[s].ratio).substr(0, 4);
+      std::printf("  q %.2f: %s, accept at p >= %.3f; on the calibration set identical %.3f at %.2f of full prefill's TTFT\n", q,
+                  steps.empty() ? "full prefill" : ("run " + steps).c_str(), p.threshold, p.observed_share, p.ttft_share);
+    }
   }
   std::printf("calibration written to %s\n", out.c_str());
   return 0;
@@ -156,6 +161,10 @@ void add_calibrate_command(CLI::App& app, CommandRunner& run) {
   cmd->add_option("--records", a->records, "records file (JSON Lines, resumable; default: <cache>/calibrations/<fingerprint>.<dataset>.records.jsonl)");
   cmd->add_option("--out", a->out, "calibration file (default: <cache>/calibrations/<fingerprint>.auto.json)");
   cmd->add_flag("--no-fit", a->no_fit, "only record the examples");
+  cmd->add_option("--size-classes", a->size_bounds,
+                  "context-token bounds of the size classes, each planned on its own records (e.g. 3000: one plan for "
+                  "shorter requests, one for longer; default: one plan for all)")
+      ->delimiter(',');
   cmd->add_option("--l2", a->l2, "L2 penalty of the logistic fits")->check(CLI::Range(0.0, 1e6))->capture_default_str();
   cmd->add_option("--max-tokens", a->max_tokens, "answer tokens (greedy, to the first newline)")
       ->check(CLI::Range(1, 4096))->capture_default_str();

@@ -333,7 +333,7 @@ std::vector<json> select_steps(const std::vector<json>& records, const std::vect
   return out;
 }
 
-autoq::AutoCalibration fit_calibration(const std::vector<json>& records, double l2) {
+autoq::AutoCalibration fit_calibration(const std::vector<json>& records, double l2, const std::vector<size_t>& size_bounds) {
   if (records.empty()) throw std::invalid_argument("no records to calibrate on");
   const json& first = records.front();
   autoq::AutoCalibration cal;
@@ -370,9 +370,24 @@ autoq::AutoCalibration fit_calibration(const std::vector<json>& records, double 
                    {"log_loss", log_loss / static_cast<double>(x.size())}});
     cal.steps.push_back(std::move(st));
   }
-  std::vector<autoq::PlanCase> cases;
-  for (const auto& r : records) cases.push_back(plan_case(r, cal));
-  cal.policies = autoq::plan_policies(cases);
+  std::vector<size_t> lows = {0};
+  for (size_t b : size_bounds) {
+    if (b <= lows.back()) throw std::invalid_argument("size class bounds must be ascending context-token counts above 0");
+    lows.push_back(b);
+  }
+  for (size_t c = 0; c < lows.size(); ++c) {
+    const size_t lo = lows[c], hi = c + 1 < lows.size() ? lows[c + 1] : SIZE_MAX;
+    std::vector<autoq::PlanCase> cases;
+    for (const auto& r : records) {
+      const size_t tokens = r.at("context_tokens").get<size_t>();
+      if (tokens >= lo && tokens < hi) cases.push_back(plan_case(r, cal));
+    }
+    if (cases.empty() || (lows.size() > 1 && cases.size() < kMinClassExamples))
+      throw std::invalid_argument("the size class of " + std::to_string(lo) + (hi == SIZE_MAX ? "+" : "-" + std::to_string(hi - 1)) +
+                                  " context tokens has " + std::to_string(cases.size()) + " records; at least " +
+                                  std::to_string(kMinClassExamples) + " are needed to plan it");
+    cal.size_classes.push_back({lo, cases.size(), autoq::plan_policies(cases)});
+  }
   std::set<std::string> datasets;
   for (const auto& r : records) datasets.insert(r.at("dataset").get<std::string>());
   size_t lowest = SIZE_MAX, highest = 0;
@@ -424,13 +439,12 @@ json evaluate_policy(const std::vector<json>& all_steps, const autoq::AutoCalibr
   json by_target = json::array();
   for (double q : targets) {
     autoq::check_quality(q);
-    const autoq::AutoPolicy& policy = cal.policy_for(q);
     std::vector<double> ttft, wasted, saved;  // saved: full prefill's TTFT less the answering step's
     double same = 0;
     json chosen = json::object();
     auto count = [&chosen](const std::string& key) { chosen[key] = chosen.value(key, 0) + 1; };
     for (const auto& r : records) {
-      const autoq::PlanOutcome o = autoq::walk(policy, plan_case(r, cal));
+      const autoq::PlanOutcome o = autoq::walk(cal.policy_for(q, r.at("context_tokens").get<size_t>()), plan_case(r, cal));
       if (o.answered < 0) {
         same += 1;
         count("full");
@@ -452,11 +466,17 @@ json evaluate_policy(const std::vector<json>& all_steps, const autoq::AutoCalibr
         cheapest = f;
     // Per request; null where no step answered (nothing saved to set the decision against).
     const double saved_ms = std::accumulate(saved.begin(), saved.end(), 0.0) / n;
-    json steps_run = json::array();
-    for (size_t k : policy.steps) steps_run.push_back(cal.steps[k].method + ":" + std::to_string(cal.steps[k].ratio));
+    json plans = json::array();  // per size class
+    for (const auto& k : cal.size_classes) {
+      const autoq::AutoPolicy& policy = cal.policy_for(q, k.min_context_tokens);
+      json steps_run = json::array();
+      for (size_t s : policy.steps) steps_run.push_back(cal.steps[s].method + ":" + std::to_string(cal.steps[s].ratio));
+      plans.push_back({{"min_context_tokens", k.min_context_tokens}, {"steps", steps_run}, {"threshold", policy.threshold},
+                       {"calibration_share", policy.observed_share}, {"calibration_ttft_share", policy.ttft_share}});
+    }
     by_target.push_back({{"target", q},
-                         {"policy", {{"steps", steps_run}, {"threshold", policy.threshold},
-                                     {"calibration_share", policy.observed_share}, {"calibration_ttft_share", policy.ttft_share}}},
+                         {"policy", plans.front()},  // the class of the shortest requests
+                         {"policies_by_size", plans},
                          {"share", share},
                          {"share_low", ci.first},
                          {"share_high", ci.second},

@@ -71,8 +71,13 @@ std::vector<nlohmann::json> join_records(const std::vector<std::string>& paths);
 std::vector<nlohmann::json> select_steps(const std::vector<nlohmann::json>& records, const std::vector<LadderStep>& ladder);
 
 // One logistic model per step from these records (all of one model and ladder; throws
-// std::invalid_argument otherwise).
-autoq::AutoCalibration fit_calibration(const std::vector<nlohmann::json>& records, double l2 = 1.0);
+// std::invalid_argument otherwise), and a plan per size class: `size_bounds` (ascending
+// context-token counts) split the records into classes [0, b1), [b1, b2), ..., each planned on
+// its own records (at least kMinClassExamples of them where there are several classes, else
+// std::invalid_argument).
+inline constexpr size_t kMinClassExamples = 10;
+autoq::AutoCalibration fit_calibration(const std::vector<nlohmann::json>& records, double l2 = 1.0,
+                                       const std::vector<size_t>& size_bounds = {});
 
 // The policy replayed on `records` (their steps selected by the calibration's ladder) for each target: observed share of answers identical to
 // full prefill's (Wilson 95% interval), mean / p90 TTFT, decision cost, the cheapest fixed

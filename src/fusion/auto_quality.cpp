@@ -102,13 +102,55 @@ std::vector<double> fit_logistic(const std::vector<std::vector<double>>& x, cons
   return w;
 }
 
+namespace {
+// The format before size classes: one plan ("policies") for every request.
+constexpr const char* kCalibrationFormatOneClass = "chunkfuse.auto.calibration/2";
+
+std::vector<AutoPolicy> parse_policies(const json& list, size_t n_steps, const std::string& source) {
+  std::vector<AutoPolicy> out;
+  auto share = [](double v) { return v >= 0 && v <= 1; };
+  for (const auto& p : list) {
+    AutoPolicy pol;
+    try {
+      pol.quality = p.at("quality").get<double>();
+      pol.steps = p.at("steps").get<std::vector<size_t>>();
+      pol.threshold = p.at("threshold").get<double>();
+      pol.expected_share = p.value("expected_share", 0.0);
+      pol.observed_share = p.value("observed_share", 0.0);
+      pol.ttft_share = p.value("ttft_share", 0.0);
+    } catch (const json::exception& e) {
+      throw field_error(source, std::string("a policy needs quality, steps, threshold: ") + e.what());
+    }
+    if (!(pol.quality > 0 && pol.quality <= 1)) throw field_error(source, "policy quality must be in (0, 1]");
+    if (!out.empty() && !(pol.quality > out.back().quality)) throw field_error(source, "policies must be in ascending quality");
+    if (!share(pol.threshold) || !share(pol.expected_share) || !share(pol.observed_share))
+      throw field_error(source, "policy threshold and shares must be in [0, 1]");
+    if (!(pol.ttft_share >= 0 && std::isfinite(pol.ttft_share))) throw field_error(source, "policy ttft_share must be >= 0");
+    for (size_t i = 0; i < pol.steps.size(); ++i)
+      if (pol.steps[i] >= n_steps || (i > 0 && pol.steps[i] <= pol.steps[i - 1]))
+        throw field_error(source, "policy steps must be ascending indices of \"steps\"");
+    out.push_back(std::move(pol));
+  }
+  return out;
+}
+
+json policies_json(const std::vector<AutoPolicy>& policies) {
+  json out = json::array();
+  for (const auto& p : policies)
+    out.push_back({{"quality", p.quality}, {"steps", p.steps}, {"threshold", p.threshold},
+                   {"expected_share", p.expected_share}, {"observed_share", p.observed_share},
+                   {"ttft_share", p.ttft_share}});
+  return out;
+}
+}  // namespace
+
 AutoCalibration AutoCalibration::parse(const json& j, const std::string& source) {
   if (!j.is_object()) throw field_error(source, "a calibration is a JSON object");
   if (j.value("format", "") == "chunkfuse.auto.calibration/1")
     throw field_error(source, "written by an older chunkfuse (format /1, without policies): refit it from its records "
                               "file with `chunkfuse calibrate --fit RECORDS...` (nothing is rerun)");
-  if (j.value("format", "") != kCalibrationFormat)
-    throw field_error(source, std::string("format must be \"") + kCalibrationFormat + "\"");
+  if (j.value("format", "") != kCalibrationFormat && j.value("format", "") != kCalibrationFormatOneClass)
+    throw field_error(source, std::string("format must be \"") + kCalibrationFormat + "\" (or /2)");
   AutoCalibration c;
   c.source = source;
   if (!j.contains("fingerprint") || !j["fingerprint"].is_string()) throw field_error(source, "missing \"fingerprint\"");
@@ -132,48 +174,42 @@ AutoCalibration AutoCalibration::parse(const json& j, const std::string& source)
       if (!std::isfinite(w)) throw field_error(source, "step weights must be finite");
     c.steps.push_back(std::move(st));
   }
-  if (!j.contains("policies") || !j["policies"].is_array()) throw field_error(source, "\"policies\" must be an array");
-  auto share = [](double v) { return v >= 0 && v <= 1; };
-  for (const auto& p : j["policies"]) {
-    AutoPolicy pol;
-    try {
-      pol.quality = p.at("quality").get<double>();
-      pol.steps = p.at("steps").get<std::vector<size_t>>();
-      pol.threshold = p.at("threshold").get<double>();
-      pol.expected_share = p.value("expected_share", 0.0);
-      pol.observed_share = p.value("observed_share", 0.0);
-      pol.ttft_share = p.value("ttft_share", 0.0);
-    } catch (const json::exception& e) {
-      throw field_error(source, std::string("a policy needs quality, steps, threshold: ") + e.what());
+  if (j["format"] == kCalibrationFormatOneClass) {  // /2: one plan for every request size
+    if (!j.contains("policies") || !j["policies"].is_array()) throw field_error(source, "\"policies\" must be an array");
+    c.size_classes.push_back({0, 0, parse_policies(j["policies"], c.steps.size(), source)});
+  } else {
+    if (!j.contains("size_classes") || !j["size_classes"].is_array() || j["size_classes"].empty())
+      throw field_error(source, "\"size_classes\" must be a non-empty array");
+    for (const auto& k : j["size_classes"]) {
+      SizeClass sc;
+      try {
+        sc.min_context_tokens = k.at("min_context_tokens").get<size_t>();
+        sc.examples = k.value("examples", size_t{0});
+      } catch (const json::exception& e) {
+        throw field_error(source, std::string("a size class needs min_context_tokens: ") + e.what());
+      }
+      if (c.size_classes.empty() ? sc.min_context_tokens != 0 : sc.min_context_tokens <= c.size_classes.back().min_context_tokens)
+        throw field_error(source, "size classes must start at 0 context tokens and ascend");
+      if (!k.contains("policies") || !k["policies"].is_array()) throw field_error(source, "a size class's \"policies\" must be an array");
+      sc.policies = parse_policies(k["policies"], c.steps.size(), source);
+      c.size_classes.push_back(std::move(sc));
     }
-    if (!(pol.quality > 0 && pol.quality <= 1)) throw field_error(source, "policy quality must be in (0, 1]");
-    if (!c.policies.empty() && !(pol.quality > c.policies.back().quality))
-      throw field_error(source, "policies must be in ascending quality");
-    if (!share(pol.threshold) || !share(pol.expected_share) || !share(pol.observed_share))
-      throw field_error(source, "policy threshold and shares must be in [0, 1]");
-    if (!(pol.ttft_share >= 0 && std::isfinite(pol.ttft_share))) throw field_error(source, "policy ttft_share must be >= 0");
-    for (size_t i = 0; i < pol.steps.size(); ++i)
-      if (pol.steps[i] >= c.steps.size() || (i > 0 && pol.steps[i] <= pol.steps[i - 1]))
-        throw field_error(source, "policy steps must be ascending indices of \"steps\"");
-    c.policies.push_back(std::move(pol));
   }
   c.provenance = j.value("provenance", json::object());
   return c;
 }
 
 json AutoCalibration::to_json() const {
-  json steps_out = json::array(), policies_out = json::array();
+  json steps_out = json::array(), classes_out = json::array();
   for (const auto& s : steps)
     steps_out.push_back({{"method", s.method}, {"ratio", s.ratio}, {"options", s.options}, {"weights", s.weights}});
-  for (const auto& p : policies)
-    policies_out.push_back({{"quality", p.quality}, {"steps", p.steps}, {"threshold", p.threshold},
-                            {"expected_share", p.expected_share}, {"observed_share", p.observed_share},
-                            {"ttft_share", p.ttft_share}});
+  for (const auto& k : size_classes)
+    classes_out.push_back({{"min_context_tokens", k.min_context_tokens}, {"examples", k.examples}, {"policies", policies_json(k.policies)}});
   return {{"format", kCalibrationFormat},
           {"fingerprint", fingerprint},
           {"features", {"margin", "entropy"}},
           {"steps", steps_out},
-          {"policies", policies_out},
+          {"size_classes", classes_out},
           {"provenance", provenance}};
 }
 
@@ -181,9 +217,17 @@ double AutoCalibration::predict(size_t step, const FirstTokenSignals& s) const {
   return logistic(steps.at(step).weights, predictor_features(s));
 }
 
-const AutoPolicy& AutoCalibration::policy_for(double quality) const {
+const SizeClass& AutoCalibration::size_class(size_t context_tokens) const {
+  if (size_classes.empty()) throw std::logic_error("a calibration without size classes");
+  const SizeClass* found = &size_classes.front();
+  for (const auto& k : size_classes)
+    if (context_tokens >= k.min_context_tokens) found = &k;
+  return *found;
+}
+
+const AutoPolicy& AutoCalibration::policy_for(double quality, size_t context_tokens) const {
   static const AutoPolicy full_prefill;
-  for (const auto& p : policies)
+  for (const auto& p : size_class(context_tokens).policies)
     if (p.quality >= quality - 1e-9) return p;
   return full_prefill;
 }
@@ -320,7 +364,8 @@ void check_quality(double quality) {
 
 json AutoDecision::to_json() const {
   return {{"method", method},       {"ratio", ratio},     {"predicted_quality", predicted_quality},
-          {"quality", quality},     {"threshold", threshold}, {"decision_ms", decision_ms}, {"steps_run", steps_run},
+          {"quality", quality},     {"threshold", threshold}, {"size_class", size_class},
+          {"decision_ms", decision_ms}, {"steps_run", steps_run},
           {"calibrated", calibrated}, {"trace", trace}};
 }
 
@@ -333,8 +378,10 @@ FusionResult prefill(FusionExecutor& executor, const RagRequest& request, const 
   FusionOptions opt = base;
   double wasted_ms = 0;
   if (cal) {
-    const AutoPolicy& policy = cal->policy_for(quality);
+    const size_t tokens = request.context_tokens();
+    const AutoPolicy& policy = cal->policy_for(quality, tokens);
     decision.threshold = policy.threshold;
+    decision.size_class = cal->size_class(tokens).min_context_tokens;
     for (size_t k : policy.steps) {
       const AutoStep& step = cal->steps.at(k);
       opt.method = step.method;

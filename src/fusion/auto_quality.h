@@ -32,7 +32,7 @@
 namespace cf::autoq {
 
 inline constexpr const char* kMethodName = "auto";
-inline constexpr const char* kCalibrationFormat = "chunkfuse.auto.calibration/2";
+inline constexpr const char* kCalibrationFormat = "chunkfuse.auto.calibration/3";  // /2 (one size class) is read too
 
 // What one fused prefill's first-token logits say about its answer.
 struct FirstTokenSignals {
@@ -70,12 +70,22 @@ struct AutoPolicy {
   double ttft_share = 1.0;      // mean TTFT, steps run and discarded included, over full prefill's
 };
 
-struct AutoCalibration {
-  std::string fingerprint;  // Model::fingerprint_hex()
-  std::vector<AutoStep> steps;  // cheapest first; full prefill is the implicit last step
+// The plan for requests of one size: from `min_context_tokens` context tokens up to the next
+// class's bound. A request's size is known before any step runs, and a plan priced on short
+// prompts does not carry to long ones (their steps cost more and are accepted less often:
+// BENCHMARKS.md, musique_s with a HotpotQA calibration); the predictors are shared.
+struct SizeClass {
+  size_t min_context_tokens = 0;
+  size_t examples = 0;  // calibration requests the class was planned on
   // Ascending quality; each serves every target above the previous one's quality and up to
   // its own (runs of grid targets with the same choice are stored once).
   std::vector<AutoPolicy> policies;
+};
+
+struct AutoCalibration {
+  std::string fingerprint;  // Model::fingerprint_hex()
+  std::vector<AutoStep> steps;  // cheapest first; full prefill is the implicit last step
+  std::vector<SizeClass> size_classes;  // ascending bounds, the first from 0 tokens
   nlohmann::json provenance = nlohmann::json::object();  // dataset, examples, when, fit quality
   std::string source;  // where it was read from (for messages)
 
@@ -83,9 +93,11 @@ struct AutoCalibration {
   static AutoCalibration parse(const nlohmann::json& j, const std::string& source);
   nlohmann::json to_json() const;
   double predict(size_t step, const FirstTokenSignals& s) const;
-  // The policy for target `quality`: the first whose quality is at least it; above every
-  // stored one, full prefill.
-  const AutoPolicy& policy_for(double quality) const;
+  // The class of a request of `context_tokens` tokens.
+  const SizeClass& size_class(size_t context_tokens) const;
+  // The policy of that class for target `quality`: the first whose quality is at least it;
+  // above every stored one, full prefill.
+  const AutoPolicy& policy_for(double quality, size_t context_tokens) const;
 };
 
 // One calibration request as the planner sees it: per ladder step, its predicted probability,
@@ -139,6 +151,7 @@ struct AutoDecision {
   double predicted_quality = 1.0;
   double quality = 1.0;        // the target asked for
   double threshold = 1.0;      // the policy's acceptance threshold for that target
+  size_t size_class = 0;       // the lower bound (context tokens) of the request's size class
   double decision_ms = 0;      // steps run and discarded + the predictor's own time
   size_t steps_run = 0;
   bool calibrated = true;      // false: no calibration for this model, full prefill answered

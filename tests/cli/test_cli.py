@@ -285,17 +285,21 @@ class CalibrateTest(CliCase):
             c = json.load(f)
         self.assertEqual(c["provenance"]["prompt_layout"], recs[0]["prompt_layout"])
         # A plan per target: ascending qualities up to 1, where full prefill (no step) serves.
-        qualities = [p["quality"] for p in c["policies"]]
+        self.assertEqual(len(c["size_classes"]), 1)  # one plan for every request size unless asked
+        policies = c["size_classes"][0]["policies"]
+        qualities = [p["quality"] for p in policies]
         self.assertEqual(qualities, sorted(qualities))
         self.assertEqual(qualities[-1], 1.0)
-        self.assertEqual(c["policies"][-1]["steps"], [])
-        for p in c["policies"]:
+        self.assertEqual(policies[-1]["steps"], [])
+        for p in policies:
             self.assertGreaterEqual(min(p["observed_share"], p["expected_share"]), p["quality"] - 1e-9)
         # --fit refits from the records alone (no model), to the same plan.
         refit = os.path.join(self.tmp, "refit.auto.json")
         self.ok("calibrate", "--fit", records, "--out", refit)
         with open(refit) as f:
-            self.assertEqual(json.load(f)["policies"], c["policies"])
+            self.assertEqual(json.load(f)["size_classes"], c["size_classes"])
+        # A plan per size class needs records in each class: two records cannot plan two.
+        self.refused("calibrate", "--fit", records, "--size-classes", "1", "--out", refit, message="are needed to plan it")
         report = os.path.join(self.tmp, "cal.report.json")
         self.ok("calibrate", "--evaluate", records, "--calibration", cal, "--report", report, "--targets", "0.9")
         with open(report) as f:

@@ -21,9 +21,10 @@ json step(double ratio, double margin, bool identical, double ttft) {
           {"identical", identical}, {"ttft_ms", ttft}};
 }
 
-json record(const std::string& id, std::vector<json> steps, double full_ttft, const std::string& fp = "ab12") {
-  return {{"id", id}, {"dataset", "d"}, {"fingerprint", fp}, {"full", {{"ttft_ms", full_ttft}, {"answer", "x"}}},
-          {"steps", steps}};
+json record(const std::string& id, std::vector<json> steps, double full_ttft, const std::string& fp = "ab12",
+            size_t context_tokens = 100) {
+  return {{"id", id}, {"dataset", "d"}, {"fingerprint", fp}, {"context_tokens", context_tokens},
+          {"full", {{"ttft_ms", full_ttft}, {"answer", "x"}}}, {"steps", steps}};
 }
 
 TEST(CalibrationLadder, ParsesStepsAndNamesBadOnes) {
@@ -125,7 +126,7 @@ TEST(CalibrationRecords, StepsAreSelectedByTheLadderNotByPosition) {
   accept_all.quality = 0.5;
   accept_all.steps = {0};
   accept_all.threshold = 0.5;
-  c.policies = {accept_all};
+  c.size_classes = {{0, 1, {accept_all}}};
   const json rep = evaluate_policy(records, c, {0.5});
   ASSERT_EQ(rep["fixed"].size(), 2u);
   EXPECT_DOUBLE_EQ(rep["fixed"][0]["mean_ttft_ms"].get<double>(), 30.0);
@@ -149,17 +150,65 @@ TEST(CalibrationFit, LearnsWhichMarginsAnswerLikeFullPrefill) {
   EXPECT_EQ(c.provenance["examples"], 200);
   // At 0.9: the step (10 ms against full prefill's 100) answers the high margins, a few wrong
   // at most; the calibration set's share reaches the target at well under full prefill's time.
-  const autoq::AutoPolicy& p = c.policy_for(0.9);
+  const autoq::AutoPolicy& p = c.policy_for(0.9, 100);
   EXPECT_EQ(p.steps, (std::vector<size_t>{0}));
   EXPECT_GE(p.observed_share, 0.9);
   EXPECT_GE(p.expected_share, 0.9);
   EXPECT_LT(p.ttft_share, 0.7);
-  EXPECT_TRUE(c.policy_for(1.0).steps.empty());
+  EXPECT_TRUE(c.policy_for(1.0, 100).steps.empty());
 
   records.push_back(record("other", {step(0.1, 0.5, true, 10)}, 100, "cd34"));
   EXPECT_THROW(fit_calibration(records), std::invalid_argument);
   records.back() = record("ladder", {step(0.3, 0.5, true, 10)}, 100);
   EXPECT_THROW(fit_calibration(records), std::invalid_argument);
+}
+
+// Short requests answer like full prefill from the step when its margin is high; long ones
+// never do, and their step costs more. One plan for all would run the step on long requests
+// too; a plan per size class runs it on short ones only, and says so in the replay.
+TEST(CalibrationFit, PlansEachSizeClassOnItsOwnRecords) {
+  std::vector<json> records;
+  for (int i = 0; i < 100; ++i) {
+    const double m = (i % 50) / 50.0;
+    records.push_back(record(std::to_string(1000 + i), {step(0.1, m, m > 0.5, 10)}, 100, "ab12", 1000));
+  }
+  for (int i = 0; i < 20; ++i) {
+    const double m = (i % 10) / 10.0;
+    records.push_back(record(std::to_string(2000 + i), {step(0.1, m, false, 50)}, 500, "ab12", 6000));
+  }
+  const autoq::AutoCalibration one = fit_calibration(records, 0.01);
+  ASSERT_EQ(one.size_classes.size(), 1u);
+  const autoq::AutoCalibration two = fit_calibration(records, 0.01, {3000});
+  ASSERT_EQ(two.size_classes.size(), 2u);
+  EXPECT_EQ(two.size_classes[1].min_context_tokens, 3000u);
+  EXPECT_EQ(two.size_classes[0].examples, 100u);
+  EXPECT_EQ(two.size_classes[1].examples, 20u);
+  // At 0.95 a long request may be answered wrongly once in 20: running the step on all 20 to
+  // accept one (20 x 50 + 19 x 500 ms) costs more than full prefill for all.
+  EXPECT_EQ(two.policy_for(0.95, 1000).steps, (std::vector<size_t>{0}));
+  EXPECT_TRUE(two.policy_for(0.95, 6000).steps.empty());
+  EXPECT_EQ(&two.policy_for(0.95, 2999), &two.policy_for(0.95, 0));
+  EXPECT_EQ(autoq::AutoCalibration::parse(two.to_json(), "again").to_json()["size_classes"], two.to_json()["size_classes"]);
+
+  // Replayed on the long requests alone: the per-size plan answers them all with full
+  // prefill; the one-class plan, priced and thresholded on the short ones, accepts long
+  // requests whose margin looks like a short request's identical one, and misses 0.95 there.
+  const std::vector<json> long_only(records.begin() + 100, records.end());
+  const json by_size = evaluate_policy(long_only, two, {0.95});
+  const json shared = evaluate_policy(long_only, one, {0.95});
+  EXPECT_DOUBLE_EQ(by_size["auto"][0]["mean_ttft_ms"].get<double>(), 500.0);
+  EXPECT_DOUBLE_EQ(by_size["auto"][0]["share"].get<double>(), 1.0);
+  EXPECT_LT(shared["auto"][0]["share"].get<double>(), 0.95);
+  ASSERT_EQ(by_size["auto"][0]["policies_by_size"].size(), 2u);
+  EXPECT_EQ(by_size["auto"][0]["policies_by_size"][1]["min_context_tokens"], 3000);
+
+  try {
+    fit_calibration(records, 0.01, {5000, 5500});
+    FAIL() << "a class with too few records must be refused";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_THAT(e.what(), HasSubstr("the size class of 5000-5499 context tokens has 0 records; at least 10"));
+  }
+  EXPECT_THROW(fit_calibration(records, 0.01, {3000, 3000}), std::invalid_argument);
 }
 
 // Two steps; step 0 says p = 0.95 when its margin is 1 and p ~ 0 when it is 0 (weights below).
@@ -175,7 +224,7 @@ TEST(CalibrationReplay, ReportsTheSharesTimesAndChoicesOfThePolicy) {
   step0.quality = 0.9;
   step0.steps = {0};
   step0.threshold = 0.9;
-  c.policies = {step0};
+  c.size_classes = {{0, 4, {step0}}};
   const std::vector<json> records = {
       record("a", {step(0.05, 1.0, true, 10), step(0.3, 0.0, true, 30)}, 100),   // step 0 answers, right
       record("b", {step(0.05, 1.0, false, 10), step(0.3, 0.0, true, 30)}, 100),  // step 0 answers, wrong

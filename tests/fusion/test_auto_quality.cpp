@@ -64,7 +64,7 @@ TEST(AutoFit, RecoversAKnownLogisticModel) {
 // Two prophet steps; step 0 predicts sigmoid(intercept0) for every request, step 1 ~0. One
 // policy, for targets up to 0.9: run both, accept from p >= threshold.
 json calibration_json(const std::string& fingerprint, double intercept0, double threshold = 0.9) {
-  return {{"format", autoq::kCalibrationFormat},
+  return {{"format", "chunkfuse.auto.calibration/2"},  // one plan for every size (files of before size classes)
           {"fingerprint", fingerprint},
           {"steps",
            {{{"method", "prophet"}, {"ratio", 0.05}, {"weights", {intercept0, 0.0, 0.0}}},
@@ -79,7 +79,11 @@ TEST(AutoCalibrationFile, ParsesWritesAndRefusesAnotherModel) {
   ASSERT_EQ(c.steps.size(), 2u);
   EXPECT_NEAR(c.predict(0, {}), 1 / (1 + std::exp(-3.0)), 1e-12);
   EXPECT_EQ(autoq::AutoCalibration::parse(c.to_json(), "again").to_json()["steps"], c.to_json()["steps"]);
-  EXPECT_EQ(autoq::AutoCalibration::parse(c.to_json(), "again").to_json()["policies"], c.to_json()["policies"]);
+  // Written as /3: the /2 file's policies are its one size class, from 0 tokens.
+  ASSERT_EQ(c.size_classes.size(), 1u);
+  EXPECT_EQ(c.to_json()["format"], autoq::kCalibrationFormat);
+  EXPECT_EQ(c.to_json()["size_classes"][0]["min_context_tokens"], 0);
+  EXPECT_EQ(autoq::AutoCalibration::parse(c.to_json(), "again").to_json()["size_classes"], c.to_json()["size_classes"]);
 
   const std::string path = ::testing::TempDir() + "auto_" + std::to_string(::getpid()) + ".auto.json";
   std::ofstream(path) << j.dump();
@@ -119,6 +123,19 @@ TEST(AutoCalibrationFile, ParsesWritesAndRefusesAnotherModel) {
     edit(v);
     bad(v, what);
   }
+  const json j3 = c.to_json();
+  const std::vector<std::pair<std::function<void(json&)>, std::string>> broken_classes = {
+      {[](json& v) { v.erase("size_classes"); }, "\"size_classes\" must be a non-empty array"},
+      {[](json& v) { v["size_classes"][0]["min_context_tokens"] = 5; }, "size classes must start at 0 context tokens"},
+      {[](json& v) { v["size_classes"].push_back(v["size_classes"][0]); }, "size classes must start at 0 context tokens and ascend"},
+      {[](json& v) { v["size_classes"][0].erase("min_context_tokens"); }, "a size class needs min_context_tokens"},
+      {[](json& v) { v["size_classes"][0]["policies"][0]["steps"] = {2}; }, "policy steps must be ascending indices"},
+  };
+  for (const auto& [edit, what] : broken_classes) {
+    json v = j3;
+    edit(v);
+    bad(v, what);
+  }
   // No calibration of a fingerprint no one made; the shipped one of the unit tests' model is
   // compiled in (data/auto_calibrations, cf_bundle_json).
   EXPECT_FALSE(autoq::find_calibration("0000000000000000").has_value());
@@ -126,14 +143,14 @@ TEST(AutoCalibrationFile, ParsesWritesAndRefusesAnotherModel) {
   ASSERT_TRUE(shipped.has_value());
   EXPECT_EQ(shipped->fingerprint, "8fe8bd56461abfd6");
   EXPECT_EQ(shipped->steps.size(), 3u);
-  // Every shipped calibration parses (format /2) and plans some target with a fused step.
+  // Every shipped calibration parses (format /2 or /3) and plans some target with a fused step.
   size_t shipped_count = 0;
   for (const BundledFile* b = autoq::kBundledCalibrations; b->fingerprint; ++b, ++shipped_count) {
     const auto c = autoq::find_calibration(b->fingerprint);
     ASSERT_TRUE(c.has_value()) << b->file;
-    EXPECT_FALSE(c->policies.empty()) << b->file;
-    EXPECT_FALSE(c->policy_for(0.5).steps.empty()) << b->file;
-    EXPECT_TRUE(c->policy_for(1.0).steps.empty()) << b->file;
+    EXPECT_FALSE(c->size_classes.front().policies.empty()) << b->file;
+    EXPECT_FALSE(c->policy_for(0.5, 1000).steps.empty()) << b->file;
+    EXPECT_TRUE(c->policy_for(1.0, 1000).steps.empty()) << b->file;
   }
   EXPECT_GE(shipped_count, 4u);  // SmolLM2, Gemma 3 270M, Qwen 0.5B, Qwen 1.5B
 }
@@ -144,17 +161,28 @@ TEST(AutoDecisionRule, QualityBoundsAndPolicyLookup) {
   json j = calibration_json("aa", 3.0, 0.8);
   j["policies"] = {{{"quality", 0.5}, {"steps", {0}}, {"threshold", 0.3}},
                    {{"quality", 0.9}, {"steps", {0, 1}}, {"threshold", 0.8}}};
-  const autoq::AutoCalibration c = autoq::AutoCalibration::parse(j, "t");
+  autoq::AutoCalibration c = autoq::AutoCalibration::parse(j, "t");
   // Each policy serves the targets above the previous one's and up to its own.
-  EXPECT_DOUBLE_EQ(c.policy_for(0.2).threshold, 0.3);
-  EXPECT_DOUBLE_EQ(c.policy_for(0.5).threshold, 0.3);
-  EXPECT_DOUBLE_EQ(c.policy_for(0.51).threshold, 0.8);
-  EXPECT_EQ(c.policy_for(0.9).steps, (std::vector<size_t>{0, 1}));
+  EXPECT_DOUBLE_EQ(c.policy_for(0.2, 100).threshold, 0.3);
+  EXPECT_DOUBLE_EQ(c.policy_for(0.5, 100).threshold, 0.3);
+  EXPECT_DOUBLE_EQ(c.policy_for(0.51, 100).threshold, 0.8);
+  EXPECT_EQ(c.policy_for(0.9, 100).steps, (std::vector<size_t>{0, 1}));
   // Above every stored policy: full prefill (no steps), which every target allows.
-  EXPECT_TRUE(c.policy_for(0.91).steps.empty());
-  EXPECT_TRUE(c.policy_for(1.0).steps.empty());
-  EXPECT_TRUE(autoq::accepts(c.policy_for(0.9), 0.8));
-  EXPECT_FALSE(autoq::accepts(c.policy_for(0.9), 0.79));
+  EXPECT_TRUE(c.policy_for(0.91, 100).steps.empty());
+  EXPECT_TRUE(c.policy_for(1.0, 100).steps.empty());
+  EXPECT_TRUE(autoq::accepts(c.policy_for(0.9, 100), 0.8));
+  EXPECT_FALSE(autoq::accepts(c.policy_for(0.9, 100), 0.79));
+  // A second size class from 4000 tokens: requests from there take its policies, shorter ones
+  // the first class's.
+  autoq::AutoPolicy long_plan;
+  long_plan.quality = 0.95;
+  long_plan.steps = {1};
+  long_plan.threshold = 0.4;
+  c.size_classes.push_back({4000, 12, {long_plan}});
+  EXPECT_DOUBLE_EQ(c.policy_for(0.9, 3999).threshold, 0.8);
+  EXPECT_EQ(c.policy_for(0.9, 4000).steps, (std::vector<size_t>{1}));
+  EXPECT_EQ(c.size_class(100000).min_context_tokens, 4000u);
+  EXPECT_TRUE(c.policy_for(0.96, 4000).steps.empty());
 }
 
 // Ten requests, step 0 costs 10 ms and full prefill 100. Requests 0-5 predict 0.9 (5 of them
@@ -247,6 +275,19 @@ TEST(AutoPrefill, RunsThePolicyOfTheTarget) {
   EXPECT_EQ(d.trace[0]["method"], "prophet");
   EXPECT_DOUBLE_EQ(d.trace[1]["ratio"].get<double>(), 0.3);
   EXPECT_EQ(d.trace[2]["method"], "full");
+
+  // A size class that holds this request (from 1 context token): its policy, not the first
+  // class's, runs, and the decision names the class.
+  autoq::AutoCalibration by_size = c;
+  autoq::AutoPolicy second_step;
+  second_step.quality = 0.9;
+  second_step.steps = {1};
+  second_step.threshold = 0.0;
+  by_size.size_classes.push_back({1, 10, {second_step}});
+  r = autoq::prefill(ex, req, base, &by_size, 0.9, d);
+  EXPECT_DOUBLE_EQ(d.ratio, 0.3);
+  EXPECT_EQ(d.steps_run, 1u);
+  EXPECT_EQ(d.to_json()["size_class"], 1);
 
   r = autoq::prefill(ex, req, base, nullptr, 0.9, d);
   EXPECT_FALSE(d.calibrated);

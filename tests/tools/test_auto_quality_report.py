@@ -150,3 +150,24 @@ class PlotArgsTest(unittest.TestCase):
             self.assertEqual(str(e.exception), "--labels: 2 names for 1 reports")
         finally:
             os.unlink(f.name)
+
+
+class TableTest(unittest.TestCase):
+    def test_a_plan_per_size_class_is_named_by_its_bound(self):
+        fixed = {"method": "epic", "ratio": 0.05, "share": 0.5, "share_low": 0.3, "share_high": 0.7, "mean_ttft_ms": 10.0,
+                 "p90_ttft_ms": 12.0}
+        plans = [{"min_context_tokens": 0, "steps": ["epic:0.050000"], "threshold": 0.42},
+                 {"min_context_tokens": 3000, "steps": [], "threshold": 1.0}]
+        target = {"target": 0.9, "share": 0.9, "share_low": 0.8, "share_high": 0.95, "mean_ttft_ms": 50.0, "p90_ttft_ms": 90.0,
+                  "cheapest_fixed": dict(fixed, method="full", ratio=1.0, mean_ttft_ms=100.0), "chosen": {"full": 1},
+                  "decision_ms": 1.0, "decision_share_of_saved": None, "speedup_vs_cheapest_fixed": 2.0, "meets_target": True,
+                  "policy": plans[0], "policies_by_size": plans}
+        with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+            json.dump({"examples": 1, "datasets": ["d"], "fingerprint": "ab", "fixed": [fixed], "auto": [target]}, f)
+        out = io.StringIO()
+        try:
+            with contextlib.redirect_stdout(out):
+                auto_quality_report.table(type("A", (), {"report": f.name})())
+        finally:
+            os.unlink(f.name)
+        self.assertIn("| 0+ tokens: epic 0.05; 0.420; 3000+ tokens: none (full prefill) |", out.getvalue())
