@@ -6,7 +6,9 @@
 # musique_s [16, 32); fold 2 the other way round. Calibrations: "hot" on the HotpotQA records
 # alone (what shipped before), "mix" on both datasets with one plan, "size" on both with a plan
 # for under and one for over 3,000 context tokens. Out: size_classes/MODEL/, then the pooled
-# tables (tools/auto_quality_report.py pool) on stdout.
+# tables (tools/auto_quality_report.py pool) on stdout. HOTPOTQA_DIR: where the HotpotQA records
+# are (default: this folder; SmolLM2's are in ../issue26_auto_v2); LADDER: fit and replay on
+# these steps of the records only (when the two datasets' runs had different ladders).
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
 M=$1
@@ -14,14 +16,17 @@ D=bench/results/issue26_auto_v3
 O=$D/size_classes/$M
 B=${CHUNKFUSE_BIN:-build/chunkfuse}
 T=0.5,0.6,0.7,0.8,0.9,0.95,0.99
+H=${HOTPOTQA_DIR:-$D}
+L=()
+[[ -n "${LADDER:-}" ]] && L=(--ladder "$LADDER")
 mkdir -p "$O"
 fold() {  # name hotpotqa_fit musique_fit hotpotqa_replay musique_replay
-  local n=$1 hot=$D/$M.hotpotqa$2.records.jsonl mus=$D/$M.musique_s$3.records.jsonl
-  $B calibrate --fit "$hot" --out "$O/$n.hot.auto.json" >/dev/null
-  $B calibrate --fit "$hot" "$mus" --out "$O/$n.mix.auto.json" >/dev/null
-  $B calibrate --fit "$hot" "$mus" --size-classes 3000 --out "$O/$n.size.auto.json" >/dev/null
+  local n=$1 hot=$H/$M.hotpotqa$2.records.jsonl mus=$D/$M.musique_s$3.records.jsonl
+  $B calibrate --fit "$hot" "${L[@]}" --out "$O/$n.hot.auto.json" >/dev/null
+  $B calibrate --fit "$hot" "$mus" "${L[@]}" --out "$O/$n.mix.auto.json" >/dev/null
+  $B calibrate --fit "$hot" "$mus" "${L[@]}" --size-classes 3000 --out "$O/$n.size.auto.json" >/dev/null
   for c in hot mix size; do
-    $B calibrate --evaluate "$D/$M.hotpotqa$4.records.jsonl" --calibration "$O/$n.$c.auto.json" --targets $T \
+    $B calibrate --evaluate "$H/$M.hotpotqa$4.records.jsonl" --calibration "$O/$n.$c.auto.json" --targets $T \
       --report "$O/$n.$c.on_hotpotqa.json" >/dev/null
     $B calibrate --evaluate "$D/$M.musique_s$5.records.jsonl" --calibration "$O/$n.$c.auto.json" --targets $T \
       --report "$O/$n.$c.on_musique_s.json" >/dev/null
