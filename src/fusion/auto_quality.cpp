@@ -103,6 +103,10 @@ std::vector<double> fit_logistic(const std::vector<std::vector<double>>& x, cons
 }
 
 namespace {
+// A JSON integer >= 0 (parsed text gives unsigned, values built in code signed ones); what
+// get<size_t>() may convert without undefined behaviour.
+bool whole_number(const json& v) { return v.is_number_unsigned() || (v.is_number_integer() && v.get<int64_t>() >= 0); }
+
 // The format before size classes: one plan ("policies") for every request.
 constexpr const char* kCalibrationFormatOneClass = "chunkfuse.auto.calibration/2";
 
@@ -113,7 +117,11 @@ std::vector<AutoPolicy> parse_policies(const json& list, size_t n_steps, const s
     AutoPolicy pol;
     try {
       pol.quality = p.at("quality").get<double>();
-      pol.steps = p.at("steps").get<std::vector<size_t>>();
+      if (!p.at("steps").is_array()) throw field_error(source, "policy steps must be ascending indices of \"steps\"");
+      for (const auto& k : p.at("steps")) {
+        if (!whole_number(k)) throw field_error(source, "policy steps must be ascending indices of \"steps\"");
+        pol.steps.push_back(k.get<size_t>());  // a float would convert with undefined behaviour
+      }
       pol.threshold = p.at("threshold").get<double>();
       pol.expected_share = p.value("expected_share", 0.0);
       pol.observed_share = p.value("observed_share", 0.0);
@@ -183,8 +191,12 @@ AutoCalibration AutoCalibration::parse(const json& j, const std::string& source)
     for (const auto& k : j["size_classes"]) {
       SizeClass sc;
       try {
-        sc.min_context_tokens = k.at("min_context_tokens").get<size_t>();
-        sc.examples = k.value("examples", size_t{0});
+        const json& bound = k.at("min_context_tokens");
+        const json& examples = k.value("examples", json(0));
+        if (!whole_number(bound) || !whole_number(examples))
+          throw field_error(source, "a size class needs min_context_tokens (and examples) as whole numbers >= 0");
+        sc.min_context_tokens = bound.get<size_t>();
+        sc.examples = examples.get<size_t>();
       } catch (const json::exception& e) {
         throw field_error(source, std::string("a size class needs min_context_tokens: ") + e.what());
       }

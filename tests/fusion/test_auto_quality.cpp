@@ -129,7 +129,15 @@ TEST(AutoCalibrationFile, ParsesWritesAndRefusesAnotherModel) {
       {[](json& v) { v["size_classes"][0]["min_context_tokens"] = 5; }, "size classes must start at 0 context tokens"},
       {[](json& v) { v["size_classes"].push_back(v["size_classes"][0]); }, "size classes must start at 0 context tokens and ascend"},
       {[](json& v) { v["size_classes"][0].erase("min_context_tokens"); }, "a size class needs min_context_tokens"},
+      {[](json& v) { v["size_classes"][0]["min_context_tokens"] = "0"; }, "a size class needs min_context_tokens"},
       {[](json& v) { v["size_classes"][0]["policies"][0]["steps"] = {2}; }, "policy steps must be ascending indices"},
+      // Numbers that are not whole (found by fuzz/calibration_file_fuzz.cpp: 2.5e80 as a step
+      // index converted to size_t with undefined behaviour) are refused.
+      {[](json& v) { v["size_classes"][0]["policies"][0]["steps"] = {2.5e80}; }, "policy steps must be ascending indices"},
+      {[](json& v) { v["size_classes"][0]["policies"][0]["steps"] = {-1}; }, "policy steps must be ascending indices"},
+      {[](json& v) { v["size_classes"][0]["policies"][0]["steps"] = 0; }, "policy steps must be ascending indices"},
+      {[](json& v) { v["size_classes"][0]["min_context_tokens"] = 1e300; }, "min_context_tokens (and examples) as whole numbers"},
+      {[](json& v) { v["size_classes"][0]["examples"] = -4; }, "min_context_tokens (and examples) as whole numbers"},
   };
   for (const auto& [edit, what] : broken_classes) {
     json v = j3;
