@@ -102,6 +102,12 @@ autoq::FirstTokenSignals signals_of(const json& step) {
   return s;
 }
 
+// Whether a record's step ran `step` (the same selector at the same ratio), for joining and
+// selecting steps across runs of different ladders.
+bool is_step(const json& recorded, const LadderStep& step) {
+  return recorded.at("method") == step.method && std::abs(recorded.at("ratio").get<double>() - step.ratio) < 1e-9;
+}
+
 // A record as the planner and the replay see it: each step's prediction under `cal`.
 autoq::PlanCase plan_case(const json& r, const autoq::AutoCalibration& cal) {
   autoq::PlanCase c;
@@ -303,9 +309,8 @@ std::vector<json> join_records(const std::vector<std::string>& paths) {
       if (r["full"].at("answer") != into["full"].at("answer"))
         throw std::invalid_argument(path + ": record " + id + " has another full prefill answer than the same request's record before it");
       for (auto& st : r.at("steps")) {
-        const bool known = std::any_of(into["steps"].begin(), into["steps"].end(), [&](const json& have) {
-          return have.at("method") == st.at("method") && have.at("ratio") == st.at("ratio");
-        });
+        const LadderStep step{st.at("method").get<std::string>(), st.at("ratio").get<double>()};
+        const bool known = std::any_of(into["steps"].begin(), into["steps"].end(), [&](const json& have) { return is_step(have, step); });
         if (!known) into["steps"].push_back(std::move(st));
       }
     }
@@ -320,7 +325,7 @@ std::vector<json> select_steps(const std::vector<json>& records, const std::vect
     for (const LadderStep& want : ladder) {
       const json* found = nullptr;
       for (const auto& st : r.at("steps"))
-        if (st.at("method") == want.method && std::abs(st.at("ratio").get<double>() - want.ratio) < 1e-9) found = &st;
+        if (is_step(st, want)) found = &st;
       if (!found)
         throw std::invalid_argument("record " + r.at("id").get<std::string>() + " has no step " + want.method + ":" +
                                     json(want.ratio).dump() + " (it ran another ladder)");
