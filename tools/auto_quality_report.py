@@ -21,7 +21,8 @@
       the auto policy over its targets (a curve), one panel per report (model / split); and
       the reliability table (predicted against observed, per step) as a second row.
   tools/auto_quality_report.py table REPORT.json
-      the report as a Markdown table for BENCHMARKS.md.
+      the report as a Markdown table for BENCHMARKS.md (a cross-validated one, from `calibrate
+      --cross-validate K`, lists each fold's plan).
 """
 import argparse
 import json
@@ -204,9 +205,38 @@ def policy_text(pol):
     return steps if not pol.get("steps") else "%s; %.3f" % (steps, pol["threshold"])
 
 
+def plans_text(plans):
+    """A calibration's plans at one target, one per size class."""
+    return "; ".join(("%d+ tokens: " % pol["min_context_tokens"] if len(plans) > 1 else "") + policy_text(pol) for pol in plans)
+
+
+def fold_plans_text(fold_policies):
+    """Cross-validated: the folds' plans grouped by the steps they run (per size class), each
+    with the range of thresholds its folds accept from and how many folds chose it."""
+    groups = {}
+    for plans in fold_policies:
+        key = tuple((pol["min_context_tokens"], tuple(pol["steps"])) for pol in plans)
+        groups.setdefault(key, []).append(plans)
+    out = []
+    for key, members in sorted(groups.items(), key=lambda kv: -len(kv[1])):
+        classes = []
+        for c, (bound, steps) in enumerate(key):
+            text = ", ".join(step_name(x) for x in steps) or "none (full prefill)"
+            if steps:
+                lo, hi = min(m[c]["threshold"] for m in members), max(m[c]["threshold"] for m in members)
+                text += "; %.3f" % lo if hi - lo < 5e-4 else "; %.3f-%.3f" % (lo, hi)
+            classes.append(("%d+ tokens: " % bound if len(key) > 1 else "") + text)
+        out.append("%s (%d of %d folds)" % ("; ".join(classes), len(members), len(fold_policies)))
+    return " / ".join(out)
+
+
 def table(args):
     rep = json.load(open(args.report))
-    print("%d examples (%s), model %s" % (rep["examples"], ", ".join(rep["datasets"]), rep["fingerprint"]))
+    cv = rep.get("cross_validation")
+    print("%d examples (%s), model %s%s" % (rep["examples"], ", ".join(rep["datasets"]), rep["fingerprint"],
+                                            "; %d-fold cross-validation, every request replayed by a calibration fitted "
+                                            "without it (and on %d other records)" % (cv["folds"], cv["fitted_also_on"])
+                                            if cv else ""))
     print()
     print("| policy | identical to full prefill [95%] | mean TTFT ms | p90 TTFT ms |")
     print("|---|---:|---:|---:|")
@@ -230,9 +260,10 @@ def table(args):
     for t in rep["auto"]:
         c = t["cheapest_fixed"]
         chosen = ", ".join("%s: %d" % (step_name(k), v) for k, v in sorted(t["chosen"].items()))
-        plans = t.get("policies_by_size") or [t.get("policy", {})]
-        policy = "; ".join(("%d+ tokens: " % pol["min_context_tokens"] if len(plans) > 1 else "") + policy_text(pol)
-                           for pol in plans)
+        if "fold_policies" in t:
+            policy = fold_plans_text(t["fold_policies"])
+        else:
+            policy = plans_text(t.get("policies_by_size") or [t.get("policy", {})])
         share_of_saved = t["decision_share_of_saved"]
         share_of_saved = "nothing saved" if share_of_saved is None else "%.2f" % share_of_saved
         print("| %.2f | %s | %s | %s | %.0f (%s) | %s ρ %.2f | %.0f | %.2fx |" % (

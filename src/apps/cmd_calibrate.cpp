@@ -8,6 +8,8 @@
 //   --evaluate RECORDS...  replay the policy on another split's records: observed share of answers
 //                    identical to full prefill's per target, TTFT against every fixed policy,
 //                    a reliability table (JSON report; tools/auto_quality_report.py plots it)
+//   --cross-validate K --evaluate RECORDS... [--fit RECORDS...]  the same report, every record of
+//                    --evaluate replayed by a calibration fitted on the other folds (and --fit's)
 #include <cstdio>
 #include <filesystem>
 
@@ -40,6 +42,7 @@ struct CalibrateArgs {
   // --evaluate
   std::vector<std::string> evaluate;  // records files, joined (eval::join_records)
   std::string calibration;
+  size_t cross_validate = 0;  // --cross-validate K: K folds of the --evaluate records
   std::string report;
   std::string targets = "0.8,0.9,0.95,0.99";
 };
@@ -50,19 +53,17 @@ void write_json(const std::string& path, const nlohmann::json& j) {
   write_private_file_atomic(p, j.dump(2) + "\n");
 }
 
-int run_evaluate(const CalibrateArgs& a) {
-  if (a.calibration.empty()) throw std::invalid_argument("--evaluate needs --calibration FILE");
-  const auto records = eval::join_records(a.evaluate);
-  if (records.empty()) throw std::invalid_argument(a.evaluate.front() + ": no records");
-  const std::string fp = records.front().at("fingerprint").get<std::string>();
-  const autoq::AutoCalibration cal = autoq::load_calibration_file(a.calibration, fp);
-  const nlohmann::json report = eval::evaluate_policy(records, cal, parse_ratio_list(a.targets, "--targets"));
-  std::printf("%zu examples of %s; fixed policies:\n", records.size(), fp.c_str());
+void print_report(const nlohmann::json& report) {
+  std::printf("%zu examples of %s; fixed policies:\n", report["examples"].get<size_t>(), report["fingerprint"].get<std::string>().c_str());
   for (const auto& f : report["fixed"])
     std::printf("  %-10s rho %.2f  identical %.3f [%.3f, %.3f]  mean TTFT %7.0f ms\n", f["method"].get<std::string>().c_str(),
                 f["ratio"].get<double>(), f["share"].get<double>(), f["share_low"].get<double>(),
                 f["share_high"].get<double>(), f["mean_ttft_ms"].get<double>());
-  std::printf("auto policy:\n");
+  std::printf("auto policy%s:\n", report.contains("cross_validation")
+                                       ? (", each record replayed by a calibration fitted without it (" +
+                                          std::to_string(report["cross_validation"]["folds"].get<size_t>()) + " folds)")
+                                             .c_str()
+                                       : "");
   for (const auto& t : report["auto"])
     std::printf("  q %.2f  identical %.3f [%.3f, %.3f]  mean TTFT %7.0f ms (p90 %7.0f)  decision %5.0f ms  "
                 "vs cheapest fixed (%s %.2f, %.0f ms): %.2fx  %s\n",
@@ -73,6 +74,29 @@ int run_evaluate(const CalibrateArgs& a) {
                 t["meets_target"].get<bool>()               ? "meets"
                 : t["interval_reaches_target"].get<bool>() ? "below (its interval reaches the target)"
                                                             : "MISSES");
+}
+
+int run_evaluate(const CalibrateArgs& a) {
+  const auto records = eval::join_records(a.evaluate);
+  if (records.empty()) throw std::invalid_argument(a.evaluate.front() + ": no records");
+  const std::vector<double> targets = parse_ratio_list(a.targets, "--targets");
+  nlohmann::json report;
+  if (a.cross_validate > 0) {
+    if (!a.calibration.empty())
+      throw std::invalid_argument("--cross-validate fits a calibration per fold: --calibration does not apply");
+    eval::CrossValidation cv;
+    cv.folds = a.cross_validate;
+    if (a.ladder_given) cv.ladder = eval::parse_ladder(a.ladder);
+    cv.l2 = a.l2;
+    cv.size_bounds = a.size_bounds;
+    report = eval::cross_validate(records, a.fit.empty() ? std::vector<nlohmann::json>{} : eval::join_records(a.fit), cv, targets);
+  } else {
+    if (a.calibration.empty()) throw std::invalid_argument("--evaluate needs --calibration FILE (or --cross-validate K)");
+    if (!a.fit.empty()) throw std::invalid_argument("--evaluate replays a calibration file: --fit applies with --cross-validate only");
+    const std::string fp = records.front().at("fingerprint").get<std::string>();
+    report = eval::evaluate_policy(records, autoq::load_calibration_file(a.calibration, fp), targets);
+  }
+  print_report(report);
   if (!a.report.empty()) {
     write_json(a.report, report);
     std::printf("report written to %s\n", a.report.c_str());
@@ -179,6 +203,10 @@ void add_calibrate_command(CLI::App& app, CommandRunner& run) {
   cmd->add_option("--evaluate", a->evaluate,
                   "records files of another split: replay the policy on them instead of calibrating (joined as with --fit)");
   cmd->add_option("--calibration", a->calibration, "with --evaluate: the calibration file to replay");
+  cmd->add_option("--cross-validate", a->cross_validate,
+                  "with --evaluate: cut its records into K folds and replay each with a calibration fitted on the others "
+                  "(plus the --fit records, never replayed), one pooled report; --ladder, --size-classes and --l2 apply to the fits")
+      ->check(CLI::Range(2, 1000));
   cmd->add_option("--report", a->report, "with --evaluate: write the JSON report here");
   cmd->add_option("--targets", a->targets, "with --evaluate: quality targets")->capture_default_str();
   cmd->callback([&run, a, cmd] {

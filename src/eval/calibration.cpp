@@ -407,27 +407,53 @@ autoq::AutoCalibration fit_calibration(const std::vector<json>& records, double 
   return cal;
 }
 
-json evaluate_policy(const std::vector<json>& all_steps, const autoq::AutoCalibration& cal, const std::vector<double>& targets) {
-  if (all_steps.empty()) throw std::invalid_argument("no records to evaluate on");
-  // A replay on prompts of other words measures another policy: their first tokens differ.
+namespace {
+
+// A replay is measured against the calibration's model and prompt words only: a replay on
+// prompts of other words measures another policy (their first tokens differ).
+void check_replayable(const json& r, const autoq::AutoCalibration& cal) {
   const std::string layout = cal.provenance.value("prompt_layout", "");
-  for (const auto& r : all_steps) {
-    if (r.at("fingerprint").get<std::string>() != cal.fingerprint)
-      throw std::invalid_argument("record " + r.at("id").get<std::string>() + " is of model " +
-                                  r.at("fingerprint").get<std::string>() + ", the calibration of " + cal.fingerprint);
-    if (!layout.empty() && r.value("prompt_layout", layout) != layout)
-      throw std::invalid_argument("record " + r.at("id").get<std::string>() + " was made with other RAG prompt words (layout " +
-                                  r["prompt_layout"].get<std::string>() + ") than the calibration's (" + layout + ")");
-  }
+  if (r.at("fingerprint").get<std::string>() != cal.fingerprint)
+    throw std::invalid_argument("record " + r.at("id").get<std::string>() + " is of model " +
+                                r.at("fingerprint").get<std::string>() + ", the calibration of " + cal.fingerprint);
+  if (!layout.empty() && r.value("prompt_layout", layout) != layout)
+    throw std::invalid_argument("record " + r.at("id").get<std::string>() + " was made with other RAG prompt words (layout " +
+                                r["prompt_layout"].get<std::string>() + ") than the calibration's (" + layout + ")");
+}
+
+std::vector<LadderStep> ladder_of(const autoq::AutoCalibration& cal) {
   std::vector<LadderStep> ladder;
   for (const auto& s : cal.steps) ladder.push_back({s.method, s.ratio});
-  const std::vector<json> records = select_steps(all_steps, ladder);
+  return ladder;
+}
+
+// What a calibration plans for target q, per size class (for the report).
+json plans_for(const autoq::AutoCalibration& cal, double q) {
+  json plans = json::array();
+  for (const auto& k : cal.size_classes) {
+    const autoq::AutoPolicy& policy = cal.policy_for(q, k.min_context_tokens);
+    json steps_run = json::array();
+    for (size_t s : policy.steps) steps_run.push_back(cal.steps[s].method + ":" + std::to_string(cal.steps[s].ratio));
+    plans.push_back({{"min_context_tokens", k.min_context_tokens}, {"steps", steps_run}, {"threshold", policy.threshold},
+                     {"calibration_share", policy.observed_share}, {"calibration_ttft_share", policy.ttft_share}});
+  }
+  return plans;
+}
+
+// The policy replayed on `records` (their steps already the calibrations' ladder), record i
+// with calibrations[fold_of[i]]: one calibration for all (evaluate_policy) or each fold's own
+// (cross_validate); every calibration has the same ladder. The report's shares, TTFTs and
+// reliability bins pool all records; the plans are per calibration.
+json replay_report(const std::vector<json>& records, const std::vector<autoq::AutoCalibration>& calibrations,
+                   const std::vector<size_t>& fold_of, const std::vector<double>& targets) {
+  const std::vector<autoq::AutoStep>& ladder = calibrations.front().steps;
+  auto cal_of = [&](size_t i) -> const autoq::AutoCalibration& { return calibrations[fold_of[i]]; };
   const double n = static_cast<double>(records.size());
   // Fixed policies: each step alone, and full prefill.
   json fixed = json::array();
   std::vector<double> full_ttft;
   for (const auto& r : records) full_ttft.push_back(r["full"]["ttft_ms"].get<double>());
-  for (size_t k = 0; k < cal.steps.size(); ++k) {
+  for (size_t k = 0; k < ladder.size(); ++k) {
     std::vector<double> ttft;
     double same = 0;
     for (const auto& r : records) {
@@ -435,7 +461,7 @@ json evaluate_policy(const std::vector<json>& all_steps, const autoq::AutoCalibr
       same += r["steps"][k]["identical"].get<bool>() ? 1 : 0;
     }
     const auto ci = wilson(same, n);
-    fixed.push_back({{"method", cal.steps[k].method}, {"ratio", cal.steps[k].ratio}, {"share", same / n},
+    fixed.push_back({{"method", ladder[k].method}, {"ratio", ladder[k].ratio}, {"share", same / n},
                      {"share_low", ci.first}, {"share_high", ci.second}, {"mean_ttft_ms", mean(ttft)},
                      {"p90_ttft_ms", percentile(ttft, 0.9)}});
   }
@@ -448,7 +474,9 @@ json evaluate_policy(const std::vector<json>& all_steps, const autoq::AutoCalibr
     double same = 0;
     json chosen = json::object();
     auto count = [&chosen](const std::string& key) { chosen[key] = chosen.value(key, 0) + 1; };
-    for (const auto& r : records) {
+    for (size_t i = 0; i < records.size(); ++i) {
+      const json& r = records[i];
+      const autoq::AutoCalibration& cal = cal_of(i);
       const autoq::PlanOutcome o = autoq::walk(cal.policy_for(q, r.at("context_tokens").get<size_t>()), plan_case(r, cal));
       if (o.answered < 0) {
         same += 1;
@@ -456,7 +484,7 @@ json evaluate_policy(const std::vector<json>& all_steps, const autoq::AutoCalibr
       } else {
         const json& st = r["steps"][o.answered];
         same += st["identical"].get<bool>() ? 1 : 0;
-        count(cal.steps[o.answered].method + ":" + std::to_string(cal.steps[o.answered].ratio));
+        count(ladder[o.answered].method + ":" + std::to_string(ladder[o.answered].ratio));
         saved.push_back(r["full"]["ttft_ms"].get<double>() - st["ttft_ms"].get<double>());
       }
       ttft.push_back(o.spent_ms);
@@ -471,53 +499,92 @@ json evaluate_policy(const std::vector<json>& all_steps, const autoq::AutoCalibr
         cheapest = f;
     // Per request; null where no step answered (nothing saved to set the decision against).
     const double saved_ms = std::accumulate(saved.begin(), saved.end(), 0.0) / n;
-    json plans = json::array();  // per size class
-    for (const auto& k : cal.size_classes) {
-      const autoq::AutoPolicy& policy = cal.policy_for(q, k.min_context_tokens);
-      json steps_run = json::array();
-      for (size_t s : policy.steps) steps_run.push_back(cal.steps[s].method + ":" + std::to_string(cal.steps[s].ratio));
-      plans.push_back({{"min_context_tokens", k.min_context_tokens}, {"steps", steps_run}, {"threshold", policy.threshold},
-                       {"calibration_share", policy.observed_share}, {"calibration_ttft_share", policy.ttft_share}});
+    json row = {{"target", q},
+                {"share", share},
+                {"share_low", ci.first},
+                {"share_high", ci.second},
+                {"meets_target", share >= q},
+                {"interval_reaches_target", ci.second >= q},  // the interval not below the target
+                {"mean_ttft_ms", auto_mean},
+                {"p90_ttft_ms", percentile(ttft, 0.9)},
+                {"decision_ms", mean(wasted)},
+                {"saved_ms", saved_ms},
+                {"decision_share_of_saved", saved_ms > 0 ? json(mean(wasted) / saved_ms) : json(nullptr)},
+                {"chosen", chosen},
+                {"cheapest_fixed", cheapest},
+                {"speedup_vs_cheapest_fixed", auto_mean > 0 ? cheapest["mean_ttft_ms"].get<double>() / auto_mean : 0.0}};
+    if (calibrations.size() == 1) {
+      const json plans = plans_for(calibrations.front(), q);
+      row["policy"] = plans.front();  // the class of the shortest requests
+      row["policies_by_size"] = plans;
+    } else {
+      row["fold_policies"] = json::array();  // per fold: its calibration's plans per size class
+      for (const auto& cal : calibrations) row["fold_policies"].push_back(plans_for(cal, q));
     }
-    by_target.push_back({{"target", q},
-                         {"policy", plans.front()},  // the class of the shortest requests
-                         {"policies_by_size", plans},
-                         {"share", share},
-                         {"share_low", ci.first},
-                         {"share_high", ci.second},
-                         {"meets_target", share >= q},
-                         {"interval_reaches_target", ci.second >= q},  // the interval not below the target
-                         {"mean_ttft_ms", auto_mean},
-                         {"p90_ttft_ms", percentile(ttft, 0.9)},
-                         {"decision_ms", mean(wasted)},
-                         {"saved_ms", saved_ms},
-                         {"decision_share_of_saved", saved_ms > 0 ? json(mean(wasted) / saved_ms) : json(nullptr)},
-                         {"chosen", chosen},
-                         {"cheapest_fixed", cheapest},
-                         {"speedup_vs_cheapest_fixed", auto_mean > 0 ? cheapest["mean_ttft_ms"].get<double>() / auto_mean : 0.0}});
+    by_target.push_back(std::move(row));
   }
   // Reliability: each step's predictions on these records, in bins of 0.1, against what happened.
   json reliability = json::array();
-  for (size_t k = 0; k < cal.steps.size(); ++k) {
+  for (size_t k = 0; k < ladder.size(); ++k) {
     std::vector<double> sum_p(10, 0), sum_y(10, 0), count(10, 0);
-    for (const auto& r : records) {
-      const double p = cal.predict(k, signals_of(r["steps"][k]));
+    for (size_t i = 0; i < records.size(); ++i) {
+      const double p = cal_of(i).predict(k, signals_of(records[i]["steps"][k]));
       const size_t b = std::min<size_t>(9, static_cast<size_t>(p * 10));
       sum_p[b] += p;
-      sum_y[b] += r["steps"][k]["identical"].get<bool>() ? 1 : 0;
+      sum_y[b] += records[i]["steps"][k]["identical"].get<bool>() ? 1 : 0;
       count[b] += 1;
     }
     json bins = json::array();
     for (size_t b = 0; b < 10; ++b)
       if (count[b] > 0)
         bins.push_back({{"bin", b / 10.0}, {"n", count[b]}, {"predicted", sum_p[b] / count[b]}, {"observed", sum_y[b] / count[b]}});
-    reliability.push_back({{"method", cal.steps[k].method}, {"ratio", cal.steps[k].ratio}, {"bins", bins}});
+    reliability.push_back({{"method", ladder[k].method}, {"ratio", ladder[k].ratio}, {"bins", bins}});
   }
   std::set<std::string> datasets;
   for (const auto& r : records) datasets.insert(r.at("dataset").get<std::string>());
-  return {{"fingerprint", cal.fingerprint}, {"examples", records.size()}, {"datasets", datasets},
+  return {{"fingerprint", calibrations.front().fingerprint}, {"examples", records.size()}, {"datasets", datasets},
           {"fixed", fixed}, {"auto", by_target}, {"perfect_predictor", perfect_predictor_bounds(records)},
           {"reliability", reliability}};
+}
+
+}  // namespace
+
+json evaluate_policy(const std::vector<json>& all_steps, const autoq::AutoCalibration& cal, const std::vector<double>& targets) {
+  if (all_steps.empty()) throw std::invalid_argument("no records to evaluate on");
+  for (const auto& r : all_steps) check_replayable(r, cal);
+  const std::vector<json> records = select_steps(all_steps, ladder_of(cal));
+  return replay_report(records, {cal}, std::vector<size_t>(records.size(), 0), targets);
+}
+
+json cross_validate(const std::vector<json>& held_out, const std::vector<json>& fit_also, const CrossValidation& cv,
+                    const std::vector<double>& targets) {
+  if (cv.folds < 2 || cv.folds > held_out.size())
+    throw std::invalid_argument("--cross-validate: " + std::to_string(cv.folds) + " folds of " + std::to_string(held_out.size()) +
+                                " records (at least 2, at most one per record)");
+  std::vector<json> records = cv.ladder.empty() ? held_out : select_steps(held_out, cv.ladder);
+  const std::vector<json> extra = cv.ladder.empty() ? fit_also : select_steps(fit_also, cv.ladder);
+  // Folds are contiguous runs of the records in (dataset, example index) order, whatever order
+  // the files came in: the same folds for the same records.
+  std::stable_sort(records.begin(), records.end(), [](const json& a, const json& b) {
+    return std::pair(a.at("dataset").get<std::string>(), a.at("index").get<size_t>()) <
+           std::pair(b.at("dataset").get<std::string>(), b.at("index").get<size_t>());
+  });
+  const size_t n = records.size();
+  std::vector<autoq::AutoCalibration> calibrations;
+  std::vector<size_t> fold_of(n);
+  for (size_t k = 0; k < cv.folds; ++k) {
+    const size_t lo = n * k / cv.folds, hi = n * (k + 1) / cv.folds;
+    std::vector<json> train(extra);
+    for (size_t i = 0; i < n; ++i)
+      if (i < lo || i >= hi) train.push_back(records[i]);
+      else fold_of[i] = k;
+    calibrations.push_back(fit_calibration(train, cv.l2, cv.size_bounds));
+  }
+  for (size_t i = 0; i < n; ++i) check_replayable(records[i], calibrations[fold_of[i]]);
+  records = select_steps(records, ladder_of(calibrations.front()));
+  json report = replay_report(records, calibrations, fold_of, targets);
+  report["cross_validation"] = {{"folds", cv.folds}, {"fitted_also_on", extra.size()}};
+  return report;
 }
 
 }  // namespace cf::eval

@@ -11,7 +11,8 @@
 //
 // fit_calibration fits each step's logistic model on one split's records; evaluate_policy
 // replays the policy's decisions (the same functions the engine calls) on another split's
-// records, for each quality target, against every fixed (method, ratio) policy.
+// records, for each quality target, against every fixed (method, ratio) policy;
+// cross_validate does both fold by fold, every record replayed by a calibration fitted without it.
 #pragma once
 #include <nlohmann/json.hpp>
 
@@ -84,5 +85,23 @@ autoq::AutoCalibration fit_calibration(const std::vector<nlohmann::json>& record
 // policy reaching the same share; plus the fixed policies and a reliability table.
 nlohmann::json evaluate_policy(const std::vector<nlohmann::json>& records, const autoq::AutoCalibration& calibration,
                                const std::vector<double>& targets);
+
+// K-fold cross-validation of calibrating and replaying: `held_out` (sorted by dataset and
+// example index) is cut into `folds` contiguous parts, and each part is replayed with a
+// calibration fitted on the other parts plus `fit_also` (records that are only ever fitted on,
+// e.g. another dataset's, for the other size class). One report as evaluate_policy's over every
+// held-out record, each replayed by a calibration that never saw it (its p90 TTFT and
+// reliability bins pooled, which per-fold reports cannot give), with each fold's plans
+// (`fold_policies`) instead of one calibration's, and `cross_validation`: folds, records
+// fitted on besides. Throws std::invalid_argument as fit_calibration and evaluate_policy do,
+// and for fewer than 2 folds or more folds than records.
+struct CrossValidation {
+  size_t folds = 5;
+  std::vector<LadderStep> ladder;  // empty: the records' own steps
+  double l2 = 1.0;
+  std::vector<size_t> size_bounds;
+};
+nlohmann::json cross_validate(const std::vector<nlohmann::json>& held_out, const std::vector<nlohmann::json>& fit_also,
+                              const CrossValidation& cv, const std::vector<double>& targets);
 
 }  // namespace cf::eval

@@ -313,6 +313,33 @@ class CalibrateTest(CliCase):
         self.refused("calibrate", "-m", MODEL, "--dataset", data, "--ladder", "full:0.5", "--records", records,
                      message="unknown method 'full'")
 
+    def test_cross_validation_replays_every_record_with_a_calibration_fitted_without_it(self):
+        """`--cross-validate K` on the committed Qwen 0.5B HotpotQA records (no model is run):
+        one report over every record, each fold planned by its own calibration, the musique_s
+        records only fitted on (a second size class), never replayed."""
+        d = os.path.join(REPO, "bench", "results", "issue26_auto_v3")
+        hot = [os.path.join(d, "qwen05.hotpotqa%s.records.jsonl" % s) for s in ("0-40", "160-200")]
+        mus = [os.path.join(d, "qwen05.musique_s%s.records.jsonl" % s) for s in ("0-16", "16-32")]
+        report = os.path.join(self.tmp, "cv.report.json")
+        out, _ = self.ok("calibrate", "--cross-validate", "4", "--evaluate", *hot, "--fit", *mus, "--size-classes", "3000",
+                         "--targets", "0.8,0.95", "--report", report)
+        self.assertIn("each record replayed by a calibration fitted without it (4 folds)", out)
+        with open(report) as f:
+            rep = json.load(f)
+        self.assertEqual(rep["examples"], 80)
+        self.assertEqual(rep["datasets"], ["hotpotqa_dev200"])
+        self.assertEqual(rep["cross_validation"], {"folds": 4, "fitted_also_on": 32})
+        for row in rep["auto"]:
+            self.assertEqual(len(row["fold_policies"]), 4)
+            self.assertTrue(all(len(plans) == 2 for plans in row["fold_policies"]))
+            self.assertEqual(sum(row["chosen"].values()), 80)
+            self.assertLessEqual(row["share_low"], row["share"])
+        self.refused("calibrate", "--cross-validate", "4", "--evaluate", *hot, "--calibration", report,
+                     message="--calibration does not apply")
+        self.refused("calibrate", "--evaluate", *hot, "--fit", *mus, "--calibration", report,
+                     message="--fit applies with --cross-validate only")
+        self.refused("calibrate", "--cross-validate", "81", "--evaluate", *hot, message="81 folds of 80 records")
+
     def test_records_carry_the_recomputation_kv_change_after_a_reuse_step(self):
         """Behind a reuse step, each later step's record says how far its recomputation moved the
         K/V from the stitched chunk caches, per layer: more recomputed rows, more change; and

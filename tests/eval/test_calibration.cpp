@@ -290,5 +290,75 @@ TEST(CalibrationReplay, ReportsTheSharesTimesAndChoicesOfThePolicy) {
   EXPECT_THROW(evaluate_policy(records, c, {1.5}), std::invalid_argument);
 }
 
+// Cross-validation is fitting and replaying fold by fold: its one report equals the five
+// folds' own replays pooled, each by a calibration fitted on the other folds plus the records
+// it is told only to fit on, whatever order the records come in. The records change halfway
+// (identical from margin 0.3 in the first 20, from 0.7 in the last 30), so a calibration that
+// had seen its own fold would plan otherwise.
+TEST(CalibrationCrossValidation, ReplaysEachFoldWithACalibrationFittedWithoutIt) {
+  std::vector<json> records, extra;
+  auto id = [](std::string prefix, int i) { return prefix.append(std::to_string(i)); };  // GCC 12's -Wrestrict misfires on "a" + s
+  for (int i = 0; i < 50; ++i) {
+    const double m = (i * 7 % 20) / 20.0;
+    json r = record(id("r", i), {step(0.05, m, m > (i < 20 ? 0.3 : 0.7), 10), step(0.3, m, m > 0.2, 30)}, 100);
+    r["index"] = i;
+    records.push_back(r);
+  }
+  for (int i = 0; i < 12; ++i) {  // another dataset's long requests: fitted on, never replayed
+    json r = record(id("long", i), {step(0.05, i / 12.0, i % 3 == 0, 80), step(0.3, 0.5, true, 200)}, 900,
+                    "ab12", 6000);
+    r["dataset"] = "other";
+    r["index"] = i;
+    extra.push_back(r);
+  }
+  const std::vector<double> targets = {0.6, 0.8, 0.9};
+  CrossValidation cv;
+  cv.folds = 5;
+  cv.l2 = 0.1;
+  cv.size_bounds = {3000};
+  const json rep = cross_validate(records, extra, cv, targets);
+  EXPECT_EQ(rep["examples"], 50);
+  EXPECT_EQ(rep["cross_validation"]["folds"], 5);
+  EXPECT_EQ(rep["cross_validation"]["fitted_also_on"], 12);
+  ASSERT_EQ(rep["auto"][0]["fold_policies"].size(), 5u);
+  EXPECT_EQ(rep["auto"][0]["fold_policies"][0].size(), 2u);  // both size classes in each fold's plan
+  EXPECT_FALSE(rep["auto"][0].contains("policies_by_size"));
+
+  bool folds_differ = false;
+  for (size_t t = 0; t < targets.size(); ++t) {
+    double share = 0, ttft = 0, decision = 0;
+    json first_plan;
+    for (int k = 0; k < 5; ++k) {
+      std::vector<json> train(extra), fold;
+      for (int i = 0; i < 50; ++i) (i / 10 == k ? fold : train).push_back(records[i]);
+      const json one = evaluate_policy(fold, fit_calibration(train, cv.l2, cv.size_bounds), {targets[t]});
+      share += one["auto"][0]["share"].get<double>() / 5;
+      ttft += one["auto"][0]["mean_ttft_ms"].get<double>() / 5;
+      decision += one["auto"][0]["decision_ms"].get<double>() / 5;
+      EXPECT_EQ(one["auto"][0]["policies_by_size"], rep["auto"][t]["fold_policies"][k]) << "target " << targets[t] << ", fold " << k;
+      if (k == 0) first_plan = one["auto"][0]["policies_by_size"];
+      folds_differ = folds_differ || one["auto"][0]["policies_by_size"] != first_plan;
+    }
+    EXPECT_NEAR(rep["auto"][t]["share"].get<double>(), share, 1e-12) << "target " << targets[t];
+    EXPECT_NEAR(rep["auto"][t]["mean_ttft_ms"].get<double>(), ttft, 1e-9) << "target " << targets[t];
+    EXPECT_NEAR(rep["auto"][t]["decision_ms"].get<double>(), decision, 1e-9) << "target " << targets[t];
+  }
+  EXPECT_TRUE(folds_differ);  // else the check above could not tell the folds' fits apart
+
+  std::vector<json> shuffled(records.rbegin(), records.rend());
+  EXPECT_EQ(cross_validate(shuffled, extra, cv, targets).dump(), rep.dump());
+
+  cv.folds = 1;
+  EXPECT_THROW(cross_validate(records, extra, cv, targets), std::invalid_argument);
+  cv.folds = 51;
+  EXPECT_THROW(cross_validate(records, extra, cv, targets), std::invalid_argument);
+  // A sub-ladder: the fits and the replay see step 1 only.
+  cv.folds = 5;
+  cv.ladder = {{"prophet", 0.3}};
+  const json sub = cross_validate(records, extra, cv, targets);
+  ASSERT_EQ(sub["fixed"].size(), 2u);
+  EXPECT_DOUBLE_EQ(sub["fixed"][0]["ratio"].get<double>(), 0.3);
+}
+
 }  // namespace
 }  // namespace cf::eval

@@ -171,3 +171,31 @@ class TableTest(unittest.TestCase):
         finally:
             os.unlink(f.name)
         self.assertIn("| 0+ tokens: epic 0.05; 0.420; 3000+ tokens: none (full prefill) |", out.getvalue())
+
+    def test_cross_validated_plans_are_grouped_by_their_steps(self):
+        """Folds that run the same steps differ only in their thresholds: one group, with the
+        range; a fold that runs other steps is its own group; the header says how it was made."""
+        def plans(short_steps, threshold):
+            return [{"min_context_tokens": 0, "steps": short_steps, "threshold": threshold},
+                    {"min_context_tokens": 3000, "steps": [], "threshold": 1.0}]
+        folds = [plans(["epic:0.050000"], 0.55), plans(["reuse:0.000000"], 0.46), plans(["epic:0.050000"], 0.60)]
+        self.assertEqual(auto_quality_report.fold_plans_text(folds),
+                         "0+ tokens: epic 0.05; 0.550-0.600; 3000+ tokens: none (full prefill) (2 of 3 folds) / "
+                         "0+ tokens: reuse 0; 0.460; 3000+ tokens: none (full prefill) (1 of 3 folds)")
+        fixed = {"method": "full", "ratio": 1.0, "share": 1.0, "share_low": 0.9, "share_high": 1.0, "mean_ttft_ms": 100.0,
+                 "p90_ttft_ms": 120.0}
+        target = {"target": 0.9, "share": 0.9, "share_low": 0.8, "share_high": 0.95, "mean_ttft_ms": 80.0, "p90_ttft_ms": 110.0,
+                  "cheapest_fixed": fixed, "chosen": {"full": 3}, "decision_ms": 1.0, "decision_share_of_saved": 0.1,
+                  "speedup_vs_cheapest_fixed": 1.25, "meets_target": True, "fold_policies": folds}
+        with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+            json.dump({"examples": 3, "datasets": ["d"], "fingerprint": "ab", "fixed": [fixed], "auto": [target],
+                       "cross_validation": {"folds": 3, "fitted_also_on": 7}}, f)
+        out = io.StringIO()
+        try:
+            with contextlib.redirect_stdout(out):
+                auto_quality_report.table(type("A", (), {"report": f.name})())
+        finally:
+            os.unlink(f.name)
+        self.assertIn("3-fold cross-validation, every request replayed by a calibration fitted without it (and on 7 other records)",
+                      out.getvalue())
+        self.assertIn("(2 of 3 folds) / 0+ tokens: reuse 0; 0.460", out.getvalue())

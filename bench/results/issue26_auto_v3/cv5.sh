@@ -1,30 +1,30 @@
 #!/bin/bash
-# Five-fold cross-validation of the auto policy on the 0.5B's 200 HotpotQA records (issue 26):
-# each fold of 40 is replayed with a calibration fitted on the other 160 (one plan: "hot"; a
-# plan per size class with the 32 musique_s records added: "size"). No model is run.
-#   bench/results/issue26_auto_v3/cv5.sh   -> cv5/, then the pooled tables on stdout
+# Five-fold cross-validation of the auto policy on a model's HotpotQA records (issue 26):
+# `calibrate --cross-validate 5` cuts the records (by example index) into five parts and replays
+# each with a calibration fitted on the other four: one plan for all ("hot"), and a plan per
+# size class with the model's 32 musique_s records added to every fit, never replayed
+# ("size"). One pooled report each; no model is run.
+#   bench/results/issue26_auto_v3/cv5.sh [MODEL_PREFIX]   (qwen05 by default; qwen15, gemma, smollm2)
+#   -> cv5/MODEL.{hot,size}.report.json and cv5/MODEL.tables.md (also on stdout)
+# HOTPOTQA_DIR: where the model's HotpotQA records [0, 40) and [160, 200) are (default: this
+# folder; SmolLM2's are in ../issue26_auto_v2); those of [40, 160) are here, as far as recorded.
+# LADDER: fit and replay on these steps of the records only (SmolLM2's musique_s runs had a
+# longer ladder than its HotpotQA ones).
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
+M=${1:-qwen05}
 D=bench/results/issue26_auto_v3; O=$D/cv5; B=${CHUNKFUSE_BIN:-build/chunkfuse}; T=0.5,0.6,0.7,0.8,0.9,0.95,0.99
+H=${HOTPOTQA_DIR:-$D}
+L=()
+[[ -n "${LADDER:-}" ]] && L=(--ladder "$LADDER")
 mkdir -p "$O"
-python3 - "$D" "$O" <<'PY'
-import json, sys
-d, o = sys.argv[1:]
-rows = [l for f in ("qwen05.hotpotqa0-40", "qwen05.hotpotqa40-160", "qwen05.hotpotqa160-200")
-        for l in open("%s/%s.records.jsonl" % (d, f)) if l.strip()]
-for k in range(5):
-    with open("%s/part%d.records.jsonl" % (o, k), "w") as f:
-        f.writelines(l for l in rows if 40 * k <= json.loads(l)["index"] < 40 * (k + 1))
-PY
-for k in 0 1 2 3 4; do
-  train=()
-  for j in 0 1 2 3 4; do [[ $j != "$k" ]] && train+=("$O/part$j.records.jsonl"); done
-  $B calibrate --fit "${train[@]}" --out "$O/hot$k.auto.json" >/dev/null
-  $B calibrate --fit "${train[@]}" $D/qwen05.musique_s0-16.records.jsonl $D/qwen05.musique_s16-32.records.jsonl \
-    --size-classes 3000 --out "$O/size$k.auto.json" >/dev/null
-  for c in hot size; do
-    $B calibrate --evaluate "$O/part$k.records.jsonl" --calibration "$O/$c$k.auto.json" --targets $T --report "$O/$c$k.report.json" >/dev/null
-  done
-done
-rm -f "$O"/part?.records.jsonl  # copies of the records above
-for c in hot size; do echo "== $c"; python3 tools/auto_quality_report.py pool "$O"/$c?.report.json; done
+HOT=("$H/$M.hotpotqa0-40.records.jsonl" "$D/$M.hotpotqa40-160.records.jsonl" "$H/$M.hotpotqa160-200.records.jsonl")
+MUS=("$D/$M.musique_s0-16.records.jsonl" "$D/$M.musique_s16-32.records.jsonl")
+$B calibrate --cross-validate 5 --evaluate "${HOT[@]}" "${L[@]}" --targets $T --report "$O/$M.hot.report.json" >/dev/null
+$B calibrate --cross-validate 5 --evaluate "${HOT[@]}" --fit "${MUS[@]}" "${L[@]}" --size-classes 3000 --targets $T \
+  --report "$O/$M.size.report.json" >/dev/null
+for c in hot size; do
+  echo "== $M, calibration '$c'"
+  python3 tools/auto_quality_report.py table "$O/$M.$c.report.json"
+  echo
+done | tee "$O/$M.tables.md"
