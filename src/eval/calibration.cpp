@@ -16,6 +16,7 @@
 #include "eval/bench_request.h"
 #include "eval/deviation.h"
 #include "eval/metrics.h"
+#include "eval/runner.h"
 #include "fusion/executor.h"
 #include "kv/chunk_store.h"
 #include "model/model.h"
@@ -282,7 +283,7 @@ size_t record_examples(const Model& model, Forward& fwd, const Dataset& dataset,
                          {"chunks", req.chunks.size()},
                          {"full", {{"ttft_ms", full_ttft}, {"answer", full_answer}, {"gold_f1", qa_f1(full_answer, ex.answers)}}},
                          {"steps", steps}};
-    out << record.dump() << "\n";
+    out << results_line(record) << "\n";  // an answer cut mid-character is not valid UTF-8
     out.flush();
     ++ran;
   }

@@ -282,7 +282,7 @@ class PromptLog {
   bool has(const std::string& key) const { return done_.count(key) != 0; }
   void add(const std::string& key, json row) {
     if (!done_.insert(key).second) return;
-    out_ << row.dump() << '\n';
+    out_ << results_line(row) << '\n';
     out_.flush();
     if (!out_) throw std::runtime_error("write to " + path_ + " failed");
   }

@@ -313,6 +313,28 @@ class CalibrateTest(CliCase):
         self.refused("calibrate", "-m", MODEL, "--dataset", data, "--ladder", "full:0.5", "--records", records,
                      message="unknown method 'full'")
 
+    def test_answers_cut_inside_a_character_are_recorded(self):
+        """An answer cut by --max-tokens in the middle of a multi-byte character is no valid
+        UTF-8: the record keeps it with U+FFFD instead of aborting the run (a HotpotQA run on
+        SmolLM2 died on a Japanese name at 32 tokens). One token of a CJK answer is mostly such
+        a piece: of these 12 answers (6 requests, full prefill and reuse), 8 were."""
+        passages = [{"title": "東京", "text": "東京は日本の首都です。東京タワーは東京にあります。"},
+                    {"title": "南昌", "text": "南昌會戰是中國抗日戰爭中的一場戰役。"}]
+        questions = ["東京は何ですか？", "南昌會戰是什麼？", "日本の首都は？", "東京タワーはどこにありますか？",
+                     "Write 東京 in Japanese characters.", "請用中文回答：南昌會戰是什麼？"]
+        data = os.path.join(self.tmp, "cjk.jsonl")
+        with open(data, "w", encoding="utf-8") as f:
+            for i, q in enumerate(questions):
+                f.write(json.dumps({"id": "c%d" % i, "question": q, "answers": ["東京"], "passages": passages}) + "\n")
+        records = os.path.join(self.tmp, "cjk.records.jsonl")
+        self.ok("calibrate", "-m", MODEL, "-t", "1", "--dataset", data, "--ladder", "reuse:0", "--max-tokens", "1",
+                "--records", records, "--no-fit")
+        with open(records, encoding="utf-8") as f:
+            recs = [json.loads(line) for line in f]
+        self.assertEqual(len(recs), 6)
+        answers = [r["full"]["answer"] for r in recs] + [s["answer"] for r in recs for s in r["steps"]]
+        self.assertTrue(any("\ufffd" in a for a in answers), answers)
+
     def test_cross_validation_replays_every_record_with_a_calibration_fitted_without_it(self):
         """`--cross-validate K` on the committed Qwen 0.5B HotpotQA records (no model is run):
         one report over every record, each fold planned by its own calibration, the musique_s
