@@ -51,6 +51,19 @@ def features_table(folds, questions=None):
             for line in out.getvalue().splitlines() if line.startswith("| ") and "features" not in line}
 
 
+def table_text(report):
+    """`table` on this report: what it prints."""
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        json.dump(report, f)
+    out = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(out):
+            auto_quality_report.table(type("A", (), {"report": f.name})())
+    finally:
+        os.unlink(f.name)
+    return out.getvalue()
+
+
 class AucTest(unittest.TestCase):
     def test_perfect_chance_and_ties(self):
         self.assertEqual(auto_quality_report.auc([0.9, 0.8, 0.1, 0.2], [1, 1, 0, 0]), 1.0)
@@ -162,15 +175,8 @@ class TableTest(unittest.TestCase):
                   "cheapest_fixed": dict(fixed, method="full", ratio=1.0, mean_ttft_ms=100.0), "chosen": {"full": 1},
                   "decision_ms": 1.0, "decision_share_of_saved": None, "speedup_vs_cheapest_fixed": 2.0, "meets_target": True,
                   "policy": plans[0], "policies_by_size": plans}
-        with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
-            json.dump({"examples": 1, "datasets": ["d"], "fingerprint": "ab", "fixed": [fixed], "auto": [target]}, f)
-        out = io.StringIO()
-        try:
-            with contextlib.redirect_stdout(out):
-                auto_quality_report.table(type("A", (), {"report": f.name})())
-        finally:
-            os.unlink(f.name)
-        self.assertIn("| 0+ tokens: epic 0.05; 0.420; 3000+ tokens: none (full prefill) |", out.getvalue())
+        out = table_text({"examples": 1, "datasets": ["d"], "fingerprint": "ab", "fixed": [fixed], "auto": [target]})
+        self.assertIn("| 0+ tokens: epic 0.05; 0.420; 3000+ tokens: none (full prefill) |", out)
 
     def test_cross_validated_plans_are_grouped_by_their_steps(self):
         """Folds that run the same steps differ only in their thresholds: one group, with the
@@ -187,15 +193,8 @@ class TableTest(unittest.TestCase):
         target = {"target": 0.9, "share": 0.9, "share_low": 0.8, "share_high": 0.95, "mean_ttft_ms": 80.0, "p90_ttft_ms": 110.0,
                   "cheapest_fixed": fixed, "chosen": {"full": 3}, "decision_ms": 1.0, "decision_share_of_saved": 0.1,
                   "speedup_vs_cheapest_fixed": 1.25, "meets_target": True, "fold_policies": folds}
-        with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
-            json.dump({"examples": 3, "datasets": ["d"], "fingerprint": "ab", "fixed": [fixed], "auto": [target],
-                       "cross_validation": {"folds": 3, "fitted_also_on": 7}}, f)
-        out = io.StringIO()
-        try:
-            with contextlib.redirect_stdout(out):
-                auto_quality_report.table(type("A", (), {"report": f.name})())
-        finally:
-            os.unlink(f.name)
+        out = table_text({"examples": 3, "datasets": ["d"], "fingerprint": "ab", "fixed": [fixed], "auto": [target],
+                          "cross_validation": {"folds": 3, "fitted_also_on": 7}})
         self.assertIn("3-fold cross-validation, every request replayed by a calibration fitted without it (and on 7 other records)",
-                      out.getvalue())
-        self.assertIn("(2 of 3 folds) / 0+ tokens: reuse 0; 0.460", out.getvalue())
+                      out)
+        self.assertIn("(2 of 3 folds) / 0+ tokens: reuse 0; 0.460", out)
