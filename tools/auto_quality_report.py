@@ -20,6 +20,10 @@
       observed share of identical answers against mean TTFT: every fixed policy (points) and
       the auto policy over its targets (a curve), one panel per report (model / split); and
       the reliability table (predicted against observed, per step) as a second row.
+  tools/auto_quality_report.py matrix REPORT.json... --label A --label B ... [--targets 0.8,0.9]
+      issue 26's measure over several reports, one row per report and target: share [95%], mean
+      and p90 TTFT, the cheapest fixed policy with that share, the speed-up over it, and the
+      decision's cost as a share of the time saved.
   tools/auto_quality_report.py table REPORT.json
       the report as a Markdown table for BENCHMARKS.md (a cross-validated one, from `calibrate
       --cross-validate K`, lists each fold's plan).
@@ -345,6 +349,34 @@ def plot(args):
     print("wrote", args.out)
 
 
+def matrix(args):
+    """Issue 26's measure in one table: per report (a model on a dataset), per target, the share
+    of identical answers with its interval, the auto policy's mean / p90 TTFT, the cheapest
+    fixed policy reaching that share and the speed-up over it, and the decision's cost against
+    the time it saved; then the issue's three targets checked per row."""
+    labels = args.label
+    if len(labels) != len(args.reports):
+        sys.exit("--label: %d names for %d reports" % (len(labels), len(args.reports)))
+    targets = [float(x) for x in args.targets.split(",")] if args.targets else None
+    print("| model, dataset (held out) | n | target | identical [95%] | mean / p90 TTFT ms | cheapest fixed with that share "
+          "| speed-up | decision / saved |")
+    print("|---|---:|---:|---|---|---|---:|---:|")
+    for label, path in zip(labels, args.reports):
+        rep = json.load(open(path))
+        for t in rep["auto"]:
+            if targets and not any(abs(t["target"] - q) < 1e-9 for q in targets):
+                continue
+            c = t["cheapest_fixed"]
+            mark = "" if t["meets_target"] else (" (interval reaches it)" if t.get("interval_reaches_target") else " **below**")
+            cost = t["decision_share_of_saved"]
+            print("| %s | %d | %.2f | %.3f [%.3f, %.3f]%s | %.0f / %.0f | %s ρ %.2f, %.0f | %s%.2fx%s | %s |" % (
+                label, rep["examples"], t["target"], t["share"], t["share_low"], t["share_high"], mark, t["mean_ttft_ms"],
+                t["p90_ttft_ms"], c["method"], c["ratio"], c["mean_ttft_ms"],
+                "**" if t["target"] in (0.9, 0.95) and t["speedup_vs_cheapest_fixed"] >= 1.3 else "",
+                t["speedup_vs_cheapest_fixed"], "**" if t["target"] in (0.9, 0.95) and t["speedup_vs_cheapest_fixed"] >= 1.3 else "",
+                "-" if cost is None else "%.0f%%" % (100 * cost)))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -367,6 +399,11 @@ def main():
     p.add_argument("--out", required=True)
     p.add_argument("--labels", help="a title per report, comma-separated (default: the model's fingerprint)")
     p.set_defaults(fn=plot)
+    m = sub.add_parser("matrix")
+    m.add_argument("reports", nargs="+")
+    m.add_argument("--label", action="append", required=True, help="a row name per report (model, dataset), once per report")
+    m.add_argument("--targets", help="only these targets (comma-separated; default: every one in the reports)")
+    m.set_defaults(fn=matrix)
     args = ap.parse_args()
     args.fn(args)
 

@@ -198,3 +198,31 @@ class TableTest(unittest.TestCase):
         self.assertIn("3-fold cross-validation, every request replayed by a calibration fitted without it (and on 7 other records)",
                       out)
         self.assertIn("(2 of 3 folds) / 0+ tokens: reuse 0; 0.460", out)
+
+    def test_matrix_rows_mark_misses_and_the_speed_up_target(self):
+        """One row per report and asked target: a share under its target says whether its
+        interval reaches it; a speed-up of 1.3x at 0.9 or 0.95 is marked, and nothing saved is a dash."""
+        fixed = {"method": "full", "ratio": 1.0, "share": 1.0, "share_low": 0.9, "share_high": 1.0, "mean_ttft_ms": 100.0,
+                 "p90_ttft_ms": 120.0}
+
+        def row(target, share, high, speedup, cost):
+            return {"target": target, "share": share, "share_low": share - 0.1, "share_high": high, "mean_ttft_ms": 100 / speedup,
+                    "p90_ttft_ms": 110.0, "cheapest_fixed": fixed, "decision_share_of_saved": cost,
+                    "speedup_vs_cheapest_fixed": speedup, "meets_target": share >= target,
+                    "interval_reaches_target": high >= target}
+        rep = {"examples": 40, "auto": [row(0.8, 0.7, 0.75, 2.0, 0.05), row(0.9, 0.85, 0.95, 1.4, 0.2), row(0.99, 1.0, 1.0, 1.0, None)]}
+        with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+            json.dump(rep, f)
+        out = io.StringIO()
+        try:
+            with contextlib.redirect_stdout(out):
+                auto_quality_report.matrix(type("A", (), {"reports": [f.name], "label": ["M, D"], "targets": "0.8,0.9,0.99"})())
+        finally:
+            os.unlink(f.name)
+        rows = [line for line in out.getvalue().splitlines() if line.startswith("| M, D")]
+        self.assertEqual(len(rows), 3)
+        self.assertIn("0.700 [0.600, 0.750] **below**", rows[0])
+        self.assertIn("| 2.00x | 5% |", rows[0])
+        self.assertIn("(interval reaches it)", rows[1])
+        self.assertIn("| **1.40x** | 20% |", rows[1])
+        self.assertIn("| 1.00x | - |", rows[2])
