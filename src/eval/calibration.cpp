@@ -562,6 +562,12 @@ json cross_validate(const std::vector<json>& held_out, const std::vector<json>& 
   if (cv.folds < 2 || cv.folds > held_out.size())
     throw std::invalid_argument("--cross-validate: " + std::to_string(cv.folds) + " folds of " + std::to_string(held_out.size()) +
                                 " records (at least 2, at most one per record)");
+  std::set<std::string> fitted_only;  // a request in both would be replayed by calibrations that saw it
+  for (const auto& r : fit_also) fitted_only.insert(r.at("id").get<std::string>());
+  for (const auto& r : held_out)
+    if (fitted_only.count(r.at("id").get<std::string>()))
+      throw std::invalid_argument("record " + r.at("id").get<std::string>() +
+                                  " is both to be replayed and only fitted on (the --evaluate and --fit files overlap)");
   std::vector<json> records = cv.ladder.empty() ? held_out : select_steps(held_out, cv.ladder);
   const std::vector<json> extra = cv.ladder.empty() ? fit_also : select_steps(fit_also, cv.ladder);
   // Folds are contiguous runs of the records in (dataset, example index) order, whatever order

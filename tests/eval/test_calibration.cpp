@@ -348,6 +348,15 @@ TEST(CalibrationCrossValidation, ReplaysEachFoldWithACalibrationFittedWithoutIt)
   std::vector<json> shuffled(records.rbegin(), records.rend());
   EXPECT_EQ(cross_validate(shuffled, extra, cv, targets).dump(), rep.dump());
 
+  // A request both replayed and fitted on in every fold would be scored by calibrations that saw it.
+  std::vector<json> overlapping(extra);
+  overlapping.push_back(records[3]);
+  try {
+    cross_validate(records, overlapping, cv, targets);
+    FAIL() << "a record in both sets must be refused";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_THAT(e.what(), HasSubstr("record r3 is both to be replayed and only fitted on"));
+  }
   cv.folds = 1;
   EXPECT_THROW(cross_validate(records, extra, cv, targets), std::invalid_argument);
   cv.folds = 51;
