@@ -140,6 +140,7 @@ int fit_and_write(const CalibrateArgs& a, const std::vector<std::string>& record
 }
 
 int run_calibrate(const CalibrateArgs& a) {
+  if (a.cross_validate > 0 && a.evaluate.empty()) throw std::invalid_argument("--cross-validate needs --evaluate RECORDS...");
   if (!a.evaluate.empty()) return run_evaluate(a);
   if (!a.fit.empty()) return fit_and_write(a, a.fit, "", nlohmann::json::object());
   eval::CalibrationRunOptions o;

@@ -361,6 +361,7 @@ class CalibrateTest(CliCase):
         self.refused("calibrate", "--evaluate", *hot, "--fit", *mus, "--calibration", report,
                      message="--fit applies with --cross-validate only")
         self.refused("calibrate", "--cross-validate", "81", "--evaluate", *hot, message="81 folds of 80 records")
+        self.refused("calibrate", "--cross-validate", "4", "--fit", *hot, message="--cross-validate needs --evaluate")
 
     def test_records_carry_the_recomputation_kv_change_after_a_reuse_step(self):
         """Behind a reuse step, each later step's record says how far its recomputation moved the
