@@ -201,7 +201,8 @@ class TableTest(unittest.TestCase):
 
     def test_matrix_rows_mark_misses_and_the_speed_up_target(self):
         """One row per report and asked target: a share under its target says whether its
-        interval reaches it; a speed-up of 1.3x at 0.9 or 0.95 is marked, and nothing saved is a dash."""
+        interval reaches it; a speed-up of 1.3x at 0.9 or 0.95 is marked where the share meets the
+        target too, and nothing saved is a dash."""
         fixed = {"method": "full", "ratio": 1.0, "share": 1.0, "share_low": 0.9, "share_high": 1.0, "mean_ttft_ms": 100.0,
                  "p90_ttft_ms": 120.0}
 
@@ -210,19 +211,21 @@ class TableTest(unittest.TestCase):
                     "p90_ttft_ms": 110.0, "cheapest_fixed": fixed, "decision_share_of_saved": cost,
                     "speedup_vs_cheapest_fixed": speedup, "meets_target": share >= target,
                     "interval_reaches_target": high >= target}
-        rep = {"examples": 40, "auto": [row(0.8, 0.7, 0.75, 2.0, 0.05), row(0.9, 0.85, 0.95, 1.4, 0.2), row(0.99, 1.0, 1.0, 1.0, None)]}
+        rep = {"examples": 40, "auto": [row(0.8, 0.7, 0.75, 2.0, 0.05), row(0.9, 0.85, 0.95, 1.4, 0.2), row(0.99, 1.0, 1.0, 1.0, None),
+                                        row(0.95, 0.96, 0.99, 1.35, 0.1)]}
         with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
             json.dump(rep, f)
         out = io.StringIO()
         try:
             with contextlib.redirect_stdout(out):
-                auto_quality_report.matrix(type("A", (), {"reports": [f.name], "label": ["M, D"], "targets": "0.8,0.9,0.99"})())
+                auto_quality_report.matrix(type("A", (), {"reports": [f.name], "label": ["M, D"], "targets": "0.8,0.9,0.95,0.99"})())
         finally:
             os.unlink(f.name)
         rows = [line for line in out.getvalue().splitlines() if line.startswith("| M, D")]
-        self.assertEqual(len(rows), 3)
+        self.assertEqual(len(rows), 4)
         self.assertIn("0.700 [0.600, 0.750] **below**", rows[0])
         self.assertIn("| 2.00x | 5% |", rows[0])
         self.assertIn("(interval reaches it)", rows[1])
-        self.assertIn("| **1.40x** | 20% |", rows[1])
+        self.assertIn("| 1.40x | 20% |", rows[1])  # fast, but its share is under the target: not marked
         self.assertIn("| 1.00x | - |", rows[2])
+        self.assertIn("| **1.35x** | 10% |", rows[3])
