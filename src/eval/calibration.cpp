@@ -57,19 +57,29 @@ json score_mass(const std::vector<double>& scores, const std::vector<size_t>& re
   return {{"sum", total}, {"selected_share", total > 0 ? chosen / total : 0.0}};
 }
 
-// The ids already in a records file; refuses a file made with other RAG words (records
-// written before the layout was recorded carry no id and are not checked).
-std::set<std::string> recorded_ids(const std::string& path, const std::string& layout) {
+// The ids already in a records file; refuses a file whose records were made another way: other
+// RAG words, chunk caches or chunking (a request of the 20 x 512 setting has the id of the same
+// example cut into passages, so resuming across settings would skip the wrong examples). Records
+// written before a field was recorded are not checked on it.
+std::set<std::string> recorded_ids(const std::string& path, const json& setting) {
   std::set<std::string> ids;
   if (!std::filesystem::exists(path)) return ids;
   for (const auto& r : read_records(path)) {
-    if (r.contains("prompt_layout") && r["prompt_layout"] != layout)
-      throw std::invalid_argument(path + " holds records made with other RAG prompt words (layout " +
-                                  r["prompt_layout"].get<std::string>() + ", these are " + layout +
-                                  "): use another --records file");
+    for (const auto& [key, want] : setting.items())
+      if (r.contains(key) && r[key] != want)
+        throw std::invalid_argument(path + " holds records made " +
+                                    (key == "prompt_layout" ? std::string("with other RAG prompt words") : "another way") + " (" +
+                                    key + " " + r[key].dump() + ", this run " + want.dump() + "): use another --records file");
     ids.insert(r.at("id").get<std::string>());
   }
   return ids;
+}
+
+// One request: the dataset example and how it was cut and cached (the same example in the
+// 20 x 512 setting is another request than cut into passages).
+std::string request_key(const json& r) {
+  return r.at("id").get<std::string>() + "|" + r.value("chunk_context", r.value("chunk_variant", "alone")) + "|" +
+         std::to_string(r.value("chunks", size_t{0})) + "|" + std::to_string(r.value("context_tokens", size_t{0}));
 }
 
 // Wilson score interval (95%) of a binomial share.
@@ -216,7 +226,11 @@ size_t record_examples(const Model& model, Forward& fwd, const Dataset& dataset,
   const size_t end = o.limit ? std::min(dataset.examples.size(), o.first + o.limit) : dataset.examples.size();
   if (o.first >= end) throw std::invalid_argument("no examples in that range of " + dataset.name);
   const std::string layout = prompt_layout_id(o.prompt);
-  const std::set<std::string> done = recorded_ids(o.records_path, layout);
+  const json setting = {{"prompt_layout", layout},
+                        {"chunk_context", chunk_context_name(o.chunk_context)},
+                        {"chunk_tokens", o.chunk_tokens},
+                        {"chunks_per_request", o.chunks_per_request}};
+  const std::set<std::string> done = recorded_ids(o.records_path, setting);
   ChunkStoreOptions so;  // memory only: the chunks of a calibration run are not worth keeping
   so.memory_budget_bytes = size_t{1} << 30;
   so.model = StoreModel{model.fingerprint(), model.hparams()};
@@ -278,6 +292,8 @@ size_t record_examples(const Model& model, Forward& fwd, const Dataset& dataset,
                          {"fingerprint", model.fingerprint_hex()},
                          {"prompt_layout", layout},
                          {"chunk_context", chunk_context_name(o.chunk_context)},
+                         {"chunk_tokens", o.chunk_tokens},
+                         {"chunks_per_request", o.chunks_per_request},
                          {"context_tokens", req.context_tokens()},
                          {"question_tokens", req.suffix.size()},
                          {"chunks", req.chunks.size()},
@@ -293,13 +309,13 @@ size_t record_examples(const Model& model, Forward& fwd, const Dataset& dataset,
 
 std::vector<json> join_records(const std::vector<std::string>& paths) {
   std::vector<json> out;
-  std::map<std::string, size_t> at;  // id -> index in out
+  std::map<std::string, size_t> at;  // request_key -> index in out
   for (const auto& path : paths)
     for (auto& r : read_records(path)) {
       const std::string id = r.at("id").get<std::string>();
-      const auto seen = at.find(id);
+      const auto seen = at.find(request_key(r));
       if (seen == at.end()) {
-        at.emplace(id, out.size());
+        at.emplace(request_key(r), out.size());
         out.push_back(std::move(r));
         continue;
       }
@@ -563,9 +579,9 @@ json cross_validate(const std::vector<json>& held_out, const std::vector<json>& 
     throw std::invalid_argument("--cross-validate: " + std::to_string(cv.folds) + " folds of " + std::to_string(held_out.size()) +
                                 " records (at least 2, at most one per record)");
   std::set<std::string> fitted_only;  // a request in both would be replayed by calibrations that saw it
-  for (const auto& r : fit_also) fitted_only.insert(r.at("id").get<std::string>());
+  for (const auto& r : fit_also) fitted_only.insert(request_key(r));
   for (const auto& r : held_out)
-    if (fitted_only.count(r.at("id").get<std::string>()))
+    if (fitted_only.count(request_key(r)))
       throw std::invalid_argument("record " + r.at("id").get<std::string>() +
                                   " is both to be replayed and only fitted on (the --evaluate and --fit files overlap)");
   std::vector<json> records = cv.ladder.empty() ? held_out : select_steps(held_out, cv.ladder);

@@ -312,6 +312,10 @@ class CalibrateTest(CliCase):
                      message="other RAG prompt words")
         self.refused("calibrate", "-m", MODEL, "--dataset", data, "--ladder", "full:0.5", "--records", records,
                      message="unknown method 'full'")
+        # Resuming with other chunking would skip examples recorded as other requests.
+        self.refused("calibrate", "-m", MODEL, "-t", "1", "--dataset", data, "--first", "0", "--limit", "2",
+                     "--ladder", "prophet:0.05,epic:0.3", "--records", records, "--no-fit", "--chunk-tokens", "64",
+                     message="records made another way (chunk_tokens 0, this run 64)")
 
     def test_answers_cut_inside_a_character_are_recorded(self):
         """An answer cut by --max-tokens in the middle of a multi-byte character is no valid

@@ -96,6 +96,16 @@ TEST(CalibrationRecords, RunsOfTwoLaddersOnOneSplitJoin) {
   } catch (const std::invalid_argument& e) {
     EXPECT_THAT(e.what(), HasSubstr("record a has another full prefill answer"));
   }
+  // The same example cut another way (the 20 x 512 setting: 20 chunks, 10,240 tokens) is another
+  // request: kept apart, never joined, whatever its full prefill answered.
+  json long_a = record("a", {step(0.0, 0.1, false, 5)}, 900, "ab12", 10240);
+  long_a["chunks"] = 20;
+  long_a["full"]["answer"] = "z";
+  std::ofstream(dir + "long.jsonl") << long_a.dump() << "\n";
+  const auto both = join_records({dir + "epic.jsonl", dir + "long.jsonl"});
+  ASSERT_EQ(both.size(), 3u);
+  EXPECT_EQ(both[2]["context_tokens"], 10240);
+  EXPECT_EQ(both[2]["steps"].size(), 1u);
   std::filesystem::remove_all(dir);
 }
 
@@ -357,6 +367,11 @@ TEST(CalibrationCrossValidation, ReplaysEachFoldWithACalibrationFittedWithoutIt)
   } catch (const std::invalid_argument& e) {
     EXPECT_THAT(e.what(), HasSubstr("record r3 is both to be replayed and only fitted on"));
   }
+  // The same example cut another way is another request: fitting on it is no leak.
+  json recut = records[3];
+  recut["context_tokens"] = 6000;
+  overlapping.back() = recut;
+  EXPECT_NO_THROW(cross_validate(records, overlapping, cv, targets));
   cv.folds = 1;
   EXPECT_THROW(cross_validate(records, extra, cv, targets), std::invalid_argument);
   cv.folds = 51;
