@@ -4,7 +4,7 @@
 # replayed by a calibration fitted on the other half and on all its HotpotQA and musique_s
 # records, classes at 3,000 and 8,000 tokens), against the two-class calibration the model ships
 # replayed on the same 20 (none of them fitted). No model is run.
-#   bench/results/issue26_auto_v3/long_class.sh MODEL_PREFIX   (qwen05, gemma)  -> long_class/MODEL.*
+#   bench/results/issue26_auto_v3/long_class.sh MODEL_PREFIX   (qwen05, qwen15, gemma)  -> long_class/MODEL.*
 # LADDER: fit and replay on these steps (the 0.5B's records 0-8 ran EPIC's and ProphetKV's).
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
@@ -14,7 +14,7 @@ declare -A FP=([qwen05]=d0e8c3f92ab566b9 [qwen15]=dd1e7a4913b1de15 [gemma]=cce19
 L=()
 [[ -n "${LADDER:-}" ]] && L=(--ladder "$LADDER")
 mkdir -p "$O"
-LONG=("$D/$M.musique_s_20x512_0-8.records.jsonl" "$D/$M.musique_s_20x512_8-20.records.jsonl")
+LONG=("$D/$M".musique_s_20x512_*.records.jsonl)  # [0, 8), then [8, 20) in one or two runs
 FIT=("$D/$M.hotpotqa0-40.records.jsonl" "$D/$M.hotpotqa40-160.records.jsonl" "$D/$M.hotpotqa160-200.records.jsonl"
      "$D/$M.musique_s0-16.records.jsonl" "$D/$M.musique_s16-32.records.jsonl")
 $B calibrate --cross-validate 2 --evaluate "${LONG[@]}" --fit "${FIT[@]}" "${L[@]}" --size-classes 3000,8000 --targets $T \
@@ -22,4 +22,4 @@ $B calibrate --cross-validate 2 --evaluate "${LONG[@]}" --fit "${FIT[@]}" "${L[@
 $B calibrate --evaluate "${LONG[@]}" --calibration "data/auto_calibrations/${FP[$M]}.auto.json" --targets $T \
   --report "$O/$M.shipped.report.json" >/dev/null
 python3 tools/auto_quality_report.py matrix "$O/$M.shipped.report.json" "$O/$M.three_classes.report.json" \
-  --label "$M, 20 x 512, shipped (2 classes)" --label "$M, 20 x 512, 3 classes (two-fold)" | tee "$O/$M.md"
+  --label "$M, 20 x 512, shipped calibration" --label "$M, 20 x 512, 3 classes (two-fold)" | tee "$O/$M.md"
