@@ -1,0 +1,27 @@
+#!/bin/bash
+# Qwen 1.5B, HotpotQA: every selector at ρ 0.15 on chunk caches computed alone and prefixed,
+# paired on the questions all three runs share (issue 23, item 5). The rows come from three
+# bench runs of the same settings (full prefill is deterministic, so their full answers agree):
+#   ../qwen15_hotpotqa_profiled  alone, ρ 0.15, QCFuse with the 1.5B's profile (80 questions; no Cache-Craft)
+#   ../qwen15_hotpotqa_fusionrag FusionRAG and reuse, alone and prefixed (13 questions)
+#   ../qwen15_hotpotqa_prefixed  the other selectors and reuse, prefixed (the first 13)
+# This script keeps their rows of the shared questions in results.jsonl and runs the report.
+set -euo pipefail
+cd "$(dirname "$0")"
+python3 - <<'PY'
+import json
+runs = ["../qwen15_hotpotqa_prefixed", "../qwen15_hotpotqa_fusionrag", "../qwen15_hotpotqa_profiled"]
+rows = {r: [json.loads(l) for l in open(r + "/results.jsonl") if l.strip()] for r in runs}
+shared = set.intersection(*({x["example"] for x in rows[r]} for r in runs))
+seen, out = set(), []
+for r in runs:  # the first run's row wins where two hold the same cell (full prefill)
+    for x in rows[r]:
+        key = (x["example"], x["method"], x["ratio"], x.get("chunk_context", "alone"))
+        if x["example"] in shared and key not in seen and (x["ratio"] in (0.0, 0.15, 1.0)):
+            seen.add(key)
+            out.append(x)
+with open("results.jsonl", "w") as f:
+    f.writelines(json.dumps(x) + "\n" for x in out)
+print("%d rows of %d shared questions" % (len(out), len(shared)))
+PY
+python3 ../../../../tools/bench_report.py . --versus qcfuse
