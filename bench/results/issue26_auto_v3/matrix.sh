@@ -36,11 +36,13 @@ musique_cv() {  # model [ladder] [hotpotqa dir]
   $B calibrate --cross-validate 2 --evaluate $D/$1.musique_s0-16.records.jsonl $D/$1.musique_s16-32.records.jsonl \
     --fit $(hotpotqa "$1" "${3:-}") $long "${l[@]}" --size-classes $bounds --targets $T --report "$O/$1.musique_s.report.json" >/dev/null
 }
+# The ladder each model ships (the 0.5B's first 20 x 512 records ran ProphetKV's steps too).
+declare -A LADDERS=([qwen05]=reuse:0,epic:0.05,epic:0.15,epic:0.3 [qwen15]= [gemma]=)
 for m in qwen05 qwen15 gemma; do
-  bash $D/cv5.sh $m >/dev/null
-  musique_cv $m
+  LADDER=${LADDERS[$m]} bash $D/cv5.sh $m >/dev/null
+  musique_cv $m "${LADDERS[$m]}"
   if [[ -n "$(long_records $m)" ]]; then
-    bash $D/long_class.sh $m >/dev/null
+    LADDER=${LADDERS[$m]} bash $D/long_class.sh $m >/dev/null
     cp $D/long_class/$m.three_classes.report.json "$O/$m.20x512.report.json"
   else  # by the shipped calibration, which none of these records fitted
     $B calibrate --evaluate "$D/$m".musique_s_20x512_*.records.jsonl --calibration "data/auto_calibrations/${FP[$m]}.auto.json" \
