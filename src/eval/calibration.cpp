@@ -313,9 +313,10 @@ std::vector<json> join_records(const std::vector<std::string>& paths) {
   for (const auto& path : paths)
     for (auto& r : read_records(path)) {
       const std::string id = r.at("id").get<std::string>();
-      const auto seen = at.find(request_key(r));
+      const std::string key = request_key(r);
+      const auto seen = at.find(key);
       if (seen == at.end()) {
-        at.emplace(request_key(r), out.size());
+        at.emplace(key, out.size());
         out.push_back(std::move(r));
         continue;
       }
