@@ -6,9 +6,14 @@ result folders of the same prompts on several models.
     .venv/bin/python tools/size_axis_report.py --ratio 0.15 --out bench/results/issue23_size_axis \\
         smollm2_135m=135e6 gemma3_270m=268e6 qwen25_05b=494e6 qwen25_15b=1.54e9
 
-Each NAME=PARAMS names a folder under --out holding results.jsonl. Writes size_axis.md (a table
-with 95% bootstrap intervals over examples, bench_report.py's resampling) and size_axis.png
-(two panels, one line per selector). Only examples every selector of a model ran are used.
+Each NAME=PARAMS names a folder under --out holding results.jsonl; NAME=PARAMS=FOLDER reads
+FOLDER instead (a bench folder elsewhere, e.g. a model's full matrix). Writes size_axis.md (a
+table with 95% bootstrap intervals over examples, bench_report.py's resampling) and
+size_axis.png (two panels, one line per selector).
+
+Only rows of one chunk context (--chunk-context, default alone) and of the first --limit
+examples count, and only the examples every selector of every model ran: the same prompts on
+every model, so a row's difference between models is the model's, not the draw's.
 """
 import argparse
 import os
@@ -18,17 +23,32 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_report import bootstrap_mean_ci, mean, read_rows  # noqa: E402
 
 
-def model_table(rows, ratio):
-    """{method: {"fidelity": [...], "kl": [...], "first": [...], "n": int}} over the examples
-    every method ran at `ratio` (reuse at any ratio: it recomputes nothing)."""
+def rows_by_method(rows, ratio, chunk_context="alone", limit=0):
+    """{method: {example: row}} of the rows at `ratio` (reuse at any ratio: it recomputes
+    nothing), of one chunk context (rows before chunk contexts existed are alone), and of the
+    first `limit` examples (0: all)."""
     by_method = {}
     for r in rows:
         if r["method"] == "full":
             continue
         if r["method"] != "reuse" and abs(r["ratio"] - ratio) > 1e-9:
             continue
+        if r.get("chunk_context", "alone") != chunk_context:
+            continue
+        if limit and r["example_index"] >= limit:
+            continue
         by_method.setdefault(r["method"], {})[r["example"]] = r
-    common = set.intersection(*(set(v) for v in by_method.values())) if by_method else set()
+    return by_method
+
+
+def common_examples(by_methods):
+    """The examples every method of every model (a list of rows_by_method results) ran."""
+    sets = [set(per) for by_method in by_methods for per in by_method.values()]
+    return set.intersection(*sets) if sets else set()
+
+
+def model_table(by_method, common):
+    """{method: {"fidelity": [...], "kl": [...], "first": [...], "n": int}} over `common`."""
     examples = sorted(common)
     out = {}
     for m, per in by_method.items():
@@ -42,15 +62,22 @@ def main(argv):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ratio", type=float, default=0.15)
     ap.add_argument("--out", required=True)
-    ap.add_argument("models", nargs="+", help="NAME=PARAMS (folder under --out, parameter count)")
+    ap.add_argument("--chunk-context", default="alone", help="rows of this chunk context only (alone, prefixed)")
+    ap.add_argument("--limit", type=int, default=0, help="the first N examples only (0: all)")
+    ap.add_argument("models", nargs="+",
+                    help="NAME=PARAMS[=FOLDER] (folder: under --out by default; parameter count)")
     a = ap.parse_args(argv)
-    models = []
+    loaded = []
     for spec in a.models:
-        name, _, params = spec.partition("=")
-        path = os.path.join(a.out, name, "results.jsonl")
+        name, params, folder = (spec.split("=", 2) + ["", ""])[:3]
+        path = os.path.join(folder or os.path.join(a.out, name), "results.jsonl")
         if not params or not os.path.isfile(path):
-            sys.exit("size_axis_report: want NAME=PARAMS with %s present" % path)
-        models.append((name, float(params), model_table(read_rows(path), a.ratio)))
+            sys.exit("size_axis_report: want NAME=PARAMS[=FOLDER] with %s present" % path)
+        loaded.append((name, float(params), rows_by_method(read_rows(path), a.ratio, a.chunk_context, a.limit)))
+    common = common_examples([by_method for _, _, by_method in loaded])
+    if not common:
+        sys.exit("size_axis_report: no example that every selector of every model ran")
+    models = [(name, params, model_table(by_method, common)) for name, params, by_method in loaded]
     methods = sorted({m for _, _, t in models for m in t})
 
     lines = ["| model | params | examples | method | fidelity F1 [95% CI] | first token equal | KL [95% CI] |",
@@ -66,7 +93,8 @@ def main(argv):
                 mean(t["kl"]), klo, khi))
     md = os.path.join(a.out, "size_axis.md")
     with open(md, "w") as f:
-        f.write("Fidelity to full prefill and first-token KL at ratio %g (reuse: 0) by model size.\n\n" % a.ratio)
+        f.write("Fidelity to full prefill and first-token KL at ratio %g (reuse: 0) by model size, chunk caches "
+                "%s, the same %d examples on every model.\n\n" % (a.ratio, a.chunk_context, len(common)))
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))
 
