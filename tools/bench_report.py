@@ -23,7 +23,9 @@ reuse's (all but FusionRAG, by construction) are left out at ratio 0.
 
 With --versus M1,M2 the paired section also compares each named method with every other
 selector at each ratio strictly between 0 and 1 on the same chunk context (issue 16: QCFuse
-against CacheBlend, EPIC and ProphetKV; issue 14: FusionRAG against the others).
+against CacheBlend, EPIC and ProphetKV; issue 14: FusionRAG against the others). --versus
+reuse instead compares every selector at each such ratio with reuse on its chunk context
+(what recomputing that share buys over recomputing nothing).
 
 Standard library only, matplotlib optional. Usage: bench_report.py DIR [--versus M1,M2]
 Aggregates: means over examples, except TTFT and phases (median; p90 by linear
@@ -238,7 +240,8 @@ def paired_more(rows, versus=()):
     """Paired (by example) differences: prefixed minus alone for every method x ratio, at
     ratio 0 every method minus reuse on the same context, and for each method named in
     `versus` (--versus) that method minus reuse on the other context at ratio 0 and minus every
-    other selector on either context at each ratio strictly between 0 and 1. Rows as labelled
+    other selector on either context at each ratio strictly between 0 and 1; "reuse" in `versus`
+    adds every selector at each such ratio minus reuse on the same context. Rows as labelled
     by label_chunk_contexts."""
     cell = defaultdict(dict)  # (dataset, model, context, method, ratio) -> example -> row
     for r in rows:
@@ -287,6 +290,11 @@ def paired_more(rows, versus=()):
                 d = compare(label, (ds, model), a, cell[(ds, model, context2, "reuse", 0.0)], method, ratio)
                 if d:
                     out.append(d)
+        if "reuse" in versus and 0 < ratio < 1 and (ds, model, context, "reuse", 0.0) in cell:
+            d = compare(f"{method} - reuse ({context})", (ds, model), a, cell[(ds, model, context, "reuse", 0.0)],
+                        method, ratio)
+            if d:
+                out.append(d)
         if method in versus and 0 < ratio < 1:
             # Every other selector at this ratio, on either chunk context (the best configuration
             # of a method may be on the other context than the best of another).

@@ -178,6 +178,22 @@ class ChunkContextTest(unittest.TestCase):
         self.assertFalse(any(c.startswith("qcfuse -") for c, _ in
                              {(d["comparison"], d["ratio"]) for d in bench_report.paired_more(labelled)}))
 
+    def test_versus_reuse_pairs_every_selector_with_reuse_on_its_context(self):
+        labelled = bench_report.label_chunk_contexts(self.rows())
+        by = {(d["comparison"], d["ratio"]): d for d in bench_report.paired_more(labelled, versus=("reuse",))}
+        d = by[("epic - reuse (alone)", 0.15)]  # 0.70/0.71/0.72 against 0.50/0.51/0.52
+        self.assertEqual(d["n"], 3)
+        self.assertAlmostEqual(d["d_fidelity"], 0.2)
+        self.assertAlmostEqual(d["d_kl"], -0.2)
+        self.assertEqual((d["better"], d["worse"]), (3, 0))
+        p = by[("epic - reuse (prefixed)", 0.15)]  # 0.60/0.61/0.62 against prefixed reuse 0.40/0.41/0.42
+        self.assertAlmostEqual(p["d_fidelity"], 0.2)
+        # Reuse is not compared with itself, nor across contexts, and only with --versus reuse.
+        self.assertFalse(any(c.startswith("reuse - reuse") for c, _ in by))
+        self.assertNotIn(("epic (prefixed) - reuse (alone)", 0.15), by)
+        self.assertNotIn(("epic - reuse (alone)", 0.15),
+                         {(d["comparison"], d["ratio"]) for d in bench_report.paired_more(labelled)})
+
 
 if __name__ == "__main__":
     unittest.main()
