@@ -25,7 +25,8 @@ from bench_report import bootstrap_mean_ci, mean, read_rows  # noqa: E402
 
 def rows_by_method(rows, ratio, chunk_context="alone", limit=0):
     """{method: {example: row}} of the rows at `ratio` (reuse at any ratio: it recomputes
-    nothing), of one chunk context (rows before chunk contexts existed are alone), and of the
+    nothing), of one chunk context (rows before chunk contexts existed are alone; rows before
+    issue 25 name the field chunk_variant), and of the
     first `limit` examples (0: all)."""
     by_method = {}
     for r in rows:
@@ -33,7 +34,7 @@ def rows_by_method(rows, ratio, chunk_context="alone", limit=0):
             continue
         if r["method"] != "reuse" and abs(r["ratio"] - ratio) > 1e-9:
             continue
-        if r.get("chunk_context", "alone") != chunk_context:
+        if r.get("chunk_context", r.get("chunk_variant", "alone")) != chunk_context:  # the field's older name
             continue
         if limit and r["example_index"] >= limit:
             continue

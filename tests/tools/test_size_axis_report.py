@@ -25,7 +25,13 @@ class SizeAxisSelection(unittest.TestCase):
         alone = size_axis_report.rows_by_method(rows, 0.15)
         self.assertEqual(alone["epic"]["ex0"]["fidelity_f1"], 0.25)
         self.assertNotIn("full", alone)
+        older = row("cacheblend", 0.15, 0, 0.75)
+        older["chunk_variant"] = "prefixed"  # the field's name in results written before issue 25
+        rows.append(older)
+        alone = size_axis_report.rows_by_method(rows, 0.15)
+        self.assertNotIn("cacheblend", alone)
         prefixed = size_axis_report.rows_by_method(rows, 0.15, chunk_context="prefixed")
+        self.assertEqual(prefixed["cacheblend"]["ex0"]["fidelity_f1"], 0.75)
         self.assertEqual(prefixed["epic"]["ex0"]["fidelity_f1"], 1.0)
         self.assertNotIn("reuse", prefixed)
 
