@@ -20,21 +20,20 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_report import bootstrap_mean_ci, mean, read_rows  # noqa: E402
+from bench_report import bootstrap_mean_ci, chunk_context, mean, read_rows  # noqa: E402
 
 
-def rows_by_method(rows, ratio, chunk_context="alone", limit=0):
+def rows_by_method(rows, ratio, context="alone", limit=0):
     """{method: {example: row}} of the rows at `ratio` (reuse at any ratio: it recomputes
-    nothing), of one chunk context (rows before chunk contexts existed are alone; rows before
-    issue 25 name the field chunk_variant), and of the
-    first `limit` examples (0: all)."""
+    nothing), of one chunk context (read by bench_report.chunk_context, which knows the older
+    field name), and of the first `limit` examples (0: all)."""
     by_method = {}
     for r in rows:
         if r["method"] == "full":
             continue
         if r["method"] != "reuse" and abs(r["ratio"] - ratio) > 1e-9:
             continue
-        if r.get("chunk_context", r.get("chunk_variant", "alone")) != chunk_context:  # the field's older name
+        if chunk_context(r) != context:
             continue
         if limit and r["example_index"] >= limit:
             continue

@@ -30,7 +30,7 @@ class SizeAxisSelection(unittest.TestCase):
         rows.append(older)
         alone = size_axis_report.rows_by_method(rows, 0.15)
         self.assertNotIn("cacheblend", alone)
-        prefixed = size_axis_report.rows_by_method(rows, 0.15, chunk_context="prefixed")
+        prefixed = size_axis_report.rows_by_method(rows, 0.15, context="prefixed")
         self.assertEqual(prefixed["cacheblend"]["ex0"]["fidelity_f1"], 0.75)
         self.assertEqual(prefixed["epic"]["ex0"]["fidelity_f1"], 1.0)
         self.assertNotIn("reuse", prefixed)
