@@ -13,6 +13,7 @@ std::unique_ptr<Selector> make_prophet_selector();
 std::unique_ptr<Selector> make_cachecraft_selector();
 std::unique_ptr<Selector> make_qcfuse_selector();
 std::unique_ptr<Selector> make_fusionrag_selector();
+std::unique_ptr<Selector> make_oracle_selector();
 
 namespace {
 struct Entry {
@@ -26,6 +27,7 @@ const Entry kSelectors[] = {
     {"cachecraft", make_cachecraft_selector},
     {"qcfuse", make_qcfuse_selector},
     {"fusionrag", make_fusionrag_selector},
+    {"oracle", make_oracle_selector},  // analysis only: runs full prefill (select_oracle.cpp)
 };
 }  // namespace
 

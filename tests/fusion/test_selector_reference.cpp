@@ -5,6 +5,7 @@
 //  - EPIC: the water-filling allocation worked out by hand;
 //  - Random: same seed same set, other seeds other sets, positions spread uniformly (chi-square);
 //  - CacheBlend: squared deviation of fresh (full-prefill) keys from reused ones at layer 1;
+//  - Oracle: K/V deviation from full prefill over every layer, each relative to its K/V norm;
 //  - ProphetKV: the question rows' attention over S + context + U, every layer and head, as a
 //    plain softmax of q.k / sqrt(d) from the probe's queries and the cache's keys;
 //  - QCFuse: KVzip anchor scores (repeat prompt's max attention) and the anchor-view probe's
@@ -284,6 +285,58 @@ TEST_F(SelectorRef, CacheBlendRanksByKeyDeviationAtLayerOne) {
   const size_t k = recompute_budget(0.2, n);
   expect_top_of(s.slots, ref, cb, k, 1e-3 * ref[top_k_slots(ref, 0, 1)[0]], "cacheblend");
   EXPECT_GT(*std::max_element(ref.begin(), ref.end()), 0.0);
+}
+
+// ----------------------------------------------------------------------------- Oracle
+
+// The postmortem oracle: every layer's squared K and V deviation of the reused cache from full
+// prefill, each layer divided by its mean squared full-prefill K/V norm over the context, summed.
+TEST_F(SelectorRef, OracleRanksByRelativeKvDeviationOverEveryLayer) {
+  const Model& m = test::shared_model();
+  const ModelHparams& h = m.hparams();
+  Forward fwd(m, test::shared_pool());
+  const RagRequest req = build_rag_request(m, passages(), "Where was Marie Curie born?");
+  const size_t cb = req.system.size(), n = req.context_tokens(), ce = cb + n, kvd = static_cast<size_t>(h.kv_dim());
+  KvCache stitched = stitch(fwd, req);
+  const KvCache before = stitched;  // the selector must leave the cache as it found it
+  KvCache full(h);
+  const std::vector<TokenId> all = req.flatten();
+  fwd.run(full, {std::span<const TokenId>(all).first(ce), test::iota_positions(ce), {}, {}});
+  std::vector<double> ref(n, 0.0), per_layer_top;
+  std::vector<float> a(n * kvd), b(n * kvd);
+  for (int l = 0; l < h.n_layers; ++l) {
+    std::vector<double> dev(n, 0.0);
+    double norm2 = 0;
+    for (int kv = 0; kv < 2; ++kv) {
+      if (kv == 0) {
+        full.read_k(l, cb, n, a.data());
+        stitched.read_k(l, cb, n, b.data());
+      } else {
+        full.read_v(l, cb, n, a.data());
+        stitched.read_v(l, cb, n, b.data());
+      }
+      for (size_t i = 0; i < n * kvd; ++i) {
+        dev[i / kvd] += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
+        norm2 += double(a[i]) * a[i];
+      }
+    }
+    for (size_t i = 0; i < n; ++i) ref[i] += dev[i] / (norm2 / double(n));
+  }
+  auto sel = make_selector("oracle");
+  FusionInputs in{req, stitched, {}, cb, ce, all, 0.15, 0};
+  const Selection s = sel->select(fwd, in);
+  expect_scores_near(s.scores, ref, 1e-6, "oracle deviation");
+  const size_t k = recompute_budget(0.15, n);
+  expect_top_of(s.slots, ref, cb, k, 1e-6 * ref[top_k_slots(ref, 0, 1)[0]], "oracle");
+  // Alone chunks deviate: the chosen tokens carry more deviation than a random set of k.
+  double chosen = 0, total = 0;
+  for (size_t slot : s.slots) chosen += ref[slot - cb];
+  for (double x : ref) total += x;
+  EXPECT_GT(chosen / total, 1.5 * double(k) / double(n)) << "the top 15% hold well above 15% of the deviation";
+  for (int l = 0; l < h.n_layers; ++l)
+    EXPECT_EQ(read_k(stitched, l, 0, ce), read_k(before, l, 0, ce)) << "layer " << l << " changed";
+  FusionInputs none{req, stitched, {}, cb, ce, all, 0.0, 0};
+  EXPECT_TRUE(sel->select(fwd, none).slots.empty());
 }
 
 // ---------------------------------------------------------------------------- Prophet
