@@ -301,6 +301,8 @@ struct OfflineWork {
   // FusionRAG's enrichment per chunk context, charged to the example's first FusionRAG row of
   // that context (then zeroed).
   std::map<ChunkContext, double> fusionrag_ms;
+  // Per chunk context: this example's chunks that have an enriched cache after step (1).
+  std::map<ChunkContext, size_t> fusionrag_enriched;
 };
 
 OfflineWork prepare_chunk_caches(Forward& fwd, ChunkStore& store, const BenchConfig& cfg, const RagRequest& req,
@@ -327,12 +329,40 @@ OfflineWork prepare_chunk_caches(Forward& fwd, ChunkStore& store, const BenchCon
                      [&](const BenchRun& r) { return r.chunk_context == v && selector_of(cfg.method_presets, r.method) == "fusionrag"; }))
       continue;
     const EnrichReport rep = enrich_request_chunks(fwd, store, req, fusionrag_kb, v);
+    w.fusionrag_enriched[v] = rep.enriched + rep.enriched_present;
     w.chunk_ms += rep.pic_ms;
     w.chunks_computed += rep.pic_computed;
     w.fusionrag_ms[v] = rep.similarity_ms;
     for (double ms : rep.enrich_ms) w.fusionrag_ms[v] += ms;
   }
   return w;
+}
+
+// A FusionRAG run on the enriched caches step (1) made. A memory store too small for one
+// example's caches (its base caches, their neighbours' and the enriched ones, per chunk
+// context) evicts some before the run, and FusionRAG would silently serve base caches for them
+// (issue 23's 1.5B rows at --memory-mb 512 did): the evicted ones are computed again (offline,
+// charged to this row) and the run repeated; if they still do not fit, an error.
+FusionResult fusionrag_prefill(FusionExecutor& executor, Forward& fwd, ChunkStore& store, const RagRequest& req,
+                               const std::vector<CorpusChunk>& fusionrag_kb, const FusionOptions& fo,
+                               OfflineWork& offline, const std::string& example) {
+  const size_t want = offline.fusionrag_enriched[fo.chunk_context];
+  FusionResult r = executor.prefill(req, fo);
+  for (int again = 0;; ++again) {
+    const size_t got = r.selection_details.value("enriched_chunks", size_t{0});
+    if (got >= want) return r;
+    if (again == 1)
+      throw std::runtime_error("bench: example " + example + ": the chunk store's memory budget cannot hold its " +
+                               std::to_string(want) + " FusionRAG enriched caches with their base caches (" +
+                               std::to_string(got) + " left); raise --memory-mb");
+    std::fprintf(stderr, "\nbench: example %s: %zu of %zu enriched caches were evicted from the chunk store before "
+                 "FusionRAG ran; computing them again (a larger --memory-mb avoids this)\n",
+                 example.c_str(), want - got, want);
+    const EnrichReport rep = enrich_request_chunks(fwd, store, req, fusionrag_kb, fo.chunk_context);
+    offline.chunk_ms += rep.pic_ms;
+    for (double ms : rep.enrich_ms) offline.fusionrag_ms[fo.chunk_context] += ms;
+    r = executor.prefill(req, fo);
+  }
 }
 
 // The options a run's method runs with, and (in `base`) the selector it stands for: --method-
@@ -550,7 +580,8 @@ BenchSummary BenchRunner::run(const Dataset& dataset) {
         options = options_of(cfg_, run.method, base);
         FusionOptions fo{base, run.ratio, x.seed, options, run.chunk_context};
         if (base == autoq::kMethodName) fo.quality = run.ratio;  // the target; the policy picks the ratio
-        own.emplace(executor.prefill(req, fo));
+        own.emplace(base == "fusionrag" ? fusionrag_prefill(executor, fwd_, store, req, fusionrag_kb, fo, offline, ex.id)
+                                        : executor.prefill(req, fo));
         dec = decode_answer(fwd_, *own, prompt, cfg_.max_tokens);
         if (!cfg_.jaccard_reference.empty() && run.method != "reuse" && base != autoq::kMethodName) {
           const std::string rk = ratio_text(run.ratio) + " " + chunk_context_name(run.chunk_context);

@@ -388,6 +388,21 @@ TEST(BenchQuick, FusionRagEnrichesAgainstTheWholeDataset) {
   EXPECT_EQ(rows[0]["enriched_chunks"], 2);
   EXPECT_GT(rows[0]["method_offline_ms"].get<double>(), 0.0);
   fs::remove_all(out);
+
+  // A memory store that cannot hold the example's caches: FusionRAG must not run on base
+  // caches in silence (the enriched ones evicted before the run); a clear error instead.
+  BenchConfig tiny = cfg;
+  tiny.ratios = {0.15};
+  tiny.memory_only_store = true;
+  tiny.memory_budget_bytes = 1;
+  try {
+    BenchRunner(fwd, tiny).run(data);
+    ADD_FAILURE() << "FusionRAG ran without its enriched caches";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("--memory-mb"), std::string::npos) << e.what();
+  }
+  EXPECT_TRUE(read_results((out / "results.jsonl").string()).empty()) << "no row from base caches";
+  fs::remove_all(out);
 }
 
 }  // namespace
