@@ -2,8 +2,9 @@
 # Qwen 1.5B, HotpotQA: every selector at ρ 0.15 on chunk caches computed alone and prefixed,
 # paired on the questions all three runs share (issue 23, item 5). The rows come from three
 # bench runs of the same settings (full prefill is deterministic, so their full answers agree):
-#   ../qwen15_hotpotqa_profiled  alone, ρ 0.15, QCFuse with the 1.5B's profile (80 questions; no Cache-Craft)
-#   ../qwen15_hotpotqa_fusionrag FusionRAG and reuse, alone and prefixed (13 questions)
+#   ../qwen15_hotpotqa_profiled  alone, ρ 0.15, QCFuse with the 1.5B's profile (80 questions; Cache-Craft and the oracle on 40)
+#   ../qwen15_hotpotqa_fusionrag FusionRAG and reuse, alone and prefixed (40 questions; rows with evicted
+#                                enriched caches rerun in the seventh session)
 #   ../qwen15_hotpotqa_prefixed  the other selectors and reuse, prefixed (the first 13)
 # This script keeps their rows of the shared questions in results.jsonl and runs the report.
 set -euo pipefail
