@@ -264,7 +264,7 @@ void add_bench_command(CLI::App& app, CommandRunner& run) {
   cmd->add_option("--store", a->store, "chunk-cache store folder (default: <out>/store)");
   cmd->add_flag("--memory-store", a->memory_store, "keep chunk caches in memory only (no disk tier)");
   cmd->add_option("--dtype", a->dtype, "disk dtype of the chunk caches: f16, bf16, f32")->capture_default_str();
-  cmd->add_option("--memory-mb", a->memory_mb, "memory tier of the store in MiB (0: every lookup reads the disk)")
+  cmd->add_option("--memory-mb", a->memory_mb, "memory tier of the store in MiB (0: every lookup reads the disk); with --memory-store the whole store, which must hold one example's caches (FusionRAG: its chunks', their neighbours' and the enriched ones per chunk context: evicted enriched caches are computed again, and the bench stops when they still do not fit)")
       ->capture_default_str();
   cmd->add_flag("--no-report", a->no_report, "do not run tools/bench_report.py at the end");
   cmd->add_flag("--peer", a->peer,
