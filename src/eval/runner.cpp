@@ -305,6 +305,15 @@ struct OfflineWork {
   std::map<ChunkContext, size_t> fusionrag_enriched;
 };
 
+// One FusionRAG enrichment pass of an example's chunks, charged to its offline work (the
+// neighbours' base caches it computed as chunk caches, the rest to FusionRAG).
+void charge_enrichment(OfflineWork& w, const EnrichReport& rep, ChunkContext v) {
+  w.chunk_ms += rep.pic_ms;
+  w.chunks_computed += rep.pic_computed;
+  w.fusionrag_ms[v] += rep.similarity_ms;
+  for (double ms : rep.enrich_ms) w.fusionrag_ms[v] += ms;
+}
+
 OfflineWork prepare_chunk_caches(Forward& fwd, ChunkStore& store, const BenchConfig& cfg, const RagRequest& req,
                                  const std::vector<BenchRun>& todo, const std::vector<CorpusChunk>& fusionrag_kb) {
   const uint64_t fp = fwd.model().fingerprint();
@@ -330,10 +339,7 @@ OfflineWork prepare_chunk_caches(Forward& fwd, ChunkStore& store, const BenchCon
       continue;
     const EnrichReport rep = enrich_request_chunks(fwd, store, req, fusionrag_kb, v);
     w.fusionrag_enriched[v] = rep.enriched + rep.enriched_present;
-    w.chunk_ms += rep.pic_ms;
-    w.chunks_computed += rep.pic_computed;
-    w.fusionrag_ms[v] = rep.similarity_ms;
-    for (double ms : rep.enrich_ms) w.fusionrag_ms[v] += ms;
+    charge_enrichment(w, rep, v);
   }
   return w;
 }
@@ -358,9 +364,7 @@ FusionResult fusionrag_prefill(FusionExecutor& executor, Forward& fwd, ChunkStor
     std::fprintf(stderr, "\nbench: example %s: %zu of %zu enriched caches were evicted from the chunk store before "
                  "FusionRAG ran; computing them again (a larger --memory-mb avoids this)\n",
                  example.c_str(), want - got, want);
-    const EnrichReport rep = enrich_request_chunks(fwd, store, req, fusionrag_kb, fo.chunk_context);
-    offline.chunk_ms += rep.pic_ms;
-    for (double ms : rep.enrich_ms) offline.fusionrag_ms[fo.chunk_context] += ms;
+    charge_enrichment(offline, enrich_request_chunks(fwd, store, req, fusionrag_kb, fo.chunk_context), fo.chunk_context);
     r = executor.prefill(req, fo);
   }
 }
