@@ -91,6 +91,21 @@ std::string lower(std::string s) {
   return s;
 }
 
+// The answers' occurrences in the passage's chunk text, as byte spans of it: exact matches,
+// else case-insensitive ones.
+std::vector<std::pair<size_t, size_t>> answer_spans(const Passage& p, const std::vector<std::string>& answers) {
+  const std::string text = passage_text(p, RagPromptOptions{});
+  const size_t off = body_offset(p);
+  const std::string body = text.substr(off);
+  std::vector<std::pair<size_t, size_t>> spans;
+  for (const std::string& a : answers) {
+    auto hits = find_all(body, a);
+    if (hits.empty()) hits = find_all(lower(body), lower(a));
+    for (auto [b, e] : hits) spans.emplace_back(off + b, off + e);
+  }
+  return spans;
+}
+
 }  // namespace
 
 LayerCandidates parse_layer_candidates(const std::string& name) {
@@ -211,21 +226,14 @@ std::optional<LayerProfile> bundled_profile(const std::string& fp, std::string* 
 std::vector<CalibrationExample> read_nq_calibration(const std::string& path, size_t limit) {
   const std::vector<std::string> lines = read_lines(path);
   std::vector<CalibrationExample> chosen;
-  const RagPromptOptions opt;
   for (size_t li = lines.size(); li-- > 0 && chosen.size() < limit;) {
     const auto j = nlohmann::json::parse(lines[li]);
     if (!j.contains("ctxs") || j["ctxs"].empty()) continue;
     Passage gold{j["ctxs"][0].value("title", ""), j["ctxs"][0].value("text", "")};
-    const std::string text = passage_text(gold, opt);
-    const size_t off = body_offset(gold);
-    const std::string body = text.substr(off);
-    std::vector<std::pair<size_t, size_t>> spans;
-    for (const auto& a : j.value("answers", nlohmann::json::array())) {
-      if (!a.is_string()) continue;
-      auto hits = find_all(body, a.get<std::string>());
-      if (hits.empty()) hits = find_all(lower(body), lower(a.get<std::string>()));
-      for (auto [b, e] : hits) spans.emplace_back(off + b, off + e);
-    }
+    std::vector<std::string> answers;
+    for (const auto& a : j.value("answers", nlohmann::json::array()))
+      if (a.is_string()) answers.push_back(a.get<std::string>());
+    std::vector<std::pair<size_t, size_t>> spans = answer_spans(gold, answers);
     if (spans.empty()) continue;
     CalibrationExample ex;
     ex.dataset = "nq_open_oracle";
@@ -292,6 +300,17 @@ std::vector<CalibrationExample> read_hotpot_calibration(const std::string& path,
     chosen.push_back(std::move(ex));
   }
   return chosen;
+}
+
+CalibrationExample answer_span_calibration(std::string dataset, size_t index, std::vector<Passage> passages,
+                                           std::string question, const std::vector<std::string>& answers) {
+  CalibrationExample ex;
+  ex.dataset = std::move(dataset);
+  ex.index = index;
+  ex.question = std::move(question);
+  for (const Passage& p : passages) ex.gold_spans.push_back(answer_spans(p, answers));
+  ex.passages = std::move(passages);
+  return ex;
 }
 
 bool gold_token_positions(const Tokenizer& tok, std::span<const TokenId> tokens, const std::string& text,

@@ -172,6 +172,11 @@ std::vector<CalibrationExample> read_nq_calibration(const std::string& path, siz
 // HotpotQA (distractor setting, JSON Lines): the last `limit` examples; gold spans are the
 // supporting-fact sentences.
 std::vector<CalibrationExample> read_hotpot_calibration(const std::string& path, size_t limit);
+// Any QA example (profile-layers --data): gold spans are the answers' occurrences in each
+// passage (exact, else case-insensitive), as for NQ. With the prophet target no labels are
+// read, so this fits a profile on the prompts a deployment serves (e.g. musique_s's ~6K tokens).
+CalibrationExample answer_span_calibration(std::string dataset, size_t index, std::vector<Passage> passages,
+                                           std::string question, const std::vector<std::string>& answers);
 
 // What a layer's top-10% set is judged against (§3.2.3 Eq. 13 / §3.4.1): the gold evidence
 // tokens, or the full-view selector's own top-10% set (ProphetKV, all layers, the same probe

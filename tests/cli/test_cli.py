@@ -259,6 +259,17 @@ class BenchDeviationProfileTest(CliCase):
         self.assertIn("critical layers:", stdout + err)
         self.refused("profile-layers", "-m", MODEL, "--data-dir", os.path.join(self.tmp, "no-data"), "--limit", "1",
                      "--out", out, message="no-data")
+        # --data: the last --limit examples of any dataset, here musique_s's ~6K-token prompts.
+        mus = os.path.join(self.tmp, "musique.qcfuse.json")
+        self.ok("profile-layers", "-m", MODEL, "-t", "1", "--data-dir", data_dir, "--data", "musique_s",
+                "--limit", "1", "--layers", "2", "--out", mus)
+        with open(mus) as f:
+            m = json.load(f)
+        self.assertEqual(list(m["data"]["datasets"]), ["musique_s"])
+        self.assertEqual(m["data"]["datasets"]["musique_s"]["lines"], [149], "the last example, held out from bench")
+        self.assertEqual(len(m["critical_layers"]), 2)
+        self.refused("profile-layers", "-m", MODEL, "--data-dir", data_dir, "--data", "no_such_set", "--limit", "1",
+                     "--out", mus, message="no_such_set")
 
 
 class CalibrateTest(CliCase):
