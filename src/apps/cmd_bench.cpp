@@ -12,6 +12,7 @@
 #include <stdexcept>
 
 #include "apps/app_common.h"
+#include "base/paths.h"
 #include "eval/runner.h"
 #include "fusion/selector.h"
 
@@ -44,6 +45,8 @@ struct BenchArgs {
   std::string jaccard_ref;
   size_t chunks = 0;
   std::string chunk_contexts = "alone";
+  std::string reference_cache;  // empty: <cache>/bench_references
+  bool no_reference_cache = false;
   RagPromptOptions prompt;
 };
 
@@ -152,6 +155,9 @@ int run_bench(const BenchArgs& a) {
   cfg.chunk_tokens = a.chunk_tokens;
   cfg.prompt = a.prompt;
   cfg.chunk_contexts = parse_chunk_context_list(a.chunk_contexts, "--chunk-contexts");
+  if (!a.no_reference_cache)
+    cfg.reference_cache_dir =
+        a.reference_cache.empty() ? (std::filesystem::path(cache_root()) / "bench_references").string() : a.reference_cache;
   if (!a.method_options.empty()) {
     try {
       cfg.method_options = nlohmann::json::parse(a.method_options);
@@ -185,6 +191,7 @@ int run_bench(const BenchArgs& a) {
   std::printf("%zu rows written, %zu already present, %zu/%zu examples run", s.rows_written, s.rows_already_present,
               s.examples_run, s.examples);
   if (s.examples_skipped) std::printf(", %zu skipped (too long)", s.examples_skipped);
+  if (s.references_reused) std::printf(", %zu scored against cached full prefills", s.references_reused);
   std::printf(", %.1f s\nresults %s\n", s.seconds, s.results_path.c_str());
   std::string how_to;
   if (a.peer) {
@@ -267,6 +274,11 @@ void add_bench_command(CLI::App& app, CommandRunner& run) {
   cmd->add_option("--memory-mb", a->memory_mb, "memory tier of the store in MiB (0: every lookup reads the disk); with --memory-store the whole store, which must hold one example's caches (FusionRAG: its chunks', their neighbours' and the enriched ones per chunk context: evicted enriched caches are computed again, and the bench stops when they still do not fit)")
       ->capture_default_str();
   cmd->add_flag("--no-report", a->no_report, "do not run tools/bench_report.py at the end");
+  cmd->add_option("--reference-cache", a->reference_cache,
+                  "folder keeping full prefill's answer and first-token logits per prompt, so a run adding methods "
+                  "or resuming does not prefill each prompt again (valid for this binary, ISA and thread count only; "
+                  "default <cache>/bench_references)");
+  cmd->add_flag("--no-reference-cache", a->no_reference_cache, "always run full prefill for the reference");
   cmd->add_flag("--peer", a->peer,
                 "after the run, time llama.cpp's full prefill of the same prompt ids (<out>/prompts.jsonl) with "
                 "bench/llamacpp_peer.py, same GGUF and threads, into <out>/peer.jsonl; the report then adds "

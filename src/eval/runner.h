@@ -4,7 +4,9 @@
 //
 // Per example: (1) the chunk caches of its passages are computed into the store first,
 // untimed (their cost is recorded as chunk_offline_ms); (2) full prefill runs once: its
-// answer and first-token distribution are the reference for fidelity; (3) each method x
+// answer and first-token distribution are the reference for fidelity (taken from the
+// reference cache when the example's full row is already written and this binary made
+// one, reference_cache.h); (3) each method x
 // ratio runs FusionExecutor::prefill then greedy decoding (Generator::continue_from, up to
 // max_tokens, stopping at end of generation or a newline). `full` and `reuse` run once per
 // example (recorded at ratio 1 and 0), the other methods once per ratio.
@@ -76,6 +78,9 @@ struct BenchConfig {
   // prefixed runs carry "chunk_context": "prefixed" (rows written before issue 25:
   // "chunk_variant") and are keyed apart; full runs once.
   std::vector<ChunkContext> chunk_contexts = {ChunkContext::alone};
+  // Where full prefill's answer and first-token logits are kept between runs
+  // (reference_cache.h); empty: not kept, every example prefills its whole prompt again.
+  std::string reference_cache_dir;
 };
 
 // The bench's defaults: Cache-Craft without online variant creation (Cache-Craft's own
@@ -115,6 +120,7 @@ struct BenchSummary {
   size_t examples_run = 0;      // examples that had rows left to do
   size_t examples_skipped = 0;  // too long for the model's context
   size_t rows_written = 0, rows_already_present = 0;
+  size_t references_reused = 0;  // examples scored against a cached reference (no full prefill)
   double seconds = 0;
 };
 

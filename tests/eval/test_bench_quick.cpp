@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -403,6 +404,100 @@ TEST(BenchQuick, FusionRagEnrichesAgainstTheWholeDataset) {
   }
   EXPECT_TRUE(read_results((out / "results.jsonl").string()).empty()) << "no row from base caches";
   fs::remove_all(out);
+}
+
+// The reference cache (reference_cache.h): a later run that adds a method to the folder takes
+// full prefill's answer and first-token logits from disk and scores exactly as a run that
+// prefilled; a damaged record is refused and made again; the full row itself is always measured.
+TEST(BenchQuick, CachedReferenceScoresAsFullPrefillDoes) {
+  CF_REQUIRE_MODEL();
+  Dataset data = load_dataset("musique_s");
+  data.examples.resize(2);
+  for (auto& ex : data.examples) {
+    ex.passages.resize(2);
+    for (auto& p : ex.passages) p.text = p.text.substr(0, 240);
+  }
+  const fs::path root = fs::temp_directory_path() / ("cf_bench_refs_" + std::to_string(::getpid()));
+  fs::remove_all(root);
+  Forward fwd(test::shared_model(), test::shared_pool());
+  BenchConfig cfg;
+  cfg.methods = {"full", "reuse"};
+  cfg.ratios = {0.3};
+  cfg.max_tokens = 8;
+  cfg.memory_only_store = true;
+  cfg.progress = false;
+  cfg.out_dir = (root / "cached").string();
+  cfg.reference_cache_dir = (root / "refs").string();
+  // Records of other builds: one unused for 8 days (removed), one in use (kept).
+  const fs::path stale = root / "refs" / "0000000000000000", recent = root / "refs" / "1111111111111111";
+  fs::create_directories(stale);
+  fs::create_directories(recent);
+  fs::last_write_time(stale, fs::file_time_type::clock::now() - std::chrono::hours(24 * 8));
+  const BenchSummary first = BenchRunner(fwd, cfg).run(data);
+  EXPECT_EQ(first.references_reused, 0u) << "full rows to write: full prefill runs";
+  EXPECT_FALSE(fs::exists(stale));
+  EXPECT_TRUE(fs::exists(recent));
+  size_t files = 0;
+  for (const auto& f : fs::recursive_directory_iterator(root / "refs")) files += f.path().extension() == ".ref";
+  EXPECT_EQ(files, 2u) << "one record per prompt";
+
+  // EPIC added later: both references from disk.
+  cfg.methods = {"full", "reuse", "epic"};
+  const BenchSummary added = BenchRunner(fwd, cfg).run(data);
+  EXPECT_EQ(added.references_reused, 2u);
+  EXPECT_EQ(added.rows_written, 2u);
+  // The same plan prefilled, without a cache: identical scores.
+  BenchConfig plain = cfg;
+  plain.out_dir = (root / "plain").string();
+  plain.reference_cache_dir.clear();
+  EXPECT_EQ(BenchRunner(fwd, plain).run(data).references_reused, 0u);
+  auto epic_rows = [](const fs::path& dir) {
+    std::map<std::string, nlohmann::json> by;
+    for (auto& r : read_results((dir / "results.jsonl").string()))
+      if (r["method"] == "epic") by[r["example"].get<std::string>()] = r;
+    return by;
+  };
+  const auto cached = epic_rows(root / "cached"), prefilled = epic_rows(root / "plain");
+  ASSERT_EQ(cached.size(), 2u);
+  ASSERT_EQ(prefilled.size(), 2u);
+  for (const auto& [ex, r] : cached) {
+    const auto& p = prefilled.at(ex);
+    EXPECT_EQ(r["answer"], p["answer"]) << ex;
+    EXPECT_EQ(r["full_answer"], p["full_answer"]) << ex;
+    EXPECT_EQ(r["kl"], p["kl"]) << ex;
+    EXPECT_EQ(r["first_token_agree"], p["first_token_agree"]) << ex;
+    EXPECT_EQ(r["fidelity_f1"], p["fidelity_f1"]) << ex;
+  }
+
+  // One record damaged (a logit byte flipped): refused by its checksum, made again.
+  fs::path damaged;
+  for (const auto& f : fs::recursive_directory_iterator(root / "refs"))
+    if (f.path().extension() == ".ref") damaged = f.path();
+  {
+    std::fstream io(damaged, std::ios::in | std::ios::out | std::ios::binary);
+    io.seekp(-100, std::ios::end);
+    io.put('\x5a');
+  }
+  const std::string damaged_bytes = [&] {
+    std::ifstream in(damaged, std::ios::binary);
+    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  }();
+  cfg.methods = {"full", "reuse", "epic", "cacheblend"};
+  const BenchSummary again = BenchRunner(fwd, cfg).run(data);
+  EXPECT_EQ(again.references_reused, 1u) << "the damaged record must not be used";
+  std::ifstream in(damaged, std::ios::binary);
+  EXPECT_NE(std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>()), damaged_bytes)
+      << "the damaged record is rewritten";
+  for (const auto& r : read_results((root / "cached" / "results.jsonl").string())) {
+    if (r["method"] != "cacheblend") continue;
+    EXPECT_EQ(r["full_answer"], cached.at(r["example"].get<std::string>())["full_answer"]);
+  }
+
+  // A new folder has full rows to write: measured, never taken from the cache.
+  cfg.out_dir = (root / "fresh").string();
+  cfg.methods = {"full"};
+  EXPECT_EQ(BenchRunner(fwd, cfg).run(data).references_reused, 0u);
+  fs::remove_all(root);
 }
 
 }  // namespace
