@@ -22,6 +22,19 @@ namespace {
 
 namespace fs = std::filesystem;
 
+// The first `examples` of musique_s with their first `passages` passages cut to `chars`
+// bytes: the same pipeline at a fraction of the ~6K context tokens (fails if
+// ../shared/datasets is missing).
+Dataset short_musique(size_t examples, size_t passages, size_t chars) {
+  Dataset data = load_dataset("musique_s");
+  data.examples.resize(examples);
+  for (auto& ex : data.examples) {
+    ex.passages.resize(passages);
+    for (auto& p : ex.passages) p.text = p.text.substr(0, chars);
+  }
+  return data;
+}
+
 size_t line_count(const std::string& path) {
   std::ifstream in(path);
   size_t n = 0;
@@ -132,15 +145,9 @@ TEST(BenchPlan, ChunksPerRequestFillsFromTheFollowingExamples) {
 
 TEST(BenchQuick, TwoMusiqueExamples) {
   CF_REQUIRE_MODEL();
-  Dataset data = load_dataset("musique_s");  // fails if ../shared/datasets is missing
-  // The first two examples with their first three passages cut to ~150 tokens each (~500
-  // context tokens instead of ~6K): the same pipeline, within a minute on two cores even
-  // under ASan.
-  data.examples.resize(2);
-  for (auto& ex : data.examples) {
-    ex.passages.resize(3);
-    for (auto& p : ex.passages) p.text = p.text.substr(0, 600);
-  }
+  // Three passages of ~150 tokens each (~500 context tokens instead of ~6K): within a minute
+  // on two cores even under ASan.
+  const Dataset data = short_musique(2, 3, 600);
   const fs::path out = fs::temp_directory_path() / ("cf_bench_quick_" + std::to_string(::getpid()));
   fs::remove_all(out);
 
@@ -316,14 +323,9 @@ TEST(BenchQuick, AutoRunsOncePerQualityTarget) {
 // then serves the enriched variants.
 TEST(BenchQuick, FusionRagEnrichesAgainstTheWholeDataset) {
   CF_REQUIRE_MODEL();
-  Dataset data = load_dataset("musique_s");
   // Short passages (~60 tokens each) keep this under a minute under ASan: the test is
   // about the plumbing (knowledge base, enrichment, resume, shards), not quality.
-  data.examples.resize(3);
-  for (auto& ex : data.examples) {
-    ex.passages.resize(2);
-    for (auto& p : ex.passages) p.text = p.text.substr(0, 240);
-  }
+  const Dataset data = short_musique(3, 2, 240);
   const fs::path out = fs::temp_directory_path() / ("cf_bench_fusionrag_" + std::to_string(::getpid()));
   fs::remove_all(out);
 
@@ -411,12 +413,7 @@ TEST(BenchQuick, FusionRagEnrichesAgainstTheWholeDataset) {
 // prefilled; a damaged record is refused and made again; the full row itself is always measured.
 TEST(BenchQuick, CachedReferenceScoresAsFullPrefillDoes) {
   CF_REQUIRE_MODEL();
-  Dataset data = load_dataset("musique_s");
-  data.examples.resize(2);
-  for (auto& ex : data.examples) {
-    ex.passages.resize(2);
-    for (auto& p : ex.passages) p.text = p.text.substr(0, 240);
-  }
+  const Dataset data = short_musique(2, 2, 240);
   const fs::path root = fs::temp_directory_path() / ("cf_bench_refs_" + std::to_string(::getpid()));
   fs::remove_all(root);
   Forward fwd(test::shared_model(), test::shared_pool());
