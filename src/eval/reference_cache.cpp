@@ -27,6 +27,22 @@ uint64_t hash_of_running_binary() {
   return bytes.empty() ? 0 : XXH3_64bits(bytes.data(), bytes.size());
 }
 
+// A folder this cache made: 16 hex digits holding only record files (.ref, or a .ref.tmpN
+// left by a killed write). Anything else under a user-given --reference-cache is never removed.
+bool is_record_folder(const fs::path& p) {
+  std::error_code ec;
+  const std::string name = p.filename().string();
+  if (!fs::is_directory(p, ec) || name.size() != 16 ||
+      name.find_first_not_of("0123456789abcdef") != std::string::npos)
+    return false;
+  for (const auto& f : fs::directory_iterator(p, ec)) {
+    const std::string file = f.path().filename().string();
+    if (!f.is_regular_file(ec) || (f.path().extension() != ".ref" && file.find(".ref.tmp") == std::string::npos))
+      return false;
+  }
+  return !ec;
+}
+
 template <typename T>
 void append_raw(std::string& s, const T& v) {
   s.append(reinterpret_cast<const char*>(&v), sizeof v);
@@ -49,7 +65,7 @@ ReferenceCache::ReferenceCache(std::string dir) {
   std::error_code ec;
   for (const auto& f : fs::directory_iterator(dir, ec)) {
     std::error_code e2;
-    if (f.path().filename() != sub && f.is_directory(e2) &&
+    if (f.path().filename() != sub && is_record_folder(f.path()) &&
         fs::last_write_time(f.path(), e2) < fs::file_time_type::clock::now() - std::chrono::hours(24 * 7))
       fs::remove_all(f.path(), e2);
   }

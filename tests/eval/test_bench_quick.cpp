@@ -425,15 +425,21 @@ TEST(BenchQuick, CachedReferenceScoresAsFullPrefillDoes) {
   cfg.progress = false;
   cfg.out_dir = (root / "cached").string();
   cfg.reference_cache_dir = (root / "refs").string();
-  // Records of other builds: one unused for 8 days (removed), one in use (kept).
+  // Records of other builds: one unused for 8 days (removed), one in use (kept); an old folder
+  // that is not the cache's own (a user's, under a --reference-cache they chose) is kept.
   const fs::path stale = root / "refs" / "0000000000000000", recent = root / "refs" / "1111111111111111";
-  fs::create_directories(stale);
-  fs::create_directories(recent);
-  fs::last_write_time(stale, fs::file_time_type::clock::now() - std::chrono::hours(24 * 8));
+  const fs::path users = root / "refs" / "2222222222222222", users_named = root / "refs" / "photos";
+  for (const fs::path& d : {stale, recent, users, users_named}) fs::create_directories(d);
+  std::ofstream(stale / "0123.ref") << "old record";
+  std::ofstream(users / "notes.txt") << "not a record";
+  for (const fs::path& d : {stale, users, users_named})
+    fs::last_write_time(d, fs::file_time_type::clock::now() - std::chrono::hours(24 * 8));
   const BenchSummary first = BenchRunner(fwd, cfg).run(data);
   EXPECT_EQ(first.references_reused, 0u) << "full rows to write: full prefill runs";
   EXPECT_FALSE(fs::exists(stale));
   EXPECT_TRUE(fs::exists(recent));
+  EXPECT_TRUE(fs::exists(users / "notes.txt"));
+  EXPECT_TRUE(fs::exists(users_named));
   size_t files = 0;
   for (const auto& f : fs::recursive_directory_iterator(root / "refs")) files += f.path().extension() == ".ref";
   EXPECT_EQ(files, 2u) << "one record per prompt";
