@@ -100,6 +100,10 @@ int run_profile(const ProfileArgs& a) {
   for (int l : p.critical_layers) std::printf(" %d (%.3f)", l, p.recall[l]);
   std::printf("\ntarget %s: set recall %.3f, all-layer recall %.3f, %.1f s; written to %s\n", p.target.c_str(),
               p.critical_set_recall, p.all_layers_recall, p.seconds, out.c_str());
+  const nlohmann::json& len = p.data.at("context_tokens");
+  std::printf("fitted on prompts of %zu-%zu context tokens (median %zu): it ranks layers for requests of about "
+              "that length\n",
+              len["min"].get<size_t>(), len["max"].get<size_t>(), len["median"].get<size_t>());
   return 0;
 }
 

@@ -344,6 +344,7 @@ struct ScoredExample {
   std::vector<std::vector<double>> scores;  // per layer, per context token
   std::vector<size_t> target;               // the slots to find (gold evidence or ProphetKV's set)
   size_t k = 0, context_begin = 0;
+  size_t context_tokens = 0;  // the prompt length it was calibrated on
 };
 
 // The fraction of `target` (sorted) among the top k of `score`.
@@ -446,7 +447,7 @@ std::optional<ScoredExample> score_example(Forward& fwd, ChunkStore& store, cons
   }
   std::sort(gold.begin(), gold.end());
 
-  ScoredExample s{ex.dataset, std::vector<double>(L), 0, {}, {}, k, cb};
+  ScoredExample s{ex.dataset, std::vector<double>(L), 0, {}, {}, k, cb, n};
   std::vector<double> sum(n, 0.0);
   for (int l = 0; l < L; ++l) {
     s.recall[l] = recall_at(pr.scores[l], cb, k, gold);
@@ -456,6 +457,19 @@ std::optional<ScoredExample> score_example(Forward& fwd, ChunkStore& store, cons
   s.scores = std::move(pr.scores);
   s.target = std::move(gold);
   return s;
+}
+
+// Min, median and max context length of the rows `idx` (all rows when empty): a profile ranks
+// layers for prompts of about these lengths (measured on the 1.5B: layers fitted on ~1.4K-token
+// prompts lose to ones fitted on ~6K-token prompts there, BENCHMARKS.md).
+nlohmann::json context_lengths(const std::vector<ScoredExample>& rows, const std::vector<size_t>& idx) {
+  std::vector<size_t> n;
+  if (idx.empty())
+    for (const ScoredExample& r : rows) n.push_back(r.context_tokens);
+  else
+    for (size_t i : idx) n.push_back(rows[i].context_tokens);
+  std::sort(n.begin(), n.end());
+  return {{"min", n.front()}, {"median", n[n.size() / 2]}, {"max", n.back()}};
 }
 
 // Per dataset means of each layer's recall, then the mean over datasets, into p.recall and
@@ -477,7 +491,9 @@ void mean_layer_recall(const std::vector<ScoredExample>& rows, const std::vector
       if (ex.dataset == name) lines.push_back(ex.index);
     for (int l = 0; l < L; ++l) p.recall[l] += r[l] / static_cast<double>(by_dataset.size());
     p.all_layers_recall += all / static_cast<double>(by_dataset.size());
-    per_dataset[name] = {{"examples", idx.size()}, {"lines", lines}, {"recall_at_10pct", r}, {"all_layers_recall", all}};
+    per_dataset[name] = {{"examples", idx.size()},   {"lines", lines},
+                         {"recall_at_10pct", r},     {"all_layers_recall", all},
+                         {"context_tokens", context_lengths(rows, idx)}};
   }
 }
 
@@ -541,6 +557,7 @@ LayerProfile profile_critical_layers(Forward& fwd, ChunkStore& store, const std:
   p.seconds = ms_since(t0) / 1000;
   p.data = {{"datasets", per_dataset},
             {"skipped", skipped},
+            {"context_tokens", context_lengths(rows, {})},
             {"budget", kProfileBudget},
             {"softmax_denominator", "S + context + U keys (causal), as the artifact's kernel"},
             {"probe_rows", probe_rows_name(opt.probe_rows)},

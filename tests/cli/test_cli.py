@@ -257,6 +257,13 @@ class BenchDeviationProfileTest(CliCase):
         self.assertTrue(all(0 <= l < 30 for l in layers))
         self.assertTrue(0.0 <= p["critical_set_recall"] <= p["all_layers_recall"] <= 1.0)
         self.assertIn("critical layers:", stdout + err)
+        # The prompt lengths it was fitted on are recorded, overall and per dataset.
+        short = p["data"]["context_tokens"]
+        self.assertTrue(0 < short["min"] <= short["median"] <= short["max"] < 4000, short)
+        self.assertEqual(sorted(p["data"]["datasets"]), ["hotpotqa", "nq_open_oracle"])
+        for d in p["data"]["datasets"].values():
+            self.assertTrue(short["min"] <= d["context_tokens"]["median"] <= short["max"])
+        self.assertIn("fitted on prompts of %d-%d context tokens" % (short["min"], short["max"]), stdout)
         self.refused("profile-layers", "-m", MODEL, "--data-dir", os.path.join(self.tmp, "no-data"), "--limit", "1",
                      "--out", out, message="no-data")
         # --data: the last --limit examples of any dataset, here musique_s's ~6K-token prompts.
@@ -268,6 +275,10 @@ class BenchDeviationProfileTest(CliCase):
         self.assertEqual(list(m["data"]["datasets"]), ["musique_s"])
         self.assertEqual(m["data"]["datasets"]["musique_s"]["lines"], [149], "the last example, held out from bench")
         self.assertEqual(len(m["critical_layers"]), 2)
+        long_len = m["data"]["context_tokens"]
+        self.assertEqual(long_len, m["data"]["datasets"]["musique_s"]["context_tokens"])
+        self.assertEqual(long_len["min"], long_len["max"], "one example")
+        self.assertGreater(long_len["median"], 2 * short["max"], "musique_s's prompts are several times longer")
         self.refused("profile-layers", "-m", MODEL, "--data-dir", data_dir, "--data", "no_such_set", "--limit", "1",
                      "--out", mus, message="no_such_set")
 
