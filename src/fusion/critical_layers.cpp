@@ -268,7 +268,6 @@ std::vector<CalibrationExample> read_nq_calibration(const std::string& path, siz
 std::vector<CalibrationExample> read_hotpot_calibration(const std::string& path, size_t limit) {
   const std::vector<std::string> lines = read_lines(path);
   std::vector<CalibrationExample> chosen;
-  const RagPromptOptions opt;
   for (size_t li = lines.size(); li-- > 0 && chosen.size() < limit;) {
     const auto j = nlohmann::json::parse(lines[li]);
     CalibrationExample ex;
