@@ -136,6 +136,8 @@ int run_ask(const AskArgs& a) {
   if (const auto& d = fr.selection_details; d.is_object() && d.contains("layers_source"))
     std::fprintf(stderr, "qcfuse critical layers %s from %s\n", d["critical_layers"].dump().c_str(),
                  d["layers_source"].get<std::string>().c_str());
+  if (const auto& d = fr.selection_details; d.is_object() && d.contains("profile_note"))
+    std::fprintf(stderr, "note: %s\n", d["profile_note"].get<std::string>().c_str());
   if (a.show_tokens && ran_method != "full") {
     const bool color = isatty(fileno(stderr));
     std::fprintf(stderr, "\nrecomputed tokens (%zu of %zu context tokens)%s:\n%s\n\n", fr.recomputed.size(),

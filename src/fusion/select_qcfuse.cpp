@@ -30,7 +30,11 @@
 //    so rho = 0 recomputes nothing;
 //  - the paper overlaps loading critical-layer keys with the probe; here all PIC K/V are
 //    already in memory (stitched), so there is nothing to overlap;
-//  - a chat request's suffix (the server) has no known question span: all of U probes there.
+//  - a chat request's suffix (the server) has no known question span: all of U probes there;
+//  - a request over twice as long as the profile's longest calibration prompt is said in
+//    Selection::details["profile_note"] (the paper profiles one length; ours rank differently
+//    at 1.4K and 6K tokens, BENCHMARKS.md). The 1.5B's shipped profile is fitted on ~6K-token
+//    prompts, which did as well on short ones.
 #include <chrono>
 #include <filesystem>
 #include <mutex>
@@ -46,8 +50,30 @@ namespace {
 
 struct CriticalLayers {
   std::vector<int> layers;
-  std::string source;  // profile path, or why the fallback is used
+  std::string source;             // profile path, or why the fallback is used
+  size_t fitted_max_tokens = 0;   // the profile's longest calibration prompt; 0: not recorded
 };
+
+// The longest prompt a profile was fitted on (profile-layers records it since issue 23's tenth
+// session; 0 for an older profile).
+size_t fitted_max_tokens(const qcfuse::LayerProfile& p) {
+  const auto it = p.data.find("context_tokens");
+  if (it == p.data.end() || !it->is_object() || !it->contains("max") || !(*it)["max"].is_number_unsigned()) return 0;
+  return (*it)["max"].get<size_t>();
+}
+
+// Said when a request is much longer than any prompt its profile was fitted on: on the 1.5B,
+// layers ranked on ~1.4K-token prompts lost to layers ranked on ~6K-token ones there, while the
+// long-prompt layers did as well on short prompts (BENCHMARKS.md, "A profile fitted on long
+// prompts"). A note, not a refusal: the layers still serve.
+constexpr size_t kProfileLengthMargin = 2;
+std::string profile_length_note(const CriticalLayers& cl, size_t context_tokens) {
+  if (cl.fitted_max_tokens == 0 || context_tokens <= kProfileLengthMargin * cl.fitted_max_tokens) return "";
+  return "profile fitted on prompts of at most " + std::to_string(cl.fitted_max_tokens) + " context tokens, this one has " +
+         std::to_string(context_tokens) +
+         ": layers ranked on short prompts may not rank a long one's tokens; fit a profile on prompts like yours "
+         "(chunkfuse profile-layers --data FILE)";
+}
 
 std::vector<int> layers_of(const qcfuse::LayerProfile& p, int n_layers) {
   std::vector<int> out;
@@ -84,6 +110,7 @@ CriticalLayers default_critical_layers(const Model& m) {
   std::string why = "no profile at " + path;
   auto take = [&](const qcfuse::LayerProfile& p, const std::string& where) {
     out.layers = layers_of(p, n_layers);
+    out.fitted_max_tokens = fitted_max_tokens(p);
     if (out.layers.empty()) why = "profile " + where + " names no layer of this model";
     else out.source = where + local_layers_note(out.layers, m.hparams());
   };
@@ -104,6 +131,7 @@ CriticalLayers default_critical_layers(const Model& m) {
   }
   if (out.layers.empty()) {
     out.layers = {qcfuse::fallback_critical_layer(m.hparams())};
+    out.fitted_max_tokens = 0;
     out.source = "fallback middle layer (" + why + " and none bundled for this model; run chunkfuse profile-layers)";
   }
   if (!ec) {
@@ -144,7 +172,7 @@ CriticalLayers profile_layers(const Model& m, const std::string& choice) {
   } catch (const std::runtime_error& e) {
     throw std::invalid_argument(e.what());
   }
-  CriticalLayers out{layers_of(*p, m.hparams().n_layers), where};
+  CriticalLayers out{layers_of(*p, m.hparams().n_layers), where, fitted_max_tokens(*p)};
   out.source += local_layers_note(out.layers, m.hparams());
   if (out.layers.empty()) throw std::invalid_argument("qcfuse profile " + where + " names no layer of this model");
   return out;
@@ -252,6 +280,8 @@ class QcfuseSelector final : public Selector {
     sel.slots = top_k_slots(score, in.context_begin, k);
     sel.details["critical_layers"] = cl.layers;
     sel.details["layers_source"] = cl.source;
+    if (cl.fitted_max_tokens > 0) sel.details["profile_max_context_tokens"] = cl.fitted_max_tokens;
+    if (const std::string note = profile_length_note(cl, n); !note.empty()) sel.details["profile_note"] = note;
     sel.details["probe_depth"] = deepest + 1;
     sel.details["anchors"] = pr.anchor_entries;
     sel.details["anchor_rule"] = rule_.name() + (rule_.per_layer ? "_per_layer" : "_shared");

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <numeric>
+#include <optional>
 #include <set>
 
 #include "../runtime/model_fixture.h"
@@ -290,6 +291,47 @@ TEST_F(Qcfuse, AProfileOfAnotherModelIsRefused) {
   const auto ev = qcfuse::bundled_profile(m.fingerprint_hex(), nullptr, "evidence");
   ASSERT_TRUE(ev.has_value());
   EXPECT_EQ(ex.prefill(req, o).selection_details.at("critical_layers"), nlohmann::json(ev->critical_layers));
+}
+
+// A request much longer than every prompt its profile was fitted on is said in the details
+// (profile-layers records the lengths); a profile without them, or a request within twice the
+// longest, says nothing.
+TEST_F(Qcfuse, SaysWhenARequestIsFarLongerThanTheProfilesPrompts) {
+  const Model& m = test::shared_model();
+  Forward fwd(m, test::shared_pool());
+  ChunkStore store = memory_store(m);
+  FusionExecutor ex(fwd, store);
+  const RagRequest req = build_rag_request(m, passages(), "Which prizes did Curie win?");
+  const size_t n = req.context_tokens();
+  ASSERT_GT(n, 6u);
+  ScopedCacheHome home;
+  qcfuse::LayerProfile p;
+  p.model_fingerprint = m.fingerprint_hex();
+  p.recall.assign(m.hparams().n_layers, 0.1);
+  p.critical_layers = {7, 3, 12};
+  const std::string file = (home.dir() / "lengths.qcfuse.json").string();
+  FusionOptions o{"qcfuse", 0.15, 0};
+  o.method_options = {{"profile", file}};
+  auto details_with_max = [&](std::optional<size_t> max) {
+    p.data = nlohmann::json::object();
+    if (max) p.data["context_tokens"] = {{"min", *max / 2}, {"median", *max / 2}, {"max", *max}};
+    qcfuse::save_profile(p, file);
+    return ex.prefill(req, o).selection_details;
+  };
+  const auto shorter = details_with_max(n / 3);
+  ASSERT_TRUE(shorter.contains("profile_note")) << shorter.dump();
+  const std::string note = shorter.at("profile_note").get<std::string>();
+  EXPECT_NE(note.find("at most " + std::to_string(n / 3) + " context tokens"), std::string::npos) << note;
+  EXPECT_NE(note.find("this one has " + std::to_string(n)), std::string::npos) << note;
+  EXPECT_NE(note.find("profile-layers --data"), std::string::npos) << note;
+  EXPECT_EQ(shorter.at("profile_max_context_tokens").get<size_t>(), n / 3);
+  EXPECT_EQ(shorter.at("critical_layers"), nlohmann::json({7, 3, 12})) << "a note, not a refusal";
+  const auto within = details_with_max(n / 2 + 1);  // n <= 2 * max
+  EXPECT_FALSE(within.contains("profile_note")) << within.dump();
+  EXPECT_EQ(within.at("profile_max_context_tokens").get<size_t>(), n / 2 + 1);
+  const auto unrecorded = details_with_max(std::nullopt);
+  EXPECT_FALSE(unrecorded.contains("profile_note"));
+  EXPECT_FALSE(unrecorded.contains("profile_max_context_tokens"));
 }
 
 // A fresh install (empty cache) runs with the profile shipped for the model
