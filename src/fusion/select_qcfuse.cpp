@@ -34,7 +34,7 @@
 //  - a request over twice as long as the profile's longest calibration prompt is said in
 //    Selection::details["profile_note"] (the paper profiles one length; ours rank differently
 //    at 1.4K and 6K tokens, BENCHMARKS.md). The 1.5B's shipped profile is fitted on ~6K-token
-//    prompts, which did as well on short ones.
+//    prompts, which did as well on short ones; on the 0.5B neither length's profile won both.
 #include <chrono>
 #include <filesystem>
 #include <mutex>
@@ -65,7 +65,8 @@ size_t fitted_max_tokens(const qcfuse::LayerProfile& p) {
 // Said when a request is much longer than any prompt its profile was fitted on: on the 1.5B,
 // layers ranked on ~1.4K-token prompts lost to layers ranked on ~6K-token ones there, while the
 // long-prompt layers did as well on short prompts (BENCHMARKS.md, "A profile fitted on long
-// prompts"). A note, not a refusal: the layers still serve.
+// prompts"; on the 0.5B the long-prompt layers raised fidelity and not KL). A note, not a
+// refusal: the layers still serve.
 constexpr size_t kProfileLengthMargin = 2;
 std::string profile_length_note(const CriticalLayers& cl, size_t context_tokens) {
   if (cl.fitted_max_tokens == 0 || context_tokens <= kProfileLengthMargin * cl.fitted_max_tokens) return "";
