@@ -5,13 +5,16 @@
 #   ../qwen15_hotpotqa_profiled  alone, ρ 0.15, QCFuse with the 1.5B's profile (80 questions; Cache-Craft and the oracle on 40)
 #   ../qwen15_hotpotqa_fusionrag FusionRAG and reuse, alone and prefixed (40 questions; rows with evicted
 #                                enriched caches rerun in the seventh session)
-#   ../qwen15_hotpotqa_prefixed  the other selectors and reuse, prefixed (the first 13)
+#   ../qwen15_hotpotqa_prefixed  the other selectors and reuse, prefixed (the first 13; 40 since the
+#                                tenth session, with QCFuse's long-prompt profile as qcfuse:long_profile)
+#   ../qwen15_hotpotqa_longprofile qcfuse:long_profile alone (80 questions; now the shipped profile)
 # This script keeps their rows of the shared questions in results.jsonl and runs the report.
 set -euo pipefail
 cd "$(dirname "$0")"
 python3 - <<'PY'
 import json
-runs = ["../qwen15_hotpotqa_prefixed", "../qwen15_hotpotqa_fusionrag", "../qwen15_hotpotqa_profiled"]
+runs = ["../qwen15_hotpotqa_prefixed", "../qwen15_hotpotqa_fusionrag", "../qwen15_hotpotqa_profiled",
+        "../qwen15_hotpotqa_longprofile"]
 rows = {r: [json.loads(l) for l in open(r + "/results.jsonl") if l.strip()] for r in runs}
 shared = set.intersection(*({x["example"] for x in rows[r]} for r in runs))
 seen, out = set(), []
