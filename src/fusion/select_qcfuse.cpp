@@ -54,8 +54,8 @@ struct CriticalLayers {
   size_t fitted_max_tokens = 0;   // the profile's longest calibration prompt; 0: not recorded
 };
 
-// The longest prompt a profile was fitted on (profile-layers records it since issue 23's tenth
-// session; 0 for an older profile).
+// The longest prompt a profile was fitted on (profile-layers records it since 2026-11-28;
+// 0 for an older profile).
 size_t fitted_max_tokens(const qcfuse::LayerProfile& p) {
   const auto it = p.data.find("context_tokens");
   if (it == p.data.end() || !it->is_object() || !it->contains("max") || !(*it)["max"].is_number_unsigned()) return 0;
