@@ -11,17 +11,12 @@
 
 #include "fusion/executor.h"
 #include "fusion/selector.h"
+#include "fusion_rig.h"
 #include "kv/chunk_store.h"
 #include "model/model.h"
 #include "runtime/sampler.h"
 
 namespace cf::test {
-
-inline ChunkStore memory_store(const Model& m) {
-  ChunkStoreOptions o;
-  o.model = StoreModel{m.fingerprint(), m.hparams()};
-  return ChunkStore(o);
-}
 
 inline float max_diff(const std::vector<float>& a, const std::vector<float>& b) {
   float d = 0;

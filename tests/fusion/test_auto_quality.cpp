@@ -241,10 +241,8 @@ TEST(AutoPlan, PicksTheCheapestStepsAndThresholdPerTarget) {
 // order and are counted; without a calibration, full prefill answers and says so.
 TEST(AutoPrefill, RunsThePolicyOfTheTarget) {
   CF_REQUIRE_MODEL();
-  const Model& m = test::shared_model();
-  Forward fwd(m, test::shared_pool());
-  ChunkStore store = test::memory_store(m);
-  FusionExecutor ex(fwd, store);
+  test::FusionRig rig(test::shared_model());
+  auto& [m, fwd, store, ex] = rig;
   const RagRequest req = build_rag_request(
       m, {{"Warsaw", "Warsaw is the capital of Poland. Marie Curie was born there."}, {"Paris", "Paris is in France."}},
       "Where was Marie Curie born?");

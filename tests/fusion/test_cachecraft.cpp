@@ -9,11 +9,13 @@
 #include "../runtime/model_fixture.h"
 #include "fusion/executor.h"
 #include "fusion/select_cachecraft.h"
+#include "fusion_rig.h"
 #include "runtime/sampler.h"
 
 namespace cf {
 namespace {
 using namespace cachecraft;
+using test::memory_store;
 
 // ---- formulas -------------------------------------------------------------------------
 
@@ -110,12 +112,6 @@ RagRequest request_of(const Model& m, std::initializer_list<size_t> order, const
   std::vector<Passage> ps;
   for (size_t i : order) ps.push_back(all[i]);
   return build_rag_request(m, ps, q);
-}
-
-ChunkStore memory_store(const Model& m) {
-  ChunkStoreOptions o;
-  o.model = StoreModel{m.fingerprint(), m.hparams()};
-  return ChunkStore(o);
 }
 
 class CacheCraft : public ::testing::Test {
@@ -289,10 +285,8 @@ TEST_F(CacheCraft, TokensAreRankedByAttentionToTheOldPrefix) {
 }
 
 TEST_F(CacheCraft, PicksTheVariantWithLowestPenaltyAndRecomputesItsTopRankedTokens) {
-  const Model& m = test::shared_model();
-  Forward fwd(m, test::shared_pool());
-  ChunkStore store = memory_store(m);
-  FusionExecutor ex(fwd, store);
+  test::FusionRig rig(test::shared_model());
+  auto& [m, fwd, store, ex] = rig;
   // Two variants of chunk 2 ("Sorbonne"): after (0 1) and after (3 4).
   build_cachecraft_variants(fwd, store, request_of(m, {0, 1, 2}, "Q?"));
   build_cachecraft_variants(fwd, store, request_of(m, {3, 4, 2}, "Q?"));
@@ -344,10 +338,8 @@ TEST_F(CacheCraft, PicksTheVariantWithLowestPenaltyAndRecomputesItsTopRankedToke
 }
 
 TEST_F(CacheCraft, OnlineVariantsAreOfflineWorkAndServeTheNextRequestExactly) {
-  const Model& m = test::shared_model();
-  Forward fwd(m, test::shared_pool());
-  ChunkStore store = memory_store(m);
-  FusionExecutor ex(fwd, store);
+  test::FusionRig rig(test::shared_model());
+  auto& [m, fwd, store, ex] = rig;
   const RagRequest r = request_of(m, {1, 0, 2}, "Where was Marie Curie born?");
   const FusionResult full = ex.prefill(r, {"full", 1.0, 0});
   const FusionResult reuse = ex.prefill(r, {"reuse", 0.0, 0});
@@ -373,10 +365,8 @@ TEST_F(CacheCraft, OnlineVariantsAreOfflineWorkAndServeTheNextRequestExactly) {
 }
 
 TEST_F(CacheCraft, OwnBudgetFollowsCfoAndRatioCapsIt) {
-  const Model& m = test::shared_model();
-  Forward fwd(m, test::shared_pool());
-  ChunkStore store = memory_store(m);
-  FusionExecutor ex(fwd, store);
+  test::FusionRig rig(test::shared_model());
+  auto& [m, fwd, store, ex] = rig;
   const RagRequest r = request_of(m, {2, 3, 4}, "What did Curie name polonium after?");
   FusionOptions opt{"cachecraft", 1.0, 0};
   opt.method_options = {{"own_budget", true}, {"alpha", 0.5}, {"create_variants", false}};
@@ -397,10 +387,8 @@ TEST_F(CacheCraft, OwnBudgetFollowsCfoAndRatioCapsIt) {
 // other chunks leave the pass after it (their deeper K/V stay the reused ones), and at ρ = 1
 // nothing leaves, so the result still equals full prefill.
 TEST_F(CacheCraft, FocusedChunkEarlyStopRetiresUnfocusedRowsAfterTheSettlingLayer) {
-  const Model& m = test::shared_model();
-  Forward fwd(m, test::shared_pool());
-  ChunkStore store = memory_store(m);
-  FusionExecutor ex(fwd, store);
+  test::FusionRig rig(test::shared_model());
+  auto& [m, fwd, store, ex] = rig;
   const RagRequest r = request_of(m, {0, 1, 2, 3, 4}, "Where was Marie Curie born?");
   FusionOptions opt{"cachecraft", 0.5, 0};
   opt.method_options = {{"create_variants", false}, {"focus_early_stop", true}, {"focus_window", 3}};

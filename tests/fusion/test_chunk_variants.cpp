@@ -78,10 +78,8 @@ TEST_F(ChunkVariants, PrefixedCacheIsExactlyTheChunkRowsOfOnePassOverSAndChunk) 
 }
 
 TEST_F(ChunkVariants, ReuseOfPrefixedCachesServesTheFirstChunkExactlyAndStoresItApart) {
-  const Model& m = test::shared_model();
-  Forward fwd(m, test::shared_pool());
-  ChunkStore store = memory_store(m);
-  FusionExecutor ex(fwd, store);
+  test::FusionRig rig(test::shared_model());
+  auto& [m, fwd, store, ex] = rig;
   const RagRequest req = build_rag_request(m, passages(), "Where was Marie Curie born?");
   const FusionResult full = ex.prefill(req, {"full", 1.0, 0});
   const FusionResult pre = ex.prefill(req, test::run_options("reuse", 0.0, ChunkContext::prefixed));
@@ -103,28 +101,22 @@ TEST_F(ChunkVariants, ReuseOfPrefixedCachesServesTheFirstChunkExactlyAndStoresIt
 }
 
 TEST_F(ChunkVariants, RatioOneReproducesFullPrefillForEverySelectorOnPrefixedCaches) {
-  const Model& m = test::shared_model();
-  Forward fwd(m, test::shared_pool());
-  ChunkStore store = memory_store(m);
-  FusionExecutor ex(fwd, store);
+  test::FusionRig rig(test::shared_model());
+  auto& [m, fwd, store, ex] = rig;
   test::expect_ratio_one_is_full_prefill(ex, build_rag_request(m, passages(), "Where was Marie Curie born?"),
                                          ChunkContext::prefixed);
 }
 
 TEST_F(ChunkVariants, RatioZeroIsReuseForEverySelectorOnPrefixedCaches) {
-  const Model& m = test::shared_model();
-  Forward fwd(m, test::shared_pool());
-  ChunkStore store = memory_store(m);
-  FusionExecutor ex(fwd, store);
+  test::FusionRig rig(test::shared_model());
+  auto& [m, fwd, store, ex] = rig;
   test::expect_ratio_zero_is_reuse(ex, build_rag_request(m, passages(), "Where was Marie Curie born?"),
                                    ChunkContext::prefixed);
 }
 
 TEST_F(ChunkVariants, EverySelectorRunsOnPrefixedCachesWithinItsBudget) {
-  const Model& m = test::shared_model();
-  Forward fwd(m, test::shared_pool());
-  ChunkStore store = memory_store(m);
-  FusionExecutor ex(fwd, store);
+  test::FusionRig rig(test::shared_model());
+  auto& [m, fwd, store, ex] = rig;
   const RagRequest req = build_rag_request(m, passages(), "Which prizes did Curie win?");
   const size_t n = req.context_tokens();
   for (const std::string& method : selector_names()) {

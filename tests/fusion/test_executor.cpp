@@ -33,26 +33,20 @@ class Fusion : public ::testing::Test {
 };
 
 TEST_F(Fusion, RatioOneReproducesFullPrefillForEverySelector) {
-  const Model& m = test::shared_model();
-  Forward fwd(m, test::shared_pool());
-  ChunkStore store = memory_store(m);
-  FusionExecutor ex(fwd, store);
+  test::FusionRig rig(test::shared_model());
+  auto& [m, fwd, store, ex] = rig;
   test::expect_ratio_one_is_full_prefill(ex, build_rag_request(m, passages(), "Where was Marie Curie born?"));
 }
 
 TEST_F(Fusion, RatioZeroIsFullReuseForEverySelector) {
-  const Model& m = test::shared_model();
-  Forward fwd(m, test::shared_pool());
-  ChunkStore store = memory_store(m);
-  FusionExecutor ex(fwd, store);
+  test::FusionRig rig(test::shared_model());
+  auto& [m, fwd, store, ex] = rig;
   test::expect_ratio_zero_is_reuse(ex, build_rag_request(m, passages(), "Where was Marie Curie born?"));
 }
 
 TEST_F(Fusion, SelectorsRespectTheBudgetAndStayInTheContext) {
-  const Model& m = test::shared_model();
-  Forward fwd(m, test::shared_pool());
-  ChunkStore store = memory_store(m);
-  FusionExecutor ex(fwd, store);
+  test::FusionRig rig(test::shared_model());
+  auto& [m, fwd, store, ex] = rig;
   const RagRequest req = build_rag_request(m, passages(), "Which prizes did Curie win?");
   const size_t n = req.context_tokens();
   for (const std::string& method : selector_names()) {
@@ -71,10 +65,8 @@ TEST_F(Fusion, SelectorsRespectTheBudgetAndStayInTheContext) {
 }
 
 TEST_F(Fusion, RejectsBadOptions) {
-  const Model& m = test::shared_model();
-  Forward fwd(m, test::shared_pool());
-  ChunkStore store = memory_store(m);
-  FusionExecutor ex(fwd, store);
+  test::FusionRig rig(test::shared_model());
+  auto& [m, fwd, store, ex] = rig;
   const RagRequest req = build_rag_request(m, passages(), "Q?");
   EXPECT_THROW(ex.prefill(req, {"nonsense", 0.1, 0}), std::invalid_argument);
   EXPECT_THROW(ex.prefill(req, {"epic", 1.5, 0}), std::invalid_argument);

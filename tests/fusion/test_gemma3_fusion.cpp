@@ -61,18 +61,14 @@ class Gemma3Fusion : public ::testing::Test {
 };
 
 TEST_F(Gemma3Fusion, RatioOneReproducesFullPrefillForEverySelectorSlow) {
-  const Model& m = test::shared_gemma3();
-  Forward fwd(m, test::shared_pool());
-  ChunkStore store = memory_store(m);
-  FusionExecutor ex(fwd, store);
+  test::FusionRig rig(test::shared_gemma3());
+  auto& [m, fwd, store, ex] = rig;
   test::expect_ratio_one_is_full_prefill(ex, req_);
 }
 
 TEST_F(Gemma3Fusion, RatioZeroIsFullReuseForEverySelectorSlow) {
-  const Model& m = test::shared_gemma3();
-  Forward fwd(m, test::shared_pool());
-  ChunkStore store = memory_store(m);
-  FusionExecutor ex(fwd, store);
+  test::FusionRig rig(test::shared_gemma3());
+  auto& [m, fwd, store, ex] = rig;
   test::expect_ratio_zero_is_reuse(ex, req_);
 }
 
@@ -89,10 +85,8 @@ TEST_F(Gemma3Fusion, InvariantsHoldOnPrefixedCachesSlow) {
 
 // A small RAG request (inside one window) at rho = 0.3: every selector runs on Gemma 3.
 TEST_F(Gemma3Fusion, EverySelectorRunsAtAMiddleRatioSlow) {
-  const Model& m = test::shared_gemma3();
-  Forward fwd(m, test::shared_pool());
-  ChunkStore store = memory_store(m);
-  FusionExecutor ex(fwd, store);
+  test::FusionRig rig(test::shared_gemma3());
+  auto& [m, fwd, store, ex] = rig;
   const RagRequest small = request(m, {{"Vostok", "Lake Vostok lies under four kilometres of Antarctic ice."},
                                        {"Basalt", "Basalt is a fine-grained volcanic rock of the ocean floor."},
                                        {"Monsoon", "The monsoon brings heavy summer rain to South Asia."}});

@@ -13,11 +13,13 @@
 #include "../runtime/model_fixture.h"
 #include "fusion/executor.h"
 #include "fusion/qcfuse.h"
+#include "fusion_rig.h"
 
 namespace cf {
 namespace {
 
 namespace fs = std::filesystem;
+using test::memory_store;
 
 std::vector<Passage> passages() {
   return {
@@ -27,12 +29,6 @@ std::vector<Passage> passages() {
                  "city was part of the Russian Empire."},
       {"Sorbonne", "The Sorbonne in Paris is where Curie studied and later became the first woman professor."},
   };
-}
-
-ChunkStore memory_store(const Model& m) {
-  ChunkStoreOptions o;
-  o.model = StoreModel{m.fingerprint(), m.hparams()};
-  return ChunkStore(o);
 }
 
 // A temporary directory as XDG_CACHE_HOME for one scope (the model is already loaded).
@@ -224,10 +220,8 @@ TEST_F(Qcfuse, QuestionRowsSpellTheQuestionOnly) {
 // Issue 16: QCFuse with anchor ratio 1 and all layers is the full-view selector, so it must
 // choose exactly ProphetKV's positions, on real multi-hop examples, both probe-row modes.
 TEST_F(Qcfuse, AnchorRatioOneWithAllLayersSelectsExactlyProphetsPositionsSlow) {
-  const Model& m = test::shared_model();
-  Forward fwd(m, test::shared_pool());
-  ChunkStore store = memory_store(m);
-  FusionExecutor ex(fwd, store);
+  test::FusionRig rig(test::shared_model());
+  auto& [m, fwd, store, ex] = rig;
   std::vector<std::pair<std::vector<Passage>, std::string>> cases{{passages(), "Which prizes did Curie win?"}};
   const std::string hotpot = test::shared_datasets_dir() + "/hotpotqa_dev200.jsonl";
   if (fs::exists(hotpot))
@@ -257,10 +251,8 @@ TEST_F(Qcfuse, AnchorRatioOneWithAllLayersSelectsExactlyProphetsPositionsSlow) {
 // A profile made for another model is refused, never used: by name of file (an error naming
 // it) and in the cache (the shipped profile is used instead, and details say why).
 TEST_F(Qcfuse, AProfileOfAnotherModelIsRefused) {
-  const Model& m = test::shared_model();
-  Forward fwd(m, test::shared_pool());
-  ChunkStore store = memory_store(m);
-  FusionExecutor ex(fwd, store);
+  test::FusionRig rig(test::shared_model());
+  auto& [m, fwd, store, ex] = rig;
   const RagRequest req = build_rag_request(m, passages(), "Which prizes did Curie win?");
   ScopedCacheHome home;
   qcfuse::LayerProfile p;
@@ -297,10 +289,8 @@ TEST_F(Qcfuse, AProfileOfAnotherModelIsRefused) {
 // (profile-layers records the lengths); a profile without them, or a request within twice the
 // longest, says nothing.
 TEST_F(Qcfuse, SaysWhenARequestIsFarLongerThanTheProfilesPrompts) {
-  const Model& m = test::shared_model();
-  Forward fwd(m, test::shared_pool());
-  ChunkStore store = memory_store(m);
-  FusionExecutor ex(fwd, store);
+  test::FusionRig rig(test::shared_model());
+  auto& [m, fwd, store, ex] = rig;
   const RagRequest req = build_rag_request(m, passages(), "Which prizes did Curie win?");
   const size_t n = req.context_tokens();
   ASSERT_GT(n, 6u);
@@ -337,10 +327,8 @@ TEST_F(Qcfuse, SaysWhenARequestIsFarLongerThanTheProfilesPrompts) {
 // A fresh install (empty cache) runs with the profile shipped for the model
 // (data/qcfuse_profiles); a profile in the cache (chunkfuse profile-layers) takes precedence.
 TEST_F(Qcfuse, SelectorUsesTheCachedProfileElseTheBundledOne) {
-  const Model& m = test::shared_model();
-  Forward fwd(m, test::shared_pool());
-  ChunkStore store = memory_store(m);
-  FusionExecutor ex(fwd, store);
+  test::FusionRig rig(test::shared_model());
+  auto& [m, fwd, store, ex] = rig;
   const RagRequest req = build_rag_request(m, passages(), "Which prizes did Curie win?");
   ScopedCacheHome home;
 
@@ -386,10 +374,8 @@ TEST_F(Qcfuse, SelectorUsesTheCachedProfileElseTheBundledOne) {
 }
 
 TEST_F(Qcfuse, MethodOptionsSetTheLayersAndTheAnchorRatio) {
-  const Model& m = test::shared_model();
-  Forward fwd(m, test::shared_pool());
-  ChunkStore store = memory_store(m);
-  FusionExecutor ex(fwd, store);
+  test::FusionRig rig(test::shared_model());
+  auto& [m, fwd, store, ex] = rig;
   const RagRequest req = build_rag_request(m, passages(), "Which prizes did Curie win?");
   FusionOptions o{"qcfuse", 0.2, 0};
   o.method_options = {{"layers", {2, 9}}, {"anchor_ratio", 0.0}};
