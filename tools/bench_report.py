@@ -92,6 +92,12 @@ def peer_index(peer_rows):
     return {(p["dataset"], p["model"], p["example"], int(p.get("threads", 0))): p["peer_ttft_ms"] for p in peer_rows}
 
 
+def same_kernels(a, b):
+    """Whether two rows' TTFTs were measured with the same kernels (the row's "isa"; rows
+    written before it was recorded have none and compare only with each other)."""
+    return a.get("isa") == b.get("isa")
+
+
 def aggregate(rows, peer=None):
     """(dataset, model) -> list of per-(method, ratio) aggregate dicts, in display order."""
     peer = peer or {}
@@ -130,8 +136,12 @@ def aggregate(rows, peer=None):
             for phase in ("lookup", "load", "selection", "recompute"):
                 a[f"{phase}_median_ms"] = quantile([r[f"{phase}_ms"] for r in rs], 0.5)
             a["selection_share"] = sum(r["selection_ms"] for r in rs) / sum_ttft if sum_ttft > 0 else float("nan")
-            full_ttft = quantile([full_by[r["example"]]["ttft_ms"] for r in rs if r["example"] in full_by], 0.5)
-            a["speedup_vs_full"] = full_ttft / med if med > 0 and not math.isnan(full_ttft) else float("nan")
+            # A row whose full prefill ran on other kernels (a run resumed on another CPU) is
+            # left out of the speed-up on both sides; rows that record no kernels pair together.
+            timed = [r for r in rs if r["example"] not in full_by or same_kernels(r, full_by[r["example"]])]
+            own_med = quantile([r["ttft_ms"] for r in timed], 0.5)
+            full_ttft = quantile([full_by[r["example"]]["ttft_ms"] for r in timed if r["example"] in full_by], 0.5)
+            a["speedup_vs_full"] = full_ttft / own_med if own_med > 0 and not math.isnan(full_ttft) else float("nan")
             with_peer = [(peer[k], r["ttft_ms"]) for r in rs
                          for k in [(r["dataset"], r.get("model", ""), r["example"], int(r.get("threads", 0)))] if k in peer]
             a["llama_ttft_median_ms"] = quantile([p for p, _ in with_peer], 0.5)
@@ -149,6 +159,7 @@ def aggregate(rows, peer=None):
                 a["f1_recovery"] = (mean([r["f1"] for r in paired]) - f1_reuse) / (f1_full - f1_reuse)
             else:
                 a["f1_recovery"] = float("nan")
+            a["ttft_other_kernels"] = len(rs) - len(timed)
             table.append(a)
         out[key] = table
     return out
@@ -378,7 +389,7 @@ def write_report(out_dir, rows, tables, plots, have_peer=False, paired=None, mor
               "1st tok = share of examples whose first generated token equals full prefill's; "
               "KL = mean KL(full || method) of the first-token distributions; TTFT median and p90 "
               "(ms); sel. = share of TTFT spent in selection; speedup = full prefill's median TTFT / "
-              "the method's; recomp. = recomputed share of the context tokens; recovery = "
+              "the method's, over the rows timed with the same kernels as their full prefill; recomp. = recomputed share of the context tokens; recovery = "
               "(F1 - F1_reuse) / (F1_full - F1_reuse); match = RULER string match (share of the gold "
               "strings in the answer where all are required, else 1 if any is)."
               + (" llama.cpp = median TTFT of llama.cpp's full prefill of the same prompt ids (same GGUF "
@@ -403,6 +414,12 @@ def write_report(out_dir, rows, tables, plots, have_peer=False, paired=None, mor
                 f"{fmt(a['kl_mean'], 4)} | {fmt(a['ttft_median_ms'], 1)} | {fmt(a['ttft_p90_ms'], 1)} | "
                 f"{fmt(100 * a['selection_share'], 1)}% | {fmt(a['speedup_vs_full'], 2)}x |{peer_cells} "
                 f"{fmt(100 * a['recomputed_share'], 1)}% | {fmt(a['f1_recovery'], 2)} |")
+        other = sum(a["ttft_other_kernels"] for a in table)
+        if other:
+            kernels = sorted({r.get("isa", "unrecorded") for r in rows
+                              if r["dataset"] == dataset and r.get("model", "") == model})
+            lines += ["", f"Speed-ups leave out {other} rows whose full prefill ran with other kernels "
+                          f"(this table's rows: {', '.join(kernels)}); their TTFT medians above include them."]
         lines.append("")
         lines.append("TTFT phases (median ms) and offline cost:")
         lines.append("")

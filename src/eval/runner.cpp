@@ -25,6 +25,7 @@
 #include "fusion/executor.h"
 #include "fusion/fusionrag_enrich.h"
 #include "kv/chunk_store.h"
+#include "model/kernels.h"
 #include "runtime/generate.h"
 
 namespace cf::eval {
@@ -449,7 +450,10 @@ json result_row(const BenchConfig& cfg, const ExampleContext& x, const BenchRun&
            {"seed", x.seed},
            {"threads", cfg.threads},
            {"store", cfg.memory_only_store ? "memory" : std::string("disk-") + dtype_name(cfg.disk_dtype)},
-           {"load_avg_1m", x.load_avg}};
+           {"load_avg_1m", x.load_avg},
+           // TTFTs compare only between rows of the same kernels (a resumed run may be on
+           // another CPU); bench_report pairs them by it.
+           {"isa", isa_name(active_isa())}};
   if (base != run.method) {
     row["base_method"] = base;
     row["method_options"] = options;

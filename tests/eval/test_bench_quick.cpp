@@ -16,6 +16,7 @@
 #include "../runtime/model_fixture.h"
 #include "eval/bench_request.h"
 #include "eval/runner.h"
+#include "model/kernels.h"
 
 namespace cf::eval {
 namespace {
@@ -223,6 +224,8 @@ TEST(BenchQuick, TwoMusiqueExamples) {
       EXPECT_EQ(row["max_tokens"], 12);
       EXPECT_EQ(row["store"], "disk-f16");
       EXPECT_LE(row["generated_tokens"].get<size_t>(), 12u);
+      // The kernels that timed it: bench_report pairs TTFTs only between rows of the same.
+      EXPECT_EQ(row.value("isa", ""), isa_name(active_isa()));
     }
     // Reuse being faster than full prefill is a benchmark (BENCHMARKS.md), not a unit test
     // (issue 24): here, the work it skips is what is checked (recomputed_tokens == 0 above).

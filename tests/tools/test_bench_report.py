@@ -3,6 +3,7 @@
 import math
 import os
 import sys
+import tempfile
 import unittest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools"))
@@ -193,6 +194,40 @@ class ChunkContextTest(unittest.TestCase):
         self.assertNotIn(("epic (prefixed) - reuse (alone)", 0.15), by)
         self.assertNotIn(("epic - reuse (alone)", 0.15),
                          {(d["comparison"], d["ratio"]) for d in bench_report.paired_more(labelled)})
+
+
+class SpeedupKernelsTest(unittest.TestCase):
+    @staticmethod
+    def timed(method, example, ttft, isa=None):
+        r = row(method, 1.0 if method == "full" else 0.15, example, 1.0)
+        r.update({"f1": 0.5, "em": 0.0, "rouge_l": 0.5, "first_token_agree": True, "ttft_ms": ttft,
+                  "lookup_ms": 0.0, "load_ms": 0.0, "selection_ms": 0.0, "recompute_ms": ttft,
+                  "recomputed_tokens": 1, "context_tokens": 10, "decode_tok_s": 10.0})
+        if isa:
+            r["isa"] = isa
+        return r
+
+    def epic(self, rows):
+        return next(a for a in bench_report.aggregate(rows)[("d", "m.gguf")] if a["method"] == "epic")
+
+    def test_rows_whose_full_prefill_ran_on_other_kernels_are_left_out_of_the_speedup(self):
+        rows = [self.timed("full", e, 1000.0, "avx512") for e in "abc"]
+        rows += [self.timed("epic", "a", 100.0, "avx512"), self.timed("epic", "b", 200.0, "avx512"),
+                 self.timed("epic", "c", 50.0, "avx2")]  # resumed on an AVX2 machine
+        a = self.epic(rows)
+        self.assertEqual(a["ttft_other_kernels"], 1)
+        self.assertAlmostEqual(a["speedup_vs_full"], 1000.0 / 150.0)  # all three would give 10x
+        with tempfile.TemporaryDirectory() as d:
+            bench_report.write_report(d, rows, bench_report.aggregate(rows), {})
+            with open(os.path.join(d, "report.md"), encoding="utf-8") as f:
+                self.assertIn("leave out 1 rows whose full prefill ran with other kernels", f.read())
+
+    def test_rows_without_recorded_kernels_pair_with_each_other(self):
+        rows = [self.timed("full", e, 1000.0) for e in "abc"]
+        rows += [self.timed("epic", e, t) for e, t in zip("abc", (100.0, 200.0, 50.0))]
+        a = self.epic(rows)
+        self.assertEqual(a["ttft_other_kernels"], 0)
+        self.assertAlmostEqual(a["speedup_vs_full"], 10.0)
 
 
 if __name__ == "__main__":
