@@ -12,7 +12,6 @@ namespace cf {
 namespace {
 
 using test::max_kv_diff;
-using test::memory_store;
 
 std::vector<Passage> passages() {
   return {

@@ -16,7 +16,6 @@ namespace cf {
 namespace {
 
 using test::max_diff;
-using test::memory_store;
 
 std::vector<Passage> passages() {
   return {

@@ -12,6 +12,7 @@
 #include "fusionrag_test_corpus.h"
 #include "fusion/executor.h"
 #include "fusion/fusionrag_enrich.h"
+#include "fusion_rig.h"
 
 namespace cf {
 namespace {
@@ -136,12 +137,8 @@ TEST_F(FusionRagOnline, EnrichedChunkAfterItsPrefixedNeighboursEqualsComputingIt
 }
 
 TEST_F(FusionRagOnline, OptionsAreCheckedAndBothProbesChooseTheBudget) {
-  const Model& m = test::shared_model();
-  Forward fwd(m, test::shared_pool());
-  ChunkStoreOptions so;
-  so.model = StoreModel{m.fingerprint(), m.hparams()};
-  ChunkStore store(so);
-  FusionExecutor ex(fwd, store);
+  test::FusionRig rig(test::shared_model());
+  auto& [m, fwd, store, ex] = rig;
   const auto passages = test::fusionrag_corpus();
   const RagRequest req = build_rag_request(m, passages, "Where was Marie Curie born?");
   for (const char* bad : {R"({"sink": "yes"})", R"({"probe": 1})", R"({"neighbours": 3})",
