@@ -7,8 +7,10 @@
 // of issue 29, item 1 (a 400 KB body nesting 200,000 levels under fusion.options).
 //
 // Generation is kept cheap so that valid requests do not dominate: prompts are capped at 96
-// tokens and answers at 2 (--max-prompt-tokens, --max-completion-tokens). Model: the
-// default SmolLM2 file ($CHUNKFUSE_FUZZ_MODEL overrides), as scripts/setup.sh installs it.
+// tokens and answers at 2 (--max-prompt-tokens, --max-completion-tokens). Model: the tests'
+// SmolLM2-135M file ($CHUNKFUSE_FUZZ_MODEL overrides), as scripts/setup.sh installs it, not
+// the engine's default 0.5B: a 2-token chat on that took 35 s here (the fuzzer's hang limit
+// is 10 s; CI failed on it when the default changed).
 #include <httplib.h>
 
 #include <cstddef>
@@ -47,7 +49,7 @@ struct Harness {
   Harness() {
     cf::EngineOptions eo;
     const char* model = std::getenv("CHUNKFUSE_FUZZ_MODEL");
-    eo.model_path = model && *model ? model : cf::cache_root() + "/models/" + cf::kDefaultModelFile;
+    eo.model_path = model && *model ? model : cf::cache_root() + "/models/" + cf::kTestModelFile;
     eo.threads = 1;
     eo.max_prompt_tokens = 96;
     eo.max_documents = 8;

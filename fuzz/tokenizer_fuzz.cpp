@@ -32,7 +32,7 @@ Loaded load(const char* env, const char* name) {
 const std::vector<Loaded>& tokenizers() {
   static const std::vector<Loaded> all = [] {
     std::vector<Loaded> v;
-    v.push_back(load("CHUNKFUSE_FUZZ_BPE_MODEL", "SmolLM2-135M-Instruct.Q4_1.gguf"));
+    v.push_back(load("CHUNKFUSE_FUZZ_BPE_MODEL", cf::kTestModelFile));
     v.push_back(load("CHUNKFUSE_GEMMA3_MODEL", "gemma-3-270m-q4_k_m.gguf"));
     return v;
   }();

@@ -11,7 +11,7 @@ namespace cf::test {
 // tests, whose fixtures (smollm2_q4_1.json) and expectations are made for it.
 std::string default_model_path() {
   if (const char* env = std::getenv("CHUNKFUSE_MODEL"); env && *env) return env;
-  return cf::cache_root() + "/models/SmolLM2-135M-Instruct.Q4_1.gguf";
+  return cf::cache_root() + "/models/" + cf::kTestModelFile;
 }
 
 bool have_default_model() { return std::filesystem::exists(default_model_path()); }
