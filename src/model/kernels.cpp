@@ -19,6 +19,7 @@
 #include <cpuid.h>
 #endif
 
+#include "base/sanitizer.h"
 #include "base/thread_pool.h"
 #include "model/kernels_impl.h"
 
@@ -183,6 +184,22 @@ kern::TileKernelFn tile_kernel(const kern::IsaKernels& k, GgmlType t, bool batch
 constexpr size_t kMinParallelMacs = 512 * 1024;
 constexpr size_t kRowChunk = 64;  // activation rows per task for large n
 
+// The regions one multiply's ISA kernels touch (they are not instrumented in the sanitizer
+// build; base/sanitizer.h): the tiles of outputs o_begin..o_end, the activation records,
+// each input row and each output row's o_begin..o_end.
+void check_isa_regions(const uint8_t* tiles, size_t tile_bytes, const uint8_t* acts, size_t act_bytes,
+                       const float* x, size_t x_stride, size_t n, size_t cols, const float* y, size_t y_stride,
+                       size_t o_begin, size_t o_end) {
+#ifdef CF_ASAN
+  check_kernel_region("matmul weight tiles", tiles, tile_bytes);
+  check_kernel_region("matmul activation records", acts, act_bytes);
+  for (size_t r = 0; r < n; ++r) {
+    check_kernel_region("matmul input row", x + r * x_stride, cols * sizeof(float));
+    check_kernel_region("matmul output row", y + r * y_stride + o_begin, (o_end - o_begin) * sizeof(float));
+  }
+#endif
+}
+
 }  // namespace
 
 struct WeightMatrix::Impl {
@@ -293,6 +310,9 @@ void WeightMatrix::multiply_rows(const float* x, size_t n, size_t x_stride, floa
                         : kq ? kern::q8k_act_row_stride(m.nb)
                              : kern::act_row_stride(m.nb);
   uint8_t* acts = act_scratch(stride * n);
+  check_isa_regions(m.packed.get() + o_begin / kern::kTileRows * m.tile_bytes,
+                    ((o_end + kern::kTileRows - 1) / kern::kTileRows - o_begin / kern::kTileRows) * m.tile_bytes,
+                    acts, stride * n, x, x_stride, n, cols_, y, y_stride, o_begin, o_end);
   auto quantize = [&](size_t b, size_t e, size_t) {
     for (size_t r = b; r < e; ++r) {
       if (half)

@@ -5,6 +5,7 @@
 #include <stdexcept>
 #include <vector>
 
+#include "base/sanitizer.h"
 #include "base/thread_pool.h"
 #include "runtime/runtime_kernels.h"
 
@@ -23,6 +24,15 @@ void attention(const AttentionShape& s, const float* q, const int32_t* row_pos, 
                float* out, ThreadPool& pool) {
   if (s.head_dim > 256 || s.head_dim % 16 != 0 || s.n_heads % s.n_kv_heads != 0)
     throw std::invalid_argument("attention: unsupported head shape");
+  // The ISA kernels are not instrumented in the sanitizer build (base/sanitizer.h).
+  const size_t q_bytes = n_rows * static_cast<size_t>(s.n_heads) * s.head_dim * sizeof(float);
+  const size_t kv_bytes = n_entries * static_cast<size_t>(s.n_kv_heads) * s.head_dim * sizeof(uint16_t);
+  check_kernel_region("attention q", q, q_bytes);
+  check_kernel_region("attention out", out, q_bytes);
+  check_kernel_region("attention row_pos", row_pos, n_rows * sizeof(int32_t));
+  check_kernel_region("attention K", K, kv_bytes);
+  check_kernel_region("attention V", V, kv_bytes);
+  check_kernel_region("attention entry_pos", entry_pos, n_entries * sizeof(int32_t));
   const rk::RuntimeKernels& k = rk::active();
   const size_t group = static_cast<size_t>(s.n_heads / s.n_kv_heads);
   const size_t rows_per_task = std::max<size_t>(1, rk::kMaxQueries / group);
@@ -40,6 +50,10 @@ void attention(const AttentionShape& s, const float* q, const int32_t* row_pos, 
 
 void attention_probs(const AttentionShape& s, const float* q_row, int32_t row_pos, const uint16_t* K,
                      const int32_t* entry_pos, size_t n_entries, float* probs) {
+  check_kernel_region("attention_probs q_row", q_row, static_cast<size_t>(s.n_heads) * s.head_dim * sizeof(float));
+  check_kernel_region("attention_probs K", K, n_entries * static_cast<size_t>(s.n_kv_heads) * s.head_dim * sizeof(uint16_t));
+  check_kernel_region("attention_probs entry_pos", entry_pos, n_entries * sizeof(int32_t));
+  check_kernel_region("attention_probs probs", probs, static_cast<size_t>(s.n_heads) * n_entries * sizeof(float));
   rk::active().attention_probs_row(s, q_row, row_pos, K, entry_pos, n_entries, probs);
 }
 

@@ -5,13 +5,25 @@
 #include <cstdint>
 #include <vector>
 
+#include "base/sanitizer.h"
 #include "runtime/runtime_kernels.h"
 
 namespace cf {
 
-void rms_norm(const float* x, const float* w, float* y, size_t n, float eps) { rk::active().rms_norm(x, w, y, n, eps); }
+// The ISA kernels are not instrumented in the sanitizer build: their regions are checked
+// here (base/sanitizer.h).
+void rms_norm(const float* x, const float* w, float* y, size_t n, float eps) {
+  check_kernel_region("rms_norm x", x, n * sizeof(float));
+  check_kernel_region("rms_norm w", w, n * sizeof(float));
+  check_kernel_region("rms_norm y", y, n * sizeof(float));
+  rk::active().rms_norm(x, w, y, n, eps);
+}
 
-void silu_mul(float* gate, const float* up, size_t n) { rk::active().silu_mul(gate, up, n); }
+void silu_mul(float* gate, const float* up, size_t n) {
+  check_kernel_region("silu_mul gate", gate, n * sizeof(float));
+  check_kernel_region("silu_mul up", up, n * sizeof(float));
+  rk::active().silu_mul(gate, up, n);
+}
 
 namespace {
 // ggml's GELU (tanh approximation) as its CPU backend runs it: gelu of x rounded to f16,
@@ -51,13 +63,28 @@ void gelu_mul(float* gate, const float* up, size_t n) {
   }
 }
 
-void add_inplace(float* y, const float* x, size_t n) { rk::active().add_inplace(y, x, n); }
+void add_inplace(float* y, const float* x, size_t n) {
+  check_kernel_region("add_inplace y", y, n * sizeof(float));
+  check_kernel_region("add_inplace x", x, n * sizeof(float));
+  rk::active().add_inplace(y, x, n);
+}
 
-void round_to_f16(float* x, size_t n) { rk::active().round_to_f16(x, n); }
+void round_to_f16(float* x, size_t n) {
+  check_kernel_region("round_to_f16", x, n * sizeof(float));
+  rk::active().round_to_f16(x, n);
+}
 
-void f16_to_f32(const uint16_t* x, float* y, size_t n) { rk::active().f16_to_f32(x, y, n); }
+void f16_to_f32(const uint16_t* x, float* y, size_t n) {
+  check_kernel_region("f16_to_f32 x", x, n * sizeof(uint16_t));
+  check_kernel_region("f16_to_f32 y", y, n * sizeof(float));
+  rk::active().f16_to_f32(x, y, n);
+}
 
-void f32_to_f16(const float* x, uint16_t* y, size_t n) { rk::active().f32_to_f16(x, y, n); }
+void f32_to_f16(const float* x, uint16_t* y, size_t n) {
+  check_kernel_region("f32_to_f16 x", x, n * sizeof(float));
+  check_kernel_region("f32_to_f16 y", y, n * sizeof(uint16_t));
+  rk::active().f32_to_f16(x, y, n);
+}
 
 float exp_approx(float x) { return rk::active().exp(x); }
 
