@@ -64,8 +64,6 @@ void decode_block(GgmlType type, const uint8_t* row, size_t b, Block32& out) {
   }
 }
 
-inline void store_f32(uint8_t* p, float v) { std::memcpy(p, &v, 4); }
-
 // Writes the 32 values u (4 + hb bits) as row o of the nibble block at dst (kernels_impl.h;
 // dst starts zeroed).
 void pack_nib_block(const uint8_t* u, int hb, unsigned o, uint8_t* dst) {
