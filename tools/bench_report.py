@@ -51,7 +51,7 @@ import platform
 import random
 import statistics
 import sys
-from collections import OrderedDict, defaultdict
+from collections import Counter, OrderedDict, defaultdict
 
 from benchlib import read_jsonl  # same folder
 
@@ -365,6 +365,13 @@ def machine_line():
     return f"{cpu}, {os.cpu_count()} hardware threads, {platform.system()} {platform.release()}"
 
 
+def kernels_line(rows):
+    """Which kernels timed the rows, from their `isa` field (the machine that ran them, which
+    may not be the one making this report: a resumed bench folder can hold rows of several)."""
+    counts = Counter(r.get("isa") or "not recorded" for r in rows)
+    return ", ".join(f"{isa} {n}" for isa, n in sorted(counts.items()))
+
+
 def write_report(out_dir, rows, tables, plots, have_peer=False, paired=None, more=None):
     paired = paired or {}
     lines = ["# chunkfuse bench report", ""]
@@ -376,9 +383,10 @@ def write_report(out_dir, rows, tables, plots, have_peer=False, paired=None, mor
             lines += ["Command (latest invocation; resumed runs append rows):", "", "```", cmds[-1], "```", ""]
     threads = sorted({r.get("threads", 0) for r in rows})
     loads = [r["load_avg_1m"] for r in rows if r.get("load_avg_1m", -1) >= 0]
-    lines.append(f"Machine: {machine_line()}; threads used: {', '.join(map(str, threads))}; "
+    lines.append(f"Rows timed with kernels: {kernels_line(rows)} (rows made before the bench recorded its "
+                 f"kernels say 'not recorded'); threads used: {', '.join(map(str, threads))}; "
                  f"1-minute load average during the run: median {fmt(quantile(loads, 0.5), 2)}, "
-                 f"max {fmt(max(loads) if loads else float('nan'), 2)}.")
+                 f"max {fmt(max(loads) if loads else float('nan'), 2)}. Report made on: {machine_line()}.")
     stores = sorted({r.get("store", "?") for r in rows})
     max_tokens = sorted({r.get("max_tokens", 0) for r in rows})
     lines += [f"Rows: {len(rows)}. Chunk store: {', '.join(stores)}. Greedy decoding, up to "

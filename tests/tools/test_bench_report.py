@@ -220,7 +220,10 @@ class SpeedupKernelsTest(unittest.TestCase):
         with tempfile.TemporaryDirectory() as d:
             bench_report.write_report(d, rows, bench_report.aggregate(rows), {})
             with open(os.path.join(d, "report.md"), encoding="utf-8") as f:
-                self.assertIn("leave out 1 rows whose full prefill ran with other kernels", f.read())
+                report = f.read()
+            self.assertIn("leave out 1 rows whose full prefill ran with other kernels", report)
+            # The header says which kernels timed the rows, not only the machine making the report.
+            self.assertIn("Rows timed with kernels: avx2 1, avx512 5 ", report)
 
     def test_rows_without_recorded_kernels_pair_with_each_other(self):
         rows = [self.timed("full", e, 1000.0) for e in "abc"]
@@ -228,6 +231,8 @@ class SpeedupKernelsTest(unittest.TestCase):
         a = self.epic(rows)
         self.assertEqual(a["ttft_other_kernels"], 0)
         self.assertAlmostEqual(a["speedup_vs_full"], 10.0)
+        self.assertEqual(bench_report.kernels_line(rows + [self.timed("epic", "d", 1.0, "avx2")]),
+                         "avx2 1, not recorded 6")
 
 
 if __name__ == "__main__":
