@@ -310,9 +310,11 @@ void WeightMatrix::multiply_rows(const float* x, size_t n, size_t x_stride, floa
                         : kq ? kern::q8k_act_row_stride(m.nb)
                              : kern::act_row_stride(m.nb);
   uint8_t* acts = act_scratch(stride * n);
-  check_isa_regions(m.packed.get() + o_begin / kern::kTileRows * m.tile_bytes,
-                    ((o_end + kern::kTileRows - 1) / kern::kTileRows - o_begin / kern::kTileRows) * m.tile_bytes,
-                    acts, stride * n, x, x_stride, n, cols_, y, y_stride, o_begin, o_end);
+  const size_t t_begin = o_begin / kern::kTileRows;  // the tiles holding outputs o_begin..o_end
+  const size_t t_end = (o_end + kern::kTileRows - 1) / kern::kTileRows;
+  const size_t tiles = t_end - t_begin;
+  check_isa_regions(m.packed.get() + t_begin * m.tile_bytes, tiles * m.tile_bytes, acts, stride * n, x, x_stride, n,
+                    cols_, y, y_stride, o_begin, o_end);
   auto quantize = [&](size_t b, size_t e, size_t) {
     for (size_t r = b; r < e; ++r) {
       if (half)
@@ -330,9 +332,6 @@ void WeightMatrix::multiply_rows(const float* x, size_t n, size_t x_stride, floa
     quantize(0, n, 0);
 
   const kern::ActView act{acts, stride, m.nb};
-  const size_t t_begin = o_begin / kern::kTileRows;
-  const size_t t_end = (o_end + kern::kTileRows - 1) / kern::kTileRows;
-  const size_t tiles = t_end - t_begin;
   const size_t row_chunk = std::min(n, kRowChunk);
   const size_t row_tasks = (n + row_chunk - 1) / row_chunk;
   // Enough tasks for load balance across threads; tiles per task from that.
