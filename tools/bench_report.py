@@ -232,6 +232,9 @@ def chunk_context(row):
     return row.get("chunk_context", row.get("chunk_variant", "alone"))
 
 
+COPIED_FULL_ROW = "_copied_full_row"  # marks label_chunk_contexts' copies: not rows of the file
+
+
 def label_chunk_contexts(rows):
     """Rows of prefixed runs under the dataset label '<name> [prefixed]', full prefill's rows
     copied there too (they do not depend on the chunk context)."""
@@ -243,7 +246,7 @@ def label_chunk_contexts(rows):
             continue
         out.append(r)
         if r["method"] == "full" and (r["dataset"], r.get("model", "")) in prefixed:
-            out.append(dict(r, dataset=r["dataset"] + PREFIXED))
+            out.append(dict(r, dataset=r["dataset"] + PREFIXED, **{COPIED_FULL_ROW: True}))
     return out
 
 
@@ -381,15 +384,16 @@ def write_report(out_dir, rows, tables, plots, have_peer=False, paired=None, mor
             cmds = [l.strip() for l in f if l.strip()]
         if cmds:
             lines += ["Command (latest invocation; resumed runs append rows):", "", "```", cmds[-1], "```", ""]
-    threads = sorted({r.get("threads", 0) for r in rows})
-    loads = [r["load_avg_1m"] for r in rows if r.get("load_avg_1m", -1) >= 0]
-    lines.append(f"Rows timed with kernels: {kernels_line(rows)} (rows made before the bench recorded its "
+    file_rows = [r for r in rows if not r.get(COPIED_FULL_ROW)]  # the header counts each row once
+    threads = sorted({r.get("threads", 0) for r in file_rows})
+    loads = [r["load_avg_1m"] for r in file_rows if r.get("load_avg_1m", -1) >= 0]
+    lines.append(f"Rows timed with kernels: {kernels_line(file_rows)} (rows made before the bench recorded its "
                  f"kernels say 'not recorded'); threads used: {', '.join(map(str, threads))}; "
                  f"1-minute load average during the run: median {fmt(quantile(loads, 0.5), 2)}, "
                  f"max {fmt(max(loads) if loads else float('nan'), 2)}. Report made on: {machine_line()}.")
-    stores = sorted({r.get("store", "?") for r in rows})
-    max_tokens = sorted({r.get("max_tokens", 0) for r in rows})
-    lines += [f"Rows: {len(rows)}. Chunk store: {', '.join(stores)}. Greedy decoding, up to "
+    stores = sorted({r.get("store", "?") for r in file_rows})
+    max_tokens = sorted({r.get("max_tokens", 0) for r in file_rows})
+    lines += [f"Rows: {len(file_rows)}. Chunk store: {', '.join(stores)}. Greedy decoding, up to "
               f"{', '.join(map(str, max_tokens))} tokens, stopping at a newline.", ""]
     lines += ["Columns: F1/EM/ROUGE-L against the gold answers (LongBench normalisation, max over "
               "gold answers); fidelity = token F1 of the answer against full prefill's answer; ident. = share of "

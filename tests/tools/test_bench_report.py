@@ -10,6 +10,11 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import bench_report  # noqa: E402
 
 
+# The fields a report needs beyond the quality ones (aggregate's TTFT columns).
+TIMING_FIELDS = {"f1": 0.5, "em": 0.0, "rouge_l": 0.5, "lookup_ms": 0.0, "load_ms": 0.0, "selection_ms": 0.0,
+                 "recomputed_tokens": 1, "context_tokens": 10, "decode_tok_s": 10.0}
+
+
 def row(method, ratio, example, fidelity, kl=0.0, dataset="d"):
     return {"dataset": dataset, "model": "m.gguf", "method": method, "ratio": ratio, "example": example,
             "fidelity_f1": fidelity, "kl": kl}
@@ -130,6 +135,18 @@ class ChunkContextTest(unittest.TestCase):
         self.assertEqual(sum(1 for r in pre if r["method"] == "epic"), 6)
         self.assertEqual(sum(1 for r in labelled if r["dataset"] == "d" and r["method"] == "epic"), 6)
 
+    def test_the_report_header_counts_each_row_of_the_file_once(self):
+        rows = [dict(r, first_token_agree=True, ttft_ms=10.0, recompute_ms=10.0, **TIMING_FIELDS)
+                for r in self.rows()]  # 3 full rows shared by both contexts, 24 selector rows
+        labelled = bench_report.label_chunk_contexts(rows)
+        self.assertEqual(len(labelled), len(rows) + 3)  # the full rows are copied to the prefixed label
+        with tempfile.TemporaryDirectory() as d:
+            bench_report.write_report(d, labelled, bench_report.aggregate(labelled), {})
+            with open(os.path.join(d, "report.md"), encoding="utf-8") as f:
+                report = f.read()
+        self.assertIn(f"Rows: {len(rows)}. ", report)
+        self.assertIn(f"Rows timed with kernels: not recorded {len(rows)} ", report)
+
     def test_prefixed_minus_alone_and_ratio_zero_against_reuse(self):
         diffs = bench_report.paired_more(bench_report.label_chunk_contexts(self.rows()))
         by = {(d["comparison"], d["method"], d["ratio"]): d for d in diffs}
@@ -200,9 +217,7 @@ class SpeedupKernelsTest(unittest.TestCase):
     @staticmethod
     def timed(method, example, ttft, isa=None):
         r = row(method, 1.0 if method == "full" else 0.15, example, 1.0)
-        r.update({"f1": 0.5, "em": 0.0, "rouge_l": 0.5, "first_token_agree": True, "ttft_ms": ttft,
-                  "lookup_ms": 0.0, "load_ms": 0.0, "selection_ms": 0.0, "recompute_ms": ttft,
-                  "recomputed_tokens": 1, "context_tokens": 10, "decode_tok_s": 10.0})
+        r.update(TIMING_FIELDS, first_token_agree=True, ttft_ms=ttft, recompute_ms=ttft)
         if isa:
             r["isa"] = isa
         return r
