@@ -110,6 +110,14 @@ serve_e2e() {
     .venv-serve/bin/python -m unittest discover -s tests/serve_e2e -v 2>&1 | tee "$build_dir/e2e-unittest.log"
 }
 
+# "FAIL: test (module.Class.test)" / "ERROR: ..." headers of a unittest log, each with the first
+# exception line of its traceback (the assertion's message), for the summary.
+unittest_failures() {
+  awk '/^(FAIL|ERROR): / { if (hdr != "") print "  e2e " hdr; hdr = $0; next }
+       hdr != "" && /^[A-Za-z_.]*(Error|Exception|Interrupt)(:|$)/ { print "  e2e " hdr " -> " substr($0, 1, 400); hdr = "" }
+       END { if (hdr != "") print "  e2e " hdr }' "$1"
+}
+
 # Every skipped test of the phases that ran, with its reason; any not on the allow-list fails.
 skip_check() {
   local args=()
@@ -183,6 +191,8 @@ if ((failed)); then
     list="$dir/Testing/Temporary/LastTestsFailed.log"
     [[ -s "$list" ]] && printf '  failed in %s: %s\n' "$dir" "$(cut -d: -f2- "$list" | paste -sd' ')" >&2
   done
+  # The e2e phase is a Python unittest run: each FAIL/ERROR header with its exception line.
+  [[ -f "$build_dir/e2e-unittest.log" ]] && unittest_failures "$build_dir/e2e-unittest.log" >&2
   echo "test.sh: FAIL in ${total}s: ${summary% }"
   exit 1
 fi
