@@ -46,8 +46,16 @@ class Server:
         cmd = [binary or binary_path(), "serve", "-m", model or model_path(), "-t", str(n_threads or threads()),
                "--port", "0", "--cache-dir", self.cache_dir, *extra_args]
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
-        self.url = self._wait_for_url(timeout=60)
-        self._wait_healthy(timeout=30)
+        try:
+            self.url = self._wait_for_url(timeout=60)
+            self._wait_healthy(timeout=30)
+        except BaseException:  # a refused or hung start: no process, file or folder left behind
+            if self.proc.poll() is None:
+                self.proc.kill()
+                self.proc.wait()
+            self.log.close()
+            shutil.rmtree(self.tmp, ignore_errors=True)
+            raise
 
     def _wait_for_url(self, timeout):
         deadline = time.time() + timeout
