@@ -50,11 +50,7 @@ class Server:
             self.url = self._wait_for_url(timeout=60)
             self._wait_healthy(timeout=30)
         except BaseException:  # a refused or hung start: no process, file or folder left behind
-            if self.proc.poll() is None:
-                self.proc.kill()
-                self.proc.wait()
-            self.log.close()
-            shutil.rmtree(self.tmp, ignore_errors=True)
+            self.stop()
             raise
 
     def _wait_for_url(self, timeout):

@@ -3,9 +3,11 @@ client that stuffs passages into its messages, as LangChain's "stuff" chain does
 passages served from chunk caches the second time, in any order; /v1/completions too; a
 server without the flag never matches; near-duplicates are computed, not served from their
 neighbour's cache; hostile message shapes get answers, not errors or stalls."""
+import glob
 import json
 import os
 import sys
+import tempfile
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -117,9 +119,12 @@ class WithoutMatchChunksTest(unittest.TestCase):
             self.assertEqual(code, 0, log)
 
     def test_match_chunks_with_full_prefill_is_refused(self):
+        folders = lambda: set(glob.glob(os.path.join(tempfile.gettempdir(), "chunkfuse-e2e-*")))
+        before = folders()
         with self.assertRaises(RuntimeError) as ctx:
             h.Server("--match-chunks", "--method", "full")
         self.assertIn("--match-chunks needs a fusion method", str(ctx.exception))
+        self.assertEqual(folders(), before)  # the refused start cleaned up after itself
 
 
 if __name__ == "__main__":
