@@ -37,8 +37,9 @@ Match = RULER's string match (share of the gold strings contained in the answer 
 are required, as in RULER's multi-value and variable-tracking tasks; else 1 if any is).
 
 Paired differences (report section and DIR/paired.csv): at each ratio strictly between 0 and
-1, the method with the highest mean fidelity is the reference, and every other selector is
-compared with it on the examples both ran: mean difference of fidelity F1 and of KL, with a
+1, the method with the highest mean fidelity among those that ran the most examples is the
+reference (a partial run's mean is over other examples), and every other selector is compared
+with it on the examples both ran: mean difference of fidelity F1 and of KL, with a
 95% percentile bootstrap interval over examples (2,000 resamples, fixed seed, so reruns give
 the same interval), and how many examples were better / worse. A cell-mean table alone
 cannot say whether a 0.01 lead over 46 examples is real; this does.
@@ -202,8 +203,12 @@ def paired_differences(rows):
             methods = {m: by_cell[(ratio, m)] for (rt, m) in by_cell if rt == ratio}
             if len(methods) < 2:
                 continue
+            # The reference is the best mean fidelity among the methods that ran the most examples:
+            # a stopped or partial run's mean is over fewer (other) examples, so not comparable.
             # Ties are broken by name so the reference does not depend on row order.
-            best = max(sorted(methods), key=lambda m: mean([r["fidelity_f1"] for r in methods[m].values()]))
+            most = max(len(by_example) for by_example in methods.values())
+            best = max(sorted(m for m in methods if len(methods[m]) == most),
+                       key=lambda m: mean([r["fidelity_f1"] for r in methods[m].values()]))
             for method in method_order([{"method": m} for m in sorted(methods)]):
                 if method == best or method not in methods:
                     continue
@@ -450,10 +455,11 @@ def write_report(out_dir, rows, tables, plots, have_peer=False, paired=None, mor
         diffs = paired.get((dataset, model), [])
         if diffs:
             lines += ["Paired differences from the best method at each ratio (the one with the highest "
-                      "mean fidelity), over the examples both ran: mean of (method - best) with a 95% "
-                      "bootstrap interval (* = the interval excludes 0); better/worse = examples where "
-                      "the method's fidelity is higher/lower. A positive KL difference means the method's "
-                      "first-token distribution is further from full prefill's.", "",
+                      "mean fidelity among the methods that ran the most examples), over the examples "
+                      "both ran: mean of (method - best) with a 95% bootstrap interval (* = the "
+                      "interval excludes 0); better/worse = examples where the method's fidelity is "
+                      "higher/lower. A positive KL difference means the method's first-token "
+                      "distribution is further from full prefill's.", "",
                       "| ρ | best | method | n | Δ fidelity | better / worse | Δ KL |",
                       "|---:|---|---|---:|---|---:|---|"]
             for d in diffs:

@@ -89,10 +89,11 @@ class PairedDifferencesTest(unittest.TestCase):
         rows = [row("A", 0.3, "a", 0.8), row("A", 0.3, "b", 0.6), row("A", 0.3, "c", 0.0),
                 row("B", 0.3, "a", 0.7), row("B", 0.3, "b", 0.4)]
         d, = bench_report.paired_differences(rows)[("d", "m.gguf")]
-        # Means: A 0.467, B 0.55 -> B is the reference; over a and b, A - B = +0.1 and +0.2.
-        self.assertEqual((d["best"], d["method"], d["n"]), ("B", "A", 2))
-        self.assertAlmostEqual(d["d_fidelity"], 0.15)
-        self.assertEqual((d["better"], d["worse"]), (2, 0))
+        # B's mean (0.55) is above A's (0.467) but over fewer examples: the reference is A, the
+        # method that ran the most; over a and b B is below it.
+        self.assertEqual((d["best"], d["method"], d["n"]), ("A", "B", 2))
+        self.assertAlmostEqual(d["d_fidelity"], -0.15)  # B - A: -0.1 and -0.2
+        self.assertEqual((d["better"], d["worse"]), (0, 2))
 
     def test_auto_rows_are_labelled_and_never_paired_with_selectors(self):
         # auto's ratio slot holds a quality target (0.15 here, the same number as epic's ratio).
