@@ -380,6 +380,15 @@ def kernels_line(rows):
     return ", ".join(f"{isa} {n}" for isa, n in sorted(counts.items()))
 
 
+def context_tokens_per_example(rows):
+    """Mean context length over the examples, each counted once: a mean of the table's per-cell
+    means would weigh a method run on a few examples like one run on all of them."""
+    per_example = defaultdict(list)
+    for r in rows:
+        per_example[r["example"]].append(r["context_tokens"])
+    return mean([mean(v) for v in per_example.values()])
+
+
 def write_report(out_dir, rows, tables, plots, have_peer=False, paired=None, more=None):
     paired = paired or {}
     lines = ["# chunkfuse bench report", ""]
@@ -414,9 +423,9 @@ def write_report(out_dir, rows, tables, plots, have_peer=False, paired=None, mor
                  "and threads, bench/llamacpp_peer.py); vs llama.cpp = that / the method's median TTFT "
                  "over the same examples." if have_peer else ""), ""]
     for (dataset, model), table in tables.items():
-        n_ex = len({r["example"] for r in rows if r["dataset"] == dataset and r.get("model", "") == model})
-        lines += [f"## {dataset} ({model}, {n_ex} examples, "
-                  f"{fmt(mean([a['context_tokens_mean'] for a in table]), 0)} context tokens on average)", ""]
+        table_rows = [r for r in rows if r["dataset"] == dataset and r.get("model", "") == model]
+        lines += [f"## {dataset} ({model}, {len({r['example'] for r in table_rows})} examples, "
+                  f"{fmt(context_tokens_per_example(table_rows), 0)} context tokens on average)", ""]
         peer_head = " llama.cpp | vs llama.cpp |" if have_peer else ""
         lines.append("| method | ρ | n | F1 | EM | ROUGE-L | match | fidelity | ident. | 1st tok | KL | TTFT med | TTFT p90 "
                      "| sel. | speedup |" + peer_head + " recomp. | recovery |")

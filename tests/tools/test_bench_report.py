@@ -148,6 +148,21 @@ class ChunkContextTest(unittest.TestCase):
         self.assertIn(f"Rows: {len(rows)}. ", report)
         self.assertIn(f"Rows timed with kernels: not recorded {len(rows)} ", report)
 
+    def test_the_header_context_length_counts_each_example_once(self):
+        # Example a has 100 context tokens, b and c 400 each: the mean over examples is 300. A
+        # method run on a alone (as a resumed cell is) must not pull it down: the mean of the
+        # table's per-cell means would say (300 + 100) / 2 = 200.
+        tokens = {"a": 100, "b": 400, "c": 400}
+        rows = [dict(row("full", 1.0, e, 1.0), first_token_agree=True, ttft_ms=10.0, recompute_ms=10.0,
+                     **dict(TIMING_FIELDS, context_tokens=tokens[e])) for e in "abc"]
+        rows.append(dict(row("epic", 0.15, "a", 0.5), first_token_agree=True, ttft_ms=5.0, recompute_ms=1.0,
+                         **dict(TIMING_FIELDS, context_tokens=100)))
+        with tempfile.TemporaryDirectory() as d:
+            bench_report.write_report(d, rows, bench_report.aggregate(rows), {})
+            with open(os.path.join(d, "report.md"), encoding="utf-8") as f:
+                report = f.read()
+        self.assertIn("## d (m.gguf, 3 examples, 300 context tokens on average)", report)
+
     def test_prefixed_minus_alone_and_ratio_zero_against_reuse(self):
         diffs = bench_report.paired_more(bench_report.label_chunk_contexts(self.rows()))
         by = {(d["comparison"], d["method"], d["ratio"]): d for d in diffs}
