@@ -9,6 +9,9 @@
   DIR/*.png        if matplotlib imports: quality vs TTFT per method (one curve per
                    method, as in the papers' figures) and TTFT phase bars, per dataset
 
+Regenerating over an existing DIR/report.md keeps its "The earlier report of these rows ..."
+lines (the machine of rows made before the bench recorded its kernels), in the header.
+
 With DIR/peer.jsonl (bench/llamacpp_peer.py: llama.cpp's full-prefill TTFT of the same
 prompt ids, same GGUF and threads) the tables add llama.cpp's median TTFT over the cell's
 examples and speedup vs llama.cpp = that median / the method's median TTFT, over the
@@ -389,8 +392,24 @@ def context_tokens_per_example(rows):
     return mean([mean(v) for v in per_example.values()])
 
 
+EARLIER_REPORT_PREFIX = "The earlier report of these rows"
+
+
+def earlier_report_lines(report_path):
+    """The lines of an existing report that name the machine an earlier report of these rows was
+    made on: rows written before the bench recorded its kernels cannot tell it, so a regenerated
+    report must carry that provenance forward instead of losing it."""
+    try:
+        with open(report_path, encoding="utf-8") as f:
+            return [l.rstrip("\n") for l in f if l.startswith(EARLIER_REPORT_PREFIX)]
+    except OSError:
+        return []
+
+
 def write_report(out_dir, rows, tables, plots, have_peer=False, paired=None, more=None):
     paired = paired or {}
+    report_path = os.path.join(out_dir, "report.md")
+    carried = earlier_report_lines(report_path)
     lines = ["# chunkfuse bench report", ""]
     cmd_file = os.path.join(out_dir, "bench_command.txt")
     if os.path.exists(cmd_file):
@@ -405,6 +424,7 @@ def write_report(out_dir, rows, tables, plots, have_peer=False, paired=None, mor
                  f"kernels say 'not recorded'); threads used: {', '.join(map(str, threads))}; "
                  f"1-minute load average during the run: median {fmt(quantile(loads, 0.5), 2)}, "
                  f"max {fmt(max(loads) if loads else float('nan'), 2)}. Report made on: {machine_line()}.")
+    lines += carried
     stores = sorted({r.get("store", "?") for r in file_rows})
     max_tokens = sorted({r.get("max_tokens", 0) for r in file_rows})
     lines += [f"Rows: {len(file_rows)}. Chunk store: {', '.join(stores)}. Greedy decoding, up to "
@@ -480,7 +500,7 @@ def write_report(out_dir, rows, tables, plots, have_peer=False, paired=None, mor
         for p in plots.get((dataset, model), []):
             lines += [f"![{p}]({p})", ""]
     lines += paired_more_lines(more or [])
-    with open(os.path.join(out_dir, "report.md"), "w", encoding="utf-8") as f:
+    with open(report_path, "w", encoding="utf-8") as f:
         f.write("\n".join(lines))
 
 

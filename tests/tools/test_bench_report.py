@@ -229,6 +229,27 @@ class ChunkContextTest(unittest.TestCase):
                          {(d["comparison"], d["ratio"]) for d in bench_report.paired_more(labelled)})
 
 
+    def test_regenerating_a_report_keeps_the_earlier_reports_machine_line(self):
+        # Rows made before the bench recorded its kernels do not say where they ran; the line a
+        # report keeps for that must survive the folder's next regeneration, once, in its place.
+        rows = [dict(r, first_token_agree=True, ttft_ms=10.0, recompute_ms=10.0, **TIMING_FIELDS)
+                for r in self.rows()]
+        earlier = ("The earlier report of these rows (their machine is not recorded in them) was made on: "
+                   "AMD EPYC, 2 hardware threads, Linux 6.1.")
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "report.md")
+            with open(path, "w", encoding="utf-8") as f:
+                f.write("# chunkfuse bench report\n\nRows timed with kernels: not recorded 3.\n" + earlier + "\nRows: 3.\n")
+            for _ in range(2):
+                bench_report.write_report(d, rows, bench_report.aggregate(rows), {})
+            with open(path, encoding="utf-8") as f:
+                report = f.read().splitlines()
+        self.assertEqual(report.count(earlier), 1)
+        at = report.index(earlier)
+        self.assertTrue(report[at - 1].startswith("Rows timed with kernels: "))
+        self.assertTrue(report[at + 1].startswith("Rows: "))
+
+
 class SpeedupKernelsTest(unittest.TestCase):
     @staticmethod
     def timed(method, example, ttft, isa=None):
