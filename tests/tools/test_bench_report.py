@@ -228,7 +228,6 @@ class ChunkContextTest(unittest.TestCase):
         self.assertNotIn(("epic - reuse (alone)", 0.15),
                          {(d["comparison"], d["ratio"]) for d in bench_report.paired_more(labelled)})
 
-
     def test_regenerating_a_report_keeps_the_earlier_reports_machine_line(self):
         # Rows made before the bench recorded its kernels do not say where they ran; the line a
         # report keeps for that must survive the folder's next regeneration, once, in its place.
