@@ -6,7 +6,8 @@
 #   ../qwen15_hotpotqa_fusionrag FusionRAG and reuse, alone and prefixed (40 questions; rows with evicted
 #                                enriched caches rerun in the seventh session)
 #   ../qwen15_hotpotqa_prefixed  the other selectors and reuse, prefixed (the first 13; 40 since the
-#                                tenth session, with QCFuse's long-prompt profile as qcfuse:long_profile)
+#                                tenth session, with QCFuse's long-prompt profile as qcfuse:long_profile;
+#                                80 since the nineteenth, with FusionRAG at 0/0.05/0.15/0.3 on 40-79)
 #   ../qwen15_hotpotqa_longprofile qcfuse:long_profile alone (80 questions; now the shipped profile)
 #   ../qwen15_hotpotqa_rho005    the selectors alone at ρ 0.05 (80; FusionRAG and Cache-Craft on 11)
 # Since the eleventh session the prefixed run also holds ρ 0.05 and 0.3 on its first questions
@@ -20,7 +21,9 @@ import json
 runs = ["../qwen15_hotpotqa_prefixed", "../qwen15_hotpotqa_fusionrag", "../qwen15_hotpotqa_profiled",
         "../qwen15_hotpotqa_longprofile", "../qwen15_hotpotqa_rho005"]
 rows = {r: [json.loads(l) for l in open(r + "/results.jsonl") if l.strip()] for r in runs}
-shared = set.intersection(*({x["example"] for x in rows[r]} for r in runs))
+# The FusionRAG run holds the first 40 questions; the others 80 since the nineteenth session
+# (prefixed: FusionRAG's rows of questions 40-79 are in ../qwen15_hotpotqa_prefixed).
+shared = set.intersection(*({x["example"] for x in rows[r]} for r in runs if r != "../qwen15_hotpotqa_fusionrag"))
 seen, out = set(), []
 for r in runs:  # the first run's row wins where two hold the same cell (full prefill)
     for x in rows[r]:
