@@ -7,9 +7,10 @@
 #                                enriched caches rerun in the seventh session)
 #   ../qwen15_hotpotqa_prefixed  the other selectors and reuse, prefixed (the first 13; 40 since the
 #                                tenth session, with QCFuse's long-prompt profile as qcfuse:long_profile;
-#                                80 since the nineteenth, with FusionRAG at 0/0.05/0.15/0.3 on 40-79)
+#                                80 since the nineteenth, with FusionRAG at 0/0.05/0.15/0.3 on 40-79
+#                                and at 0.05/0.3 on 23 of the first 40)
 #   ../qwen15_hotpotqa_longprofile qcfuse:long_profile alone (80 questions; now the shipped profile)
-#   ../qwen15_hotpotqa_rho005    the selectors alone at ρ 0.05 (80; FusionRAG and Cache-Craft on 11)
+#   ../qwen15_hotpotqa_rho005    the selectors alone at ρ 0.05 (80; FusionRAG and Cache-Craft on 11, on 80 since the eighteenth session)
 # Since the eleventh session the prefixed run also holds ρ 0.05 and 0.3 on its first questions
 # (every selector but FusionRAG, QCFuse as qcfuse:long_profile), and the profiled run FusionRAG
 # and Cache-Craft alone at 0.3: the report pairs each comparison on the questions both sides ran.
