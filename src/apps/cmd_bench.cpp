@@ -27,6 +27,7 @@ struct BenchArgs {
   std::string ratios = "0,0.05,0.15,0.3,1";
   std::string qualities;
   size_t limit = 0;
+  size_t from = 0;
   std::string shard;  // "K/N"
   int max_tokens = 32;
   uint64_t seed = 0;
@@ -81,6 +82,7 @@ void record_command(const BenchArgs& a) {
   if (!a.data_dir.empty()) c << " --data-dir " << a.data_dir;
   c << " --methods " << a.methods << " --ratios " << a.ratios;
   if (!a.qualities.empty()) c << " --qualities " << a.qualities;
+  if (a.from) c << " --from " << a.from;
   if (a.limit) c << " --limit " << a.limit;
   if (!a.shard.empty()) c << " --shard " << a.shard;
   if (a.chunk_tokens) c << " --chunk-tokens " << a.chunk_tokens;
@@ -143,6 +145,9 @@ int run_bench(const BenchArgs& a) {
   }
   if (!parse_dtype(a.dtype, cfg.disk_dtype)) throw std::runtime_error("unknown --dtype " + a.dtype);
   cfg.limit = a.limit;
+  cfg.first_example = a.from;
+  if (a.limit && a.from >= a.limit)  // before the model loads; past the dataset's end the runner says so
+    throw std::runtime_error("--from " + std::to_string(a.from) + ": not below --limit " + std::to_string(a.limit));
   if (!a.shard.empty() && !parse_shard(a.shard, cfg.shard_index, cfg.shard_count))
     throw std::runtime_error("--shard: '" + a.shard + "' is not K/N with 0 <= K < N (e.g. 0/4)");
   cfg.max_tokens = a.max_tokens;
@@ -234,8 +239,12 @@ void add_bench_command(CLI::App& app, CommandRunner& run) {
                   "prefill's; it picks method and ratio per request): one run per target, its rows' ratio column "
                   "holds the target, the choice is in their \"auto\" field");
   cmd->add_option("--limit", a->limit, "first N examples only (0: all)")->capture_default_str();
+  cmd->add_option("--from", a->from,
+                  "start at example N (0-based), skipping the first N: with --limit M runs examples N..M-1, to "
+                  "extend a folder to more examples for some methods while others already cover them")
+      ->capture_default_str();
   cmd->add_option("--shard", a->shard,
-                  "K/N: only examples whose index is K modulo N (of the first --limit), to split a long run "
+                  "K/N: only examples whose index is K modulo N (of --from..--limit), to split a long run "
                   "across processes or machines; concatenate their results.jsonl files to merge");
   cmd->add_option("-n,--max-tokens", a->max_tokens, "answer length limit")->check(CLI::Range(1, 256))->capture_default_str();
   cmd->add_option("--seed", a->seed, "seed for sampling: methods (random), NQ distractors, RGB passage order, RULER")

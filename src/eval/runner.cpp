@@ -498,9 +498,12 @@ BenchSummary BenchRunner::run(const Dataset& dataset) {
   if (cfg_.shard_count == 0 || cfg_.shard_index >= cfg_.shard_count)
     throw std::invalid_argument("bench: shard " + std::to_string(cfg_.shard_index) + "/" +
                                 std::to_string(cfg_.shard_count) + " does not exist");
+  if (cfg_.first_example && cfg_.first_example >= n_examples)
+    throw std::invalid_argument("bench: --from " + std::to_string(cfg_.first_example) + " leaves no examples (the plan has " +
+                                std::to_string(n_examples) + ")");
   std::vector<std::vector<BenchRun>> todo(n_examples);
   size_t total_units = 0;
-  for (size_t e = 0; e < n_examples; ++e) {
+  for (size_t e = cfg_.first_example; e < n_examples; ++e) {
     if (e % cfg_.shard_count != cfg_.shard_index) continue;  // another shard's example
     ++sum.examples;
     for (const auto& r : runs) {
@@ -533,7 +536,7 @@ BenchSummary BenchRunner::run(const Dataset& dataset) {
   size_t units = 0;
   bool warmed_up = false;
   progress.update(0, "");
-  for (size_t e = 0; e < n_examples; ++e) {
+  for (size_t e = cfg_.first_example; e < n_examples; ++e) {
     if (e % cfg_.shard_count != cfg_.shard_index) continue;
     const QaExample& ex = dataset.examples[e];
     const std::string prompt_key = PromptLog::key(label, fp, ex.id);

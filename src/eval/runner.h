@@ -44,6 +44,7 @@ struct BenchConfig {
   std::vector<double> ratios;        // for the methods other than full and reuse
   std::vector<double> qualities;     // for "auto": its quality targets (expand_runs)
   size_t limit = 0;                  // first N examples; 0: all
+  size_t first_example = 0;          // of those, start at this index (extends a run to more examples)
   size_t shard_index = 0, shard_count = 1;  // of those, only the indices = shard_index mod shard_count
   int max_tokens = 32;
   uint64_t seed = 0;
@@ -116,7 +117,7 @@ nlohmann::json qcfuse_ablation_presets();
 
 struct BenchSummary {
   std::string results_path;
-  size_t examples = 0;          // examples in the plan (after --limit and --shard)
+  size_t examples = 0;          // examples in the plan (after --from, --limit and --shard)
   size_t examples_run = 0;      // examples that had rows left to do
   size_t examples_skipped = 0;  // too long for the model's context
   size_t rows_written = 0, rows_already_present = 0;

@@ -368,15 +368,32 @@ TEST(BenchQuick, FusionRagEnrichesAgainstTheWholeDataset) {
     EXPECT_THROW(BenchRunner(fwd, shard).run(data), std::invalid_argument);
   }
 
+  // --from 2 --limit 3 --shard 0/2: example 2 alone (0 is before the start, 1 another shard's).
+  {
+    BenchConfig from = cfg;
+    from.limit = 3;
+    from.first_example = 2;
+    from.shard_count = 2;
+    const BenchSummary s = BenchRunner(fwd, from).run(data);
+    EXPECT_EQ(s.examples, 1u);
+    EXPECT_EQ(s.rows_written, 1u);
+    const auto all = read_results((out / "results.jsonl").string());
+    ASSERT_EQ(all.size(), 3u);
+    EXPECT_EQ(all[2]["example"], data.examples[2].id);
+    EXPECT_EQ(all[2]["example_index"], 2);
+    from.first_example = 3;  // nothing left: an error, not a silent empty run
+    EXPECT_THROW(BenchRunner(fwd, from).run(data), std::invalid_argument);
+  }
+
   // Another ratio later: the enriched caches are found, not recomputed.
   cfg.ratios = {0.15, 0.3};
   BenchRunner(fwd, cfg).run(data);
   rows = read_results((out / "results.jsonl").string());
-  ASSERT_EQ(rows.size(), 3u);
-  EXPECT_EQ(rows[2]["example"], data.examples[0].id);
-  EXPECT_EQ(rows[2]["ratio"], 0.3);
-  EXPECT_EQ(rows[2]["enriched_chunks"], 2);
-  EXPECT_EQ(rows[2]["chunks_computed"], 0u);
+  ASSERT_EQ(rows.size(), 4u);
+  EXPECT_EQ(rows[3]["example"], data.examples[0].id);
+  EXPECT_EQ(rows[3]["ratio"], 0.3);
+  EXPECT_EQ(rows[3]["enriched_chunks"], 2);
+  EXPECT_EQ(rows[3]["chunks_computed"], 0u);
   // (No timing comparison, issue 24: "chunks_computed 0" and the enriched chunks found are
   // the invariant that the offline work was not redone.)
   fs::remove_all(out);
