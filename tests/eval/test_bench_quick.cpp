@@ -350,40 +350,32 @@ TEST(BenchQuick, FusionRagEnrichesAgainstTheWholeDataset) {
   EXPECT_GT(rows[0]["chunks_computed"].get<size_t>(), 2u);
   EXPECT_TRUE(fs::exists(out / "store" / "fusionrag_index.json"));
 
+  // A plan that picks one example: it alone runs, and its row is appended as the last.
+  const auto expect_only_example = [&](const BenchConfig& plan, size_t index, size_t rows_after) {
+    const BenchSummary s = BenchRunner(fwd, plan).run(data);
+    EXPECT_EQ(s.examples, 1u);
+    EXPECT_EQ(s.rows_written, 1u);
+    const auto all = read_results((out / "results.jsonl").string());
+    ASSERT_EQ(all.size(), rows_after);
+    EXPECT_EQ(all.back()["example"], data.examples[index].id);
+    EXPECT_EQ(all.back()["example_index"], index);
+  };
   // Shard 1/2 of the first three examples: example 1 alone (0 and 2 are shard 0's).
-  {
-    BenchConfig shard = cfg;
-    shard.limit = 3;
-    shard.shard_index = 1;
-    shard.shard_count = 2;
-    shard.ratios = {0.15};
-    const BenchSummary s = BenchRunner(fwd, shard).run(data);
-    EXPECT_EQ(s.examples, 1u);
-    EXPECT_EQ(s.rows_written, 1u);
-    const auto all = read_results((out / "results.jsonl").string());
-    ASSERT_EQ(all.size(), 2u);
-    EXPECT_EQ(all[1]["example"], data.examples[1].id);
-    EXPECT_EQ(read_results((out / "prompts.jsonl").string()).size(), 2u);  // examples 0 and 1, not 2
-    shard.shard_index = 2;
-    EXPECT_THROW(BenchRunner(fwd, shard).run(data), std::invalid_argument);
-  }
-
+  BenchConfig shard = cfg;
+  shard.limit = 3;
+  shard.shard_index = 1;
+  shard.shard_count = 2;
+  expect_only_example(shard, 1, 2);
+  EXPECT_EQ(read_results((out / "prompts.jsonl").string()).size(), 2u);  // examples 0 and 1, not 2
+  shard.shard_index = 2;
+  EXPECT_THROW(BenchRunner(fwd, shard).run(data), std::invalid_argument);
   // --from 2 --limit 3 --shard 0/2: example 2 alone (0 is before the start, 1 another shard's).
-  {
-    BenchConfig from = cfg;
-    from.limit = 3;
-    from.first_example = 2;
-    from.shard_count = 2;
-    const BenchSummary s = BenchRunner(fwd, from).run(data);
-    EXPECT_EQ(s.examples, 1u);
-    EXPECT_EQ(s.rows_written, 1u);
-    const auto all = read_results((out / "results.jsonl").string());
-    ASSERT_EQ(all.size(), 3u);
-    EXPECT_EQ(all[2]["example"], data.examples[2].id);
-    EXPECT_EQ(all[2]["example_index"], 2);
-    from.first_example = 3;  // nothing left: an error, not a silent empty run
-    EXPECT_THROW(BenchRunner(fwd, from).run(data), std::invalid_argument);
-  }
+  BenchConfig from = shard;
+  from.first_example = 2;
+  from.shard_index = 0;
+  expect_only_example(from, 2, 3);
+  from.first_example = 3;  // nothing left: an error, not a silent empty run
+  EXPECT_THROW(BenchRunner(fwd, from).run(data), std::invalid_argument);
 
   // Another ratio later: the enriched caches are found, not recomputed.
   cfg.ratios = {0.15, 0.3};
