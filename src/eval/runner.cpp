@@ -221,6 +221,22 @@ std::vector<BenchRun> planned_runs(const BenchConfig& cfg) {
   return runs;
 }
 
+// The dataset indices this run covers: --from up to --limit, this shard's only. A shard is
+// taken by absolute index, so a resumed or extended shard keeps its examples.
+std::vector<size_t> planned_examples(const BenchConfig& cfg, size_t dataset_size) {
+  const size_t n_examples = cfg.limit ? std::min(cfg.limit, dataset_size) : dataset_size;
+  if (cfg.shard_count == 0 || cfg.shard_index >= cfg.shard_count)
+    throw std::invalid_argument("bench: shard " + std::to_string(cfg.shard_index) + "/" +
+                                std::to_string(cfg.shard_count) + " does not exist");
+  if (cfg.first_example && cfg.first_example >= n_examples)
+    throw std::invalid_argument("bench: --from " + std::to_string(cfg.first_example) + " leaves no examples (the plan has " +
+                                std::to_string(n_examples) + ")");
+  std::vector<size_t> examples;
+  for (size_t e = cfg.first_example; e < n_examples; ++e)
+    if (e % cfg.shard_count == cfg.shard_index) examples.push_back(e);
+  return examples;
+}
+
 // Rows written before rows named their prompt layout were made with this one.
 std::string first_layout_id() {
   RagPromptOptions first;
@@ -494,18 +510,11 @@ BenchSummary BenchRunner::run(const Dataset& dataset) {
   const std::set<std::string> done = rows_present(sum.results_path, label, fp, cfg_.max_tokens, prompt_layout_id(cfg_.prompt));
 
   // This shard's examples, and the runs each still lacks.
-  const size_t n_examples = cfg_.limit ? std::min(cfg_.limit, dataset.examples.size()) : dataset.examples.size();
-  if (cfg_.shard_count == 0 || cfg_.shard_index >= cfg_.shard_count)
-    throw std::invalid_argument("bench: shard " + std::to_string(cfg_.shard_index) + "/" +
-                                std::to_string(cfg_.shard_count) + " does not exist");
-  if (cfg_.first_example && cfg_.first_example >= n_examples)
-    throw std::invalid_argument("bench: --from " + std::to_string(cfg_.first_example) + " leaves no examples (the plan has " +
-                                std::to_string(n_examples) + ")");
-  std::vector<std::vector<BenchRun>> todo(n_examples);
+  const std::vector<size_t> examples = planned_examples(cfg_, dataset.examples.size());
+  sum.examples = examples.size();
+  std::vector<std::vector<BenchRun>> todo(dataset.examples.size());
   size_t total_units = 0;
-  for (size_t e = cfg_.first_example; e < n_examples; ++e) {
-    if (e % cfg_.shard_count != cfg_.shard_index) continue;  // another shard's example
-    ++sum.examples;
+  for (size_t e : examples) {
     for (const auto& r : runs) {
       if (done.count(row_key(label, fp, dataset.examples[e].id, r.method, r.ratio, r.chunk_context)))
         ++sum.rows_already_present;
@@ -536,8 +545,7 @@ BenchSummary BenchRunner::run(const Dataset& dataset) {
   size_t units = 0;
   bool warmed_up = false;
   progress.update(0, "");
-  for (size_t e = cfg_.first_example; e < n_examples; ++e) {
-    if (e % cfg_.shard_count != cfg_.shard_index) continue;
+  for (size_t e : examples) {
     const QaExample& ex = dataset.examples[e];
     const std::string prompt_key = PromptLog::key(label, fp, ex.id);
     if (todo[e].empty() && prompts.has(prompt_key)) continue;
