@@ -1,7 +1,7 @@
 # Issue 28: chunkfuse against llama.cpp on every real file and the SmolLM2 variants, for each ISA
 # this machine offers, 2 threads, alternated reps, both peers (repack, plain):
 #   avx2    ours capped by CHUNKFUSE_ISA=avx2 against llama-cpp-python 0.3.36 built for AVX2 only
-#           (.venv-avx2, bench/README.md "An AVX2 peer")
+#           (.venv-avx2, bench/README.md "An AVX2 peer"; on a CPU without AVX-512, the native .venv)
 #   avx512  ours native against the native build (.venv)
 # Each side waits until no other process is runnable before it starts (--wait-quiet: the machine
 # is shared). Run from the repository root after a Release build of chunkfuse in $BUILD (default
@@ -28,7 +28,9 @@ mkdir -p bench/out
 for f in $FILES; do
   for isa in $ISAS; do
     peer=.venv/bin/python
-    [[ $isa == avx2 ]] && peer=.venv-avx2/bin/python
+    # On a CPU with AVX-512 the AVX2 column needs a peer built for AVX2 only; on an AVX2-only
+    # CPU the native build (.venv) is that peer.
+    [[ $isa == avx2 ]] && grep -qw avx512f /proc/cpuinfo && peer=.venv-avx2/bin/python
     echo "== $f $isa" >&2
     .venv/bin/python bench/runtime_bench.py --binary "$BUILD/chunkfuse" --model "${FILE[$f]}" --threads "${THREADS:-2}" \
       --isa "$isa" --peer-python "$peer" --peers repack,plain --reps "$REPS" --prompt-tokens "$PROMPTS" \
