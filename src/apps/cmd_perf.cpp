@@ -4,11 +4,13 @@
 
 #include <cstdio>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 
 #include "apps/app_common.h"
 #include "base/clock.h"
+#include "model/int8_peak.h"
 #include "runtime/forward.h"
 #include "runtime/sampler.h"
 
@@ -23,7 +25,63 @@ struct PerfArgs {
   int decode_context = 512;
   int reps = 1;
   bool json = false;
+  bool peak = false;
+  int peak_rows = 512;
 };
+
+// Multiply-adds of the layer matrices per token (the prefill GEMM's work; attention and the
+// output matrix, which a prefill runs for its last row only, are left out).
+double layer_macs_per_token(const Model& m) {
+  double macs = 0;
+  for (const LayerWeights& l : m.layers())
+    for (const WeightMatrix* w : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down})
+      macs += static_cast<double>(w->rows()) * w->cols();
+  return macs;
+}
+
+// --peak: each ISA's int8 peak, then the GEMM's rate on the model's own layer matrices, one
+// line per weight type (every matrix of that type in the first layer that has one).
+nlohmann::json measure_peaks(const Model& m, ThreadPool& pool, int rows, bool quiet) {
+  nlohmann::json out;
+  for (Isa isa : {Isa::Avx2, Isa::Avx512}) {
+    if (isa > active_isa()) continue;
+    const double peak = int8_peak_macs_per_s(isa, pool.size());
+    out["int8_peak_gmacs"][isa_name(isa)] = peak / 1e9;
+    if (!quiet) std::fprintf(stderr, "int8 peak %-7s %8.1f G MAC/s (%zu threads)\n", isa_name(isa), peak / 1e9, pool.size());
+  }
+  const double peak = out["int8_peak_gmacs"].value(isa_name(active_isa()), 0.0) * 1e9;
+  std::map<GgmlType, std::pair<const LayerWeights*, std::vector<const WeightMatrix*>>> by_type;
+  for (const LayerWeights& l : m.layers())
+    for (const WeightMatrix* w : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) {
+      auto& [first, mats] = by_type[w->type()];
+      if (!first) first = &l;
+      if (first == &l) mats.push_back(w);
+    }
+  for (auto& [type, entry] : by_type) {
+    const auto& mats = entry.second;
+    size_t cols = 0;
+    for (const WeightMatrix* w : mats) cols = std::max(cols, w->cols());
+    size_t out_rows = 0;
+    for (const WeightMatrix* w : mats) out_rows = std::max(out_rows, w->rows());
+    std::vector<float> x(static_cast<size_t>(rows) * cols), y(static_cast<size_t>(rows) * out_rows);
+    for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>((i * 2654435761u) % 2001) / 1000.0f - 1.0f;
+    double macs = 0, best = 1e30;
+    for (const WeightMatrix* w : mats) macs += static_cast<double>(w->rows()) * w->cols() * rows;
+    for (int rep = 0; rep < 3; ++rep) {
+      const double t0 = now_ms();
+      for (const WeightMatrix* w : mats) w->multiply(x.data(), rows, w->cols(), y.data(), w->rows(), pool);
+      best = std::min(best, (now_ms() - t0) / 1000.0);
+    }
+    const double rate = macs / best;
+    out["gemm"].push_back({{"type", std::string(ggml_type_name(type))}, {"matrices", mats.size()}, {"rows", rows},
+                           {"gmacs", rate / 1e9}, {"fraction_of_peak", peak > 0 ? rate / peak : 0.0}});
+    if (!quiet)
+      std::fprintf(stderr, "gemm %-5s x %d rows: %8.1f G MAC/s, %5.1f%% of the %s peak (%zu matrices)\n",
+                   std::string(ggml_type_name(type)).c_str(), rows, rate / 1e9, peak > 0 ? 100 * rate / peak : 0.0,
+                   isa_name(active_isa()), mats.size());
+  }
+  return out;
+}
 
 std::vector<TokenId> read_ids(const std::string& path, const Model& m, size_t need) {
   std::vector<TokenId> ids;
@@ -66,6 +124,12 @@ int run_perf(const PerfArgs& a) {
   nlohmann::json out;
   out["threads"] = pool.size();
   out["isa"] = isa_name(active_isa());
+  double peak = 0;
+  if (a.peak) {
+    out["peak"] = measure_peaks(*model, pool, a.peak_rows, a.json);
+    peak = out["peak"]["int8_peak_gmacs"].value(isa_name(active_isa()), 0.0) * 1e9;
+  }
+  const double macs_per_token = layer_macs_per_token(*model);
   out["prefill"] = nlohmann::json::array();
   auto prefill = [&](KvCache& cache, int n) {
     std::vector<int32_t> pos(n);
@@ -80,8 +144,13 @@ int run_perf(const PerfArgs& a) {
       const double t0 = now_ms();
       prefill(cache, n);
       const double s = (now_ms() - t0) / 1000.0;
-      out["prefill"].push_back({{"n_tokens", n}, {"seconds", s}, {"tok_per_s", n / s}});
-      if (!a.json) std::fprintf(stderr, "prefill %5d tokens: %8.1f ms  %7.1f tok/s\n", n, s * 1000, n / s);
+      const double rate = macs_per_token * n / s;
+      out["prefill"].push_back({{"n_tokens", n}, {"seconds", s}, {"tok_per_s", n / s}, {"layer_gmacs", rate / 1e9}});
+      if (peak > 0) out["prefill"].back()["fraction_of_peak"] = rate / peak;
+      if (!a.json)
+        std::fprintf(stderr, "prefill %5d tokens: %8.1f ms  %7.1f tok/s  %6.1f G MAC/s in the layer matrices%s\n", n,
+                     s * 1000, n / s, rate / 1e9,
+                     peak > 0 ? (" (" + std::to_string(static_cast<int>(100 * rate / peak + 0.5)) + "% of peak)").c_str() : "");
     }
   }
   for (int rep = 0; rep < a.reps && a.gen_tokens > 0; ++rep) {
@@ -123,6 +192,11 @@ void add_perf_command(CLI::App& app, CommandRunner& run) {
   cmd->add_option("--decode-context", a->decode_context, "prompt tokens before decoding")->check(CLI::Range(1, 1 << 20))->capture_default_str();
   cmd->add_option("--reps", a->reps, "repetitions")->check(CLI::Range(1, 1000))->capture_default_str();
   cmd->add_flag("--json", a->json, "print one JSON object to standard output");
+  cmd->add_flag("--peak", a->peak,
+                "also measure the CPU's int8 multiply-add peak per ISA and the GEMM's rate on the model's layer "
+                "matrices per weight type, as a fraction of it");
+  cmd->add_option("--peak-rows", a->peak_rows, "activation rows of the --peak GEMM runs")
+      ->check(CLI::Range(1, 8192))->capture_default_str();
   cmd->callback([&run, a] { run = [a] { return run_perf(*a); }; });
 }
 

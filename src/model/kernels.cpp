@@ -22,6 +22,7 @@
 #include "base/sanitizer.h"
 #include "base/thread_pool.h"
 #include "model/kernels_impl.h"
+#include "model/kernels_panel.h"
 
 namespace cf {
 
@@ -67,6 +68,15 @@ const kern::IsaKernels& kernels_for(Isa isa) {
     case Isa::Portable: break;
   }
   return kern::portable_kernels();
+}
+
+const kern::PanelKernels& panel_kernels_for(Isa isa) {
+  switch (isa) {
+    case Isa::Avx512: return kern::panel_kernels_avx512();
+    case Isa::Avx2: return kern::panel_kernels_avx2();
+    case Isa::Portable: break;
+  }
+  return kern::panel_kernels_portable();
 }
 }  // namespace
 
@@ -183,6 +193,8 @@ kern::TileKernelFn tile_kernel(const kern::IsaKernels& k, GgmlType t, bool batch
 // costs more than the work (measured: ~3-4 us per dispatch; 576x576 at n = 1 takes ~5 us).
 constexpr size_t kMinParallelMacs = 512 * 1024;
 constexpr size_t kRowChunk = 64;  // activation rows per task for large n
+// The panel GEMM unpacks each tile once per task: more rows per task share that cost.
+constexpr size_t kPanelRowChunk = 256;
 
 // The regions one multiply's ISA kernels touch (they are not instrumented in the sanitizer
 // build; base/sanitizer.h): the tiles of outputs o_begin..o_end, the activation records,
@@ -295,7 +307,8 @@ void WeightMatrix::multiply_rows(const float* x, size_t n, size_t x_stride, floa
     return;
   }
 
-  const kern::IsaKernels& k = kernels_for(active_isa());
+  const Isa isa = active_isa();
+  const kern::IsaKernels& k = kernels_for(isa);
   const bool half = m.layout == kern::TileLayout::Half, kq = m.layout == kern::TileLayout::KSuper;
   // llama.cpp's GEMM threshold: K-quants 8 rows (tiled GEMM); F16/BF16 2 rows (tinyBLAS,
   // which only takes matrices of a multiple of 4 rows).
@@ -303,10 +316,15 @@ void WeightMatrix::multiply_rows(const float* x, size_t n, size_t x_stride, floa
                                                  (order == KQuantOrder::ByRowCount && n >= kern::kHalfGemmRows))
                             : order == KQuantOrder::Batched ||
                                   (order == KQuantOrder::ByRowCount && n >= kern::kKQuantBatchedRows);
-  const kern::TileKernelFn tile_fn = tile_kernel(k, type_, batched);
+  // Nibble and Q8_0 weights take the panel GEMM (kernels_panel.h) whenever they batch; the
+  // K-quants keep their super-tile GEMM (faster for them, kernels_panel.h says why).
+  const bool panel = batched && !half && !kq && kern::has_panel(type_);
+  const kern::PanelKernels& pk = panel_kernels_for(isa);
+  const kern::TileKernelFn tile_fn = panel ? pk.tile(type_) : tile_kernel(k, type_, batched);
   // The activation record each layout reads: floats for F16/BF16, Q8_K for the K-quants,
-  // per-32 Q8 for the rest.
-  const size_t stride = half ? kern::float_act_row_stride(m.nb)
+  // per-32 Q8 for the rest, the panel record for the panel GEMM.
+  const size_t stride = panel ? kern::panel_act_row_stride(m.nb)
+                        : half ? kern::float_act_row_stride(m.nb)
                         : kq ? kern::q8k_act_row_stride(m.nb)
                              : kern::act_row_stride(m.nb);
   uint8_t* acts = act_scratch(stride * n);
@@ -317,7 +335,9 @@ void WeightMatrix::multiply_rows(const float* x, size_t n, size_t x_stride, floa
                     cols_, y, y_stride, o_begin, o_end);
   auto quantize = [&](size_t b, size_t e, size_t) {
     for (size_t r = b; r < e; ++r) {
-      if (half)
+      if (panel)
+        pk.quantize(x + r * x_stride, cols_, acts + r * stride, kern::panel_type(type_).offset);
+      else if (half)
         (type_ == GgmlType::F16 ? k.round_f16 : k.round_bf16)(x + r * x_stride, cols_,
                                                              reinterpret_cast<float*>(acts + r * stride));
       else if (kq)
@@ -332,7 +352,7 @@ void WeightMatrix::multiply_rows(const float* x, size_t n, size_t x_stride, floa
     quantize(0, n, 0);
 
   const kern::ActView act{acts, stride, m.nb};
-  const size_t row_chunk = std::min(n, kRowChunk);
+  const size_t row_chunk = std::min(n, panel ? kPanelRowChunk : kRowChunk);
   const size_t row_tasks = (n + row_chunk - 1) / row_chunk;
   // Enough tasks for load balance across threads; tiles per task from that.
   const size_t want = parallel ? threads * 4 : 1;

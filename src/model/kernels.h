@@ -1,8 +1,13 @@
 // Dot-product kernels over quantized weights and the matrix multiply the forward pass uses.
 // Weights stay in their file type (Q4_1, Q8_0, ...); activations are quantized to 8 bits
-// per block where the weight type calls for it (as llama.cpp does: Q8_1 for Q4_1/Q5_1,
-// Q8_0 for Q4_0/Q5_0/Q8_0, Q8_K for the K-quants), then multiplied with integer dot
-// products. The ISA (AVX-512 VNNI, AVX2, portable) is chosen once at run time.
+// per block, then multiplied with integer dot products. Two families:
+//  - batched rows (prefill, recomputation: KQuantOrder::Batched, or 8 rows and more) of
+//    block-quantized weights take the panel GEMM (kernels_panel.h): whole blocks summed in
+//    int32, in an order of our own, held to order-free references by tolerance
+//    (docs/ARCHITECTURE.md, "Numerics contract");
+//  - one row at a time (decode, PerRow) follows llama.cpp's vec-dot order (kernels_impl.h),
+//    as do F16/BF16 weights and the generic path.
+// The ISA (AVX-512 VNNI, AVX2, portable) is chosen once at run time.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -44,15 +49,14 @@ class WeightMatrix {
   size_t rows() const { return rows_; }
   size_t cols() const { return cols_; }
 
-  // Which of llama.cpp's two orders K-quant, F16 and BF16 weights follow (model/kernels_impl.h):
-  // its vec-dot (PerRow) or its GEMM (Batched: K-quants its tiled GEMM, F16/BF16 tinyBLAS).
-  // ByRowCount is llama.cpp's own rule (GEMM from 8 activation rows on for K-quants, from 2
-  // for F16/BF16). Other types have one order and ignore this.
+  // Which order a multiply follows: PerRow, llama.cpp's vec-dot (kernels_impl.h); Batched,
+  // the panel GEMM for block-quantized weights (kernels_panel.h) and tinyBLAS's order for
+  // F16/BF16; ByRowCount, Batched from 8 activation rows on (2 for F16/BF16), else PerRow.
   enum class KQuantOrder { ByRowCount, PerRow, Batched };
 
   // y[r * y_stride + o] = sum_k W[o][k] * x[r * x_stride + k] for r < n, o < rows.
   // The result of each element does not depend on the thread count, nor on the other rows
-  // (for K-quants, given the order).
+  // (given the order).
   void multiply(const float* x, size_t n, size_t x_stride, float* y, size_t y_stride, ThreadPool& pool,
                 KQuantOrder order = KQuantOrder::ByRowCount) const;
   // Only output rows [o_begin, o_end) (used for a slice of the vocabulary).

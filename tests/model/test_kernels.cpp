@@ -347,10 +347,104 @@ bool int8_tiles(GgmlType t, size_t cols) {
   return layout == kern::TileLayout::Nib || layout == kern::TileLayout::Byte16;
 }
 
+// Whether WeightMatrix takes the panel GEMM (model/kernels_panel.h) for n activation rows
+// in its default order: nibble and Q8_0 tiles from 8 rows on.
+bool takes_panel(GgmlType t, size_t cols, size_t n) {
+  const auto layout = kern::tile_layout_for(static_cast<uint32_t>(t), cols);
+  return n >= 8 && (layout == kern::TileLayout::Nib || layout == kern::TileLayout::Byte16);
+}
+
+// The panel GEMM's activation rule, written here on its own: per 32-block dx = amax / 127
+// (a float, not rounded to fp16), q = round-half-even(x * 127 / amax).
+struct PanelActs {
+  std::vector<int8_t> q;
+  std::vector<float> dx;
+};
+PanelActs panel_acts(const float* x, size_t cols) {
+  PanelActs a{std::vector<int8_t>(cols), std::vector<float>(cols / 32)};
+  for (size_t b = 0; b < cols / 32; ++b) {
+    float amax = 0;
+    for (size_t k = 0; k < 32; ++k) amax = std::max(amax, std::fabs(x[32 * b + k]));
+    const float id = amax != 0 ? 127.0f / amax : 0.0f;
+    for (size_t k = 0; k < 32; ++k) a.q[32 * b + k] = static_cast<int8_t>(std::nearbyint(x[32 * b + k] * id));
+    a.dx[b] = amax / 127.0f;
+  }
+  return a;
+}
+
+// One 32-block of a weight row as the panel sees it: unsigned codes u with
+// w = scale (u - offset) + second (second is 0 for the offset types). From the file's bytes,
+// independently of the repacking.
+struct PanelBlockParts {
+  int u[32];
+  float scale, second;
+  int offset;
+  bool has_min;
+};
+PanelBlockParts panel_parts(GgmlType t, const uint8_t* row, size_t blk) {
+  auto f16 = [](const uint8_t* p) {
+    uint16_t v;
+    std::memcpy(&v, p, 2);
+    return fp16_to_fp32(v);
+  };
+  PanelBlockParts p{};
+  switch (t) {
+    case GgmlType::Q4_0: case GgmlType::Q4_1: case GgmlType::Q5_0: case GgmlType::Q5_1: {
+      const bool has_min = t == GgmlType::Q4_1 || t == GgmlType::Q5_1;
+      const bool five = t == GgmlType::Q5_0 || t == GgmlType::Q5_1;
+      const uint8_t* b = row + blk * ggml_type_info(t).block_bytes;
+      const uint8_t* qs = b + 2 + (has_min ? 2 : 0) + (five ? 4 : 0);
+      for (int j = 0; j < 32; ++j) {
+        p.u[j] = j < 16 ? (qs[j] & 15) : (qs[j - 16] >> 4);
+        if (five) p.u[j] += ((b[2 + (has_min ? 2 : 0) + j / 8] >> (j % 8)) & 1) << 4;
+      }
+      p.scale = f16(b);
+      p.second = has_min ? f16(b + 2) : 0.0f;
+      p.offset = has_min ? 0 : five ? 16 : 8;
+      p.has_min = has_min;
+      return p;
+    }
+    case GgmlType::Q8_0: {
+      const uint8_t* b = row + blk * 34;
+      for (int j = 0; j < 32; ++j) p.u[j] = static_cast<int8_t>(b[2 + j]) + 128;
+      p.scale = f16(b);
+      p.offset = 128;
+      return p;
+    }
+    default: ADD_FAILURE() << "no panel for " << ggml_type_name(t); return p;
+  }
+}
+
+// The panel order (model/kernels_panel.h), from the file's blocks: per block the exact
+// integer sum i = sum (u - offset) q, acc = fma(float(i), scale * dx, acc), the min types
+// then acc = fma(second, dx * sum q, acc). Every ISA must match it bit for bit.
+float panel_order_dot(GgmlType t, const uint8_t* w_row, const float* x, size_t cols) {
+  const PanelActs a = panel_acts(x, cols);
+  float acc = 0;
+  for (size_t b = 0; b < cols / 32; ++b) {
+    const PanelBlockParts p = panel_parts(t, w_row, b);
+    int32_t i = 0, sq = 0;
+    for (int e = 0; e < 32; ++e) {
+      i += (p.u[e] - p.offset) * a.q[32 * b + e];
+      sq += a.q[32 * b + e];
+    }
+    acc = std::fma(static_cast<float>(i), p.scale * a.dx[b], acc);
+    if (p.has_min) acc = std::fma(p.second, a.dx[b] * static_cast<float>(sq), acc);
+  }
+  return acc;
+}
+
 // The activations as the kernel sees them: quantized then dequantized (double). Repacked
 // types (WeightMatrix) quantize them per 32 elements (Q8_0's rule) whatever the weight
 // type; the generic vec-dot path uses the type's own vec-dot type (Q8_K for K-quants).
-std::vector<double> requantized_acts(GgmlType t, const float* x, size_t cols, bool generic_path = false) {
+std::vector<double> requantized_acts(GgmlType t, const float* x, size_t cols, bool generic_path = false,
+                                     bool panel = false) {
+  if (panel) {
+    const PanelActs a = panel_acts(x, cols);
+    std::vector<double> out(cols);
+    for (size_t i = 0; i < cols; ++i) out[i] = static_cast<double>(a.q[i]) * a.dx[i / 32];
+    return out;
+  }
   const GgmlType act_as = !generic_path && int8_tiles(t, cols) ? GgmlType::Q8_0 : t;
   std::vector<uint8_t> rec(kern::generic_act_row_bytes(static_cast<uint32_t>(act_as), cols));
   kern::generic_quantize_row(static_cast<uint32_t>(act_as), x, cols, rec.data());
@@ -394,7 +488,8 @@ void check_product(GgmlType t, const std::vector<uint8_t>& wdata, size_t rows, s
     wnorm = std::sqrt(wnorm);
     for (size_t r = 0; r < n; ++r) {
       const float* xr = x.data() + r * cols;
-      const auto xq = requantized_acts(t, xr, cols, generic_path);
+      const bool panel = !generic_path && takes_panel(t, cols, n);
+      const auto xq = requantized_acts(t, xr, cols, generic_path, panel);
       double exact_q = 0, exact = 0, mag = 0, xnorm = 0;
       for (size_t k = 0; k < cols; ++k) {
         exact_q += wrow[k] * xq[k];
@@ -409,7 +504,7 @@ void check_product(GgmlType t, const std::vector<uint8_t>& wdata, size_t rows, s
       // cancel.
       const bool has_min = t == GgmlType::Q4_1 || t == GgmlType::Q5_1;
       const bool k_quant = t == GgmlType::Q4_K || t == GgmlType::Q5_K || t == GgmlType::Q6_K;
-      const double rel = has_min ? 1e-3 : k_quant ? 1e-4 : 1e-5;
+      const double rel = panel ? (has_min ? 1e-4 : 1e-5) : has_min ? 1e-3 : k_quant ? 1e-4 : 1e-5;
       ASSERT_NEAR(got, exact_q, rel * mag + 1e-6) << label << " o=" << o << " r=" << r;
       ASSERT_NEAR(got, exact, 0.03 * wnorm * xnorm + 1e-6) << label << " o=" << o << " r=" << r;
     }
@@ -633,6 +728,40 @@ TEST(Multiply, RepackedFollowsLlamaCppOrderExactly) {
         ASSERT_EQ(std::bit_cast<uint32_t>(kern::generic_dot(static_cast<uint32_t>(t), w.data() + o * rb, rec.data(), cols)),
                   std::bit_cast<uint32_t>(want[o]))
             << ggml_type_name(t) << " generic dot, row " << o;
+    }
+  }
+}
+
+// The panel GEMM (model/kernels_panel.h) of every nibble type and Q8_0: each ISA gives the
+// test's own transcription of the panel order bit for bit, from 8 rows in the default order
+// and at any row count in the Batched order (a forward pass's, so that one row's result
+// never depends on how many rows share the pass). Extreme activations (one outlier per
+// block, all-equal blocks, zero blocks) included.
+TEST(Multiply, PanelFollowsItsOrderExactly) {
+  std::mt19937 rng(19);
+  ThreadPool pool(2);
+  for (GgmlType t : {GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0}) {
+    const size_t rows = 37, cols = 768;
+    const auto w = random_blocks(t, rows * cols / ggml_type_info(t).block_elems, rng, false);
+    WeightMatrix m(t, w.data(), rows, cols);
+    const size_t rb = ggml_row_bytes(t, cols);
+    for (size_t n : {1, 3, 8, 13}) {
+      auto x = random_acts(n, cols, rng);
+      for (size_t i = 0; i < 64 && i < x.size(); ++i) x[i] = 0.0f;                  // a zero block
+      for (size_t i = 64; i < 96 && i < x.size(); ++i) x[i] = -2.5f;                // all equal
+      const auto order = n >= 8 ? WeightMatrix::KQuantOrder::ByRowCount : WeightMatrix::KQuantOrder::Batched;
+      std::vector<float> want(n * rows);
+      for (size_t r = 0; r < n; ++r)
+        for (size_t o = 0; o < rows; ++o) want[r * rows + o] = panel_order_dot(t, w.data() + o * rb, &x[r * cols], cols);
+      for (Isa isa : available_isas()) {
+        IsaGuard g(isa);
+        std::vector<float> y(n * rows);
+        m.multiply(x.data(), n, cols, y.data(), rows, pool, order);
+        for (size_t i = 0; i < y.size(); ++i)
+          ASSERT_EQ(std::bit_cast<uint32_t>(y[i]), std::bit_cast<uint32_t>(want[i]))
+              << ggml_type_name(t) << " " << isa_name(isa) << " n=" << n << " at " << i << ": " << y[i] << " vs "
+              << want[i];
+      }
     }
   }
 }

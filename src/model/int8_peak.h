@@ -1,0 +1,23 @@
+// The machine's int8 multiply-add peak per ISA, measured by a dependency-free loop of the
+// instruction each ISA's GEMM is built on (AVX-512 VNNI: vpdpbusd zmm; AVX2: vpmaddubsw +
+// vpmaddwd + vpaddd on ymm), so that `chunkfuse perf --peak` can say what fraction of the
+// silicon the prefill GEMM reaches. (../shared/tools/amx_probe.c measures the same loops.)
+#pragma once
+#include <cstddef>
+
+#include "model/kernels.h"
+
+namespace cf {
+
+// Multiply-adds per second of `isa`'s loop on `threads` threads at once (each runs
+// `iterations` rounds of 10 independent accumulators), the best of `runs` runs. Portable has
+// no int8 SIMD, and a CPU without the ISA cannot run it: 0.
+double int8_peak_macs_per_s(Isa isa, size_t threads, long iterations = 5000000, int runs = 7);
+
+namespace kern {
+// One thread's loop; returns the multiply-adds done (the checksum keeps it from being elided).
+double int8_peak_loop_avx512(long iterations, int& checksum);
+double int8_peak_loop_avx2(long iterations, int& checksum);
+}  // namespace kern
+
+}  // namespace cf

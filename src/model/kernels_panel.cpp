@@ -1,0 +1,85 @@
+// The panel GEMM's portable kernel (the definition every ISA reproduces, kernels_panel.h),
+// the per-thread panel scratch, and which weight types have panels.
+#include "model/kernels_panel.h"
+
+#include <cstdlib>
+#include <memory>
+#include <new>
+
+namespace cf::kern {
+
+bool has_panel(GgmlType t) {
+  switch (t) {
+    case GgmlType::Q4_0:
+    case GgmlType::Q4_1:
+    case GgmlType::Q5_0:
+    case GgmlType::Q5_1:
+    case GgmlType::Q8_0: return true;
+    default: return false;
+  }
+}
+
+uint8_t* panel_scratch(size_t nb) {
+  struct Free {
+    void operator()(uint8_t* p) const { std::free(p); }
+  };
+  thread_local std::unique_ptr<uint8_t[], Free> buf;
+  thread_local size_t cap = 0;
+  if (nb > cap) {
+    auto* p = static_cast<uint8_t*>(std::aligned_alloc(64, nb * kPanelBlock));
+    if (!p) throw std::bad_alloc();
+    buf.reset(p);
+    cap = nb;
+  }
+  return buf.get();
+}
+
+namespace {
+
+template <GgmlType T>
+void panel_tile_portable(const uint8_t* tile, size_t nb, const ActView& a, size_t r0, size_t nr, float* y,
+                         size_t y_stride, unsigned o_lo, unsigned o_hi) {
+  constexpr PanelType P = panel_type(T);
+  uint8_t* panel = panel_scratch(nb);
+  panel_unpack_tile(T, tile, nb, panel, panel_fp16x16);
+  for (size_t r = 0; r < nr; ++r) {
+    const int8_t* xq = a.qs(r0 + r);
+    const float* dx = panel_dx(a, r0 + r);
+    const float* s = panel_s(a, r0 + r);
+    const int32_t* corr = panel_corr(a, r0 + r);
+    for (unsigned o = o_lo; o < o_hi; ++o) {
+      float acc = 0.0f;
+      for (size_t b = 0; b < nb; ++b) {
+        const uint8_t* pb = panel + b * kPanelBlock;
+        const int8_t* q = xq + b * kQK;
+        int32_t i = P.kind == PanelKind::Offset ? corr[b] : 0;
+        for (int g = 0; g < 8; ++g)
+          for (int j = 0; j < 4; ++j) i += pb[64 * g + 4 * o + j] * q[4 * g + j];
+        acc = std::fma(static_cast<float>(i), panel_scale(pb)[o] * dx[b], acc);
+        if constexpr (P.kind == PanelKind::Min) acc = std::fma(panel_second(pb)[o], s[b], acc);
+      }
+      y[r * y_stride + o] = acc;
+    }
+  }
+}
+
+TileKernelFn portable_tile(GgmlType t) {
+  switch (t) {
+    case GgmlType::Q4_0: return panel_tile_portable<GgmlType::Q4_0>;
+    case GgmlType::Q4_1: return panel_tile_portable<GgmlType::Q4_1>;
+    case GgmlType::Q5_0: return panel_tile_portable<GgmlType::Q5_0>;
+    case GgmlType::Q5_1: return panel_tile_portable<GgmlType::Q5_1>;
+    case GgmlType::Q8_0: return panel_tile_portable<GgmlType::Q8_0>;
+    default: break;
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+const PanelKernels& panel_kernels_portable() {
+  static const PanelKernels k{panel_quantize_row, portable_tile};
+  return k;
+}
+
+}  // namespace cf::kern

@@ -1,0 +1,193 @@
+// Internal to the kernels: the prefill GEMM over "panels", in a summation order of our own
+// (docs/ARCHITECTURE.md, "Numerics contract": kernels are held to references that do not
+// depend on order, not to llama.cpp's bits).
+//
+// The nibble tiles (Q4_0, Q4_1, Q5_0, Q5_1) and Q8_0's byte tiles (kernels_impl.h) are
+// unpacked, one 16-row tile at a time, into a panel in the calling thread's cache: per
+// 32-block, its 16 rows x 32 values as unsigned bytes and two float vectors of per-row
+// factors. The micro-kernels then multiply a panel by many activation rows, each 32-block's
+// 8 vpdpbusd-style groups summed in one int32 accumulator and one float step per block: the
+// whole block's integer sum is exact, and the only rounding left is one conversion and one
+// or two FMAs per block. The unpacking costs a
+// few ops per 64 bytes and is shared by the up to 64 activation rows of one task, so the
+// cost per multiply-add is the micro-kernel's.
+//
+// Per element, every ISA computes the same float sequence (portable, AVX2 and AVX-512 give
+// the same bits, so the ISA tests stay exact; only the order differs from llama.cpp's):
+//   Offset kinds (Q4_0, Q5_0, Q8_0): w = scale (u - off); per block
+//     i = sum u q - off sum q (int32, exact), acc = fma(float(i), scale * dx, acc);
+//   Min kinds (Q4_1, Q5_1): w = scale u + second; per block
+//     i = sum u q, acc = fma(float(i), scale * dx, acc), acc = fma(second, s, acc);
+// with scale * dx rounded to float first, s = dx * sum q, acc starting at 0, y = acc.
+// Activations are quantized per 32-block: dx = amax / 127 (kept as float, where llama.cpp
+// rounds it to fp16), q = round-half-even(x * 127 / amax).
+// The K-quants keep their own batched kernel (kernels_impl.h, "K super-tiles": integer sums
+// over a whole 256-element super-block and one float step per super-block), which measured
+// ~1.5x faster than these panels for them (bench_gemm q4_k/q6_k 896x4864x512, BENCHMARKS.md).
+#pragma once
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+#include "model/kernels.h"
+#include "model/kernels_impl.h"
+
+namespace cf::kern {
+
+// One 32-block of a panel: [0, 512) values, group g (elements 4g..4g+3) of row o at
+// [64 g + 4 o + j] (the nibble tiles' own group order, so that one vector load is one group
+// of 16 rows); [512, 576) float scale[16]; [576, 640) float second[16].
+constexpr size_t kPanelBlock = 640;
+constexpr size_t kPanelScale = 512, kPanelSecond = 576;
+
+enum class PanelKind { Offset, Min };
+
+// Which panel a repacked weight type unpacks to.
+struct PanelType {
+  PanelKind kind;
+  int offset;  // Offset kind: w = scale (u - offset)
+};
+
+inline constexpr PanelType panel_type(GgmlType t) {
+  switch (t) {
+    case GgmlType::Q4_0: return {PanelKind::Offset, 8};
+    case GgmlType::Q5_0: return {PanelKind::Offset, 16};
+    case GgmlType::Q8_0: return {PanelKind::Offset, 128};
+    default: break;
+  }
+  return {PanelKind::Min, 0};
+}
+
+// Activation record of the panel GEMM, one per row: int8 qs[32 nb], float dx[nb],
+// float s[nb] = dx * sum q (the min kinds' second term), int32 corr[nb] = -offset * sum q
+// (the offset kinds' integer correction, made here once per row for the weight type at hand
+// so that the kernel starts each block's sum from one broadcast load). Read through
+// ActView: qs(r); the rest through these.
+inline size_t panel_act_row_stride(size_t nb) { return (nb * (kQK + 12) + 63) / 64 * 64; }
+inline const float* panel_dx(const ActView& a, size_t r) { return a.d(r); }
+inline const float* panel_s(const ActView& a, size_t r) { return a.d(r) + a.nb; }
+inline const int32_t* panel_corr(const ActView& a, size_t r) { return reinterpret_cast<const int32_t*>(a.d(r) + 2 * a.nb); }
+
+// Each ISA's panel entry points (kernels_panel.cpp, kernels_panel_avx2.cpp,
+// kernels_panel_avx512.cpp).
+struct PanelKernels {
+  // One activation row into the record above, for weights of the given offset.
+  void (*quantize)(const float* x, size_t cols, uint8_t* out, int offset);
+  // The tile kernel of a repacked weight type (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0): unpacks the
+  // tile into the thread's panel, then runs every activation row.
+  TileKernelFn (*tile)(GgmlType);
+};
+const PanelKernels& panel_kernels_portable();
+const PanelKernels& panel_kernels_avx2();
+const PanelKernels& panel_kernels_avx512();
+// Whether a weight type has panel kernels.
+bool has_panel(GgmlType);
+
+// The calling thread's panel scratch, at least nb blocks, 64-byte aligned.
+uint8_t* panel_scratch(size_t nb);
+
+// Internal linkage on purpose: each ISA's file compiles these with its own flags (and
+// vectorizes the byte loops with them); one shared instantiation would run AVX-512 code on
+// an AVX2 machine.
+namespace {
+
+// The 512 value bytes of a nibble block with HB high-bit lines (kernels_impl.h's layout):
+// line L's low nibbles are group L, its high nibbles group L + 4, each byte in place.
+template <int HB>
+inline void panel_unpack_nibbles(const uint8_t* blk, uint8_t* out) {
+  for (int line = 0; line < 4; ++line) {
+    const uint8_t* v = blk + 64 * line;
+    uint8_t* lo = out + 64 * line;
+    uint8_t* hi = out + 64 * (line + 4);
+    for (int i = 0; i < 64; ++i) {
+      uint8_t a = v[i] & 0x0F, b = v[i] >> 4;
+      if constexpr (HB > 0) {
+        constexpr uint8_t mask = (1 << HB) - 1;
+        const int bit_a = line * HB, bit_b = (line + 4) * HB;
+        a |= static_cast<uint8_t>(((blk[256 + 64 * (bit_a / 8) + i] >> (bit_a % 8)) & mask) << 4);
+        b |= static_cast<uint8_t>(((blk[256 + 64 * (bit_b / 8) + i] >> (bit_b % 8)) & mask) << 4);
+      }
+      lo[i] = a;
+      hi[i] = b;
+    }
+  }
+}
+
+inline float* panel_scale(uint8_t* pb) { return reinterpret_cast<float*>(pb + kPanelScale); }
+inline float* panel_second(uint8_t* pb) { return reinterpret_cast<float*>(pb + kPanelSecond); }
+inline const float* panel_scale(const uint8_t* pb) { return reinterpret_cast<const float*>(pb + kPanelScale); }
+inline const float* panel_second(const uint8_t* pb) { return reinterpret_cast<const float*>(pb + kPanelSecond); }
+
+// The portable conversion of 16 fp16 values (each ISA passes its own: vcvtph2ps).
+inline void panel_fp16x16(const uint8_t* src, float* dst) {
+  for (int i = 0; i < 16; ++i) dst[i] = fp16_to_fp32(load_u16(src + 2 * i));
+}
+
+// Unpacks one repacked 16-row tile of `type` (nb 32-blocks) into nb panel blocks; cvt16
+// converts 16 fp16 values to floats.
+template <class Cvt16>
+inline void panel_unpack_tile(GgmlType type, const uint8_t* tile, size_t nb, uint8_t* panel, Cvt16 cvt16) {
+  auto nib = [&](NibKind k) {
+    const NibGeom g = nib_geom(k);
+    for (size_t b = 0; b < nb; ++b) {
+      const uint8_t* blk = tile + b * g.block;
+      uint8_t* pb = panel + b * kPanelBlock;
+      if (g.high_bits) panel_unpack_nibbles<1>(blk, pb);
+      else panel_unpack_nibbles<0>(blk, pb);
+      cvt16(blk + g.d, panel_scale(pb));
+      if (g.has_min) cvt16(blk + g.m, panel_second(pb));
+      else std::memset(panel_second(pb), 0, kTileRows * sizeof(float));
+    }
+  };
+  switch (type) {
+    case GgmlType::Q4_0: return nib(NibKind::Q4_0);
+    case GgmlType::Q4_1: return nib(NibKind::Q4_1);
+    case GgmlType::Q5_0: return nib(NibKind::Q5_0);
+    case GgmlType::Q5_1: return nib(NibKind::Q5_1);
+    case GgmlType::Q8_0:
+      for (size_t b = 0; b < nb; ++b) {
+        const uint8_t* blk = tile + b * kByte16TileBlock;
+        uint8_t* pb = panel + b * kPanelBlock;
+        std::memcpy(pb, blk, 512);
+        cvt16(blk + 512, panel_scale(pb));
+        std::memset(panel_second(pb), 0, kTileRows * sizeof(float));
+      }
+      return;
+    default: break;
+  }
+}
+
+// One activation row into a panel record (panel_act_row_stride). Round half to even by
+// adding 1.5 * 2^23 (exact for |v| <= 127), so the loops vectorize.
+inline void panel_quantize_row(const float* x, size_t cols, uint8_t* out, int offset) {
+  const size_t nb = cols / kQK;
+  int8_t* qs = reinterpret_cast<int8_t*>(out);
+  float* dx = reinterpret_cast<float*>(out + nb * kQK);
+  float* s = dx + nb;
+  int32_t* corr = reinterpret_cast<int32_t*>(s + nb);
+  for (size_t b = 0; b < nb; ++b) {
+    const float* xb = x + b * kQK;
+    float amax = 0.0f;
+    for (size_t k = 0; k < kQK; ++k) amax = std::fmax(amax, std::fabs(xb[k]));
+    const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+    int8_t* q = qs + b * kQK;
+    int32_t sum = 0;
+    for (size_t k = 0; k < kQK; ++k) {
+      const float shifted = xb[k] * id + 12582912.0f;
+      int32_t bits;
+      std::memcpy(&bits, &shifted, 4);
+      const int32_t v = (bits & 0x007fffff) - 0x00400000;
+      q[k] = static_cast<int8_t>(v);
+      sum += v;
+    }
+    dx[b] = amax / 127.0f;
+    s[b] = dx[b] * static_cast<float>(sum);
+    corr[b] = -offset * sum;
+  }
+}
+
+}  // namespace
+
+}  // namespace cf::kern

@@ -1,0 +1,97 @@
+// The panel GEMM on AVX2 (kernels_panel.h): one ymm is one 4-element group of 8 of the
+// panel's 16 rows (each tile in two halves). Without VNNI the group sum is vpmaddubsw
+// (unsigned weight x signed activation pairs, int16) then vpmaddwd by ones: exact for
+// values below 64 (2 x 63 x 127 fits int16; the nibble types' are below 32). Q8_0's bytes (q + 128) would saturate, so its
+// kernel works on the signed q: |q| against the activation bytes carrying q's sign (the
+// same integer sum, so it starts from 0, not from the record's -128 sum(q)). Up to 4 activation rows share each
+// loaded group. Per lane the float steps are the portable kernel's.
+#include <immintrin.h>
+
+#include "model/kernels_panel.h"
+
+namespace cf::kern {
+namespace {
+
+template <GgmlType T, int R>
+inline void panel_rows(const uint8_t* panel, size_t nb, const ActView& a, size_t r0, int half, float out[][8]) {
+  constexpr PanelType P = panel_type(T);
+  constexpr bool kSigned = T == GgmlType::Q8_0;
+  const __m256i ones = _mm256_set1_epi16(1), flip = _mm256_set1_epi8(static_cast<char>(0x80));
+  __m256 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  for (size_t b = 0; b < nb; ++b) {
+    const uint8_t* pb = panel + b * kPanelBlock;
+    __m256i i[R];
+    for (int r = 0; r < R; ++r)
+      i[r] = P.kind == PanelKind::Offset && !kSigned ? _mm256_set1_epi32(panel_corr(a, r0 + r)[b])
+                                                      : _mm256_setzero_si256();
+    for (int g = 0; g < 8; ++g) {
+      __m256i w = _mm256_load_si256(reinterpret_cast<const __m256i*>(pb + 64 * g + 32 * half));
+      __m256i wsigned = _mm256_setzero_si256();
+      if constexpr (kSigned) {
+        wsigned = _mm256_xor_si256(w, flip);
+        w = _mm256_abs_epi8(wsigned);
+      }
+      for (int r = 0; r < R; ++r) {
+        __m256i x = _mm256_set1_epi32(load_i32(a.qs(r0 + r) + b * kQK + 4 * g));
+        if constexpr (kSigned) x = _mm256_sign_epi8(x, wsigned);
+        i[r] = _mm256_add_epi32(i[r], _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), ones));
+      }
+    }
+    const __m256 scale = _mm256_load_ps(reinterpret_cast<const float*>(pb + kPanelScale) + 8 * half);
+    const __m256 second = _mm256_load_ps(reinterpret_cast<const float*>(pb + kPanelSecond) + 8 * half);
+    for (int r = 0; r < R; ++r) {
+      const __m256 vdx = _mm256_set1_ps(panel_dx(a, r0 + r)[b]);
+      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i[r]), _mm256_mul_ps(scale, vdx), acc[r]);
+      if constexpr (P.kind == PanelKind::Min)
+        acc[r] = _mm256_fmadd_ps(second, _mm256_set1_ps(panel_s(a, r0 + r)[b]), acc[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) _mm256_storeu_ps(out[r], acc[r]);
+}
+
+template <GgmlType T>
+void panel_tile(const uint8_t* tile, size_t nb, const ActView& a, size_t r0, size_t nr, float* y, size_t y_stride,
+                unsigned o_lo, unsigned o_hi) {
+  uint8_t* panel = panel_scratch(nb);
+  panel_unpack_tile(T, tile, nb, panel, [](const uint8_t* src, float* dst) {
+    for (int h = 0; h < 2; ++h)
+      _mm256_storeu_ps(dst + 8 * h, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 16 * h))));
+  });
+  float out[4][8];
+  for (int half = 0; half < 2; ++half) {
+    const unsigned lo = std::max(o_lo, 8u * half), hi = std::min(o_hi, 8u * half + 8);
+    if (lo >= hi) continue;
+    for (size_t r = 0; r < nr;) {
+      const size_t left = nr - r;
+      const int R = left >= 4 ? 4 : left >= 2 ? 2 : 1;
+      if (R == 4) panel_rows<T, 4>(panel, nb, a, r0 + r, half, out);
+      else if (R == 2) panel_rows<T, 2>(panel, nb, a, r0 + r, half, out);
+      else panel_rows<T, 1>(panel, nb, a, r0 + r, half, out);
+      for (int i = 0; i < R; ++i)
+        for (unsigned o = lo; o < hi; ++o) y[(r + i) * y_stride + o] = out[i][o - 8 * half];
+      r += R;
+    }
+  }
+}
+
+TileKernelFn avx2_tile(GgmlType t) {
+  switch (t) {
+    case GgmlType::Q4_0: return panel_tile<GgmlType::Q4_0>;
+    case GgmlType::Q4_1: return panel_tile<GgmlType::Q4_1>;
+    case GgmlType::Q5_0: return panel_tile<GgmlType::Q5_0>;
+    case GgmlType::Q5_1: return panel_tile<GgmlType::Q5_1>;
+    case GgmlType::Q8_0: return panel_tile<GgmlType::Q8_0>;
+    default: break;
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+const PanelKernels& panel_kernels_avx2() {
+  static const PanelKernels k{panel_quantize_row, avx2_tile};
+  return k;
+}
+
+}  // namespace cf::kern

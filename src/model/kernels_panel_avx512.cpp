@@ -1,0 +1,94 @@
+// The panel GEMM on AVX-512 VNNI (kernels_panel.h): one zmm is one 4-element group of the
+// panel's 16 rows; vpdpbusd takes the group against 4 activation bytes broadcast from
+// memory, and the 8 groups of a block go into one int32 accumulator per activation row.
+// Up to 8 activation rows share each loaded block (8 weight, 8 float accumulator and a few
+// scale registers of the 32); an offset type's sum starts at the record's correction. Per lane the float steps are the portable kernel's.
+// GCC 12 reports its own _mm512_undefined_* helpers as (maybe-)uninitialized.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#include <immintrin.h>
+
+#include "model/kernels_panel.h"
+
+namespace cf::kern {
+namespace {
+
+// acc + vpdpbusd(w, the 4 activation bytes at p in every lane), the broadcast folded into
+// the instruction's memory operand (GCC would emit a vpbroadcastd per _mm512_set1_epi32).
+inline __m512i dpbusd_bcast(__m512i acc, __m512i w, const int8_t* p) {
+  asm("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*reinterpret_cast<const int32_t*>(p)));
+  return acc;
+}
+
+template <GgmlType T, int R>
+inline void panel_rows(const uint8_t* panel, size_t nb, const ActView& a, size_t r0, float* y, size_t y_stride,
+                       __mmask16 mask) {
+  constexpr PanelType P = panel_type(T);
+  __m512 acc[R];
+  const int8_t* xq[R];
+  const float *dx[R], *s[R];
+  const int32_t* corr[R];
+  for (int r = 0; r < R; ++r) {
+    acc[r] = _mm512_setzero_ps();
+    xq[r] = a.qs(r0 + r);
+    dx[r] = panel_dx(a, r0 + r);
+    s[r] = panel_s(a, r0 + r);
+    corr[r] = panel_corr(a, r0 + r);
+  }
+  for (size_t b = 0; b < nb; ++b) {
+    const uint8_t* pb = panel + b * kPanelBlock;
+    __m512i w[8];
+    for (int g = 0; g < 8; ++g) w[g] = _mm512_load_si512(pb + 64 * g);
+    const __m512 scale = _mm512_load_ps(pb + kPanelScale), second = _mm512_load_ps(pb + kPanelSecond);
+    for (int r = 0; r < R; ++r) {
+      const int8_t* q = xq[r] + b * kQK;
+      __m512i i = P.kind == PanelKind::Offset ? _mm512_set1_epi32(corr[r][b]) : _mm512_setzero_si512();
+      for (int g = 0; g < 8; ++g) i = dpbusd_bcast(i, w[g], q + 4 * g);
+      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), _mm512_mul_ps(scale, _mm512_set1_ps(dx[r][b])), acc[r]);
+      if constexpr (P.kind == PanelKind::Min) acc[r] = _mm512_fmadd_ps(second, _mm512_set1_ps(s[r][b]), acc[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(y + r * y_stride, mask, acc[r]);
+}
+
+template <GgmlType T>
+void panel_tile(const uint8_t* tile, size_t nb, const ActView& a, size_t r0, size_t nr, float* y, size_t y_stride,
+                unsigned o_lo, unsigned o_hi) {
+  uint8_t* panel = panel_scratch(nb);
+  panel_unpack_tile(T, tile, nb, panel, [](const uint8_t* src, float* dst) {
+    _mm512_storeu_ps(dst, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src))));
+  });
+  const auto mask = static_cast<__mmask16>(((1u << o_hi) - 1) & ~((1u << o_lo) - 1));
+  size_t r = 0;
+  for (; r + 8 <= nr; r += 8) panel_rows<T, 8>(panel, nb, a, r0 + r, y + r * y_stride, y_stride, mask);
+  if (r + 4 <= nr) {
+    panel_rows<T, 4>(panel, nb, a, r0 + r, y + r * y_stride, y_stride, mask);
+    r += 4;
+  }
+  if (r + 2 <= nr) {
+    panel_rows<T, 2>(panel, nb, a, r0 + r, y + r * y_stride, y_stride, mask);
+    r += 2;
+  }
+  if (r < nr) panel_rows<T, 1>(panel, nb, a, r0 + r, y + r * y_stride, y_stride, mask);
+}
+
+TileKernelFn avx512_tile(GgmlType t) {
+  switch (t) {
+    case GgmlType::Q4_0: return panel_tile<GgmlType::Q4_0>;
+    case GgmlType::Q4_1: return panel_tile<GgmlType::Q4_1>;
+    case GgmlType::Q5_0: return panel_tile<GgmlType::Q5_0>;
+    case GgmlType::Q5_1: return panel_tile<GgmlType::Q5_1>;
+    case GgmlType::Q8_0: return panel_tile<GgmlType::Q8_0>;
+    default: break;
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+const PanelKernels& panel_kernels_avx512() {
+  static const PanelKernels k{panel_quantize_row, avx512_tile};
+  return k;
+}
+
+}  // namespace cf::kern
