@@ -2,7 +2,8 @@
 # Agreement with llama.cpp on every file type a user may bring: the default model requantized
 # by llama.cpp's own quantizer (allow-requantize) to each type, a golden fixture made by
 # llama.cpp on that file (tools/make_golden.py), and the golden tests of the default model
-# (build/test_runtime --gtest_filter='Golden.*') run against it. Needs scripts/setup.sh
+# (build/test_runtime --gtest_filter='Golden.*', bounds from docs/ARCHITECTURE.md's "Numerics
+# contract"; a file type without an f64 fixture takes SmolLM2 Q4_1's) run against it. Needs scripts/setup.sh
 # --bench (.venv with llama-cpp-python) and a Release build. BENCHMARKS.md, "Every file type".
 #
 #   tools/check_file_types.sh                      # the default list below
@@ -33,12 +34,12 @@ for t in "${types[@]}"; do
   [[ -f $model ]] || "$py" tools/make_shape_models.py --requantize "$source_model" --types "$t" --no-ref --out "$variants"
   [[ -f $fixture ]] || "$py" tools/make_golden.py --model "$model" --out "$fixture" >/dev/null
   if out=$(CHUNKFUSE_MODEL="$model" CHUNKFUSE_GOLDEN_FIXTURE="$fixture" build/test_runtime --gtest_filter='Golden.*' 2>&1); then
-    verdict=exact
+    verdict=within
   else
-    verdict="not exact"
+    verdict=outside
     failed+=("$t")
   fi
   # The test's own summary lines: logit differences, top-1 agreement, greedy continuations.
   printf '%-7s %-9s %s\n' "$t" "$verdict" "$(grep -E '^(top-10|identical greedy)' <<<"$out" | paste -sd ';' -)"
 done
-((${#failed[@]} == 0)) || cf_die "not bit-exact with llama.cpp (see the lines above): ${failed[*]}"
+((${#failed[@]} == 0)) || cf_die "outside the golden tests' bounds against llama.cpp (see the lines above): ${failed[*]}"

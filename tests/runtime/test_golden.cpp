@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "model_fixture.h"
+#include "numerics_contract.h"
 #include "runtime/forward.h"
 #include "runtime/sampler.h"
 
@@ -18,22 +19,16 @@ namespace {
 
 using nlohmann::json;
 
-// How close is close. This model's numerics are chaotic at the level of last bits: 8-bit
-// quantization of every matmul input turns a one-ulp difference (another summation order,
-// another exp approximation) into a flipped rounding, and 30 layers amplify it (llama.cpp
-// itself differs from itself by up to 0.69 between its batched and token-by-token
-// evaluation of the same prompt; BENCHMARKS.md). So the engine reproduces llama.cpp's CPU
-// float operation sequence op by op (matmul lanes, RoPE's fused products, f16 K/V/Q/P,
-// attention sums, softmax, exp, SiLU; see kernels_impl.h and runtime_kernels_impl.inc),
-// and then the logits are llama.cpp's: measured, every top-10 logit at all 145 positions
-// equals the fixture to its 5 decimals (max diff 0.000), top-1 equal everywhere, all 10
-// greedy continuations identical. The bounds below leave room only for the fixture's
-// rounding, and for one greedy continuation that parts at a near-tie.
-constexpr float kMaxLogitDiff = 1e-4f;
-constexpr float kMedianLogitDiff = 1e-4f;
-constexpr double kMinTop1Agreement = 1.0;
-// A greedy continuation may part only at a near-tie (llama.cpp's top-1 margin there).
-constexpr double kNearTieMargin = 0.05;
+// How close is close. llama.cpp is one rounding of the quantized model, not the model: its
+// logits differ by up to ~1.2 per top-10 logit between its own ISA builds (README, "Which
+// llama.cpp") and from the exact float64 reference (tools/f64_reference.py) by up to 1.41,
+// median 0.26, on SmolLM2. Our kernels may sum in any order, and are held against f64
+// (test_f64_reference.cpp); against llama.cpp the bounds are the f64 ones plus llama.cpp's
+// own distance to f64 (numerics_contract.h; docs/ARCHITECTURE.md, "Numerics contract").
+// Identical greedy continuations are counted, not bounded: llama.cpp itself is identical to
+// f64's on only 6 of 10 (SmolLM2), 8 of 10 (Qwen 0.5B) and 2 of 11 (Gemma 3), all parting at
+// near-ties. (Until the kernel rewrite ours equalled llama.cpp bit for bit: max diff 0.)
+using test::kLlamaNearTie;
 
 json load_fixture(const std::string& name) {
   std::ifstream in(test::fixture_path(name));
@@ -55,32 +50,56 @@ const json& fixture() {
   return j;
 }
 
+struct Bounds {
+  double max_diff, median_diff;
+  int max_top1_differ;  // positions whose top-1 may differ
+};
+
+// The bounds from llama.cpp's distance to f64 (tests/golden/<stem>.f64.json).
+Bounds bounds_from(const json& f64) {
+  const test::Tolerance t = test::tolerance_from(f64);
+  const Bounds b{t.max_vs_llama(), t.median_vs_llama(), t.top1_vs_llama()};
+  std::printf("bounds from llama.cpp vs f64 (%s): max %.3f, median %.3f, top-1 differs at %d of %d\n",
+              f64["llama_fixture"]["file"].get<std::string>().c_str(), b.max_diff, b.median_diff, b.max_top1_differ,
+              t.positions);
+  return b;
+}
+
+// The default-model fixture's: <fixture>.f64.json beside it, else SmolLM2's (a requantized
+// default model from tools/check_file_types.sh has none; its distance is of the same order).
+Bounds smol_bounds() {
+  const char* other = std::getenv("CHUNKFUSE_GOLDEN_FIXTURE");
+  std::string f64_path;
+  if (other && *other) {
+    f64_path = other;
+    if (f64_path.size() > 5 && f64_path.ends_with(".json")) f64_path = f64_path.substr(0, f64_path.size() - 5);
+    f64_path += ".f64.json";
+  }
+  std::ifstream in(f64_path);
+  if (in) return bounds_from(json::parse(in));
+  if (other && *other) std::printf("no %s: SmolLM2 Q4_1's bounds\n", f64_path.c_str());
+  return bounds_from(load_fixture("smollm2_q4_1.f64.json"));
+}
+
 // Gemma 3 270M Q4_K_M: prompts start with BOS (a base model); one logits prompt (700
 // tokens) and one greedy prompt (715) reach past the 512-position window of the local
-// layers. Its matrices are Q4_K / Q5_0 / Q6_K / Q8_0, which follow llama.cpp's order too
-// (K-quants: its vec-dot below 8 rows, its tiled GEMM from 8; kernels_impl.h), so the bar is
-// SmolLM2's: measured (2 threads, AVX-512) every top-10 logit at all 811 positions equal to
-// the fixture's 5 decimals, top-1 everywhere, greedy identical on 11 of 11. (With the
-// earlier reference K-quant kernels: median 0.31, max 1.16, 777 of 811, 5 of 11.)
-struct Bounds {
-  float max_diff, median_diff;
-  double min_top1;        // fraction of positions with the same top-1
-  float top1_margin;      // where llama.cpp's top-1 leads by more than this, ours must agree
-  double near_tie;        // a greedy continuation may part only where llama.cpp's margin is below
-  int max_parted;         // greedy continuations allowed to part (of the fixture's)
-};
-constexpr Bounds kSmolBounds{kMaxLogitDiff, kMedianLogitDiff, kMinTop1Agreement, 0.f, kNearTieMargin, 1};
-constexpr Bounds kGemmaBounds = kSmolBounds;
-
+// layers.
 const json& gemma3_fixture() {
   static json j = load_fixture("gemma3_270m_q4_k_m.json");
   return j;
 }
+const Bounds& gemma3_bounds() {
+  static Bounds b = bounds_from(load_fixture("gemma3_270m_q4_k_m.f64.json"));
+  return b;
+}
 
-// Qwen2.5-Coder-0.5B/1.5B-Instruct Q4_K_M (qwen2: QKV biases, RoPE base 1e6, tied output
-// on the 0.5B; Q4_K / Q5_0 / Q6_K / Q8_0 matrices): the same bar as SmolLM2's. The 0.5B
-// fixture is CI's (16-token continuations keep it quick), the 1.5B's a manual check.
-constexpr Bounds kQwenBounds = kSmolBounds;
+// Qwen2.5-Coder-0.5B/1.5B-Instruct Q4_K_M (qwen2: QKV biases, RoPE base 1e6; Q4_K / Q5_0 /
+// Q6_K / Q8_0 matrices). The 0.5B fixture is CI's (16-token continuations keep it quick),
+// the 1.5B's a manual check; the 1.5B has no f64 fixture and takes the 0.5B's bounds.
+const Bounds& qwen_bounds() {
+  static Bounds b = bounds_from(load_fixture("qwen2.5_coder_0.5b_instruct_q4_k_m.f64.json"));
+  return b;
+}
 
 const json& qwen05_fixture() {
   static json j = load_fixture("qwen2.5_coder_0.5b_instruct_q4_k_m.json");
@@ -92,8 +111,7 @@ const json& qwen15_fixture() {
   return j;
 }
 
-// Full prefill of every logits prompt: top-1 equal at every position, top-10 logits within
-// the bounds above.
+// Full prefill of every logits prompt: top-10 logits and top-1 within the bounds above.
 void check_prompt_logits(const Model& m, const json& fx, const Bounds& b) {
   Forward fwd(m, test::shared_pool());
   std::vector<float> diffs;
@@ -116,7 +134,7 @@ void check_prompt_logits(const Model& m, const json& fx, const Bounds& b) {
       top1_same += same;
       const float margin = ref_logits[0] - ref_logits[1];
       if (!same) worst_margin = std::max(worst_margin, margin);
-      EXPECT_TRUE(same || margin <= b.top1_margin)
+      EXPECT_TRUE(same || margin < kLlamaNearTie)
           << c["name"] << " position " << i << ": top-1 differs where llama.cpp leads by " << margin;
       float here = 0;
       for (size_t k = 0; k < ref_ids.size(); ++k) here = std::max(here, std::fabs(ours[ref_ids[k]] - ref_logits[k]));
@@ -130,14 +148,14 @@ void check_prompt_logits(const Model& m, const json& fx, const Bounds& b) {
   std::printf("top-10 |logit diff| vs llama.cpp over %zu positions: median %.3f, max %.3f; top-1 equal at %zu (%.1f%%)"
               ", largest llama.cpp margin where it differs %.3f\n",
               diffs.size(), median, worst, top1_same, 100 * agree, worst_margin);
-  EXPECT_LT(worst, b.max_diff);
-  EXPECT_LT(median, b.median_diff);
-  EXPECT_GE(agree, b.min_top1);
+  EXPECT_LE(worst, b.max_diff);
+  EXPECT_LE(median, b.median_diff);
+  EXPECT_LE(static_cast<int>(diffs.size() - top1_same), b.max_top1_differ);
 }
 
-// Prefill then token-by-token greedy decoding: identical continuations on all prompts but
-// at most one, which may part only at a near-tie.
-void check_greedy(const Model& m, const json& fx, const Bounds& b) {
+// Prefill then token-by-token greedy decoding: a continuation may part from llama.cpp's
+// only at a near-tie of llama.cpp's.
+void check_greedy(const Model& m, const json& fx) {
   Forward fwd(m, test::shared_pool());
   int identical = 0, total = 0;
   for (const auto& c : fx["greedy"]) {
@@ -165,12 +183,11 @@ void check_greedy(const Model& m, const json& fx, const Bounds& b) {
       const double margin = c["margins"][at].get<double>();
       std::printf("%s: first difference at step %zu (llama.cpp top-1 margin there %.4f)\n",
                   c["name"].get<std::string>().c_str(), at, margin);
-      EXPECT_LT(margin, b.near_tie) << c["name"] << " parts from llama.cpp where its choice was clear";
+      EXPECT_LT(margin, kLlamaNearTie) << c["name"] << " parts from llama.cpp where its choice was clear";
     }
   }
   std::printf("identical greedy continuations: %d of %d\n", identical, total);
   EXPECT_GE(total, 10);
-  EXPECT_GE(identical, total - b.max_parted);
 }
 
 TEST(Golden, FixtureMatchesTheModelFile) {
@@ -181,12 +198,12 @@ TEST(Golden, FixtureMatchesTheModelFile) {
 
 TEST(Golden, PromptLogitsMatchLlamaCpp) {
   CF_REQUIRE_MODEL();
-  check_prompt_logits(test::shared_model(), fixture(), kSmolBounds);
+  check_prompt_logits(test::shared_model(), fixture(), smol_bounds());
 }
 
 TEST(Golden, GreedyContinuationsMatchLlamaCpp) {
   CF_REQUIRE_MODEL();
-  check_greedy(test::shared_model(), fixture(), kSmolBounds);
+  check_greedy(test::shared_model(), fixture());
 }
 
 TEST(GoldenGemma3, FixtureMatchesTheModelFile) {
@@ -205,12 +222,12 @@ TEST(GoldenGemma3, FixtureMatchesTheModelFile) {
 // Slow: a 700-token prefill with logits of every row over 262k tokens; skipped under ASan.
 TEST(GoldenGemma3, PromptLogitsMatchLlamaCppSlow) {
   CF_REQUIRE_GEMMA3();
-  check_prompt_logits(test::shared_gemma3(), gemma3_fixture(), kGemmaBounds);
+  check_prompt_logits(test::shared_gemma3(), gemma3_fixture(), gemma3_bounds());
 }
 
 TEST(GoldenGemma3, GreedyContinuationsMatchLlamaCppSlow) {
   CF_REQUIRE_GEMMA3();
-  check_greedy(test::shared_gemma3(), gemma3_fixture(), kGemmaBounds);
+  check_greedy(test::shared_gemma3(), gemma3_fixture());
 }
 
 void check_fixture_file(const Model& m, const json& fx) {
@@ -232,12 +249,12 @@ TEST(GoldenQwen05, FixtureMatchesTheModelFile) {
 // Slow: ~150k-token vocabulary, every row's logits; skipped under ASan (the Release ctest runs it).
 TEST(GoldenQwen05, PromptLogitsMatchLlamaCppSlow) {
   CF_REQUIRE_QWEN05();
-  check_prompt_logits(test::shared_qwen05(), qwen05_fixture(), kQwenBounds);
+  check_prompt_logits(test::shared_qwen05(), qwen05_fixture(), qwen_bounds());
 }
 
 TEST(GoldenQwen05, GreedyContinuationsMatchLlamaCppSlow) {
   CF_REQUIRE_QWEN05();
-  check_greedy(test::shared_qwen05(), qwen05_fixture(), kQwenBounds);
+  check_greedy(test::shared_qwen05(), qwen05_fixture());
 }
 
 // Manual check (CI does not fetch the 1.5B): scripts/setup.sh --models qwen2.5-1.5b, then
@@ -249,12 +266,12 @@ TEST(GoldenQwen15Manual, FixtureMatchesTheModelFile) {
 
 TEST(GoldenQwen15Manual, PromptLogitsMatchLlamaCppSlow) {
   CF_REQUIRE_QWEN15_MANUAL();
-  check_prompt_logits(test::shared_qwen15(), qwen15_fixture(), kQwenBounds);
+  check_prompt_logits(test::shared_qwen15(), qwen15_fixture(), qwen_bounds());
 }
 
 TEST(GoldenQwen15Manual, GreedyContinuationsMatchLlamaCppSlow) {
   CF_REQUIRE_QWEN15_MANUAL();
-  check_greedy(test::shared_qwen15(), qwen15_fixture(), kQwenBounds);
+  check_greedy(test::shared_qwen15(), qwen15_fixture());
 }
 
 }  // namespace
