@@ -170,7 +170,10 @@ inline void panel_quantize_row(const float* x, size_t cols, uint8_t* out, int of
   for (size_t b = 0; b < nb; ++b) {
     const float* xb = x + b * kQK;
     float amax = 0.0f;
-    for (size_t k = 0; k < kQK; ++k) amax = std::fmax(amax, std::fabs(xb[k]));
+    for (size_t k = 0; k < kQK; ++k) {  // not std::fmax: a libm call that does not vectorize
+      const float v = std::fabs(xb[k]);
+      amax = v > amax ? v : amax;
+    }
     const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
     int8_t* q = qs + b * kQK;
     int32_t sum = 0;

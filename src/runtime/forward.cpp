@@ -329,8 +329,11 @@ std::vector<ForwardOutput> Forward::run_sequences(std::span<const BatchSequence>
     for (size_t i = 0; i < nl; ++i)
       rms_norm(&x[logit_rows[i] * d], model_.output_norm().data(), &normed[i * d], d, h.rms_eps);
     std::vector<float> logits(nl * h.vocab_size);
-    // The logits rows: llama.cpp's own rule by row count (it multiplies only its output rows).
-    model_.output().multiply(normed.data(), nl, d, logits.data(), h.vocab_size, pool_);
+    // The logits rows in the one-row order whatever their count, so that a row's logits never
+    // depend on how many rows ask for them (a decode step, a prefill's last row and a full
+    // pass's row agree); the order-free panel GEMM would change with the count.
+    model_.output().multiply(normed.data(), nl, d, logits.data(), h.vocab_size, pool_,
+                             WeightMatrix::KQuantOrder::PerRow);
     if (h.final_logit_softcap > 0.f) {  // as llama.cpp: scale by 1/cap, tanh, scale by cap
       const float cap = h.final_logit_softcap, inv = 1.0f / cap;
       for (float& z : logits) z = std::tanh(z * inv) * cap;

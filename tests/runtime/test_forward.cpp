@@ -134,15 +134,27 @@ TEST(Forward, ShuffledRowsAgreeWithOrderedRows) {
   std::iota(want.begin(), want.end(), 0);
   auto part = fwd.run(cache, {toks, ps, {}, want});
   size_t same_top = 0;
-  float worst = 0;
+  float worst = 0, worst_margin = 0;  // the full pass's top-1 margin where the top-1 differs
   for (size_t i = 0; i < want.size(); ++i) {
     const size_t orig = order[i];
-    worst = std::max(worst, max_abs_diff(part.row_logits(i), full.row_logits(orig), full.vocab));
-    same_top += argmax(part.row_logits(i), part.vocab) == argmax(full.row_logits(orig), full.vocab);
+    const float* f = full.row_logits(orig);
+    worst = std::max(worst, max_abs_diff(part.row_logits(i), f, full.vocab));
+    const TokenId top = argmax(f, full.vocab);
+    if (argmax(part.row_logits(i), part.vocab) == top) {
+      ++same_top;
+      continue;
+    }
+    float second = -INFINITY;
+    for (size_t v = 0; v < full.vocab; ++v)
+      if (static_cast<TokenId>(v) != top) second = std::max(second, f[v]);
+    worst_margin = std::max(worst_margin, f[top] - second);
   }
-  std::printf("shuffled rows: max |logit diff| %.3f, same top-1 in %zu of %zu rows\n", worst, same_top, want.size());
+  std::printf("shuffled rows: max |logit diff| %.3f, same top-1 in %zu of %zu rows, largest margin where not %.3f\n",
+              worst, same_top, want.size(), worst_margin);
   EXPECT_LT(worst, 2.0f);
-  EXPECT_GE(same_top, want.size() - 2);
+  // A differing top-1 only at a near-tie (a mask error moves logits by whole units).
+  EXPECT_LT(worst_margin, 0.5f);
+  EXPECT_GE(same_top, want.size() - 4);
 }
 
 TEST(Forward, ResultsDoNotDependOnThreadCount) {

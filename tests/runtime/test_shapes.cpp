@@ -30,21 +30,23 @@ namespace {
 
 using nlohmann::json;
 
-// How close is close. Every matmul here runs llama.cpp's own operation order for the
-// file's weight types (Q8_0/Q5_0 with Q8_0 activations; Q4_K/Q6_K with Q8_K activations,
-// in its vec-dot order below 8 rows and its tiled-GEMM order from 8 rows on;
-// kernels_impl.h), as do RMSNorm, RoPE (with the Llama 3 factors), biases, QK-norm,
-// attention and SiLU (runtime_kernels_impl.inc), so the logits must equal llama.cpp's up to
-// the fixture's 5-decimal rounding: measured max 0.0000 on all six files (Q8_0 and Q4_K_M).
+// How close is close. The batched matmuls of the Q8_0/Q5_0 matrices sum in an order of our
+// own (the panel GEMM, model/kernels_panel.h; docs/ARCHITECTURE.md, "Numerics contract"),
+// the K-quants in llama.cpp's tiled-GEMM order; the rest (RMSNorm, RoPE with the Llama 3
+// factors, biases, QK-norm, attention, SiLU) follows llama.cpp's operations. So the logits
+// sit within the spread that llama.cpp's own evaluations show, not at its bits: measured on
+// the Q8_0 files (random weights, 26 positions) max 0.31-0.41, median 0.18-0.24 (they were
+// 0.0000 when every order was llama.cpp's); llama.cpp itself moves SmolLM2's logits by up to
+// 0.69 between its batched and token-by-token evaluation and by ~1.2 between its ISAs. A
+// real error (a wrong row of a matrix, a wrong RoPE factor) moves them by whole units.
 // Top-1: our argmax over the whole vocabulary must be llama.cpp's top-1 wherever
 // llama.cpp's margin (top-1 minus top-2) exceeds twice the largest deviation of our top-10
 // logits at that position: there, no deviation of that size can swap the two, so only a
-// real error (e.g. a wrong row of the output matrix) can. For the Q8_0 files that is every
-// position.
+// real error can.
 struct Bounds {
   float max_diff, median_diff;
 };
-Bounds bounds_for(const std::string&) { return {1e-3f, 1e-3f}; }
+Bounds bounds_for(const std::string&) { return {0.8f, 0.35f}; }
 
 std::string shapes_dir() {
   if (const char* d = std::getenv("CHUNKFUSE_SHAPES_DIR"); d && *d) return d;
