@@ -316,9 +316,8 @@ void WeightMatrix::multiply_rows(const float* x, size_t n, size_t x_stride, floa
                                                  (order == KQuantOrder::ByRowCount && n >= kern::kHalfGemmRows))
                             : order == KQuantOrder::Batched ||
                                   (order == KQuantOrder::ByRowCount && n >= kern::kKQuantBatchedRows);
-  // Nibble and Q8_0 weights take the panel GEMM (kernels_panel.h) whenever they batch; the
-  // K-quants keep their super-tile GEMM (faster for them, kernels_panel.h says why).
-  const bool panel = batched && !half && !kq && kern::has_panel(type_);
+  // Block-quantized weights take the panel GEMM (kernels_panel.h) whenever they batch.
+  const bool panel = batched && !half && kern::has_panel(type_);
   const kern::PanelKernels& pk = panel_kernels_for(isa);
   const kern::TileKernelFn tile_fn = panel ? pk.tile(type_) : tile_kernel(k, type_, batched);
   // The activation record each layout reads: floats for F16/BF16, Q8_K for the K-quants,
@@ -336,7 +335,7 @@ void WeightMatrix::multiply_rows(const float* x, size_t n, size_t x_stride, floa
   auto quantize = [&](size_t b, size_t e, size_t) {
     for (size_t r = b; r < e; ++r) {
       if (panel)
-        pk.quantize(x + r * x_stride, cols_, acts + r * stride, kern::panel_type(type_).offset);
+        pk.quantize(x + r * x_stride, cols_, acts + r * stride, kern::panel_type(type_));
       else if (half)
         (type_ == GgmlType::F16 ? k.round_f16 : k.round_bf16)(x + r * x_stride, cols_,
                                                              reinterpret_cast<float*>(acts + r * stride));

@@ -14,7 +14,10 @@ bool has_panel(GgmlType t) {
     case GgmlType::Q4_1:
     case GgmlType::Q5_0:
     case GgmlType::Q5_1:
-    case GgmlType::Q8_0: return true;
+    case GgmlType::Q8_0:
+    case GgmlType::Q4_K:
+    case GgmlType::Q5_K:
+    case GgmlType::Q6_K: return true;
     default: return false;
   }
 }
@@ -47,16 +50,23 @@ void panel_tile_portable(const uint8_t* tile, size_t nb, const ActView& a, size_
     const float* dx = panel_dx(a, r0 + r);
     const float* s = panel_s(a, r0 + r);
     const int32_t* corr = panel_corr(a, r0 + r);
+    const int32_t* corr_hi = panel_corr_hi(a, r0 + r);
     for (unsigned o = o_lo; o < o_hi; ++o) {
       float acc = 0.0f;
       for (size_t b = 0; b < nb; ++b) {
         const uint8_t* pb = panel + b * kPanelBlock;
         const int8_t* q = xq + b * kQK;
-        int32_t i = P.kind == PanelKind::Offset ? corr[b] : 0;
+        int32_t lo = P.kind == PanelKind::Min ? 0 : corr[b];  // elements 0..15 (groups 0..3)
+        int32_t hi = P.kind == PanelKind::Sub16 ? corr_hi[b] : 0;
         for (int g = 0; g < 8; ++g)
-          for (int j = 0; j < 4; ++j) i += pb[64 * g + 4 * o + j] * q[4 * g + j];
-        acc = std::fma(static_cast<float>(i), panel_scale(pb)[o] * dx[b], acc);
-        if constexpr (P.kind == PanelKind::Min) acc = std::fma(panel_second(pb)[o], s[b], acc);
+          for (int j = 0; j < 4; ++j) (g < 4 ? lo : hi) += pb[64 * g + 4 * o + j] * q[4 * g + j];
+        if constexpr (P.kind == PanelKind::Sub16) {
+          acc = std::fma(static_cast<float>(lo), panel_scale(pb)[o] * dx[b], acc);
+          acc = std::fma(static_cast<float>(hi), panel_second(pb)[o] * dx[b], acc);
+        } else {
+          acc = std::fma(static_cast<float>(lo + hi), panel_scale(pb)[o] * dx[b], acc);
+          if constexpr (P.kind == PanelKind::Min) acc = std::fma(panel_second(pb)[o], s[b], acc);
+        }
       }
       y[r * y_stride + o] = acc;
     }
@@ -70,6 +80,9 @@ TileKernelFn portable_tile(GgmlType t) {
     case GgmlType::Q5_0: return panel_tile_portable<GgmlType::Q5_0>;
     case GgmlType::Q5_1: return panel_tile_portable<GgmlType::Q5_1>;
     case GgmlType::Q8_0: return panel_tile_portable<GgmlType::Q8_0>;
+    case GgmlType::Q4_K: return panel_tile_portable<GgmlType::Q4_K>;
+    case GgmlType::Q5_K: return panel_tile_portable<GgmlType::Q5_K>;
+    case GgmlType::Q6_K: return panel_tile_portable<GgmlType::Q6_K>;
     default: break;
   }
   return nullptr;

@@ -2,13 +2,13 @@
 // (docs/ARCHITECTURE.md, "Numerics contract": kernels are held to references that do not
 // depend on order, not to llama.cpp's bits).
 //
-// The nibble tiles (Q4_0, Q4_1, Q5_0, Q5_1) and Q8_0's byte tiles (kernels_impl.h) are
+// Every block-quantized tile (nibble tiles, Q8_0 byte tiles, K super-tiles; kernels_impl.h) is
 // unpacked, one 16-row tile at a time, into a panel in the calling thread's cache: per
 // 32-block, its 16 rows x 32 values as unsigned bytes and two float vectors of per-row
 // factors. The micro-kernels then multiply a panel by many activation rows, each 32-block's
-// 8 vpdpbusd-style groups summed in one int32 accumulator and one float step per block: the
-// whole block's integer sum is exact, and the only rounding left is one conversion and one
-// or two FMAs per block. The unpacking costs a
+// 8 vpdpbusd-style groups summed in one int32 accumulator (two for Q6_K's 16-element
+// scales) and one float step per block: the whole block's integer sum is exact, and the
+// only rounding left is one or two conversions and FMAs per block. The unpacking costs a
 // few ops per 64 bytes and is shared by the up to 64 activation rows of one task, so the
 // cost per multiply-add is the micro-kernel's.
 //
@@ -16,14 +16,22 @@
 // the same bits, so the ISA tests stay exact; only the order differs from llama.cpp's):
 //   Offset kinds (Q4_0, Q5_0, Q8_0): w = scale (u - off); per block
 //     i = sum u q - off sum q (int32, exact), acc = fma(float(i), scale * dx, acc);
-//   Min kinds (Q4_1, Q5_1): w = scale u + second; per block
+//   Min kinds (Q4_1, Q5_1, Q4_K, Q5_K): w = scale u + second; per block
 //     i = sum u q, acc = fma(float(i), scale * dx, acc), acc = fma(second, s, acc);
+//   Sub16 (Q6_K): w = scale (u - 32) on elements 0..15 and second (u - 32) on 16..31; per
+//     block the two halves' exact sums i_lo, i_hi, acc = fma(float(i_lo), scale * dx, acc),
+//     acc = fma(float(i_hi), second * dx, acc);
 // with scale * dx rounded to float first, s = dx * sum q, acc starting at 0, y = acc.
+// K-quant factors: scale = d sc_j, second = -dmin m_j (Q4_K/Q5_K); d sc_lo and d sc_hi
+// (Q6_K), each product exact in float (an fp16 times an integer below 2^8).
 // Activations are quantized per 32-block: dx = amax / 127 (kept as float, where llama.cpp
-// rounds it to fp16), q = round-half-even(x * 127 / amax).
-// The K-quants keep their own batched kernel (kernels_impl.h, "K super-tiles": integer sums
-// over a whole 256-element super-block and one float step per super-block), which measured
-// ~1.5x faster than these panels for them (bench_gemm q4_k/q6_k 896x4864x512, BENCHMARKS.md).
+// rounds it to fp16), q = round-half-even(x * 127 / amax). For the K-quants that is 8x
+// finer than llama.cpp's Q8_K (one scale per 256), which is what keeps this GEMM within the
+// f64 contract on the default model: its ffn_down inputs carry outliers of a few thousand
+// at the first positions, and one scale per 256 crushes their neighbours (measured: with
+// llama.cpp's Q8_K super-tile GEMM for the K-quants, max |diff| to f64 1.62 at position 1
+// of a prompt, bound 1.22, llama.cpp 0.81; with these panels 0.71). A Q8_K GEMM sums a whole
+// super-block in int32 and measured ~1.5x faster on those matrices: the price of the bound.
 #pragma once
 #include <algorithm>
 #include <cmath>
@@ -42,12 +50,12 @@ namespace cf::kern {
 constexpr size_t kPanelBlock = 640;
 constexpr size_t kPanelScale = 512, kPanelSecond = 576;
 
-enum class PanelKind { Offset, Min };
+enum class PanelKind { Offset, Min, Sub16 };
 
 // Which panel a repacked weight type unpacks to.
 struct PanelType {
   PanelKind kind;
-  int offset;  // Offset kind: w = scale (u - offset)
+  int offset;  // Offset and Sub16 kinds: w = scale (u - offset)
 };
 
 inline constexpr PanelType panel_type(GgmlType t) {
@@ -55,28 +63,31 @@ inline constexpr PanelType panel_type(GgmlType t) {
     case GgmlType::Q4_0: return {PanelKind::Offset, 8};
     case GgmlType::Q5_0: return {PanelKind::Offset, 16};
     case GgmlType::Q8_0: return {PanelKind::Offset, 128};
+    case GgmlType::Q6_K: return {PanelKind::Sub16, 32};
     default: break;
   }
   return {PanelKind::Min, 0};
 }
 
 // Activation record of the panel GEMM, one per row: int8 qs[32 nb], float dx[nb],
-// float s[nb] = dx * sum q (the min kinds' second term), int32 corr[nb] = -offset * sum q
-// (the offset kinds' integer correction, made here once per row for the weight type at hand
-// so that the kernel starts each block's sum from one broadcast load). Read through
-// ActView: qs(r); the rest through these.
-inline size_t panel_act_row_stride(size_t nb) { return (nb * (kQK + 12) + 63) / 64 * 64; }
+// float s[nb] = dx * sum q (the min kinds' second term), int32 corr[nb] and corr_hi[nb]:
+// the offset kinds' integer correction -offset * sum q (Sub16: over elements 0..15 in corr,
+// 16..31 in corr_hi), made here once per row for the weight type at hand so that the kernel
+// starts each block's sum from one broadcast load. Read through ActView: qs(r); the rest
+// through these.
+inline size_t panel_act_row_stride(size_t nb) { return (nb * (kQK + 16) + 63) / 64 * 64; }
 inline const float* panel_dx(const ActView& a, size_t r) { return a.d(r); }
 inline const float* panel_s(const ActView& a, size_t r) { return a.d(r) + a.nb; }
 inline const int32_t* panel_corr(const ActView& a, size_t r) { return reinterpret_cast<const int32_t*>(a.d(r) + 2 * a.nb); }
+inline const int32_t* panel_corr_hi(const ActView& a, size_t r) { return panel_corr(a, r) + a.nb; }
 
 // Each ISA's panel entry points (kernels_panel.cpp, kernels_panel_avx2.cpp,
 // kernels_panel_avx512.cpp).
 struct PanelKernels {
-  // One activation row into the record above, for weights of the given offset.
-  void (*quantize)(const float* x, size_t cols, uint8_t* out, int offset);
-  // The tile kernel of a repacked weight type (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0): unpacks the
-  // tile into the thread's panel, then runs every activation row.
+  // One activation row into the record above, for weights of the given panel type.
+  void (*quantize)(const float* x, size_t cols, uint8_t* out, PanelType type);
+  // The tile kernel of a repacked weight type (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K,
+  // Q6_K): unpacks the tile into the thread's panel, then runs every activation row.
   TileKernelFn (*tile)(GgmlType);
 };
 const PanelKernels& panel_kernels_portable();
@@ -141,6 +152,35 @@ inline void panel_unpack_tile(GgmlType type, const uint8_t* tile, size_t nb, uin
       else std::memset(panel_second(pb), 0, kTileRows * sizeof(float));
     }
   };
+  auto ksuper = [&](KQuant q) {
+    const KTileGeom g = ktile_geom(q);
+    for (size_t sb = 0; sb < nb / 8; ++sb) {
+      const uint8_t* t = tile + sb * g.bytes;
+      float d[kTileRows], dmin[kTileRows] = {};
+      cvt16(t + g.d, d);
+      if (q != KQuant::Q6) cvt16(t + g.dmin, dmin);
+      for (size_t c = 0; c < 8; ++c) {
+        uint8_t* pb = panel + (8 * sb + c) * kPanelBlock;
+        const uint8_t* blk = t + c * g.block;
+        if (g.high_bits == 0) panel_unpack_nibbles<0>(blk, pb);
+        else if (g.high_bits == 1) panel_unpack_nibbles<1>(blk, pb);
+        else panel_unpack_nibbles<2>(blk, pb);
+        float* scale = panel_scale(pb);
+        float* second = panel_second(pb);
+        if (q == KQuant::Q6) {  // the halves' scales, int8
+          for (unsigned o = 0; o < kTileRows; ++o) {
+            scale[o] = d[o] * static_cast<float>(static_cast<int8_t>(t[g.sc + 16 * c + o]));
+            second[o] = d[o] * static_cast<float>(static_cast<int8_t>(t[g.sc_hi + 16 * c + o]));
+          }
+        } else {  // 6-bit scale and min, as bytes
+          for (unsigned o = 0; o < kTileRows; ++o) {
+            scale[o] = d[o] * static_cast<float>(t[g.sc + 16 * c + o]);
+            second[o] = -dmin[o] * static_cast<float>(t[g.m + 16 * c + o]);
+          }
+        }
+      }
+    }
+  };
   switch (type) {
     case GgmlType::Q4_0: return nib(NibKind::Q4_0);
     case GgmlType::Q4_1: return nib(NibKind::Q4_1);
@@ -155,18 +195,22 @@ inline void panel_unpack_tile(GgmlType type, const uint8_t* tile, size_t nb, uin
         std::memset(panel_second(pb), 0, kTileRows * sizeof(float));
       }
       return;
+    case GgmlType::Q4_K: return ksuper(KQuant::Q4);
+    case GgmlType::Q5_K: return ksuper(KQuant::Q5);
+    case GgmlType::Q6_K: return ksuper(KQuant::Q6);
     default: break;
   }
 }
 
 // One activation row into a panel record (panel_act_row_stride). Round half to even by
 // adding 1.5 * 2^23 (exact for |v| <= 127), so the loops vectorize.
-inline void panel_quantize_row(const float* x, size_t cols, uint8_t* out, int offset) {
+inline void panel_quantize_row(const float* x, size_t cols, uint8_t* out, PanelType type) {
   const size_t nb = cols / kQK;
   int8_t* qs = reinterpret_cast<int8_t*>(out);
   float* dx = reinterpret_cast<float*>(out + nb * kQK);
   float* s = dx + nb;
   int32_t* corr = reinterpret_cast<int32_t*>(s + nb);
+  int32_t* corr_hi = corr + nb;
   for (size_t b = 0; b < nb; ++b) {
     const float* xb = x + b * kQK;
     float amax = 0.0f;
@@ -176,18 +220,21 @@ inline void panel_quantize_row(const float* x, size_t cols, uint8_t* out, int of
     }
     const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
     int8_t* q = qs + b * kQK;
-    int32_t sum = 0;
-    for (size_t k = 0; k < kQK; ++k) {
-      const float shifted = xb[k] * id + 12582912.0f;
-      int32_t bits;
-      std::memcpy(&bits, &shifted, 4);
-      const int32_t v = (bits & 0x007fffff) - 0x00400000;
-      q[k] = static_cast<int8_t>(v);
-      sum += v;
-    }
+    int32_t sum[2] = {0, 0};  // elements 0..15 and 16..31
+    for (size_t h = 0; h < 2; ++h)
+      for (size_t k = 16 * h; k < 16 * h + 16; ++k) {
+        const float shifted = xb[k] * id + 12582912.0f;
+        int32_t bits;
+        std::memcpy(&bits, &shifted, 4);
+        const int32_t v = (bits & 0x007fffff) - 0x00400000;
+        q[k] = static_cast<int8_t>(v);
+        sum[h] += v;
+      }
     dx[b] = amax / 127.0f;
-    s[b] = dx[b] * static_cast<float>(sum);
-    corr[b] = -offset * sum;
+    s[b] = dx[b] * static_cast<float>(sum[0] + sum[1]);
+    const bool halves = type.kind == PanelKind::Sub16;
+    corr[b] = -type.offset * (halves ? sum[0] : sum[0] + sum[1]);
+    corr_hi[b] = halves ? -type.offset * sum[1] : 0;
   }
 }
 

@@ -1,7 +1,7 @@
 // The panel GEMM on AVX2 (kernels_panel.h): one ymm is one 4-element group of 8 of the
 // panel's 16 rows (each tile in two halves). Without VNNI the group sum is vpmaddubsw
 // (unsigned weight x signed activation pairs, int16) then vpmaddwd by ones: exact for
-// values below 64 (2 x 63 x 127 fits int16; the nibble types' are below 32). Q8_0's bytes (q + 128) would saturate, so its
+// values below 64 (2 x 63 x 127 fits int16: Q6_K's are the largest). Q8_0's bytes (q + 128) would saturate, so its
 // kernel works on the signed q: |q| against the activation bytes carrying q's sign (the
 // same integer sum, so it starts from 0, not from the record's -128 sum(q)). Up to 4 activation rows share each
 // loaded group. Per lane the float steps are the portable kernel's.
@@ -21,10 +21,12 @@ inline void panel_rows(const uint8_t* panel, size_t nb, const ActView& a, size_t
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
   for (size_t b = 0; b < nb; ++b) {
     const uint8_t* pb = panel + b * kPanelBlock;
-    __m256i i[R];
-    for (int r = 0; r < R; ++r)
-      i[r] = P.kind == PanelKind::Offset && !kSigned ? _mm256_set1_epi32(panel_corr(a, r0 + r)[b])
-                                                      : _mm256_setzero_si256();
+    __m256i il[R], ih[R];  // elements 0..15 (groups 0..3) and 16..31
+    for (int r = 0; r < R; ++r) {
+      const bool start = P.kind == PanelKind::Sub16 || (P.kind == PanelKind::Offset && !kSigned);
+      il[r] = start ? _mm256_set1_epi32(panel_corr(a, r0 + r)[b]) : _mm256_setzero_si256();
+      ih[r] = P.kind == PanelKind::Sub16 ? _mm256_set1_epi32(panel_corr_hi(a, r0 + r)[b]) : _mm256_setzero_si256();
+    }
     for (int g = 0; g < 8; ++g) {
       __m256i w = _mm256_load_si256(reinterpret_cast<const __m256i*>(pb + 64 * g + 32 * half));
       __m256i wsigned = _mm256_setzero_si256();
@@ -35,16 +37,23 @@ inline void panel_rows(const uint8_t* panel, size_t nb, const ActView& a, size_t
       for (int r = 0; r < R; ++r) {
         __m256i x = _mm256_set1_epi32(load_i32(a.qs(r0 + r) + b * kQK + 4 * g));
         if constexpr (kSigned) x = _mm256_sign_epi8(x, wsigned);
-        i[r] = _mm256_add_epi32(i[r], _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), ones));
+        const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), ones);
+        if (g < 4) il[r] = _mm256_add_epi32(il[r], p);
+        else ih[r] = _mm256_add_epi32(ih[r], p);
       }
     }
     const __m256 scale = _mm256_load_ps(reinterpret_cast<const float*>(pb + kPanelScale) + 8 * half);
     const __m256 second = _mm256_load_ps(reinterpret_cast<const float*>(pb + kPanelSecond) + 8 * half);
     for (int r = 0; r < R; ++r) {
       const __m256 vdx = _mm256_set1_ps(panel_dx(a, r0 + r)[b]);
-      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i[r]), _mm256_mul_ps(scale, vdx), acc[r]);
-      if constexpr (P.kind == PanelKind::Min)
-        acc[r] = _mm256_fmadd_ps(second, _mm256_set1_ps(panel_s(a, r0 + r)[b]), acc[r]);
+      if constexpr (P.kind == PanelKind::Sub16) {
+        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(il[r]), _mm256_mul_ps(scale, vdx), acc[r]);
+        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ih[r]), _mm256_mul_ps(second, vdx), acc[r]);
+      } else {
+        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(il[r], ih[r])), _mm256_mul_ps(scale, vdx), acc[r]);
+        if constexpr (P.kind == PanelKind::Min)
+          acc[r] = _mm256_fmadd_ps(second, _mm256_set1_ps(panel_s(a, r0 + r)[b]), acc[r]);
+      }
     }
   }
   for (int r = 0; r < R; ++r) _mm256_storeu_ps(out[r], acc[r]);
@@ -82,6 +91,9 @@ TileKernelFn avx2_tile(GgmlType t) {
     case GgmlType::Q5_0: return panel_tile<GgmlType::Q5_0>;
     case GgmlType::Q5_1: return panel_tile<GgmlType::Q5_1>;
     case GgmlType::Q8_0: return panel_tile<GgmlType::Q8_0>;
+    case GgmlType::Q4_K: return panel_tile<GgmlType::Q4_K>;
+    case GgmlType::Q5_K: return panel_tile<GgmlType::Q5_K>;
+    case GgmlType::Q6_K: return panel_tile<GgmlType::Q6_K>;
     default: break;
   }
   return nullptr;

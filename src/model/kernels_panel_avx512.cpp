@@ -27,13 +27,14 @@ inline void panel_rows(const uint8_t* panel, size_t nb, const ActView& a, size_t
   __m512 acc[R];
   const int8_t* xq[R];
   const float *dx[R], *s[R];
-  const int32_t* corr[R];
+  const int32_t *corr[R], *corr_hi[R];
   for (int r = 0; r < R; ++r) {
     acc[r] = _mm512_setzero_ps();
     xq[r] = a.qs(r0 + r);
     dx[r] = panel_dx(a, r0 + r);
     s[r] = panel_s(a, r0 + r);
     corr[r] = panel_corr(a, r0 + r);
+    corr_hi[r] = panel_corr_hi(a, r0 + r);
   }
   for (size_t b = 0; b < nb; ++b) {
     const uint8_t* pb = panel + b * kPanelBlock;
@@ -42,10 +43,21 @@ inline void panel_rows(const uint8_t* panel, size_t nb, const ActView& a, size_t
     const __m512 scale = _mm512_load_ps(pb + kPanelScale), second = _mm512_load_ps(pb + kPanelSecond);
     for (int r = 0; r < R; ++r) {
       const int8_t* q = xq[r] + b * kQK;
-      __m512i i = P.kind == PanelKind::Offset ? _mm512_set1_epi32(corr[r][b]) : _mm512_setzero_si512();
-      for (int g = 0; g < 8; ++g) i = dpbusd_bcast(i, w[g], q + 4 * g);
-      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), _mm512_mul_ps(scale, _mm512_set1_ps(dx[r][b])), acc[r]);
-      if constexpr (P.kind == PanelKind::Min) acc[r] = _mm512_fmadd_ps(second, _mm512_set1_ps(s[r][b]), acc[r]);
+      const __m512 vdx = _mm512_set1_ps(dx[r][b]);
+      if constexpr (P.kind == PanelKind::Sub16) {
+        __m512i il = _mm512_set1_epi32(corr[r][b]), ih = _mm512_set1_epi32(corr_hi[r][b]);
+        for (int g = 0; g < 4; ++g) {
+          il = dpbusd_bcast(il, w[g], q + 4 * g);
+          ih = dpbusd_bcast(ih, w[g + 4], q + 16 + 4 * g);
+        }
+        acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(il), _mm512_mul_ps(scale, vdx), acc[r]);
+        acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ih), _mm512_mul_ps(second, vdx), acc[r]);
+      } else {
+        __m512i i = P.kind == PanelKind::Offset ? _mm512_set1_epi32(corr[r][b]) : _mm512_setzero_si512();
+        for (int g = 0; g < 8; ++g) i = dpbusd_bcast(i, w[g], q + 4 * g);
+        acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), _mm512_mul_ps(scale, vdx), acc[r]);
+        if constexpr (P.kind == PanelKind::Min) acc[r] = _mm512_fmadd_ps(second, _mm512_set1_ps(s[r][b]), acc[r]);
+      }
     }
   }
   for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(y + r * y_stride, mask, acc[r]);
@@ -79,6 +91,9 @@ TileKernelFn avx512_tile(GgmlType t) {
     case GgmlType::Q5_0: return panel_tile<GgmlType::Q5_0>;
     case GgmlType::Q5_1: return panel_tile<GgmlType::Q5_1>;
     case GgmlType::Q8_0: return panel_tile<GgmlType::Q8_0>;
+    case GgmlType::Q4_K: return panel_tile<GgmlType::Q4_K>;
+    case GgmlType::Q5_K: return panel_tile<GgmlType::Q5_K>;
+    case GgmlType::Q6_K: return panel_tile<GgmlType::Q6_K>;
     default: break;
   }
   return nullptr;

@@ -348,10 +348,11 @@ bool int8_tiles(GgmlType t, size_t cols) {
 }
 
 // Whether WeightMatrix takes the panel GEMM (model/kernels_panel.h) for n activation rows
-// in its default order: nibble and Q8_0 tiles from 8 rows on.
+// in its default order: block-quantized tiles from 8 rows on.
 bool takes_panel(GgmlType t, size_t cols, size_t n) {
   const auto layout = kern::tile_layout_for(static_cast<uint32_t>(t), cols);
-  return n >= 8 && (layout == kern::TileLayout::Nib || layout == kern::TileLayout::Byte16);
+  return n >= 8 && (layout == kern::TileLayout::Nib || layout == kern::TileLayout::Byte16 ||
+                    layout == kern::TileLayout::KSuper);
 }
 
 // The panel GEMM's activation rule, written here on its own: per 32-block dx = amax / 127
@@ -372,12 +373,12 @@ PanelActs panel_acts(const float* x, size_t cols) {
   return a;
 }
 
-// One 32-block of a weight row as the panel sees it: unsigned codes u with
-// w = scale (u - offset) + second (second is 0 for the offset types). From the file's bytes,
-// independently of the repacking.
+// One 32-block of a weight row as the panel sees it: unsigned codes u and, per 16-element
+// half, w = scale (u - offset) + second (second is 0 for the offset types; Q6_K's halves
+// have their own scales). From the file's bytes, independently of the repacking.
 struct PanelBlockParts {
   int u[32];
-  float scale, second;
+  float scale[2], second;
   int offset;
   bool has_min;
 };
@@ -398,7 +399,7 @@ PanelBlockParts panel_parts(GgmlType t, const uint8_t* row, size_t blk) {
         p.u[j] = j < 16 ? (qs[j] & 15) : (qs[j - 16] >> 4);
         if (five) p.u[j] += ((b[2 + (has_min ? 2 : 0) + j / 8] >> (j % 8)) & 1) << 4;
       }
-      p.scale = f16(b);
+      p.scale[0] = p.scale[1] = f16(b);
       p.second = has_min ? f16(b + 2) : 0.0f;
       p.offset = has_min ? 0 : five ? 16 : 8;
       p.has_min = has_min;
@@ -407,8 +408,43 @@ PanelBlockParts panel_parts(GgmlType t, const uint8_t* row, size_t blk) {
     case GgmlType::Q8_0: {
       const uint8_t* b = row + blk * 34;
       for (int j = 0; j < 32; ++j) p.u[j] = static_cast<int8_t>(b[2 + j]) + 128;
-      p.scale = f16(b);
+      p.scale[0] = p.scale[1] = f16(b);
       p.offset = 128;
+      return p;
+    }
+    case GgmlType::Q4_K: case GgmlType::Q5_K: {
+      const bool five = t == GgmlType::Q5_K;
+      const uint8_t* b = row + (blk / 8) * (five ? 176 : 144);
+      const size_t sub = blk % 8;
+      const uint8_t* s = b + 4;
+      int sc, mn;
+      if (sub < 4) {
+        sc = s[sub] % 64;
+        mn = s[sub + 4] % 64;
+      } else {
+        sc = (s[sub + 4] % 16) + (s[sub - 4] / 64) * 16;
+        mn = (s[sub + 4] / 16) + (s[sub] / 64) * 16;
+      }
+      const uint8_t* qs = b + (five ? 48 : 16);
+      for (int l = 0; l < 32; ++l) {
+        p.u[l] = (sub % 2 == 0) ? qs[(sub / 2) * 32 + l] % 16 : qs[(sub / 2) * 32 + l] / 16;
+        if (five) p.u[l] += ((b[16 + l] >> sub) & 1) * 16;
+      }
+      p.scale[0] = p.scale[1] = f16(b) * static_cast<float>(sc);
+      p.second = -f16(b + 2) * static_cast<float>(mn);
+      p.has_min = true;
+      return p;
+    }
+    case GgmlType::Q6_K: {
+      const uint8_t* b = row + (blk / 8) * 210;
+      for (int e = 0; e < 32; ++e) {
+        const size_t k = (blk % 8) * 32 + e, half = k / 128, w = k % 128, quarter = w / 32, l = w % 32;
+        const uint8_t lb = b[half * 64 + l + (quarter % 2) * 32];
+        p.u[e] = (quarter < 2 ? lb % 16 : lb / 16) + 16 * ((b[128 + half * 32 + l] >> (2 * quarter)) & 3);
+        if (e % 16 == 0)
+          p.scale[e / 16] = f16(b + 208) * static_cast<float>(static_cast<int8_t>(b[192 + half * 8 + quarter * 2 + l / 16]));
+      }
+      p.offset = 32;
       return p;
     }
     default: ADD_FAILURE() << "no panel for " << ggml_type_name(t); return p;
@@ -416,20 +452,25 @@ PanelBlockParts panel_parts(GgmlType t, const uint8_t* row, size_t blk) {
 }
 
 // The panel order (model/kernels_panel.h), from the file's blocks: per block the exact
-// integer sum i = sum (u - offset) q, acc = fma(float(i), scale * dx, acc), the min types
+// integer sums (per half for Q6_K), acc = fma(float(i), scale * dx, acc), the min types
 // then acc = fma(second, dx * sum q, acc). Every ISA must match it bit for bit.
 float panel_order_dot(GgmlType t, const uint8_t* w_row, const float* x, size_t cols) {
   const PanelActs a = panel_acts(x, cols);
   float acc = 0;
   for (size_t b = 0; b < cols / 32; ++b) {
     const PanelBlockParts p = panel_parts(t, w_row, b);
-    int32_t i = 0, sq = 0;
+    int32_t i[2] = {0, 0}, sq[2] = {0, 0};
     for (int e = 0; e < 32; ++e) {
-      i += (p.u[e] - p.offset) * a.q[32 * b + e];
-      sq += a.q[32 * b + e];
+      i[e / 16] += (p.u[e] - p.offset) * a.q[32 * b + e];
+      sq[e / 16] += a.q[32 * b + e];
     }
-    acc = std::fma(static_cast<float>(i), p.scale * a.dx[b], acc);
-    if (p.has_min) acc = std::fma(p.second, a.dx[b] * static_cast<float>(sq), acc);
+    if (t == GgmlType::Q6_K) {
+      acc = std::fma(static_cast<float>(i[0]), p.scale[0] * a.dx[b], acc);
+      acc = std::fma(static_cast<float>(i[1]), p.scale[1] * a.dx[b], acc);
+    } else {
+      acc = std::fma(static_cast<float>(i[0] + i[1]), p.scale[0] * a.dx[b], acc);
+      if (p.has_min) acc = std::fma(p.second, a.dx[b] * static_cast<float>(sq[0] + sq[1]), acc);
+    }
   }
   return acc;
 }
@@ -504,7 +545,7 @@ void check_product(GgmlType t, const std::vector<uint8_t>& wdata, size_t rows, s
       // cancel.
       const bool has_min = t == GgmlType::Q4_1 || t == GgmlType::Q5_1;
       const bool k_quant = t == GgmlType::Q4_K || t == GgmlType::Q5_K || t == GgmlType::Q6_K;
-      const double rel = panel ? (has_min ? 1e-4 : 1e-5) : has_min ? 1e-3 : k_quant ? 1e-4 : 1e-5;
+      const double rel = panel ? (has_min || k_quant ? 1e-4 : 1e-5) : has_min ? 1e-3 : k_quant ? 1e-4 : 1e-5;
       ASSERT_NEAR(got, exact_q, rel * mag + 1e-6) << label << " o=" << o << " r=" << r;
       ASSERT_NEAR(got, exact, 0.03 * wnorm * xnorm + 1e-6) << label << " o=" << o << " r=" << r;
     }
@@ -732,7 +773,7 @@ TEST(Multiply, RepackedFollowsLlamaCppOrderExactly) {
   }
 }
 
-// The panel GEMM (model/kernels_panel.h) of every nibble type and Q8_0: each ISA gives the
+// The panel GEMM (model/kernels_panel.h) of every block-quantized type: each ISA gives the
 // test's own transcription of the panel order bit for bit, from 8 rows in the default order
 // and at any row count in the Batched order (a forward pass's, so that one row's result
 // never depends on how many rows share the pass). Extreme activations (one outlier per
@@ -740,7 +781,8 @@ TEST(Multiply, RepackedFollowsLlamaCppOrderExactly) {
 TEST(Multiply, PanelFollowsItsOrderExactly) {
   std::mt19937 rng(19);
   ThreadPool pool(2);
-  for (GgmlType t : {GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0}) {
+  for (GgmlType t : {GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0, GgmlType::Q4_K,
+                     GgmlType::Q5_K, GgmlType::Q6_K}) {
     const size_t rows = 37, cols = 768;
     const auto w = random_blocks(t, rows * cols / ggml_type_info(t).block_elems, rng, false);
     WeightMatrix m(t, w.data(), rows, cols);
@@ -848,12 +890,13 @@ TEST(Multiply, KQuantsFollowLlamaCppOrderExactly) {
     const auto w = random_blocks(t, rows * cols / 256, rng, false);
     WeightMatrix m(t, w.data(), rows, cols);
     const size_t rb = ggml_row_bytes(t, cols);
-    for (size_t n : {1, 2, 5, 8, 11}) {  // below 8 rows llama.cpp's vec-dot, from 8 its tiled GEMM
+    for (size_t n : {1, 2, 5, 8, 11}) {  // below 8 rows llama.cpp's vec-dot, from 8 the panel GEMM
       const auto x = random_acts(n, cols, rng);
       std::vector<float> want(n * rows);
       for (size_t r = 0; r < n; ++r)
         for (size_t o = 0; o < rows; ++o)
-          want[r * rows + o] = llama_kquant_dot(t, w.data() + o * rb, &x[r * cols], cols, n >= 8);
+          want[r * rows + o] = n >= 8 ? panel_order_dot(t, w.data() + o * rb, &x[r * cols], cols)
+                                      : llama_kquant_dot(t, w.data() + o * rb, &x[r * cols], cols, false);
       expect_bitwise_on_every_isa(m, x, n, cols, want, pool, std::string(ggml_type_name(t)) + " n=" + std::to_string(n));
     }
   }
@@ -882,14 +925,16 @@ TEST(Multiply, KQuantsExactAtExtremeQuants) {
     const size_t rb = ggml_row_bytes(t, cols);
     // Q8_K's rule (q = min(127, round(-127 x / max)), max: the first value of largest |x|):
     // equal values all quantize to -127; -0.999 after a leading 1 in each super-block to 127.
-    for (size_t n : {1, 9})  // the decode vec-dot and the tiled GEMM
+    for (size_t n : {1, 9})  // the decode vec-dot and the panel GEMM
     for (bool to_127 : {false, true}) {
       std::vector<float> x(n * cols, to_127 ? -0.999f : 1.0f);
       if (to_127)
         for (size_t i = 0; i < x.size(); i += 256) x[i] = 1.0f;
       std::vector<float> want(n * rows);
       for (size_t r = 0; r < n; ++r)
-        for (size_t o = 0; o < rows; ++o) want[r * rows + o] = llama_kquant_dot(t, w.data() + o * rb, &x[r * cols], cols, n >= 8);
+        for (size_t o = 0; o < rows; ++o)
+          want[r * rows + o] = n >= 8 ? panel_order_dot(t, w.data() + o * rb, &x[r * cols], cols)
+                                      : llama_kquant_dot(t, w.data() + o * rb, &x[r * cols], cols, false);
       expect_bitwise_on_every_isa(m, x, n, cols, want, pool,
                                   std::string(ggml_type_name(t)) + (to_127 ? " 127" : " -127") + " n=" + std::to_string(n));
     }
