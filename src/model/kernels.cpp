@@ -179,9 +179,9 @@ kern::TileKernelFn tile_kernel(const kern::IsaKernels& k, GgmlType t, bool batch
     case GgmlType::Q5_1: return k.q5_1;
     case GgmlType::Q5_0: return k.q5_0;
     case GgmlType::Q8_0: return k.q8_0;
-    case GgmlType::Q4_K: return batched ? k.k4_batched : k.k4;
-    case GgmlType::Q5_K: return batched ? k.k5_batched : k.k5;
-    case GgmlType::Q6_K: return batched ? k.k6_batched : k.k6;
+    case GgmlType::Q4_K: return k.k4;  // batched: the panel GEMM
+    case GgmlType::Q5_K: return k.k5;
+    case GgmlType::Q6_K: return k.k6;
     case GgmlType::F16: return batched ? k.f16_gemm : k.f16;
     case GgmlType::BF16: return batched ? k.bf16_gemm : k.bf16;
     default: break;

@@ -431,155 +431,7 @@ inline __m256i byte_pairs8(const uint8_t* lo, const uint8_t* hi, bool is_signed)
   return is_signed ? _mm256_cvtepi8_epi16(v) : _mm256_cvtepu8_epi16(v);
 }
 
-// The K super-tiles in llama.cpp's tiled-GEMM order (Batched): each super-block's integer
-// sum over all groups is one number per output (t = float(sum_g S_g) * d, kernels_impl.h),
-// so a row needs one int32 accumulator, not 8 group lanes. Each half tile is unpacked once
-// per call into a buffer shared by the activation rows, per super-block: the 8 blocks' 8
-// groups of weight values (bytes <= 63), each block's scales as int16 pairs (vpmaddwd
-// with the vpmaddubsw pairs gives scale x 4-element sum exactly; Q6_K: the low and the
-// high 16 elements' scales), the terms of the min / offset sums as int16 pairs to multiply
-// with the activation's bsums pairs (Q4_K/Q5_K: (m_2i, m_2i+1) against (bs_2i, bs_2i+1),
-// bs_j = bs16[2j] + bs16[2j+1]; Q6_K: (sc_lo g, sc_hi g) against (bs16[2g], bs16[2g+1]), all
-// exact in int32), then d and dmin. 4 rows share each weight vector.
-template <KQuant Q>
-struct KUnpacked {
-  static constexpr size_t kW = 0;                                        // [c][g] 32 bytes
-  static constexpr size_t kSc = 2048;                                    // [c] (Q6: [c][lo, hi]) 32 bytes
-  static constexpr size_t kPairs = kSc + (Q == KQuant::Q6 ? 512 : 256);  // Q6: 8, else 4 x 32 bytes
-  static constexpr size_t kD = kPairs + (Q == KQuant::Q6 ? 256 : 128);
-  static constexpr size_t kDmin = kD + 32;
-  static constexpr size_t kStride = kDmin + (Q == KQuant::Q6 ? 0 : 32);
-};
-
-inline __m256i i16_pairs(__m256i lo, __m256i hi) {
-  return _mm256_or_si256(_mm256_and_si256(lo, _mm256_set1_epi32(0xFFFF)), _mm256_slli_epi32(hi, 16));
-}
-
-template <KQuant Q>
-void k_unpack_half(const uint8_t* tile, size_t nsb, int h, uint8_t* buf) {
-  constexpr KTileGeom G = ktile_geom(Q);
-  using U = KUnpacked<Q>;
-  for (size_t sb = 0; sb < nsb; ++sb) {
-    const uint8_t* t = tile + sb * G.bytes;
-    uint8_t* ub = buf + sb * U::kStride;
-    for (int c = 0; c < 8; ++c) {
-      __m256i w[8];
-      nib_block_half<G.high_bits>(t + G.block * c, h, w);
-      for (int g = 0; g < 8; ++g) _mm256_store_si256(reinterpret_cast<__m256i*>(ub + U::kW + 32 * (8 * c + g)), w[g]);
-      if constexpr (Q == KQuant::Q6) {
-        const __m256i lo = scales8(t + G.sc + 16 * c + 8 * h, true), hi = scales8(t + G.sc_hi + 16 * c + 8 * h, true);
-        _mm256_store_si256(reinterpret_cast<__m256i*>(ub + U::kSc + 64 * c), scale_pairs8(lo));
-        _mm256_store_si256(reinterpret_cast<__m256i*>(ub + U::kSc + 64 * c + 32), scale_pairs8(hi));
-        _mm256_store_si256(reinterpret_cast<__m256i*>(ub + U::kPairs + 32 * c), i16_pairs(lo, hi));
-      } else {
-        _mm256_store_si256(reinterpret_cast<__m256i*>(ub + U::kSc + 32 * c),
-                           scale_pairs8(scales8(t + G.sc + 16 * c + 8 * h, false)));
-      }
-    }
-    if constexpr (Q != KQuant::Q6) {
-      for (int i = 0; i < 4; ++i)
-        _mm256_store_si256(reinterpret_cast<__m256i*>(ub + U::kPairs + 32 * i),
-                           i16_pairs(scales8(t + G.m + 16 * (2 * i) + 8 * h, false),
-                                     scales8(t + G.m + 16 * (2 * i + 1) + 8 * h, false)));
-      _mm256_store_ps(reinterpret_cast<float*>(ub + U::kDmin), load8_fp16(t + G.dmin + 16 * h));
-    }
-    _mm256_store_ps(reinterpret_cast<float*>(ub + U::kD), load8_fp16(t + G.d + 16 * h));
-  }
-}
-
-// An empty asm that takes and gives back v: GCC may not reassociate an integer sum across
-// it. Without it GCC turned each row's running sum of vpmaddubsw products into a tree over
-// all 8 groups, whose 32 live products spilled to the stack on every super-block.
-inline void keep_chain(__m256i& v) { asm("" : "+x"(v)); }
-
-template <KQuant Q, int R>
-void k_batched_rows(const uint8_t* buf, size_t nsb, const ActView& a, size_t r0, float* out /*[R][8]*/) {
-  using U = KUnpacked<Q>;
-  constexpr int kNPairs = Q == KQuant::Q6 ? 8 : 4;
-  // Groups whose vpmaddubsw pairs can be summed in int16 before the scale: a pair is at most
-  // 2 x 127 x wmax in magnitude (Q8_K's q in [-127, 127]; wmax 15 / 31 / 63 for Q4_K / Q5_K /
-  // Q6_K), so 8 / 4 / 2 of them stay below 32768 (KQuantsExactAtExtremeQuants). Integer sums
-  // are exact in any order: the result is unchanged, and the vpmaddwd (a multiply, like
-  // vpmaddubsw) runs once per 8 / 4 / 2 groups, not per group.
-  constexpr int kGroupsInt16 = Q == KQuant::Q4 ? 8 : Q == KQuant::Q5 ? 4 : 2;
-  __m256 acc[R];
-  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
-  for (size_t sb = 0; sb < nsb; ++sb) {
-    const uint8_t* ub = buf + sb * U::kStride;
-    const int8_t* xq[R];
-    for (int r = 0; r < R; ++r) xq[r] = a.qs(r0 + r) + sb * kQK_K;
-    __m256i S[R];
-    for (int r = 0; r < R; ++r) S[r] = _mm256_setzero_si256();
-#pragma GCC unroll 8
-    for (int c = 0; c < 8; ++c) {
-#pragma GCC unroll 8
-      for (int g0 = 0; g0 < 8; g0 += kGroupsInt16) {
-        // Block c's scale pairs (Q6_K: of its low or high 16 elements), read where used.
-        const uint8_t* sc = ub + U::kSc + (Q == KQuant::Q6 ? 64 * c + (g0 < 4 ? 0 : 32) : 32 * c);
-        __m256i P[R];  // int16 pair sums of kGroupsInt16 groups, then one vpmaddwd with the scale
-#pragma GCC unroll 8
-        for (int g = g0; g < g0 + kGroupsInt16; ++g) {
-          const __m256i w = _mm256_load_si256(reinterpret_cast<const __m256i*>(ub + U::kW + 32 * (8 * c + g)));
-#pragma GCC unroll 4
-          for (int r = 0; r < R; ++r) {
-            const __m256i p = _mm256_maddubs_epi16(w, bcast32(xq[r] + 32 * c + 4 * g));
-            P[r] = g == g0 ? p : _mm256_add_epi16(P[r], p);
-            keep_chain(P[r]);
-          }
-        }
-#pragma GCC unroll 4
-        for (int r = 0; r < R; ++r) {
-          S[r] = _mm256_add_epi32(S[r], _mm256_madd_epi16(P[r], _mm256_load_si256(reinterpret_cast<const __m256i*>(sc))));
-          keep_chain(S[r]);
-        }
-      }
-    }
-    const __m256 dw = _mm256_load_ps(reinterpret_cast<const float*>(ub + U::kD));
-    for (int r = 0; r < R; ++r) {
-      const int32_t* xpairs = a.kpairs(r0 + r) + 12 * sb + (Q == KQuant::Q6 ? 4 : 0);
-      __m256i s2 = _mm256_setzero_si256();
-      for (int i = 0; i < kNPairs; ++i)
-        s2 = _mm256_add_epi32(s2, _mm256_madd_epi16(_mm256_load_si256(reinterpret_cast<const __m256i*>(ub + U::kPairs + 32 * i)),
-                                                    _mm256_set1_epi32(xpairs[i])));
-      __m256 v;
-      if constexpr (Q == KQuant::Q6) {  // the -32 offset of every group, summed with them
-        v = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(S[r], _mm256_slli_epi32(s2, 5))), dw);
-      } else {
-        v = _mm256_fnmadd_ps(_mm256_load_ps(reinterpret_cast<const float*>(ub + U::kDmin)), _mm256_cvtepi32_ps(s2),
-                             _mm256_mul_ps(_mm256_cvtepi32_ps(S[r]), dw));
-      }
-      acc[r] = _mm256_fmadd_ps(v, _mm256_set1_ps(a.kd(r0 + r)[sb]), acc[r]);
-    }
-  }
-  for (int r = 0; r < R; ++r) _mm256_storeu_ps(out + 8 * r, acc[r]);
-}
-
-template <KQuant Q>
-void k_batched_tile(const uint8_t* tile, size_t nb, const ActView& a, size_t r0, size_t nr, float* y, size_t y_stride,
-                    unsigned o_lo, unsigned o_hi) {
-  const size_t nsb = nb / 8;
-  uint8_t* ub = unpack_scratch(nsb * KUnpacked<Q>::kStride);
-  alignas(32) float buf[4 * 8];
-  for (int h = 0; h < 2; ++h) {
-    const unsigned lo = std::max(o_lo, 8u * h), hi = std::min(o_hi, 8u * h + 8);
-    if (lo >= hi) continue;
-    k_unpack_half<Q>(tile, nsb, h, ub);
-    for (size_t r = 0; r < nr;) {
-      const size_t g = std::min<size_t>(4, nr - r);
-      switch (g) {
-        case 4: k_batched_rows<Q, 4>(ub, nsb, a, r0 + r, buf); break;
-        case 3: k_batched_rows<Q, 3>(ub, nsb, a, r0 + r, buf); break;
-        case 2: k_batched_rows<Q, 2>(ub, nsb, a, r0 + r, buf); break;
-        default: k_batched_rows<Q, 1>(ub, nsb, a, r0 + r, buf); break;
-      }
-      for (size_t i = 0; i < g; ++i)
-        for (unsigned o = lo; o < hi; ++o) y[(r + i) * y_stride + o] = buf[8 * i + o - 8 * h];
-      r += g;
-    }
-  }
-}
-
-// The vec-dot order (fewer than kKQuantBatchedRows rows: decode), R activation rows x all
+// The vec-dot order (one row at a time: decode), R activation rows x all
 // 16 rows of the tile (out[r][16]). Decode streams the weights from memory once, so both
 // halves of a super-tile are done while it is in L1: a pass per half over the whole row
 // left the memory idle during the second pass (the prefetches run ahead only in the first).
@@ -784,13 +636,13 @@ constexpr TileKernelFn kPairTile = pair_tile<P>;
 template <KQuant Q>
 constexpr TileKernelFn kKTile = k_vec_tile<Q>;
 
-TileKernelFn kquant_tile_avx2(KQuant q, bool batched) {
+TileKernelFn kquant_tile_avx2(KQuant q) {
   switch (q) {
-    case KQuant::Q4: return batched ? k_batched_tile<KQuant::Q4> : kKTile<KQuant::Q4>;
-    case KQuant::Q5: return batched ? k_batched_tile<KQuant::Q5> : kKTile<KQuant::Q5>;
+    case KQuant::Q4: return kKTile<KQuant::Q4>;
+    case KQuant::Q5: return kKTile<KQuant::Q5>;
     case KQuant::Q6: break;
   }
-  return batched ? k_batched_tile<KQuant::Q6> : kKTile<KQuant::Q6>;
+  return kKTile<KQuant::Q6>;
 }
 
 const IsaKernels& avx2_kernels() {
@@ -800,9 +652,7 @@ const IsaKernels& avx2_kernels() {
                             half_tile<true, false>,
                             half_tile<false, true>,
                             half_tile<true, true>,
-                            kquant_tile_avx2(KQuant::Q4, false), kquant_tile_avx2(KQuant::Q5, false),
-                            kquant_tile_avx2(KQuant::Q6, false), kquant_tile_avx2(KQuant::Q4, true),
-                            kquant_tile_avx2(KQuant::Q5, true),  kquant_tile_avx2(KQuant::Q6, true),
+                            kquant_tile_avx2(KQuant::Q4), kquant_tile_avx2(KQuant::Q5), kquant_tile_avx2(KQuant::Q6),
                             round_f16_avx2,
                             round_bf16_avx2};
   return k;

@@ -567,63 +567,6 @@ inline void k_rows_vecdot(const uint8_t* tile, size_t nb, const ActView& a, size
   }
 }
 
-template <KQuant Q, int R>
-inline void k_rows_gemm(const uint8_t* tile, size_t nb, const ActView& a, size_t r0, float* y, size_t y_stride,
-                        __mmask16 store_mask) {
-  constexpr KTileGeom G = ktile_geom(Q);
-  __m512 acc[R];
-  for (size_t sb = 0; sb < nb / 8; ++sb) {
-    const uint8_t* t = tile + sb * G.bytes;
-    // Built once per super-block for the R rows (unlike the vec-dot's, after its block loop):
-    // built where used, once per row, q4_k/2048/2048/512 ran 156 GMAC/s against 166.
-    const KFactorPairs<Q> fp(t);
-    __m512i S[R];
-    for (int r = 0; r < R; ++r) {
-      S[r] = _mm512_setzero_si512();
-      if constexpr (Q == KQuant::Q6) {
-        __m512i off = _mm512_setzero_si512();
-        for (int g = 0; g < 8; ++g) off = fp.dot(off, g, a.kpairs(r0 + r) + 12 * sb);
-        S[r] = times_minus32(off);
-      }
-    }
-    for (size_t c = 0; c < 8; ++c) {
-      __m512i w[8];
-      load_nib_block<G.high_bits>(t + G.block * c, w);
-      const __m512i sc_lo = scales16(t + G.sc + 16 * c, Q == KQuant::Q6);
-      const __m512i sc_hi = Q == KQuant::Q6 ? scales16(t + G.sc_hi + 16 * c, true) : sc_lo;
-      for (int r = 0; r < R; ++r) {
-        const int8_t* q = a.qs(r0 + r) + (sb * 8 + c) * kQK;
-        __m512i lo = dpbusd_bcast(_mm512_setzero_si512(), w[0], q);
-        __m512i hi = dpbusd_bcast(_mm512_setzero_si512(), w[4], q + 16);
-        for (int g = 1; g < 4; ++g) {
-          lo = dpbusd_bcast(lo, w[g], q + 4 * g);
-          hi = dpbusd_bcast(hi, w[g + 4], q + 16 + 4 * g);
-        }
-        if constexpr (Q == KQuant::Q6)
-          S[r] = _mm512_add_epi32(S[r], _mm512_add_epi32(_mm512_mullo_epi32(lo, sc_lo),
-                                                         _mm512_mullo_epi32(hi, sc_hi)));
-        else
-          S[r] = _mm512_add_epi32(S[r], _mm512_mullo_epi32(_mm512_add_epi32(lo, hi), sc_lo));
-      }
-    }
-    // llama.cpp's tiled GEMM: (total * d - mins * dmin) * xd, one fma per super-block.
-    const __m512 dw = load16_fp16(t + G.d);
-    for (int r = 0; r < R; ++r) {
-      __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(S[r]), dw);
-      if constexpr (Q != KQuant::Q6) {
-        __m512i s2 = _mm512_setzero_si512();
-        for (int i = 0; i < 4; ++i) s2 = fp.dot(s2, i, a.kpairs(r0 + r) + 12 * sb);
-        v = _mm512_fnmadd_ps(load16_fp16(t + G.dmin), _mm512_cvtepi32_ps(s2), v);
-      }
-      // The first super-block sets acc (fma(v, xd, 0) == v * xd): zeroing the spilled
-      // accumulators made GCC emit a rep stos per call, 4.6% of the Q4_K GEMM's time.
-      const __m512 xd = _mm512_set1_ps(a.kd(r0 + r)[sb]);
-      acc[r] = sb == 0 ? _mm512_mul_ps(v, xd) : _mm512_fmadd_ps(v, xd, acc[r]);
-    }
-  }
-  for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(y + r * y_stride, store_mask, acc[r]);
-}
-
 template <HalfOp Op, bool Gemm>
 void half_tile(const uint8_t* tile, size_t nb, const ActView& a, size_t r0, size_t nr, float* y, size_t y_stride,
                unsigned o_lo, unsigned o_hi) {
@@ -684,21 +627,17 @@ constexpr TileKernelFn kByteTile = run_rows<byte_rows<1>, byte_rows<2>>;
 
 }  // namespace
 
-// Vec-dot order: two rows share each unpacked block (16 integer accumulators per row).
-// GEMM order: one accumulator per row, so eight rows share each unpacked block (Q4_K: 4
-// until 2026-11-27; 8 measured ~10% faster in bench_gemm q4_k n 512 once the min terms used vpdpwssd).
+// Two rows share each unpacked block (16 integer accumulators per row).
 template <KQuant Q>
-constexpr TileKernelFn kKGemm = run_rows4<k_rows_gemm<Q, 1>, k_rows_gemm<Q, 2>, k_rows_gemm<Q, 4>, k_rows_gemm<Q, 8>>;
-template <KQuant Q, bool Batched>
-constexpr TileKernelFn kKTile = Batched ? kKGemm<Q> : run_rows<k_rows_vecdot<Q, 1>, k_rows_vecdot<Q, 2>>;
+constexpr TileKernelFn kKTile = run_rows<k_rows_vecdot<Q, 1>, k_rows_vecdot<Q, 2>>;
 
-TileKernelFn kquant_tile_avx512(KQuant q, bool batched) {
+TileKernelFn kquant_tile_avx512(KQuant q) {
   switch (q) {
-    case KQuant::Q4: return batched ? kKTile<KQuant::Q4, true> : kKTile<KQuant::Q4, false>;
-    case KQuant::Q5: return batched ? kKTile<KQuant::Q5, true> : kKTile<KQuant::Q5, false>;
+    case KQuant::Q4: return kKTile<KQuant::Q4>;
+    case KQuant::Q5: return kKTile<KQuant::Q5>;
     case KQuant::Q6: break;
   }
-  return batched ? kKTile<KQuant::Q6, true> : kKTile<KQuant::Q6, false>;
+  return kKTile<KQuant::Q6>;
 }
 
 const IsaKernels& avx512_kernels() {
@@ -712,9 +651,8 @@ const IsaKernels& avx512_kernels() {
                             bf16_hw ? half_tile<HalfOp::Bf16Dp, false> : half_tile<HalfOp::Bf16Fma, false>,
                             half_tile<HalfOp::F16, true>,
                             bf16_dp ? half_tile<HalfOp::Bf16Dp, true> : half_tile<HalfOp::Bf16Fma, true>,
-                            kquant_tile_avx512(KQuant::Q4, false), kquant_tile_avx512(KQuant::Q5, false),
-                            kquant_tile_avx512(KQuant::Q6, false), kquant_tile_avx512(KQuant::Q4, true),
-                            kquant_tile_avx512(KQuant::Q5, true),  kquant_tile_avx512(KQuant::Q6, true),
+                            kquant_tile_avx512(KQuant::Q4), kquant_tile_avx512(KQuant::Q5),
+                            kquant_tile_avx512(KQuant::Q6),
                             round_f16_avx512,
                             round_bf16_avx512};
   return k;

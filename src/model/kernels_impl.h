@@ -1,9 +1,10 @@
 // Internal to the kernels: the repacked weight layouts, the quantized-activation buffer,
 // and the per-ISA function table that kernels.cpp dispatches to.
 //
-// Numerics shared by every ISA (so portable, AVX2 and AVX-512 give bit-identical y), and
-// the same float operation sequence as llama.cpp's x86 vec-dot kernels (AVX2 branch, which
-// the AVX-512 build compiles too), so both engines round alike:
+// These are the one-row (vec-dot) kernels, which decode runs; batched rows of block-quantized
+// weights take the panel GEMM (kernels_panel.h). Numerics shared by every ISA (so portable,
+// AVX2 and AVX-512 give bit-identical y), and the same float operation sequence as
+// llama.cpp's x86 vec-dot kernels (AVX2 branch, which the AVX-512 build compiles too):
 //  - activations are quantized per 32-block exactly as llama.cpp's x86 quantize_row_q8_0/1:
 //    amax, d = amax/127 (stored as fp16), id = 127/amax, q = round-half-even(x*id);
 //    Q8_1 also keeps s = fp16(d * sum(q)) with the unrounded d.
@@ -135,11 +136,9 @@ inline constexpr NibGeom nib_geom(NibKind k) {
 // lane[g] = fma(dx * d, float(S_g), lane[g]); Q4_K keeps 4 min lanes fma(-dx * dmin,
 // m_2i bs_2i + m_2i+1 bs_2i+1, .) summed as ((0+2)+(1+3)); Q5_K one fma(-dx * dmin,
 // sum m_j bs_j, .). Their activations are Q8_K (one float d per 256, llama.cpp's rule).
-// That is llama.cpp's order for a matmul of fewer than 8 activation rows; from 8 rows on it
-// takes its tiled GEMM (ggml-cpu/tiled, the AVX-512 VNNI microkernel), whose order the
-// `batched` kernels follow: per super-block t = float(sum_g S_g) * d, minus dmin *
-// float(sum m_j bs_j) fused (Q4_K/Q5_K), then acc = fma(t, dx, acc) (its source writes
-// acc + t * dx; its build fuses them, as the disassembly of libggml-cpu shows).
+// That is llama.cpp's order for a matmul of fewer than 8 activation rows (its vec-dot),
+// which decode follows; batched rows take the panel GEMM (kernels_panel.h), per-32
+// activations and an order of our own.
 enum class KQuant { Q4, Q5, Q6 };
 struct KTileGeom {
   size_t block;  // bytes of one 32-block's values (16 rows)
@@ -237,15 +236,15 @@ struct IsaKernels {
   TileKernelFn q8_0;                    // kByte16
   TileKernelFn f16, bf16;            // float tiles, vec-dot order (kernels_impl.h)
   TileKernelFn f16_gemm, bf16_gemm;  // the same, tinyBLAS order (kHalfGemmRows on)
-  TileKernelFn k4, k5, k6; // K super-tiles (Q4_K, Q5_K, Q6_K), vec-dot order
-  TileKernelFn k4_batched, k5_batched, k6_batched;  // the same, tiled-GEMM order (n >= 8)
+  TileKernelFn k4, k5, k6; // K super-tiles (Q4_K, Q5_K, Q6_K), vec-dot order (batched: kernels_panel.h)
   RoundRowFn round_f16, round_bf16;  // float tiles' activations (round_f16_row, round_bf16_row)
 };
 // The K super-tile kernels of each ISA (kernels_kquant.cpp, kernels_avx2.cpp, kernels_avx512.cpp).
-TileKernelFn kquant_tile_portable(KQuant, bool batched);
-TileKernelFn kquant_tile_avx2(KQuant, bool batched);
-TileKernelFn kquant_tile_avx512(KQuant, bool batched);
-// llama.cpp's threshold for its tiled K-quant GEMM (activation rows of one matmul).
+TileKernelFn kquant_tile_portable(KQuant);
+TileKernelFn kquant_tile_avx2(KQuant);
+TileKernelFn kquant_tile_avx512(KQuant);
+// From this many activation rows on, a ByRowCount multiply of block-quantized weights takes
+// the panel GEMM (kernels_panel.h; llama.cpp's threshold for its own tiled K-quant GEMM).
 constexpr size_t kKQuantBatchedRows = 8;
 
 const IsaKernels& portable_kernels();

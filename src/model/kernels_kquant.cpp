@@ -49,7 +49,7 @@ void quantize_q8_k_record(const float* x, size_t cols, uint8_t* out) {
 
 namespace {
 
-template <KQuant Q, bool Batched>
+template <KQuant Q>
 void ktile_portable(const uint8_t* tile, size_t nb, const ActView& a, size_t r0, size_t nr, float* y,
                     size_t y_stride, unsigned o_lo, unsigned o_hi) {
   constexpr KTileGeom G = ktile_geom(Q);
@@ -58,7 +58,7 @@ void ktile_portable(const uint8_t* tile, size_t nb, const ActView& a, size_t r0,
     const int8_t* xq = a.qs(r0 + r);
     const float* xd = a.kd(r0 + r);
     const int32_t* bs16 = a.kbs16(r0 + r);
-    float lane[kTileRows][8] = {}, accm[kTileRows][4] = {}, summs[kTileRows] = {}, acc[kTileRows] = {};
+    float lane[kTileRows][8] = {}, accm[kTileRows][4] = {}, summs[kTileRows] = {};
     for (size_t sb = 0; sb < nsb; ++sb) {
       const uint8_t* t = tile + sb * G.bytes;
       for (unsigned o = 0; o < kTileRows; ++o) {
@@ -81,16 +81,6 @@ void ktile_portable(const uint8_t* tile, size_t nb, const ActView& a, size_t r0,
         int32_t mb[8] = {};
         if constexpr (Q != KQuant::Q6)
           for (size_t j = 0; j < 8; ++j) mb[j] = t[G.m + 16 * j + o] * (bs16[16 * sb + 2 * j] + bs16[16 * sb + 2 * j + 1]);
-        if constexpr (Batched) {  // llama.cpp's tiled GEMM
-          const int32_t s1 = S[0] + S[1] + S[2] + S[3] + S[4] + S[5] + S[6] + S[7];
-          float v = static_cast<float>(s1) * fp16_to_fp32(load_u16(t + G.d + 2 * o));
-          if constexpr (Q != KQuant::Q6) {
-            const int32_t s2 = mb[0] + mb[1] + mb[2] + mb[3] + mb[4] + mb[5] + mb[6] + mb[7];
-            v = std::fma(-fp16_to_fp32(load_u16(t + G.dmin + 2 * o)), static_cast<float>(s2), v);
-          }
-          acc[o] = std::fma(v, xd[sb], acc[o]);  // its build fuses acc + v * dx (checked in the binary)
-          continue;
-        }
         const float dd = xd[sb] * fp16_to_fp32(load_u16(t + G.d + 2 * o));
         for (int g = 0; g < 8; ++g) lane[o][g] = std::fma(dd, static_cast<float>(S[g]), lane[o][g]);
         if constexpr (Q != KQuant::Q6) {
@@ -106,10 +96,6 @@ void ktile_portable(const uint8_t* tile, size_t nb, const ActView& a, size_t r0,
       }
     }
     for (unsigned o = o_lo; o < o_hi; ++o) {
-      if (Batched) {
-        y[r * y_stride + o] = acc[o];
-        continue;
-      }
       float v = hsum8_llama(lane[o]);
       if (Q == KQuant::Q4) v += (accm[o][0] + accm[o][2]) + (accm[o][1] + accm[o][3]);
       if (Q == KQuant::Q5) v += summs[o];
@@ -120,13 +106,13 @@ void ktile_portable(const uint8_t* tile, size_t nb, const ActView& a, size_t r0,
 
 }  // namespace
 
-TileKernelFn kquant_tile_portable(KQuant q, bool batched) {
+TileKernelFn kquant_tile_portable(KQuant q) {
   switch (q) {
-    case KQuant::Q4: return batched ? ktile_portable<KQuant::Q4, true> : ktile_portable<KQuant::Q4, false>;
-    case KQuant::Q5: return batched ? ktile_portable<KQuant::Q5, true> : ktile_portable<KQuant::Q5, false>;
+    case KQuant::Q4: return ktile_portable<KQuant::Q4>;
+    case KQuant::Q5: return ktile_portable<KQuant::Q5>;
     case KQuant::Q6: break;
   }
-  return batched ? ktile_portable<KQuant::Q6, true> : ktile_portable<KQuant::Q6, false>;
+  return ktile_portable<KQuant::Q6>;
 }
 
 }  // namespace cf::kern

@@ -387,12 +387,9 @@ const IsaKernels& portable_kernels() {
                             half_tile_portable<true, false>,
                             half_tile_portable<false, true>,
                             half_tile_portable<true, true>,
-                            kquant_tile_portable(KQuant::Q4, false),
-                            kquant_tile_portable(KQuant::Q5, false),
-                            kquant_tile_portable(KQuant::Q6, false),
-                            kquant_tile_portable(KQuant::Q4, true),
-                            kquant_tile_portable(KQuant::Q5, true),
-                            kquant_tile_portable(KQuant::Q6, true),
+                            kquant_tile_portable(KQuant::Q4),
+                            kquant_tile_portable(KQuant::Q5),
+                            kquant_tile_portable(KQuant::Q6),
                             round_f16_row,
                             round_bf16_row};
   return k;

@@ -819,10 +819,7 @@ int k_scale(const uint8_t* q, int j, bool min) {
   return min ? (q[j + 4] >> 4) | ((q[j] >> 6) << 4) : (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
 }
 
-// batched: llama.cpp's tiled GEMM, which it takes from 8 activation rows on (its AVX-512
-// VNNI microkernel): per super-block v = float(S) * d, v = fma(-dmin, float(sum m bs), v),
-// acc = fma(v, dx, acc) (its source adds a product; its build fuses them: vfmadd213ps).
-float llama_kquant_dot(GgmlType t, const uint8_t* w_row, const float* x, size_t cols, bool batched) {
+float llama_kquant_dot(GgmlType t, const uint8_t* w_row, const float* x, size_t cols) {
   std::vector<uint8_t> rec(kern::generic_act_row_bytes(static_cast<uint32_t>(t), cols));
   kern::generic_quantize_row(static_cast<uint32_t>(t), x, cols, rec.data());
   const size_t nsb = cols / 256;
@@ -830,7 +827,7 @@ float llama_kquant_dot(GgmlType t, const uint8_t* w_row, const float* x, size_t 
   const auto* xd = reinterpret_cast<const float*>(rec.data() + cols);
   const auto* bsums = reinterpret_cast<const int16_t*>(rec.data() + cols + nsb * 4);
   const size_t block_bytes = ggml_type_info(t).block_bytes;
-  float lane[8] = {}, accm[4] = {}, summs = 0.0f, acc = 0.0f;
+  float lane[8] = {}, accm[4] = {}, summs = 0.0f;
   for (size_t sb = 0; sb < nsb; ++sb) {
     const uint8_t* blk = w_row + sb * block_bytes;
     int q[256], sc[16];
@@ -858,13 +855,6 @@ float llama_kquant_dot(GgmlType t, const uint8_t* w_row, const float* x, size_t 
     int mb[8] = {};
     if (t != GgmlType::Q6_K)
       for (int j = 0; j < 8; ++j) mb[j] = k_scale(blk + 4, j, true) * (bsums[sb * 16 + 2 * j] + bsums[sb * 16 + 2 * j + 1]);
-    if (batched) {
-      float v = static_cast<float>(S[0] + S[1] + S[2] + S[3] + S[4] + S[5] + S[6] + S[7]) * fp16_to_fp32(dh);
-      if (t != GgmlType::Q6_K)
-        v = std::fma(-fp16_to_fp32(dminh), static_cast<float>(mb[0] + mb[1] + mb[2] + mb[3] + mb[4] + mb[5] + mb[6] + mb[7]), v);
-      acc = std::fma(v, xd[sb], acc);
-      continue;
-    }
     const float d = xd[sb] * fp16_to_fp32(dh);
     for (int g = 0; g < 8; ++g) lane[g] = std::fma(d, static_cast<float>(S[g]), lane[g]);
     if (t == GgmlType::Q6_K) continue;
@@ -875,7 +865,6 @@ float llama_kquant_dot(GgmlType t, const uint8_t* w_row, const float* x, size_t 
       summs = std::fma(dmin, static_cast<float>(mb[0] + mb[1] + mb[2] + mb[3] + mb[4] + mb[5] + mb[6] + mb[7]), summs);
     }
   }
-  if (batched) return acc;
   const float h4[4] = {lane[0] + lane[4], lane[1] + lane[5], lane[2] + lane[6], lane[3] + lane[7]};
   const float total = (h4[0] + h4[2]) + (h4[1] + h4[3]);
   if (t == GgmlType::Q4_K) return total + ((accm[0] + accm[2]) + (accm[1] + accm[3]));
@@ -896,17 +885,16 @@ TEST(Multiply, KQuantsFollowLlamaCppOrderExactly) {
       for (size_t r = 0; r < n; ++r)
         for (size_t o = 0; o < rows; ++o)
           want[r * rows + o] = n >= 8 ? panel_order_dot(t, w.data() + o * rb, &x[r * cols], cols)
-                                      : llama_kquant_dot(t, w.data() + o * rb, &x[r * cols], cols, false);
+                                      : llama_kquant_dot(t, w.data() + o * rb, &x[r * cols], cols);
       expect_bitwise_on_every_isa(m, x, n, cols, want, pool, std::string(ggml_type_name(t)) + " n=" + std::to_string(n));
     }
   }
 }
 
-// The tiled K-quant GEMMs may sum several groups' vpmaddubsw pairs in int16 before the scale
-// (kernels_avx2.cpp: 8 / 4 / 2 groups for Q4_K / Q5_K / Q6_K). That is exact only while the
-// sums stay below 32768: weights at their largest quant against activations that quantize to
-// -127 or 127 are the worst case, which random quants never reach. The decode vec-dot sums
-// its min and offset terms on int16 pairs of the activation sums (kpairs): extremes too.
+// Integer sums at their extremes: weights at their largest quant against activations that
+// quantize to -127 or 127, which random quants never reach. The AVX2 panel kernel's
+// vpmaddubsw pairs (2 x 63 x 127 for Q6_K) must not saturate, and the decode vec-dot sums
+// its min and offset terms on int16 pairs of the activation sums (kpairs).
 TEST(Multiply, KQuantsExactAtExtremeQuants) {
   std::mt19937 rng(29);
   ThreadPool pool(2);
@@ -934,7 +922,7 @@ TEST(Multiply, KQuantsExactAtExtremeQuants) {
       for (size_t r = 0; r < n; ++r)
         for (size_t o = 0; o < rows; ++o)
           want[r * rows + o] = n >= 8 ? panel_order_dot(t, w.data() + o * rb, &x[r * cols], cols)
-                                      : llama_kquant_dot(t, w.data() + o * rb, &x[r * cols], cols, false);
+                                      : llama_kquant_dot(t, w.data() + o * rb, &x[r * cols], cols);
       expect_bitwise_on_every_isa(m, x, n, cols, want, pool,
                                   std::string(ggml_type_name(t)) + (to_127 ? " 127" : " -127") + " n=" + std::to_string(n));
     }
