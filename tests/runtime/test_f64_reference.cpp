@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -78,6 +79,7 @@ void check_logits(const Model& m, const json& fx) {
       double here = 0;
       for (size_t k = 0; k < at_ids.size(); ++k) here = std::max(here, std::fabs(ours[at_ids[k]] - at[k]));
       diffs.push_back(here);
+      if (std::getenv("CF_GOLDEN_VERBOSE")) std::printf("%s pos %zu diff %.4f\n", c["name"].get<std::string>().c_str(), i, here);
       const double margin = top[0] - top[1];
       if (argmax(ours, out.vocab) != p["top_ids"][0].get<int>()) {
         ++disagree;
