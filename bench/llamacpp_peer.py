@@ -20,9 +20,10 @@ llama.cpp settings: the same GGUF (--model, default: the default model; rows of
 prompts.jsonl for other models' files are ignored), n_threads = n_threads_batch = the
 bench's thread count (from prompts.jsonl, or --threads), n_batch 2048 / n_ubatch 512
 (llama.cpp's defaults), n_ctx the longest prompt rounded up to 256. By default llama.cpp's
-"extra buffer types" are off (use_extra_bufts=False): its AMX Q4_1 matmul crashes with
-SIGSEGV on the development machine (the sandbox does not grant AMX tile state); see
-bench/README.md. --extra-bufts turns them on where AMX works.
+"extra buffer types" are off (use_extra_bufts=False): its AMX matmul crashes on our Xeon
+hosts (SIGSEGV / SIGILL in its AMX kernels, though the hosts grant tile state to a process
+that asks: ../shared/tools/amx_probe.c); see bench/README.md. --extra-bufts turns them on
+where AMX works.
 
 Usage: .venv/bin/python bench/llamacpp_peer.py DIR [--model GGUF] [--threads T] [--limit N]
 """

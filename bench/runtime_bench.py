@@ -18,8 +18,8 @@ RSS before the model load is reported alongside.
 Two llama.cpp peers (--peers, default both), each its own child process per rep:
   repack   ggml's extra buffer types on (llama.cpp's default): CPU weight repacking
            (Q4_0, Q4_K, IQ4_NL into interleaved layouts for its GEMM/GEMV kernels), and
-           AMX where the build has it. Build llama.cpp without AMX on machines whose
-           sandbox does not grant AMX tile state (bench/README.md, "The peer").
+           AMX where the build has it. Build llama.cpp without AMX where its AMX
+           kernels crash, as on our Xeon hosts (bench/README.md, "The peer").
   plain    extra buffer types off (use_extra_bufts=false): no repacking, no AMX.
 The buffer types each peer actually used are read from llama.cpp's load log and stored.
 

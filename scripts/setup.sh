@@ -277,9 +277,11 @@ fi
 if (( want_bench )); then
   venv="$CF_REPO_ROOT/.venv"
   LLAMA_CPP_PY="llama-cpp-python==0.3.36"
-  # The peer is built for this CPU (GGML_NATIVE), except on a CPU with AMX: our sandboxes do
-  # not grant AMX tile state and ggml's AMX matmul crashes there (bench/README.md, "The
-  # peer"), so there it gets every other extension of this CPU by name and no AMX. A
+  # The peer is built for this CPU (GGML_NATIVE), except on a CPU with AMX: ggml's AMX matmul
+  # crashes on our Xeon hosts (SIGILL in tinygemm_kernel_amx, issue 57; the hosts do grant
+  # tile state to a process that asks for it, ../shared/tools/amx_probe.c, so the crash is
+  # ggml's, not the sandbox's; bench/README.md, "The peer"), so there it gets every other
+  # extension of this CPU by name and no AMX. A
   # CMAKE_ARGS set by the caller wins. The flags used are kept in the venv: other flags
   # (e.g. a venv built before this rule) rebuild llama-cpp-python.
   peer_flags="${CMAKE_ARGS:-}"
