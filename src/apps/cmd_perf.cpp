@@ -31,6 +31,17 @@ struct PerfArgs {
 
 // Multiply-adds of the layer matrices per token (the prefill GEMM's work; attention and the
 // output matrix, which a prefill runs for its last row only, are left out).
+// Bytes of weights a decode step streams: every layer matrix and the output matrix, at the
+// file's width (the repacked tiles keep it).
+double decode_weight_bytes(const Model& m) {
+  double bytes = 0;
+  auto add = [&](const WeightMatrix& w) { bytes += static_cast<double>(ggml_row_bytes(w.type(), w.cols())) * w.rows(); };
+  for (const LayerWeights& l : m.layers())
+    for (const WeightMatrix* w : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) add(*w);
+  add(m.output());
+  return bytes;
+}
+
 double layer_macs_per_token(const Model& m) {
   double macs = 0;
   for (const LayerWeights& l : m.layers())
@@ -49,6 +60,9 @@ nlohmann::json measure_peaks(const Model& m, ThreadPool& pool, int rows, bool qu
     out["int8_peak_gmacs"][isa_name(isa)] = peak / 1e9;
     if (!quiet) std::fprintf(stderr, "int8 peak %-7s %8.1f G MAC/s (%zu threads)\n", isa_name(isa), peak / 1e9, pool.size());
   }
+  const double bw = read_bandwidth_bytes_per_s(pool.size());
+  out["read_gb_per_s"] = bw / 1e9;
+  if (!quiet) std::fprintf(stderr, "memory read %8.1f GB/s (%zu threads)\n", bw / 1e9, pool.size());
   const double peak = out["int8_peak_gmacs"].value(isa_name(active_isa()), 0.0) * 1e9;
   std::map<GgmlType, std::pair<const LayerWeights*, std::vector<const WeightMatrix*>>> by_type;
   for (const LayerWeights& l : m.layers())
@@ -167,9 +181,15 @@ int run_perf(const PerfArgs& a) {
       t = argmax(o.logits.data(), o.vocab);
     }
     const double s = (now_ms() - t0) / 1000.0;
+    const double gbs = decode_weight_bytes(*model) * a.gen_tokens / s / 1e9;
     out["decode"] = {{"n_tokens", a.gen_tokens}, {"context", a.decode_context}, {"seconds", s},
-                     {"tok_per_s", a.gen_tokens / s}};
-    if (!a.json) std::fprintf(stderr, "decode  %5d tokens: %8.1f ms  %7.1f tok/s\n", a.gen_tokens, s * 1000, a.gen_tokens / s);
+                     {"tok_per_s", a.gen_tokens / s}, {"weight_gb_per_s", gbs}};
+    const double bw = a.peak ? out["peak"].value("read_gb_per_s", 0.0) : 0.0;
+    if (bw > 0) out["decode"]["fraction_of_read_bandwidth"] = gbs / bw;
+    if (!a.json)
+      std::fprintf(stderr, "decode  %5d tokens: %8.1f ms  %7.1f tok/s  %6.1f GB/s of weights%s\n", a.gen_tokens, s * 1000,
+                   a.gen_tokens / s, gbs,
+                   bw > 0 ? (" (" + std::to_string(static_cast<int>(100 * gbs / bw + 0.5)) + "% of the read bandwidth)").c_str() : "");
   }
   rusage ru{};
   getrusage(RUSAGE_SELF, &ru);

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
+#include <cstring>
 #include <thread>
 #include <vector>
 
@@ -33,6 +35,43 @@ double int8_peak_macs_per_s(Isa isa, size_t threads, long iterations, int runs) 
   // and the peak is what the silicon does when it has it.
   double best = 0;
   for (int i = 0; i < runs; ++i) best = std::max(best, one_run(isa, threads, iterations));
+  return best;
+}
+
+double read_bandwidth_bytes_per_s(size_t threads, size_t bytes, int runs) {
+  if (threads == 0) return 0.0;
+  const size_t part = bytes / threads / 64 * 64;
+  auto* buf = static_cast<uint8_t*>(std::aligned_alloc(64, part * threads));
+  if (!buf) return 0.0;
+  std::memset(buf, 1, part * threads);  // touched: the pages exist before the timed reads
+  const bool avx2 = detect_isa() >= Isa::Avx2;
+  std::vector<uint64_t> sink(threads, 0);
+  double best = 0;
+  for (int run = 0; run < runs; ++run) {
+    std::vector<std::thread> workers;
+    const auto t0 = std::chrono::steady_clock::now();
+    for (size_t i = 0; i < threads; ++i)
+      workers.emplace_back([&, i] {
+        const uint8_t* p = buf + i * part;
+        if (avx2) {
+          sink[i] += kern::read_sum_avx2(p, part);
+        } else {
+          uint64_t s = 0;
+          for (size_t k = 0; k < part; k += 8) {
+            uint64_t v;
+            std::memcpy(&v, p + k, 8);
+            s += v;
+          }
+          sink[i] += s;
+        }
+      });
+    for (auto& w : workers) w.join();
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (s > 0) best = std::max(best, static_cast<double>(part * threads) / s);
+  }
+  std::free(buf);
+  volatile uint64_t keep = 0;
+  for (uint64_t v : sink) keep = keep + v;
   return best;
 }
 

@@ -4,6 +4,7 @@
 // silicon the prefill GEMM reaches. (../shared/tools/amx_probe.c measures the same loops.)
 #pragma once
 #include <cstddef>
+#include <cstdint>
 
 #include "model/kernels.h"
 
@@ -14,10 +15,17 @@ namespace cf {
 // no int8 SIMD, and a CPU without the ISA cannot run it: 0.
 double int8_peak_macs_per_s(Isa isa, size_t threads, long iterations = 5000000, int runs = 7);
 
+// Bytes per second that `threads` threads read from memory at once, each summing its part
+// of a buffer far larger than the caches (AVX2 loads where the CPU has them), the best of
+// `runs` passes: what decode, which streams every weight once per token, can at most use.
+double read_bandwidth_bytes_per_s(size_t threads, size_t bytes = size_t{256} << 20, int runs = 3);
+
 namespace kern {
 // One thread's loop; returns the multiply-adds done (the checksum keeps it from being elided).
 double int8_peak_loop_avx512(long iterations, int& checksum);
 double int8_peak_loop_avx2(long iterations, int& checksum);
+// Sums n bytes (a multiple of 64) at p as 64-bit words.
+uint64_t read_sum_avx2(const uint8_t* p, size_t n);
 }  // namespace kern
 
 }  // namespace cf

@@ -35,4 +35,15 @@ double int8_peak_loop_avx2(long iterations, int& checksum) {
   return static_cast<double>(iterations) * 10 * 32;
 }
 
+uint64_t read_sum_avx2(const uint8_t* p, size_t n) {
+  __m256i a = _mm256_setzero_si256(), b = a;
+  for (size_t i = 0; i < n; i += 64) {
+    a = _mm256_add_epi64(a, _mm256_load_si256(reinterpret_cast<const __m256i*>(p + i)));
+    b = _mm256_add_epi64(b, _mm256_load_si256(reinterpret_cast<const __m256i*>(p + i + 32)));
+  }
+  alignas(32) uint64_t lanes[4];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), _mm256_add_epi64(a, b));
+  return lanes[0] + lanes[1] + lanes[2] + lanes[3];
+}
+
 }  // namespace cf::kern
