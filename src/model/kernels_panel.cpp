@@ -8,19 +8,6 @@
 
 namespace cf::kern {
 
-bool has_panel(GgmlType t) {
-  switch (t) {
-    case GgmlType::Q4_0:
-    case GgmlType::Q4_1:
-    case GgmlType::Q5_0:
-    case GgmlType::Q5_1:
-    case GgmlType::Q8_0:
-    case GgmlType::Q4_K:
-    case GgmlType::Q5_K:
-    case GgmlType::Q6_K: return true;
-    default: return false;
-  }
-}
 
 uint8_t* panel_scratch(size_t nb) {
   struct Free {
@@ -74,21 +61,12 @@ void panel_tile_portable(const uint8_t* tile, size_t nb, const ActView& a, size_
 }
 
 TileKernelFn portable_tile(GgmlType t) {
-  switch (t) {
-    case GgmlType::Q4_0: return panel_tile_portable<GgmlType::Q4_0>;
-    case GgmlType::Q4_1: return panel_tile_portable<GgmlType::Q4_1>;
-    case GgmlType::Q5_0: return panel_tile_portable<GgmlType::Q5_0>;
-    case GgmlType::Q5_1: return panel_tile_portable<GgmlType::Q5_1>;
-    case GgmlType::Q8_0: return panel_tile_portable<GgmlType::Q8_0>;
-    case GgmlType::Q4_K: return panel_tile_portable<GgmlType::Q4_K>;
-    case GgmlType::Q5_K: return panel_tile_portable<GgmlType::Q5_K>;
-    case GgmlType::Q6_K: return panel_tile_portable<GgmlType::Q6_K>;
-    default: break;
-  }
-  return nullptr;
+  return panel_kernel_for(t, []<GgmlType T>() { return &panel_tile_portable<T>; });
 }
 
 }  // namespace
+
+bool has_panel(GgmlType t) { return portable_tile(t) != nullptr; }
 
 const PanelKernels& panel_kernels_portable() {
   static const PanelKernels k{panel_quantize_row, portable_tile};

@@ -96,6 +96,23 @@ const PanelKernels& panel_kernels_avx512();
 // Whether a weight type has panel kernels.
 bool has_panel(GgmlType);
 
+// The kernel of type t from an ISA's kernel template: pick.template operator()<T>() for the
+// T that t names (each ISA file passes []<GgmlType T>() { return &its_tile<T>; }).
+template <class Pick>
+TileKernelFn panel_kernel_for(GgmlType t, Pick pick) {
+  switch (t) {
+    case GgmlType::Q4_0: return pick.template operator()<GgmlType::Q4_0>();
+    case GgmlType::Q4_1: return pick.template operator()<GgmlType::Q4_1>();
+    case GgmlType::Q5_0: return pick.template operator()<GgmlType::Q5_0>();
+    case GgmlType::Q5_1: return pick.template operator()<GgmlType::Q5_1>();
+    case GgmlType::Q8_0: return pick.template operator()<GgmlType::Q8_0>();
+    case GgmlType::Q4_K: return pick.template operator()<GgmlType::Q4_K>();
+    case GgmlType::Q5_K: return pick.template operator()<GgmlType::Q5_K>();
+    case GgmlType::Q6_K: return pick.template operator()<GgmlType::Q6_K>();
+    default: return nullptr;
+  }
+}
+
 // The calling thread's panel scratch, at least nb blocks, 64-byte aligned.
 uint8_t* panel_scratch(size_t nb);
 

@@ -104,18 +104,7 @@ void panel_tile(const uint8_t* tile, size_t nb, const ActView& a, size_t r0, siz
 }
 
 TileKernelFn avx2_tile(GgmlType t) {
-  switch (t) {
-    case GgmlType::Q4_0: return panel_tile<GgmlType::Q4_0>;
-    case GgmlType::Q4_1: return panel_tile<GgmlType::Q4_1>;
-    case GgmlType::Q5_0: return panel_tile<GgmlType::Q5_0>;
-    case GgmlType::Q5_1: return panel_tile<GgmlType::Q5_1>;
-    case GgmlType::Q8_0: return panel_tile<GgmlType::Q8_0>;
-    case GgmlType::Q4_K: return panel_tile<GgmlType::Q4_K>;
-    case GgmlType::Q5_K: return panel_tile<GgmlType::Q5_K>;
-    case GgmlType::Q6_K: return panel_tile<GgmlType::Q6_K>;
-    default: break;
-  }
-  return nullptr;
+  return panel_kernel_for(t, []<GgmlType T>() { return &panel_tile<T>; });
 }
 
 }  // namespace

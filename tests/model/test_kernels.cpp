@@ -153,6 +153,84 @@ std::vector<uint8_t> random_blocks(GgmlType t, size_t n_blocks, std::mt19937& rn
 // ---------------------------------------------------------------------------------------
 // Per-element definitions written independently of the library's block loops.
 
+// One 32-block of a weight row as the panel sees it: unsigned codes u and, per 16-element
+// half, w = scale (u - offset) + second (second is 0 for the offset types; Q6_K's halves
+// have their own scales). From the file's bytes, independently of the repacking.
+struct PanelBlockParts {
+  int u[32];
+  float scale[2], second;
+  int offset;
+  bool has_min;
+};
+PanelBlockParts panel_parts(GgmlType t, const uint8_t* row, size_t blk) {
+  auto f16 = [](const uint8_t* p) {
+    uint16_t v;
+    std::memcpy(&v, p, 2);
+    return fp16_to_fp32(v);
+  };
+  PanelBlockParts p{};
+  switch (t) {
+    case GgmlType::Q4_0: case GgmlType::Q4_1: case GgmlType::Q5_0: case GgmlType::Q5_1: {
+      const bool has_min = t == GgmlType::Q4_1 || t == GgmlType::Q5_1;
+      const bool five = t == GgmlType::Q5_0 || t == GgmlType::Q5_1;
+      const uint8_t* b = row + blk * ggml_type_info(t).block_bytes;
+      const uint8_t* qs = b + 2 + (has_min ? 2 : 0) + (five ? 4 : 0);
+      for (int j = 0; j < 32; ++j) {
+        p.u[j] = j < 16 ? (qs[j] & 15) : (qs[j - 16] >> 4);
+        if (five) p.u[j] += ((b[2 + (has_min ? 2 : 0) + j / 8] >> (j % 8)) & 1) << 4;
+      }
+      p.scale[0] = p.scale[1] = f16(b);
+      p.second = has_min ? f16(b + 2) : 0.0f;
+      p.offset = has_min ? 0 : five ? 16 : 8;
+      p.has_min = has_min;
+      return p;
+    }
+    case GgmlType::Q8_0: {
+      const uint8_t* b = row + blk * 34;
+      for (int j = 0; j < 32; ++j) p.u[j] = static_cast<int8_t>(b[2 + j]) + 128;
+      p.scale[0] = p.scale[1] = f16(b);
+      p.offset = 128;
+      return p;
+    }
+    case GgmlType::Q4_K: case GgmlType::Q5_K: {
+      const bool five = t == GgmlType::Q5_K;
+      const uint8_t* b = row + (blk / 8) * (five ? 176 : 144);
+      const size_t sub = blk % 8;
+      const uint8_t* s = b + 4;
+      int sc, mn;
+      if (sub < 4) {
+        sc = s[sub] % 64;
+        mn = s[sub + 4] % 64;
+      } else {
+        sc = (s[sub + 4] % 16) + (s[sub - 4] / 64) * 16;
+        mn = (s[sub + 4] / 16) + (s[sub] / 64) * 16;
+      }
+      const uint8_t* qs = b + (five ? 48 : 16);
+      for (int l = 0; l < 32; ++l) {
+        p.u[l] = (sub % 2 == 0) ? qs[(sub / 2) * 32 + l] % 16 : qs[(sub / 2) * 32 + l] / 16;
+        if (five) p.u[l] += ((b[16 + l] >> sub) & 1) * 16;
+      }
+      p.scale[0] = p.scale[1] = f16(b) * static_cast<float>(sc);
+      p.second = -f16(b + 2) * static_cast<float>(mn);
+      p.has_min = true;
+      return p;
+    }
+    case GgmlType::Q6_K: {
+      const uint8_t* b = row + (blk / 8) * 210;
+      for (int e = 0; e < 32; ++e) {
+        const size_t k = (blk % 8) * 32 + e, half = k / 128, w = k % 128, quarter = w / 32, l = w % 32;
+        const uint8_t lb = b[half * 64 + l + (quarter % 2) * 32];
+        p.u[e] = (quarter < 2 ? lb % 16 : lb / 16) + 16 * ((b[128 + half * 32 + l] >> (2 * quarter)) & 3);
+        if (e % 16 == 0)
+          p.scale[e / 16] = f16(b + 208) * static_cast<float>(static_cast<int8_t>(b[192 + half * 8 + quarter * 2 + l / 16]));
+      }
+      p.offset = 32;
+      return p;
+    }
+    default: ADD_FAILURE() << "no panel for " << ggml_type_name(t); return p;
+  }
+}
+
 float elem(GgmlType t, const uint8_t* row, size_t i) {
   auto f16 = [](const uint8_t* p) {
     uint16_t v;
@@ -171,55 +249,11 @@ float elem(GgmlType t, const uint8_t* row, size_t i) {
       std::memcpy(&v, row + 2 * i, 2);
       return std::bit_cast<float>(static_cast<uint32_t>(v) << 16);
     }
-    case GgmlType::Q4_0: case GgmlType::Q4_1: case GgmlType::Q5_0: case GgmlType::Q5_1: {
-      const size_t bytes = ggml_type_info(t).block_bytes;
-      const uint8_t* b = row + (i / 32) * bytes;
-      const size_t j = i % 32;
-      const bool has_min = t == GgmlType::Q4_1 || t == GgmlType::Q5_1;
-      const bool five = t == GgmlType::Q5_0 || t == GgmlType::Q5_1;
-      const uint8_t* qs = b + 2 + (has_min ? 2 : 0) + (five ? 4 : 0);
-      int q = j < 16 ? (qs[j] & 15) : (qs[j - 16] >> 4);
-      if (five) {
-        const uint8_t* qh = b + 2 + (has_min ? 2 : 0);
-        q += ((qh[j / 8] >> (j % 8)) & 1) << 4;  // bit j of the little-endian 32-bit qh
-      }
-      if (!has_min) q -= five ? 16 : 8;
-      const float d = f16(b);
-      return has_min ? static_cast<float>(q) * d + f16(b + 2) : static_cast<float>(q) * d;
-    }
-    case GgmlType::Q8_0: {
-      const uint8_t* b = row + (i / 32) * 34;
-      return static_cast<float>(static_cast<int8_t>(b[2 + i % 32])) * f16(b);
-    }
-    case GgmlType::Q4_K: case GgmlType::Q5_K: {
-      const bool five = t == GgmlType::Q5_K;
-      const uint8_t* b = row + (i / 256) * (five ? 176 : 144);
-      const size_t k = i % 256, sub = k / 32, l = k % 32;
-      // 6-bit fields: scales 0-3 / mins 0-3 are the low 6 bits of bytes 0-3 / 4-7; scale
-      // and min 4-7 take their low 4 bits from byte 8+j and their top 2 from the top bits
-      // of bytes j / 4+j.
-      const uint8_t* s = b + 4;
-      int sc, mn;
-      if (sub < 4) {
-        sc = s[sub] % 64;
-        mn = s[sub + 4] % 64;
-      } else {
-        sc = (s[sub + 4] % 16) + (s[sub - 4] / 64) * 16;
-        mn = (s[sub + 4] / 16) + (s[sub] / 64) * 16;
-      }
-      const uint8_t* qs = b + (five ? 48 : 16);
-      int q = (sub % 2 == 0) ? qs[(sub / 2) * 32 + l] % 16 : qs[(sub / 2) * 32 + l] / 16;
-      if (five) q += ((b[16 + l] >> sub) & 1) * 16;
-      return f16(b) * static_cast<float>(sc) * static_cast<float>(q) - f16(b + 2) * static_cast<float>(mn);
-    }
-    case GgmlType::Q6_K: {
-      const uint8_t* b = row + (i / 256) * 210;
-      const size_t k = i % 256, half = k / 128, w = k % 128, quarter = w / 32, l = w % 32;
-      const uint8_t lb = b[half * 64 + l + (quarter % 2) * 32];
-      const int lo = quarter < 2 ? lb % 16 : lb / 16;
-      const int hi = (b[128 + half * 32 + l] >> (2 * quarter)) & 3;
-      const int sc = static_cast<int8_t>(b[192 + half * 8 + quarter * 2 + l / 16]);
-      return f16(b + 208) * static_cast<float>(sc) * static_cast<float>(lo + 16 * hi - 32);
+    case GgmlType::Q4_0: case GgmlType::Q4_1: case GgmlType::Q5_0: case GgmlType::Q5_1: case GgmlType::Q8_0:
+    case GgmlType::Q4_K: case GgmlType::Q5_K: case GgmlType::Q6_K: {
+      const PanelBlockParts p = panel_parts(t, row, i / 32);
+      const size_t e = i % 32;
+      return p.scale[e / 16] * static_cast<float>(p.u[e] - p.offset) + p.second;
     }
     default: ADD_FAILURE() << "no formula"; return 0;
   }
@@ -371,84 +405,6 @@ PanelActs panel_acts(const float* x, size_t cols) {
     a.dx[b] = amax / 127.0f;
   }
   return a;
-}
-
-// One 32-block of a weight row as the panel sees it: unsigned codes u and, per 16-element
-// half, w = scale (u - offset) + second (second is 0 for the offset types; Q6_K's halves
-// have their own scales). From the file's bytes, independently of the repacking.
-struct PanelBlockParts {
-  int u[32];
-  float scale[2], second;
-  int offset;
-  bool has_min;
-};
-PanelBlockParts panel_parts(GgmlType t, const uint8_t* row, size_t blk) {
-  auto f16 = [](const uint8_t* p) {
-    uint16_t v;
-    std::memcpy(&v, p, 2);
-    return fp16_to_fp32(v);
-  };
-  PanelBlockParts p{};
-  switch (t) {
-    case GgmlType::Q4_0: case GgmlType::Q4_1: case GgmlType::Q5_0: case GgmlType::Q5_1: {
-      const bool has_min = t == GgmlType::Q4_1 || t == GgmlType::Q5_1;
-      const bool five = t == GgmlType::Q5_0 || t == GgmlType::Q5_1;
-      const uint8_t* b = row + blk * ggml_type_info(t).block_bytes;
-      const uint8_t* qs = b + 2 + (has_min ? 2 : 0) + (five ? 4 : 0);
-      for (int j = 0; j < 32; ++j) {
-        p.u[j] = j < 16 ? (qs[j] & 15) : (qs[j - 16] >> 4);
-        if (five) p.u[j] += ((b[2 + (has_min ? 2 : 0) + j / 8] >> (j % 8)) & 1) << 4;
-      }
-      p.scale[0] = p.scale[1] = f16(b);
-      p.second = has_min ? f16(b + 2) : 0.0f;
-      p.offset = has_min ? 0 : five ? 16 : 8;
-      p.has_min = has_min;
-      return p;
-    }
-    case GgmlType::Q8_0: {
-      const uint8_t* b = row + blk * 34;
-      for (int j = 0; j < 32; ++j) p.u[j] = static_cast<int8_t>(b[2 + j]) + 128;
-      p.scale[0] = p.scale[1] = f16(b);
-      p.offset = 128;
-      return p;
-    }
-    case GgmlType::Q4_K: case GgmlType::Q5_K: {
-      const bool five = t == GgmlType::Q5_K;
-      const uint8_t* b = row + (blk / 8) * (five ? 176 : 144);
-      const size_t sub = blk % 8;
-      const uint8_t* s = b + 4;
-      int sc, mn;
-      if (sub < 4) {
-        sc = s[sub] % 64;
-        mn = s[sub + 4] % 64;
-      } else {
-        sc = (s[sub + 4] % 16) + (s[sub - 4] / 64) * 16;
-        mn = (s[sub + 4] / 16) + (s[sub] / 64) * 16;
-      }
-      const uint8_t* qs = b + (five ? 48 : 16);
-      for (int l = 0; l < 32; ++l) {
-        p.u[l] = (sub % 2 == 0) ? qs[(sub / 2) * 32 + l] % 16 : qs[(sub / 2) * 32 + l] / 16;
-        if (five) p.u[l] += ((b[16 + l] >> sub) & 1) * 16;
-      }
-      p.scale[0] = p.scale[1] = f16(b) * static_cast<float>(sc);
-      p.second = -f16(b + 2) * static_cast<float>(mn);
-      p.has_min = true;
-      return p;
-    }
-    case GgmlType::Q6_K: {
-      const uint8_t* b = row + (blk / 8) * 210;
-      for (int e = 0; e < 32; ++e) {
-        const size_t k = (blk % 8) * 32 + e, half = k / 128, w = k % 128, quarter = w / 32, l = w % 32;
-        const uint8_t lb = b[half * 64 + l + (quarter % 2) * 32];
-        p.u[e] = (quarter < 2 ? lb % 16 : lb / 16) + 16 * ((b[128 + half * 32 + l] >> (2 * quarter)) & 3);
-        if (e % 16 == 0)
-          p.scale[e / 16] = f16(b + 208) * static_cast<float>(static_cast<int8_t>(b[192 + half * 8 + quarter * 2 + l / 16]));
-      }
-      p.offset = 32;
-      return p;
-    }
-    default: ADD_FAILURE() << "no panel for " << ggml_type_name(t); return p;
-  }
 }
 
 // The panel order (model/kernels_panel.h), from the file's blocks: per block the exact
