@@ -56,8 +56,17 @@ class KvState:
 
 
 class F64Model:
-    def __init__(self, path):
+    def __init__(self, path, store="f64"):
+        """store: how the dequantized matrices are kept. "f64" (fastest); "f32" (half the
+        memory, the same values: every quant type dequantizes exactly in float32, and a
+        product with float64 activations upcasts them); "none" (each layer dequantized when
+        a pass reaches it and dropped after: for files whose weights do not fit at all; slow
+        for greedy decoding, which pays it per token)."""
+        if store not in ("f64", "f32", "none"):
+            raise ValueError(f"store must be f64, f32 or none, not {store!r}")
         self.path = path
+        self.store = store
+        self.cache_layers = store != "none"
         r = GGUFReader(path)
         self.reader = r
         arch = _field(r, "general.architecture")
@@ -113,9 +122,12 @@ class F64Model:
         self.embd32 = self._deq("token_embd.weight")
         self.vocab = self.embd32.shape[0]
         out_name = "output.weight" if "output.weight" in self.tensors else "token_embd.weight"
-        self.output = self.embd32.astype(F64) if out_name == "token_embd.weight" else self._mat(out_name)
+        if out_name == "token_embd.weight":
+            self.output = self.embd32 if self.store == "f32" else self.embd32.astype(F64)
+        else:
+            self.output = self._mat(out_name)
         self.output_norm = self._vec("output_norm.weight")
-        self.layers = [self._layer(l) for l in range(self.n_layers)]
+        self.layers = [self._layer(l) for l in range(self.n_layers)] if self.cache_layers else None
 
     # --- weights
     def _deq(self, name):
@@ -125,7 +137,8 @@ class F64Model:
         return np.ascontiguousarray(a.reshape(shape), dtype=np.float32)
 
     def _mat(self, name):
-        return self._deq(name).astype(F64)
+        a = self._deq(name)
+        return a if self.store == "f32" else a.astype(F64)
 
     def _vec(self, name):
         return self._deq(name).astype(F64).reshape(-1)
@@ -189,7 +202,8 @@ class F64Model:
         H, G, hd = self.n_heads, self.n_kv, self.head_dim
         group = H // G
         x = self.embd32[ids].astype(F64) * self.embed_scale
-        for l, w in enumerate(self.layers):
+        for l in range(self.n_layers):
+            w = self.layers[l] if self.cache_layers else self._layer(l)
             h = self.rms(x, w["attn_norm"])
             q = h @ w["wq"].T
             k = h @ w["wk"].T

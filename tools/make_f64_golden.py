@@ -66,6 +66,8 @@ def main():
     ap.add_argument("--golden", required=True, help="the llama.cpp fixture (tools/make_golden.py)")
     ap.add_argument("--out", help="default: the golden fixture's path with .f64.json")
     ap.add_argument("--nll-tokens", type=int, default=512)
+    ap.add_argument("--store", default="f64", choices=("f64", "f32", "none"),
+                    help="how the dequantized weights are kept (f32: half the memory, same results)")
     ap.add_argument("--skip", default="", help="comma-separated logits/greedy case names to leave out (slow ones)")
     args = ap.parse_args()
     out_path = args.out or args.golden[: -len(".json")] + ".f64.json"
@@ -81,7 +83,7 @@ def main():
     import gguf
     from importlib.metadata import version
     t0 = time.time()
-    m = F64Model(args.model)
+    m = F64Model(args.model, store=args.store)
     print(f"loaded {model_info['file']} ({m.arch}) in {time.time() - t0:.1f}s", file=sys.stderr)
 
     out = {"format_version": 1, "generator": "tools/make_f64_golden.py (tools/f64_reference.py)",
