@@ -14,7 +14,8 @@ constexpr double kF64MedianFactor = 1.5, kF64MedianSlack = 0.05;  // median <= m
 constexpr double kF64Top1Factor = 1.5;                            // top-1 differs <= 1.5 D + 2
 constexpr int kF64Top1Slack = 2;
 // Near-tie: where f64's top-1 leads by more than this, ours must agree (every position,
-// every greedy step). llama.cpp's top-1 differs from f64's only at f64 margins <= 0.26.
+// every greedy step). llama.cpp's top-1 differs from f64's only at f64 margins <= 0.26 on
+// the three CI files; the panel kernels' (3fa0678) at <= 0.40.
 constexpr double kF64NearTie = 0.75;
 // Against llama.cpp a tie is wider by llama.cpp's own error on a margin, ~0.5 (measured: a
 // build of the int8 kernels under way differs from llama.cpp's top-1 where it leads by 0.80).
