@@ -122,18 +122,38 @@ CacheCraftOptions CacheCraftOptions::from_json(const nlohmann::json& j) {
   CacheCraftOptions o;
   if (j.is_null()) return o;
   if (!j.is_object()) throw std::invalid_argument("cachecraft options must be a JSON object");
+  // Each value checked for its type here: a json type_error would escape as a server error.
+  auto boolean = [](const nlohmann::json& v, const std::string& k) {
+    if (!v.is_boolean()) throw std::invalid_argument("cachecraft " + k + " must be true or false");
+    return v.get<bool>();
+  };
+  auto whole = [](const nlohmann::json& v, const std::string& k, int64_t lo, int64_t hi) {
+    if (!v.is_number_integer() || v.get<int64_t>() < lo || v.get<int64_t>() > hi)
+      throw std::invalid_argument("cachecraft " + k + " must be a whole number in [" + std::to_string(lo) + ", " +
+                                  std::to_string(hi) + "]");
+    return v.get<int64_t>();
+  };
   for (const auto& [k, v] : j.items()) {
-    if (k == "alpha") o.alpha = v.get<double>();
-    else if (k == "own_budget") o.own_budget = v.get<bool>();
-    else if (k == "max_variants") o.max_variants = v.get<size_t>();
-    else if (k == "create_variants") o.create_variants = v.get<bool>();
-    else if (k == "focus_early_stop") o.focus_early_stop = v.get<bool>();
-    else if (k == "focus_window") o.focus_window = v.get<int>();
-    else throw std::invalid_argument("unknown cachecraft option '" + k +
-                                     "' (alpha, own_budget, max_variants, create_variants, focus_early_stop, focus_window)");
+    if (k == "alpha") {
+      if (!v.is_number() || !std::isfinite(v.get<double>()))
+        throw std::invalid_argument("cachecraft alpha must be a finite number");
+      o.alpha = v.get<double>();
+    } else if (k == "own_budget") {
+      o.own_budget = boolean(v, k);
+    } else if (k == "max_variants") {  // every variant is a cache file per chunk: bounded
+      o.max_variants = static_cast<size_t>(whole(v, k, 0, static_cast<int64_t>(kMaxVariantsCeiling)));
+    } else if (k == "create_variants") {
+      o.create_variants = boolean(v, k);
+    } else if (k == "focus_early_stop") {
+      o.focus_early_stop = boolean(v, k);
+    } else if (k == "focus_window") {
+      o.focus_window = static_cast<int>(whole(v, k, 1, 1024));
+    } else {
+      throw std::invalid_argument("unknown cachecraft option '" + k +
+                                  "' (alpha, own_budget, max_variants, create_variants, focus_early_stop, focus_window)");
+    }
   }
   if (!(o.alpha >= 0)) throw std::invalid_argument("cachecraft alpha must be >= 0");
-  if (o.focus_window < 1) throw std::invalid_argument("cachecraft focus_window must be >= 1");
   return o;
 }
 

@@ -24,8 +24,10 @@ struct CacheCraftOptions {
   // proportion to CFO (ρ fixes α). true: Cache-Craft picks its own budget, ceil(CFO_i·|C_i|)
   // per chunk, and ρ only caps the total (ρ = 1: no cap).
   bool own_budget = false;
-  // M: variants per chunk besides its PIC cache (paper's evaluation: M = 5).
+  // M: variants per chunk besides its PIC cache (paper's evaluation: M = 5); a request may
+  // ask for at most kMaxVariantsCeiling (each variant is one more cache file per chunk).
   size_t max_variants = 5;
+  static constexpr size_t kMaxVariantsCeiling = 16;
   // Store the cache of every chunk after its prefix in this request as a new variant (for
   // later requests; never used by the request that made it). Cost counted as offline.
   bool create_variants = true;

@@ -93,6 +93,21 @@ TEST(CacheCraftFormulas, OptionsFromJson) {
   EXPECT_EQ(o.max_variants, 2u);
   EXPECT_THROW(CacheCraftOptions::from_json({{"alpah", 1}}), std::invalid_argument);
   EXPECT_THROW(CacheCraftOptions::from_json({{"alpha", -1}}), std::invalid_argument);
+  // Wrong types and sizes are invalid_argument naming the option (a json type_error escaped
+  // as a server error before, issue 59), and max_variants has a ceiling.
+  for (const nlohmann::json& bad :
+       {nlohmann::json{{"alpha", "x"}}, nlohmann::json{{"own_budget", 1}}, nlohmann::json{{"max_variants", -1}},
+        nlohmann::json{{"max_variants", 2.5}}, nlohmann::json{{"max_variants", 1000000}},
+        nlohmann::json{{"create_variants", "yes"}}, nlohmann::json{{"focus_window", 0}},
+        nlohmann::json{{"focus_window", "3"}}}) {
+    try {
+      CacheCraftOptions::from_json(bad);
+      ADD_FAILURE() << bad.dump() << " was accepted";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find(bad.begin().key()), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_EQ(CacheCraftOptions::from_json({{"max_variants", 16}}).max_variants, 16u);
 }
 
 // ---- real model ------------------------------------------------------------------------

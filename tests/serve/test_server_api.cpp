@@ -177,6 +177,8 @@ TEST(ServerApi, WrongTypesAndValuesAre400NamingTheField) {
       {"fusion", json{{"method", "qcfuse"}, {"options", {{"profile", "/etc/passwd"}}}}, "fusion.options"},
       {"fusion", json{{"method", "prophet"}, {"options", {{"probe_rows", "tail"}}}}, "fusion.options"},
       {"fusion", json{{"method", "epic"}, {"options", {{"x", 1}}}}, "fusion.options"},
+      {"fusion", json{{"method", "cachecraft"}, {"options", {{"alpha", "x"}}}}, "fusion.options"},  // was a 500
+      {"fusion", json{{"method", "cachecraft"}, {"options", {{"max_variants", 100000}}}}, "fusion.options"},
       {"fusion", json{{"method", "qcfuse"}, {"options", "fast"}}, "fusion.options"},
       {"fusion", json{{"chunk_context", "pic"}}, "fusion.chunk_context"},
       {"fusion", json{{"chunk_context", 1}}, "fusion.chunk_context"},
