@@ -40,6 +40,9 @@ class Tokenizer {
   virtual std::string_view token_text(TokenId id) const = 0;  // raw vocab entry
   virtual std::string_view model_name() const = 0;  // "gpt2" / "llama"
   virtual std::string_view pre_tokenizer() const = 0;
+  // Bytes held by the tokenizer's cache of encoded words (0 without one), bounded whatever
+  // the input (issue 59).
+  virtual size_t word_cache_bytes() const { return 0; }
 };
 
 }  // namespace cf

@@ -85,9 +85,17 @@ class BpeTokenizer final : public VocabTokenizer {
       std::vector<TokenId> ids;
       encode_word(encoded, ids);
       out.insert(out.end(), ids.begin(), ids.end());
+      // Bounded in entries and in bytes (issue 59: 2 MB random "words" kept 425 MB after the
+      // requests that sent them were refused): a word longer than kMaxCachedWordBytes is not
+      // kept, and the cache starts over when either bound would be passed.
+      if (encoded.size() > kMaxCachedWordBytes) continue;
+      const size_t bytes = entry_bytes(encoded, ids);
       std::unique_lock lock(cache_mutex_);
-      if (cache_.size() >= kMaxCacheEntries) cache_.clear();  // bound memory on odd inputs
-      cache_.emplace(encoded, std::move(ids));
+      if (cache_.size() >= kMaxCacheEntries || cache_bytes_ + bytes > kMaxCacheBytes) {
+        cache_.clear();
+        cache_bytes_ = 0;
+      }
+      if (cache_.emplace(encoded, std::move(ids)).second) cache_bytes_ += bytes;
     }
   }
 
@@ -106,6 +114,20 @@ class BpeTokenizer final : public VocabTokenizer {
 
  private:
   static constexpr size_t kMaxCacheEntries = 1 << 16;
+  static constexpr size_t kMaxCachedWordBytes = 256;     // longer words are encoded, not kept
+  static constexpr size_t kMaxCacheBytes = 16u << 20;    // keys, ids and node overhead together
+  // What one entry costs: its key, its ids, and the hash node and allocation headers.
+  static size_t entry_bytes(const std::string& key, const std::vector<TokenId>& ids) {
+    return key.size() + ids.size() * sizeof(TokenId) + 96;
+  }
+
+ public:
+  size_t word_cache_bytes() const override {
+    std::shared_lock lock(cache_mutex_);
+    return cache_bytes_;
+  }
+
+ private:
 
   struct Symbol {
     uint32_t begin;
@@ -191,6 +213,7 @@ class BpeTokenizer final : public VocabTokenizer {
   std::unordered_map<uint64_t, Merge> merges_;
   mutable std::shared_mutex cache_mutex_;
   mutable std::unordered_map<std::string, std::vector<TokenId>> cache_;
+  mutable size_t cache_bytes_ = 0;
 };
 
 }  // namespace

@@ -3,6 +3,8 @@
 // synthetic vocabularies, and clear errors for defective metadata.
 #include <gtest/gtest.h>
 
+#include <random>
+
 #include <algorithm>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -53,6 +55,30 @@ TEST_F(RealTokenizer, MetadataOfSmolLM2) {
   EXPECT_TRUE(tok_->is_end_of_generation(0));  // <|endoftext|>
   EXPECT_FALSE(tok_->is_end_of_generation(1));
   EXPECT_FALSE(tok_->is_end_of_generation(198));
+}
+
+// The word cache is bounded in bytes whatever the input (issue 59: random 2 MB "words" kept
+// hundreds of MB after their requests were refused): long words are not kept, and many
+// distinct short ones stay under 16 MiB; repeated words are still served from it.
+TEST_F(RealTokenizer, WordCacheStaysBoundedInBytes) {
+  std::mt19937 rng(5);
+  auto random_word = [&](size_t n) {
+    std::string w;
+    for (size_t i = 0; i < n; ++i) w.push_back(static_cast<char>('a' + rng() % 26));
+    return w;
+  };
+  const size_t before = tok_->word_cache_bytes();
+  for (int i = 0; i < 4; ++i) tok_->encode(random_word(1 << 20), false, false);  // four 1 MiB words
+  EXPECT_LT(tok_->word_cache_bytes() - before, size_t{4096}) << "a long word was kept";
+  std::string many;
+  for (int i = 0; i < 200000; ++i) many += random_word(8 + i % 200) + " ";  // ~21 MB of distinct words
+  const auto ids = tok_->encode(many, false, false);
+  EXPECT_LE(tok_->word_cache_bytes(), size_t{16} << 20);
+  EXPECT_GT(tok_->word_cache_bytes(), size_t{0});
+  const std::string head = many.substr(0, many.find(' ', 5000));  // whole words
+  const auto head_ids = tok_->encode(head, false, false);
+  ASSERT_LE(head_ids.size(), ids.size());
+  EXPECT_TRUE(std::equal(head_ids.begin(), head_ids.end(), ids.begin())) << "the cache changed what words encode to";
 }
 
 TEST_F(RealTokenizer, GoldenIdsMatchLlamaCpp) {
