@@ -22,10 +22,12 @@ RequestError too_long(size_t bytes, const InputBound& b, const std::string& para
 InputBound input_bound(const Tokenizer& tok, size_t max_prompt_tokens) {
   InputBound b;
   b.max_prompt_tokens = max_prompt_tokens;
-  for (size_t i = 0; i < tok.vocab_size(); ++i) {
-    const auto id = static_cast<TokenId>(i);
-    b.longest_token_bytes = std::max({b.longest_token_bytes, tok.token_to_piece(id, true).size(), tok.token_text(id).size()});
-  }
+  // The bytes of input text a token stands for are its decoded piece (specials rendered as
+  // their text), not its vocabulary entry: a byte-level BPE stores each byte as a 2-byte
+  // character, so the entries doubled the bound (Qwen: 256 bytes a token, the whole body
+  // limit at 32K tokens, issue 59).
+  for (size_t i = 0; i < tok.vocab_size(); ++i)
+    b.longest_token_bytes = std::max(b.longest_token_bytes, tok.token_to_piece(static_cast<TokenId>(i), true).size());
   return b;
 }
 

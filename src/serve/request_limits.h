@@ -2,7 +2,8 @@
 // refuses a prompt that cannot fit before any of it is tokenized.
 //
 // Why it is exact and cheap: a token stands for at most `longest_token_bytes` bytes of text
-// (the longest piece in the vocabulary, specials included), so a text of B bytes has at least
+// (the longest decoded piece in the vocabulary, specials rendered; not the vocabulary's own
+// strings, which a byte-level BPE writes 2 bytes a byte), so a text of B bytes has at least
 // ceil(B / longest_token_bytes) tokens. Text past max_prompt_tokens * longest_token_bytes
 // bytes can never fit and gets 413 after a byte count, where tokenizing 8 MB took ~8 s and
 // 2.25 GB (issue 17, hole 3). The bound never refuses a prompt that would fit.

@@ -4,9 +4,15 @@
 // test_knowledge_base.cpp, DocumentText.TextIsBoundedInEveryFormat.
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <cstdio>
 #include <string>
 
+#include "model/gguf.h"
+#include "model/tokenizer.h"
 #include "serve/http_access.h"
+#include "serve/request_limits.h"
+#include "test_support.h"
 #include "serve/knowledge_base_file.h"
 #include "serve/api_json.h"
 
@@ -42,6 +48,39 @@ TEST(HostileInput, DeepJsonBodyIsRefusedBeforeItIsCopied) {
 
 // The saved knowledge base goes through the same bound, refused as any damaged file is
 // (knowledge_base_file_fuzz found it escaping as another exception type at first).
+// Issue 59: the byte bound before tokenizing comes from decoded pieces. On Qwen's byte-level
+// BPE the vocabulary strings (2 bytes a byte) made it 256 bytes a token, so a 7.5 MB one-word
+// prompt at --max-prompt-tokens 32768 passed the bound and was tokenized in full (937,529
+// tokens, 3.3 s) before its 413; the bound itself must never refuse text that fits.
+TEST(HostileInput, ByteBoundComesFromDecodedPiecesAndRefusesBeforeTokenizing) {
+  CF_REQUIRE_QWEN05();
+  const auto file = GgufFile::open(test::qwen05_model_path());
+  const auto tok = Tokenizer::from_gguf(*file);
+  const InputBound b = input_bound(*tok, 32768);
+  size_t longest_piece = 0;
+  for (size_t i = 0; i < tok->vocab_size(); ++i)
+    longest_piece = std::max(longest_piece, tok->token_to_piece(static_cast<TokenId>(i), true).size());
+  EXPECT_EQ(b.longest_token_bytes, longest_piece);
+  std::printf("Qwen 0.5B byte bound: %zu bytes a token, %zu bytes at 32768 tokens\n", b.longest_token_bytes,
+              b.max_text_bytes());
+  EXPECT_LT(b.max_text_bytes(), size_t{7500000}) << "a 7.5 MB prompt would be tokenized before its 413";
+  CompletionRequest req;
+  req.chat = false;
+  req.prompt = std::string(7500000, 'a');
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    check_input_size(req, b);
+    FAIL() << "a 7.5 MB prompt passed the byte bound";
+  } catch (const RequestError& e) {
+    EXPECT_EQ(e.status, 413);
+  }
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 0.5);
+  // Never refuses what fits: the longest piece, repeated max_prompt_tokens times, is exactly
+  // at the bound and passes.
+  req.prompt = std::string(b.max_text_bytes(), 'x');
+  EXPECT_NO_THROW(check_input_size(req, b));
+}
+
 TEST(HostileInput, DeepKnowledgeBaseFileIsADamagedFile) {
   EXPECT_THROW(parse_knowledge_base_file("{\"version\": " + nested(1000) + "}", 10, 10), std::runtime_error);
 }
