@@ -54,7 +54,12 @@ inline void panel_rows(const uint8_t* panel, size_t nb, const ActView& a, size_t
         acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ih), _mm512_mul_ps(second, vdx), acc[r]);
       } else {
         __m512i i = P.kind == PanelKind::Offset ? _mm512_set1_epi32(corr[r][b]) : _mm512_setzero_si512();
-        for (int g = 0; g < 8; ++g) i = dpbusd_bcast(i, w[g], q + 4 * g);
+        __m512i i2 = _mm512_setzero_si512();  // two chains of 4: half the latency of one of 8
+        for (int g = 0; g < 4; ++g) {
+          i = dpbusd_bcast(i, w[g], q + 4 * g);
+          i2 = dpbusd_bcast(i2, w[g + 4], q + 16 + 4 * g);
+        }
+        i = _mm512_add_epi32(i, i2);
         acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), _mm512_mul_ps(scale, vdx), acc[r]);
         if constexpr (P.kind == PanelKind::Min) acc[r] = _mm512_fmadd_ps(second, _mm512_set1_ps(s[r][b]), acc[r]);
       }
