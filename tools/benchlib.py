@@ -9,6 +9,7 @@ tile state). Fixtures (make_golden.py, make_shape_models.py) use it so that llam
 its plain kernels on every machine; bench/runtime_bench.py runs one peer with and one
 without (its "repack" and "plain" peers; bench/README.md says how to build without AMX).
 """
+import hashlib
 import json
 import sys
 
@@ -46,3 +47,12 @@ def disable_llama_extra_buffers():
 
     params_without_extra_bufts._chunkfuse_patched = True
     low.llama_model_default_params = params_without_extra_bufts
+
+
+def sha256_of(path):
+    """Hex SHA-256 of a file, read 1 MiB at a time (a model file is too big to read whole)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()

@@ -36,7 +36,6 @@ Fixture format (JSON object, format_version 1):
 """
 import argparse
 import datetime
-import hashlib
 import json
 import os
 import sys
@@ -45,15 +44,8 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from benchlib import sha256_of  # noqa: E402
 from f64_reference import F64Model, _field  # noqa: E402
-
-
-def sha256_of(path):
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def r5(x):

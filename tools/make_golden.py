@@ -58,7 +58,6 @@ Fixture format (JSON object, format_version 1):
 """
 import argparse
 import ctypes
-import hashlib
 import json
 import os
 import sys
@@ -67,7 +66,7 @@ import jinja2
 import numpy as np
 import llama_cpp
 
-from benchlib import disable_llama_extra_buffers  # noqa: E402 (tools/ is this script's folder)
+from benchlib import disable_llama_extra_buffers, sha256_of  # noqa: E402 (tools/ is this script's folder)
 
 disable_llama_extra_buffers()
 
@@ -97,14 +96,6 @@ MISTRAL_TEMPLATE = (
     "{% elif message['role'] == 'assistant' %}{{ message['content'] + eos_token}}"
     "{% else %}{{ raise_exception('Only user and assistant roles are supported!') }}{% endif %}"
     "{% endfor %}")
-
-
-def sha256_of(path):
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def long_passage(llm, target_tokens=2000, item=0):
