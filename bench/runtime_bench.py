@@ -402,7 +402,7 @@ def main() -> None:
     ap.add_argument("--wait-quiet", type=float, default=0, metavar="SECONDS",
                     help="before each side's run, wait up to SECONDS until no other process is runnable "
                          "(a shared machine; recorded per run)")
-    ap.add_argument("--isa", choices=("avx512", "avx2", "portable"),
+    ap.add_argument("--isa", choices=("amx", "avx512", "avx2", "portable"),
                     help="CHUNKFUSE_ISA for our side only (caps our kernels; the peer's ISA is its build's)")
     ap.add_argument("--ratio-table", nargs="+", metavar="RESULT.json",
                     help="run nothing: print ours / the better peer of each rep for stored result files, "

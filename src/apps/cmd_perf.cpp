@@ -54,11 +54,17 @@ double layer_macs_per_token(const Model& m) {
 // line per weight type (every matrix of that type in the first layer that has one).
 nlohmann::json measure_peaks(const Model& m, ThreadPool& pool, int rows, bool quiet) {
   nlohmann::json out;
-  for (Isa isa : {Isa::Avx2, Isa::Avx512}) {
+  for (Isa isa : {Isa::Avx2, Isa::Avx512, Isa::Amx}) {
     if (isa > active_isa()) continue;
     const double peak = int8_peak_macs_per_s(isa, pool.size());
     out["int8_peak_gmacs"][isa_name(isa)] = peak / 1e9;
     if (!quiet) std::fprintf(stderr, "int8 peak %-7s %8.1f G MAC/s (%zu threads)\n", isa_name(isa), peak / 1e9, pool.size());
+  }
+  // The AMX GEMM runs BF16 tiles (kernels_panel_amx.cpp): its own ceiling, half the int8 one.
+  const double bf16_peak = active_isa() >= Isa::Amx ? amx_bf16_peak_macs_per_s(pool.size()) : 0.0;
+  if (bf16_peak > 0) {
+    out["bf16_peak_gmacs"]["amx"] = bf16_peak / 1e9;
+    if (!quiet) std::fprintf(stderr, "bf16 peak amx     %8.1f G MAC/s (%zu threads)\n", bf16_peak / 1e9, pool.size());
   }
   const double bw = read_bandwidth_bytes_per_s(pool.size());
   out["read_gb_per_s"] = bw / 1e9;
@@ -89,10 +95,13 @@ nlohmann::json measure_peaks(const Model& m, ThreadPool& pool, int rows, bool qu
     const double rate = macs / best;
     out["gemm"].push_back({{"type", std::string(ggml_type_name(type))}, {"matrices", mats.size()}, {"rows", rows},
                            {"gmacs", rate / 1e9}, {"fraction_of_peak", peak > 0 ? rate / peak : 0.0}});
+    if (bf16_peak > 0) out["gemm"].back()["fraction_of_bf16_peak"] = rate / bf16_peak;
     if (!quiet)
-      std::fprintf(stderr, "gemm %-5s x %d rows: %8.1f G MAC/s, %5.1f%% of the %s peak (%zu matrices)\n",
+      std::fprintf(stderr, "gemm %-5s x %d rows: %8.1f G MAC/s, %5.1f%% of the %s int8 peak%s (%zu matrices)\n",
                    std::string(ggml_type_name(type)).c_str(), rows, rate / 1e9, peak > 0 ? 100 * rate / peak : 0.0,
-                   isa_name(active_isa()), mats.size());
+                   isa_name(active_isa()),
+                   bf16_peak > 0 ? (", " + std::to_string(static_cast<int>(100 * rate / bf16_peak + 0.5)) + "% of its bf16 peak").c_str() : "",
+                   mats.size());
   }
   return out;
 }

@@ -10,7 +10,9 @@
 namespace cf {
 
 namespace {
-double one_run(Isa isa, size_t threads, long iterations) {
+using PeakLoop = double (*)(long iterations, int& checksum);
+
+double one_run(PeakLoop loop, size_t threads, long iterations) {
   // Plain threads, one loop each: a pool may hand both loops to one worker that woke first.
   std::vector<double> macs(threads, 0.0);
   std::vector<int> sink(threads, 0);
@@ -18,8 +20,7 @@ double one_run(Isa isa, size_t threads, long iterations) {
   const auto t0 = std::chrono::steady_clock::now();
   for (size_t i = 0; i < threads; ++i)
     workers.emplace_back([&, i] {
-      macs[i] = isa == Isa::Avx512 ? kern::int8_peak_loop_avx512(iterations, sink[i])
-                                   : kern::int8_peak_loop_avx2(iterations, sink[i]);
+      macs[i] = loop(iterations, sink[i]);
     });
   for (auto& w : workers) w.join();
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -27,15 +28,26 @@ double one_run(Isa isa, size_t threads, long iterations) {
   for (double m : macs) total += m;
   return s > 0 ? total / s : 0.0;
 }
+// The best of several short runs: on a shared machine a run can lose its core for a while,
+// and the peak is what the silicon does when it has it.
+double best_of(PeakLoop loop, size_t threads, long iterations, int runs) {
+  double best = 0;
+  for (int i = 0; i < runs; ++i) best = std::max(best, one_run(loop, threads, iterations));
+  return best;
+}
 }  // namespace
 
 double int8_peak_macs_per_s(Isa isa, size_t threads, long iterations, int runs) {
   if (isa == Isa::Portable || isa > detect_isa() || threads == 0) return 0.0;
-  // The best of several short runs: on a shared machine a run can lose its core for a while,
-  // and the peak is what the silicon does when it has it.
-  double best = 0;
-  for (int i = 0; i < runs; ++i) best = std::max(best, one_run(isa, threads, iterations));
-  return best;
+  const PeakLoop loop = isa == Isa::Amx      ? kern::int8_peak_loop_amx
+                        : isa == Isa::Avx512 ? kern::int8_peak_loop_avx512
+                                             : kern::int8_peak_loop_avx2;
+  return best_of(loop, threads, iterations, runs);
+}
+
+double amx_bf16_peak_macs_per_s(size_t threads, long iterations, int runs) {
+  if (detect_isa() < Isa::Amx || threads == 0) return 0.0;
+  return best_of(kern::bf16_peak_loop_amx, threads, iterations, runs);
 }
 
 double read_bandwidth_bytes_per_s(size_t threads, size_t bytes, int runs) {

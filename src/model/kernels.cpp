@@ -3,6 +3,7 @@
 #include "model/kernels.h"
 
 #include <sys/mman.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -30,6 +31,27 @@ namespace cf {
 // ISA selection
 
 namespace {
+#if defined(__x86_64__)
+// AMX BF16 tiles usable by this process: the CPU has them (CPUID leaf 7: AMX-TILE, AMX-BF16;
+// leaf 7.1: AVX512-BF16, which the B panel's conversion uses), the OS saves tile state
+// (XCR0 bits 17 and 18), and Linux grants it to this process (arch_prctl
+// ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA; without it the first tile instruction is a
+// SIGILL). The grant holds for every thread of the process, also those already running.
+bool amx_usable() {
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return false;
+  const bool tile = (edx >> 24) & 1, bf16 = (edx >> 22) & 1;
+  unsigned eax1 = 0, ebx1 = 0, ecx1 = 0, edx1 = 0;
+  const bool avx512_bf16 = __get_cpuid_count(7, 1, &eax1, &ebx1, &ecx1, &edx1) && ((eax1 >> 5) & 1);
+  if (!tile || !bf16 || !avx512_bf16) return false;
+  unsigned xcr0_lo = 0, xcr0_hi = 0;
+  asm volatile("xgetbv" : "=a"(xcr0_lo), "=d"(xcr0_hi) : "c"(0));
+  if ((xcr0_lo & (3u << 17)) != (3u << 17)) return false;
+  constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+  return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+}
+#endif
+
 Isa cpu_isa() {
 #if defined(__x86_64__)
   __builtin_cpu_init();
@@ -41,6 +63,7 @@ Isa cpu_isa() {
   const bool avx512 = avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                       __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
                       __builtin_cpu_supports("avx512vnni");
+  if (avx512 && amx_usable()) return Isa::Amx;
   if (avx512) return Isa::Avx512;
   if (avx2) return Isa::Avx2;
 #endif
@@ -55,6 +78,7 @@ Isa env_capped(Isa best) {
   if (v == "portable") cap = Isa::Portable;
   else if (v == "avx2") cap = Isa::Avx2;
   else if (v == "avx512") cap = Isa::Avx512;
+  else if (v == "amx") cap = Isa::Amx;
   else std::fprintf(stderr, "chunkfuse: ignoring unknown CHUNKFUSE_ISA=%s\n", env);
   return std::min(best, cap);
 }
@@ -63,6 +87,7 @@ std::atomic<int> g_forced_isa{-1};
 
 const kern::IsaKernels& kernels_for(Isa isa) {
   switch (isa) {
+    case Isa::Amx:  // decode and the float tiles: AVX-512's kernels
     case Isa::Avx512: return kern::avx512_kernels();
     case Isa::Avx2: return kern::avx2_kernels();
     case Isa::Portable: break;
@@ -72,6 +97,7 @@ const kern::IsaKernels& kernels_for(Isa isa) {
 
 const kern::PanelKernels& panel_kernels_for(Isa isa) {
   switch (isa) {
+    case Isa::Amx: return kern::panel_kernels_amx();
     case Isa::Avx512: return kern::panel_kernels_avx512();
     case Isa::Avx2: return kern::panel_kernels_avx2();
     case Isa::Portable: break;
@@ -95,6 +121,7 @@ const char* isa_name(Isa isa) {
     case Isa::Portable: return "portable";
     case Isa::Avx2: return "avx2";
     case Isa::Avx512: return "avx512";
+    case Isa::Amx: return "amx";
   }
   return "?";
 }
@@ -192,9 +219,7 @@ kern::TileKernelFn tile_kernel(const kern::IsaKernels& k, GgmlType t, bool batch
 // Below this many multiply-adds a job runs on the calling thread only: waking the pool
 // costs more than the work (measured: ~3-4 us per dispatch; 576x576 at n = 1 takes ~5 us).
 constexpr size_t kMinParallelMacs = 512 * 1024;
-constexpr size_t kRowChunk = 64;  // activation rows per task for large n
-// The panel GEMM unpacks each tile once per task: more rows per task share that cost.
-constexpr size_t kPanelRowChunk = 256;
+constexpr size_t kRowChunk = 64;  // activation rows per task for large n (panels: PanelKernels::row_chunk)
 
 // The regions one multiply's ISA kernels touch (they are not instrumented in the sanitizer
 // build; base/sanitizer.h): the tiles of outputs o_begin..o_end, the activation records,
@@ -320,13 +345,16 @@ void WeightMatrix::multiply_rows(const float* x, size_t n, size_t x_stride, floa
   const bool panel = batched && !half && kern::has_panel(type_);
   const kern::PanelKernels& pk = panel_kernels_for(isa);
   const kern::TileKernelFn tile_fn = panel ? pk.tile(type_) : tile_kernel(k, type_, batched);
+  const kern::TilePairFn pair_fn = panel && pk.pair ? pk.pair(type_) : nullptr;
   // The activation record each layout reads: floats for F16/BF16, Q8_K for the K-quants,
   // per-32 Q8 for the rest, the panel record for the panel GEMM.
-  const size_t stride = panel ? kern::panel_act_row_stride(m.nb)
+  const size_t stride = panel ? pk.row_stride(m.nb)
                         : half ? kern::float_act_row_stride(m.nb)
                         : kq ? kern::q8k_act_row_stride(m.nb)
                              : kern::act_row_stride(m.nb);
-  uint8_t* acts = act_scratch(stride * n);
+  // A kernel that reads rows in groups (AMX: 16) reads past row n up to the group's end.
+  const size_t group = panel ? pk.row_group : 1;
+  uint8_t* acts = act_scratch(stride * ((n + group - 1) / group * group));
   const size_t t_begin = o_begin / kern::kTileRows;  // the tiles holding outputs o_begin..o_end
   const size_t t_end = (o_end + kern::kTileRows - 1) / kern::kTileRows;
   const size_t tiles = t_end - t_begin;
@@ -335,7 +363,7 @@ void WeightMatrix::multiply_rows(const float* x, size_t n, size_t x_stride, floa
   auto quantize = [&](size_t b, size_t e, size_t) {
     for (size_t r = b; r < e; ++r) {
       if (panel)
-        pk.quantize(x + r * x_stride, cols_, acts + r * stride, kern::panel_type(type_));
+        pk.quantize(x + r * x_stride, cols_, acts, r, stride, kern::panel_type(type_));
       else if (half)
         (type_ == GgmlType::F16 ? k.round_f16 : k.round_bf16)(x + r * x_stride, cols_,
                                                              reinterpret_cast<float*>(acts + r * stride));
@@ -351,23 +379,35 @@ void WeightMatrix::multiply_rows(const float* x, size_t n, size_t x_stride, floa
     quantize(0, n, 0);
 
   const kern::ActView act{acts, stride, m.nb};
-  const size_t row_chunk = std::min(n, panel ? kPanelRowChunk : kRowChunk);
+  const size_t row_chunk = std::min(n, panel ? pk.row_chunk : kRowChunk);
   const size_t row_tasks = (n + row_chunk - 1) / row_chunk;
   // Enough tasks for load balance across threads; tiles per task from that.
   const size_t want = parallel ? threads * 4 : 1;
   const size_t tile_tasks = std::min(tiles, std::max<size_t>(1, (want + row_tasks - 1) / row_tasks));
-  const size_t tiles_per_task = (tiles + tile_tasks - 1) / tile_tasks;
+  size_t tiles_per_task = (tiles + tile_tasks - 1) / tile_tasks;
+  if (pair_fn) tiles_per_task += tiles_per_task % 2;  // whole pairs
   const size_t n_tile_tasks = (tiles + tiles_per_task - 1) / tiles_per_task;
 
   auto task = [&](size_t id, size_t) {
     const size_t rt = id / n_tile_tasks, tt = id % n_tile_tasks;
     const size_t r0 = rt * row_chunk, nr = std::min(n, r0 + row_chunk) - r0;
     const size_t ta = t_begin + tt * tiles_per_task, tb = std::min(t_end, ta + tiles_per_task);
-    for (size_t t = ta; t < tb; ++t) {
+    auto lanes = [&](size_t t) {  // the tile's outputs inside [o_begin, o_end)
       const size_t base = t * kern::kTileRows;
-      const auto lo = static_cast<unsigned>(std::max(o_begin, base) - base);
-      const auto hi = static_cast<unsigned>(std::min(o_end, base + kern::kTileRows) - base);
-      tile_fn(m.packed.get() + t * m.tile_bytes, m.nb, act, r0, nr, y + r0 * y_stride + base, y_stride, lo, hi);
+      return std::pair<unsigned, unsigned>(static_cast<unsigned>(std::max(o_begin, base) - base),
+                                           static_cast<unsigned>(std::min(o_end, base + kern::kTileRows) - base));
+    };
+    for (size_t t = ta; t < tb; t += pair_fn ? 2 : 1) {
+      const auto [lo, hi] = lanes(t);
+      float* yt = y + r0 * y_stride + t * kern::kTileRows;
+      if (!pair_fn) {
+        tile_fn(m.packed.get() + t * m.tile_bytes, m.nb, act, r0, nr, yt, y_stride, lo, hi);
+        continue;
+      }
+      const bool two = t + 1 < tb;
+      const auto [lo1, hi1] = two ? lanes(t + 1) : std::pair<unsigned, unsigned>(0, 0);
+      pair_fn(m.packed.get() + t * m.tile_bytes, two ? m.packed.get() + (t + 1) * m.tile_bytes : nullptr, m.nb, act,
+              r0, nr, yt, y_stride, lo, hi, lo1, hi1);
     }
   };
   const size_t n_tasks = row_tasks * n_tile_tasks;

@@ -7,7 +7,7 @@
 //    (docs/ARCHITECTURE.md, "Numerics contract");
 //  - one row at a time (decode, PerRow) follows llama.cpp's vec-dot order (kernels_impl.h),
 //    as do F16/BF16 weights and the generic path.
-// The ISA (AVX-512 VNNI, AVX2, portable) is chosen once at run time.
+// The ISA (AMX, AVX-512 VNNI, AVX2, portable) is chosen once at run time.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -22,8 +22,10 @@ namespace cf {
 class ThreadPool;
 
 // Which instruction set the kernels use; `detect_isa()` picks the best the CPU has, and
-// CHUNKFUSE_ISA=portable|avx2|avx512 in the environment caps it (for tests/benchmarks).
-enum class Isa { Portable, Avx2, Avx512 };
+// CHUNKFUSE_ISA=portable|avx2|avx512|amx in the environment caps it (for tests/benchmarks).
+// Amx: AVX-512 everywhere, and AMX BF16 tiles for the prefill GEMM (kernels_panel_amx.cpp),
+// chosen only when the CPU has AMX-BF16 and the kernel grants this process the tile state.
+enum class Isa { Portable, Avx2, Avx512, Amx };
 Isa detect_isa();
 Isa active_isa();
 const char* isa_name(Isa);

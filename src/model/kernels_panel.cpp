@@ -5,24 +5,29 @@
 #include <cstdlib>
 #include <memory>
 #include <new>
+#include <stdexcept>
 
 namespace cf::kern {
 
 
-uint8_t* panel_scratch(size_t nb) {
+uint8_t* thread_scratch(int slot, size_t bytes) {
   struct Free {
     void operator()(uint8_t* p) const { std::free(p); }
   };
-  thread_local std::unique_ptr<uint8_t[], Free> buf;
-  thread_local size_t cap = 0;
-  if (nb > cap) {
-    auto* p = static_cast<uint8_t*>(std::aligned_alloc(64, nb * kPanelBlock));
+  constexpr int kSlots = 3;
+  thread_local std::unique_ptr<uint8_t[], Free> buf[kSlots];
+  thread_local size_t cap[kSlots] = {};
+  if (slot < 0 || slot >= kSlots) throw std::logic_error("thread_scratch: no such slot");
+  if (bytes > cap[slot]) {
+    auto* p = static_cast<uint8_t*>(std::aligned_alloc(64, (bytes + 63) / 64 * 64));
     if (!p) throw std::bad_alloc();
-    buf.reset(p);
-    cap = nb;
+    buf[slot].reset(p);
+    cap[slot] = bytes;
   }
-  return buf.get();
+  return buf[slot].get();
 }
+
+uint8_t* panel_scratch(size_t nb) { return thread_scratch(0, nb * kPanelBlock); }
 
 namespace {
 
@@ -69,7 +74,7 @@ TileKernelFn portable_tile(GgmlType t) {
 bool has_panel(GgmlType t) { return portable_tile(t) != nullptr; }
 
 const PanelKernels& panel_kernels_portable() {
-  static const PanelKernels k{panel_quantize_row, portable_tile};
+  static const PanelKernels k{row_major_quantize, portable_tile};
   return k;
 }
 

@@ -81,25 +81,47 @@ inline const float* panel_s(const ActView& a, size_t r) { return a.d(r) + a.nb; 
 inline const int32_t* panel_corr(const ActView& a, size_t r) { return reinterpret_cast<const int32_t*>(a.d(r) + 2 * a.nb); }
 inline const int32_t* panel_corr_hi(const ActView& a, size_t r) { return panel_corr(a, r) + a.nb; }
 
+// Two adjacent 16-row tiles (tile1 may be null: tile0 alone), lanes [lo0, hi0) of tile0 at
+// y and [lo1, hi1) of tile1 at y + 16; otherwise as TileKernelFn.
+using TilePairFn = void (*)(const uint8_t* tile0, const uint8_t* tile1, size_t nb, const ActView& a, size_t r0,
+                            size_t nr, float* y, size_t y_stride, unsigned lo0, unsigned hi0, unsigned lo1,
+                            unsigned hi1);
+
 // Each ISA's panel entry points (kernels_panel.cpp, kernels_panel_avx2.cpp,
 // kernels_panel_avx512.cpp).
 struct PanelKernels {
-  // One activation row into the record above, for weights of the given panel type.
-  void (*quantize)(const float* x, size_t cols, uint8_t* out, PanelType type);
+  // Activation row r into the records at `records` (stride bytes per row), for weights of
+  // the given panel type: the record above at records + r * stride (row_major_quantize),
+  // or the kernel's own layout.
+  void (*quantize)(const float* x, size_t cols, uint8_t* records, size_t r, size_t stride, PanelType type);
   // The tile kernel of a repacked weight type (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K,
   // Q6_K): unpacks the tile into the thread's panel, then runs every activation row.
   TileKernelFn (*tile)(GgmlType);
+  // Optional: two adjacent tiles in one call (AMX: each loaded activation tile serves both);
+  // then the caller passes tiles in pairs where it can.
+  TilePairFn (*pair)(GgmlType) = nullptr;
+  // Bytes per activation record of nb blocks (panel_act_row_stride, or the kernel's own).
+  size_t (*row_stride)(size_t nb) = panel_act_row_stride;
+  // The kernel reads activation records in groups of this many rows (AMX: a 16-row tile),
+  // so the records' buffer holds n rounded up to it (the extra rows' results are dropped).
+  size_t row_group = 1;
+  // Activation rows per task: each task unpacks its tiles once, so more rows share that
+  // cost (a multiple of row_group).
+  size_t row_chunk = 256;
 };
 const PanelKernels& panel_kernels_portable();
 const PanelKernels& panel_kernels_avx2();
 const PanelKernels& panel_kernels_avx512();
+// AMX (kernels_panel_amx.cpp): BF16 tiles, in an order of their own and to a tolerance,
+// not to the bits above (docs/ARCHITECTURE.md, "Numerics contract").
+const PanelKernels& panel_kernels_amx();
 // Whether a weight type has panel kernels.
 bool has_panel(GgmlType);
 
 // The kernel of type t from an ISA's kernel template: pick.template operator()<T>() for the
 // T that t names (each ISA file passes []<GgmlType T>() { return &its_tile<T>; }).
 template <class Pick>
-TileKernelFn panel_kernel_for(GgmlType t, Pick pick) {
+auto panel_kernel_for(GgmlType t, Pick pick) -> decltype(pick.template operator()<GgmlType::Q4_0>()) {
   switch (t) {
     case GgmlType::Q4_0: return pick.template operator()<GgmlType::Q4_0>();
     case GgmlType::Q4_1: return pick.template operator()<GgmlType::Q4_1>();
@@ -113,7 +135,10 @@ TileKernelFn panel_kernel_for(GgmlType t, Pick pick) {
   }
 }
 
-// The calling thread's panel scratch, at least nb blocks, 64-byte aligned.
+// The calling thread's scratch buffer `slot` (0: the panel; 1, 2: a kernel's own), at
+// least `bytes`, 64-byte aligned; kept for the thread's next call.
+uint8_t* thread_scratch(int slot, size_t bytes);
+// The calling thread's panel scratch, at least nb blocks.
 uint8_t* panel_scratch(size_t nb);
 
 // Internal linkage on purpose: each ISA's file compiles these with its own flags (and
@@ -219,6 +244,9 @@ inline void panel_unpack_tile(GgmlType type, const uint8_t* tile, size_t nb, uin
   }
 }
 
+// The PanelKernels::quantize of the row-major records (panel_act_row_stride).
+inline void row_major_quantize(const float* x, size_t cols, uint8_t* records, size_t r, size_t stride, PanelType type);
+
 // One activation row into a panel record (panel_act_row_stride). Round half to even by
 // adding 1.5 * 2^23 (exact for |v| <= 127), so the loops vectorize.
 inline void panel_quantize_row(const float* x, size_t cols, uint8_t* out, PanelType type) {
@@ -253,6 +281,10 @@ inline void panel_quantize_row(const float* x, size_t cols, uint8_t* out, PanelT
     corr[b] = -type.offset * (halves ? sum[0] : sum[0] + sum[1]);
     corr_hi[b] = halves ? -type.offset * sum[1] : 0;
   }
+}
+
+inline void row_major_quantize(const float* x, size_t cols, uint8_t* records, size_t r, size_t stride, PanelType type) {
+  panel_quantize_row(x, cols, records + r * stride, type);
 }
 
 }  // namespace

@@ -110,7 +110,7 @@ TileKernelFn avx2_tile(GgmlType t) {
 }  // namespace
 
 const PanelKernels& panel_kernels_avx2() {
-  static const PanelKernels k{panel_quantize_row, avx2_tile};
+  static const PanelKernels k{row_major_quantize, avx2_tile};
   return k;
 }
 

@@ -96,7 +96,7 @@ TileKernelFn avx512_tile(GgmlType t) {
 }  // namespace
 
 const PanelKernels& panel_kernels_avx512() {
-  static const PanelKernels k{panel_quantize_row, avx512_tile};
+  static const PanelKernels k{row_major_quantize, avx512_tile};
   return k;
 }
 

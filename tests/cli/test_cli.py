@@ -93,7 +93,7 @@ class PerfTest(CliCase):
                          "--gen-tokens", "3", "--decode-context", "16", "--json")
         j = json.loads(out)
         self.assertEqual(j["threads"], 1)
-        self.assertIn(j["isa"], ["portable", "avx2", "avx512"])
+        self.assertIn(j["isa"], ["portable", "avx2", "avx512", "amx"])
         self.assertEqual([p["n_tokens"] for p in j["prefill"]], [16, 24])
         for p in j["prefill"]:
             self.assertGreater(p["seconds"], 0)
