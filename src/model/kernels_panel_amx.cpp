@@ -192,6 +192,14 @@ void amx_pair(const uint8_t* tile0, const uint8_t* tile1, size_t nb, const ActVi
       const size_t end = g + (two ? 2 : 1);
       float* out = b0 == last && end <= direct_groups ? y + g * 16 * y_stride : nullptr;
       if (out) direct_rows = 16 * end;
+      if (b0 == last) {
+        // The next pair's output lines, owned before its tile stores reach them (the output
+        // rows are y_stride apart, each store a miss: +12% on a 4864 x 896 matrix).
+        for (size_t r = (g + 2) * 16; r < std::min(nr, (g + 4) * 16); ++r) {
+          _m_prefetchw(y + r * y_stride);
+          _m_prefetchw(y + r * y_stride + 16);
+        }
+      }
       if (two) amx_slice<2>(bpanel, act + g * group_bytes, group_bytes, b0, b1, cg, out, y_stride);
       else amx_slice<1>(bpanel, act + g * group_bytes, group_bytes, b0, b1, cg, out, y_stride);
     }
