@@ -345,7 +345,7 @@ void WeightMatrix::multiply_rows(const float* x, size_t n, size_t x_stride, floa
   const bool panel = batched && !half && kern::has_panel(type_);
   const kern::PanelKernels& pk = panel_kernels_for(isa);
   const kern::TileKernelFn tile_fn = panel ? pk.tile(type_) : tile_kernel(k, type_, batched);
-  const kern::TilePairFn pair_fn = panel && pk.pair ? pk.pair(type_) : nullptr;
+  const kern::TileRangeFn range_fn = panel && pk.range ? pk.range(type_) : nullptr;
   // The activation record each layout reads: floats for F16/BF16, Q8_K for the K-quants,
   // per-32 Q8 for the rest, the panel record for the panel GEMM.
   const size_t stride = panel ? pk.row_stride(m.nb)
@@ -385,7 +385,7 @@ void WeightMatrix::multiply_rows(const float* x, size_t n, size_t x_stride, floa
   const size_t want = parallel ? threads * 4 : 1;
   const size_t tile_tasks = std::min(tiles, std::max<size_t>(1, (want + row_tasks - 1) / row_tasks));
   size_t tiles_per_task = (tiles + tile_tasks - 1) / tile_tasks;
-  if (pair_fn) tiles_per_task += tiles_per_task % 2;  // whole pairs
+  if (range_fn) tiles_per_task += tiles_per_task % 2;  // whole pairs (AMX: a pair per product)
   const size_t n_tile_tasks = (tiles + tiles_per_task - 1) / tiles_per_task;
 
   auto task = [&](size_t id, size_t) {
@@ -397,17 +397,15 @@ void WeightMatrix::multiply_rows(const float* x, size_t n, size_t x_stride, floa
       return std::pair<unsigned, unsigned>(static_cast<unsigned>(std::max(o_begin, base) - base),
                                            static_cast<unsigned>(std::min(o_end, base + kern::kTileRows) - base));
     };
-    for (size_t t = ta; t < tb; t += pair_fn ? 2 : 1) {
+    if (range_fn) {
+      range_fn(m.packed.get() + ta * m.tile_bytes, m.tile_bytes, tb - ta, m.nb, act, r0, nr,
+               y + r0 * y_stride + ta * kern::kTileRows, y_stride, lanes(ta).first, lanes(tb - 1).second);
+      return;
+    }
+    for (size_t t = ta; t < tb; ++t) {
       const auto [lo, hi] = lanes(t);
-      float* yt = y + r0 * y_stride + t * kern::kTileRows;
-      if (!pair_fn) {
-        tile_fn(m.packed.get() + t * m.tile_bytes, m.nb, act, r0, nr, yt, y_stride, lo, hi);
-        continue;
-      }
-      const bool two = t + 1 < tb;
-      const auto [lo1, hi1] = two ? lanes(t + 1) : std::pair<unsigned, unsigned>(0, 0);
-      pair_fn(m.packed.get() + t * m.tile_bytes, two ? m.packed.get() + (t + 1) * m.tile_bytes : nullptr, m.nb, act,
-              r0, nr, yt, y_stride, lo, hi, lo1, hi1);
+      tile_fn(m.packed.get() + t * m.tile_bytes, m.nb, act, r0, nr, y + r0 * y_stride + t * kern::kTileRows, y_stride,
+              lo, hi);
     }
   };
   const size_t n_tasks = row_tasks * n_tile_tasks;

@@ -81,11 +81,11 @@ inline const float* panel_s(const ActView& a, size_t r) { return a.d(r) + a.nb; 
 inline const int32_t* panel_corr(const ActView& a, size_t r) { return reinterpret_cast<const int32_t*>(a.d(r) + 2 * a.nb); }
 inline const int32_t* panel_corr_hi(const ActView& a, size_t r) { return panel_corr(a, r) + a.nb; }
 
-// Two adjacent 16-row tiles (tile1 may be null: tile0 alone), lanes [lo0, hi0) of tile0 at
-// y and [lo1, hi1) of tile1 at y + 16; otherwise as TileKernelFn.
-using TilePairFn = void (*)(const uint8_t* tile0, const uint8_t* tile1, size_t nb, const ActView& a, size_t r0,
-                            size_t nr, float* y, size_t y_stride, unsigned lo0, unsigned hi0, unsigned lo1,
-                            unsigned hi1);
+// count adjacent 16-row tiles (tile_bytes each) at once: lanes [lo, 16) of the first,
+// [0, hi) of the last (both of a single tile), every lane of the others; y at lane 0 of the
+// first; otherwise as TileKernelFn.
+using TileRangeFn = void (*)(const uint8_t* tiles, size_t tile_bytes, size_t count, size_t nb, const ActView& a,
+                             size_t r0, size_t nr, float* y, size_t y_stride, unsigned lo, unsigned hi);
 
 // Each ISA's panel entry points (kernels_panel.cpp, kernels_panel_avx2.cpp,
 // kernels_panel_avx512.cpp).
@@ -97,9 +97,9 @@ struct PanelKernels {
   // The tile kernel of a repacked weight type (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K,
   // Q6_K): unpacks the tile into the thread's panel, then runs every activation row.
   TileKernelFn (*tile)(GgmlType);
-  // Optional: two adjacent tiles in one call (AMX: each loaded activation tile serves both);
-  // then the caller passes tiles in pairs where it can.
-  TilePairFn (*pair)(GgmlType) = nullptr;
+  // Optional: a task's whole range of tiles in one call (AMX: its loop order spans tiles);
+  // then the caller uses it instead of `tile`.
+  TileRangeFn (*range)(GgmlType) = nullptr;
   // Bytes per activation record of nb blocks (panel_act_row_stride, or the kernel's own).
   size_t (*row_stride)(size_t nb) = panel_act_row_stride;
   // The kernel reads activation records in groups of this many rows (AMX: a 16-row tile),

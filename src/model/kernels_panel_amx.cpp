@@ -101,10 +101,10 @@ constexpr size_t kSliceBlocks = 8;
 // (two) accumulators start from c (or zero when b0 == 0) and go back to c, a row-major
 // [32 rows][32 outputs] float block.
 template <int G>
-inline void amx_slice(const uint8_t* bpanel, const uint8_t* act, size_t group_bytes, size_t b0, size_t b1, float* c,
+inline void amx_slice(const uint8_t* bslice, const uint8_t* act, size_t group_bytes, size_t blocks, bool first, float* c,
                       float* out, size_t out_stride) {
   constexpr size_t kC = 32 * sizeof(float);  // a C row: 16 outputs of tile 0, then 16 of tile 1
-  if (b0 == 0) {
+  if (first) {
     _tile_zero(0);
     _tile_zero(1);
     if constexpr (G > 1) {
@@ -119,9 +119,9 @@ inline void amx_slice(const uint8_t* bpanel, const uint8_t* act, size_t group_by
       _tile_loadd(3, c + 16 * 32 + 16, kC);
     }
   }
-  for (size_t b = b0; b < b1; ++b) {
+  for (size_t b = 0; b < blocks; ++b) {
     const uint8_t* a = act + b * kABlock;
-    const uint8_t* w = bpanel + 2 * b * kBBlock;
+    const uint8_t* w = bslice + 2 * b * kBBlock;
     _tile_loadd(4, a, 64);
     _tile_loadd(6, w, 64);
     _tile_loadd(7, w + kBBlock, 64);
@@ -155,71 +155,107 @@ inline __mmask16 lane_mask(unsigned lo, unsigned hi) {
   return static_cast<__mmask16>(((1u << hi) - 1) & ~((1u << lo) - 1));
 }
 
+// Tiles per pass of amx_range: their accumulators (rows x 16 x kPassTiles floats, 512 KiB at
+// 512 rows) stay in L2 beside the activations' K slice.
+constexpr size_t kPassTiles = 16;
+
+// Tiles [0, count) of a task (each tile_bytes, nb blocks), activation rows [r0, r0 + nr):
+// lanes [lo, 16) of the first tile, [0, hi) of the last, every lane of the rest; y at lane 0
+// of the first tile. In passes of kPassTiles tiles; per pass the K slices are the outer
+// loop, so that a slice of the activations (nr rows x 8 blocks, 256 KiB at 512 rows) is read
+// from L2 by every tile pair of the pass, where a whole row of activations (up to 5 MiB for
+// a 4864-column matrix) came from L3 once per pair. Each pair's B slice is unpacked when
+// the slice reaches it (the same total unpacking as whole tiles).
 template <GgmlType T>
-void amx_pair(const uint8_t* tile0, const uint8_t* tile1, size_t nb, const ActView& a, size_t r0, size_t nr, float* y,
-              size_t y_stride, unsigned lo0, unsigned hi0, unsigned lo1, unsigned hi1) {
-  // B panel: per block, tile 0's 1 KiB then tile 1's (tile 0's again when there is no tile 1:
-  // its results are dropped).
-  uint8_t* panel = panel_scratch(nb);
-  uint8_t* bpanel = thread_scratch(1, 2 * nb * kBBlock);
-  for (int i = 0; i < 2; ++i) {
-    panel_unpack_tile(T, i == 0 || !tile1 ? tile0 : tile1, nb, panel, [](const uint8_t* src, float* dst) {
-      _mm512_storeu_ps(dst, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src))));
-    });
-    for (size_t b = 0; b < nb; ++b) b_block<T>(panel + b * kPanelBlock, bpanel + (2 * b + i) * kBBlock);
-    if (!tile1) break;
-  }
-  if (!tile1)
-    for (size_t b = 0; b < nb; ++b) std::memcpy(bpanel + (2 * b + 1) * kBBlock, bpanel + 2 * b * kBBlock, kBBlock);
-  const size_t groups = (nr + 15) / 16;
+void amx_range(const uint8_t* tiles, size_t tile_bytes, size_t count, size_t nb, const ActView& a, size_t r0,
+               size_t nr, float* y, size_t y_stride, unsigned lo, unsigned hi) {
+  const size_t block_bytes = tile_bytes / nb;  // a K super-tile is 8 blocks of this
+  const size_t groups = (nr + 15) / 16, group_pairs = (groups + 1) / 2;
   const size_t group_bytes = 16 * a.stride;
-  float* c = reinterpret_cast<float*>(thread_scratch(2, (groups + 1) / 2 * 32 * 32 * sizeof(float)));
+  constexpr size_t kPairC = 32 * 32;  // floats of one pair x one group pair
+  uint8_t* panel = panel_scratch(kSliceBlocks);
+  uint8_t* bslice = thread_scratch(1, 2 * kSliceBlocks * kBBlock);
+  float* c = reinterpret_cast<float*>(thread_scratch(2, kPassTiles / 2 * group_pairs * kPairC * sizeof(float)));
+  const uint8_t* act = a.base + r0 * a.stride;  // r0: a multiple of 16
+  const size_t last = (nb - 1) / kSliceBlocks * kSliceBlocks;
   static const TileConfig config;
   _tile_loadconfig(&config);
-  const uint8_t* act = a.base + r0 * a.stride;  // r0: a multiple of 16
-  // Whole 32-lane pairs of whole 16-row groups are stored straight into y by the last slice
-  // (tile stores overlap the next group's products, where a copy at the end stalled on the
-  // output's cache misses: ~35% of the time on a 4864 x 896 matrix); the rest goes through c.
-  const bool whole = tile1 && lo0 == 0 && hi0 == 16 && lo1 == 0 && hi1 == 16;
-  const size_t direct_groups = whole ? nr / 16 : 0;
-  const size_t last = (nb - 1) / kSliceBlocks * kSliceBlocks;
-  size_t direct_rows = 0;  // rows [0, direct_rows) went straight into y
-  for (size_t b0 = 0; b0 < nb; b0 += kSliceBlocks) {
-    const size_t b1 = std::min(nb, b0 + kSliceBlocks);
-    for (size_t g = 0; g < groups; g += 2) {
-      float* cg = c + g / 2 * 32 * 32;
-      const bool two = g + 1 < groups;
-      const size_t end = g + (two ? 2 : 1);
-      float* out = b0 == last && end <= direct_groups ? y + g * 16 * y_stride : nullptr;
-      if (out) direct_rows = 16 * end;
-      if (b0 == last) {
-        // The next pair's output lines, owned before its tile stores reach them (the output
-        // rows are y_stride apart, each store a miss: +12% on a 4864 x 896 matrix).
-        for (size_t r = (g + 2) * 16; r < std::min(nr, (g + 4) * 16); ++r) {
-          _m_prefetchw(y + r * y_stride);
-          _m_prefetchw(y + r * y_stride + 16);
+  for (size_t p0 = 0; p0 < count; p0 += kPassTiles) {
+    const size_t pass = std::min(kPassTiles, count - p0), pairs = (pass + 1) / 2;
+    // Outputs of the pass's pairs that go straight to y from the last slice: whole tiles of
+    // whole 16-row groups; the rest through c.
+    auto whole_pair = [&](size_t q) {
+      const size_t t = p0 + 2 * q;
+      return t + 1 < count && (t > 0 || lo == 0) && (t + 2 < count || hi == 16);
+    };
+    for (size_t b0 = 0; b0 < nb; b0 += kSliceBlocks) {
+      const size_t b1 = std::min(nb, b0 + kSliceBlocks), sb = b1 - b0;
+      for (size_t q = 0; q < pairs; ++q) {
+        const size_t t = p0 + 2 * q;
+        const bool two = t + 1 < count;
+        for (int i = 0; i < 2; ++i) {  // B slice: per block, tile t's 1 KiB, then tile t + 1's (or t's again)
+          if (i == 1 && !two) {
+            for (size_t b = 0; b < sb; ++b) std::memcpy(bslice + (2 * b + 1) * kBBlock, bslice + 2 * b * kBBlock, kBBlock);
+            break;
+          }
+          panel_unpack_tile(T, tiles + (t + i) * tile_bytes + b0 * block_bytes, sb, panel,
+                            [](const uint8_t* src, float* dst) {
+                              _mm512_storeu_ps(dst, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src))));
+                            });
+          for (size_t b = 0; b < sb; ++b) b_block<T>(panel + b * kPanelBlock, bslice + (2 * b + i) * kBBlock);
+        }
+        const bool direct_pair = b0 == last && whole_pair(q);
+        float* yq = y + t * 16;
+        for (size_t g = 0; g < groups; g += 2) {
+          const bool two_groups = g + 1 < groups;
+          float* cg = c + (q * group_pairs + g / 2) * kPairC;
+          float* out = direct_pair && g + (two_groups ? 2 : 1) <= nr / 16 ? yq + g * 16 * y_stride : nullptr;
+          if (b0 == last && direct_pair) {
+            // The next group pair's output lines, owned before its tile stores reach them
+            // (the rows are y_stride apart, each store a miss: +12% on a 4864 x 896 matrix).
+            for (size_t r = (g + 2) * 16; r < std::min(nr, (g + 4) * 16); ++r) {
+              _m_prefetchw(yq + r * y_stride);
+              _m_prefetchw(yq + r * y_stride + 16);
+            }
+          }
+          const uint8_t* ag = act + g * group_bytes + b0 * kABlock;
+          if (two_groups) amx_slice<2>(bslice, ag, group_bytes, sb, b0 == 0, cg, out, y_stride);
+          else amx_slice<1>(bslice, ag, group_bytes, sb, b0 == 0, cg, out, y_stride);
         }
       }
-      if (two) amx_slice<2>(bpanel, act + g * group_bytes, group_bytes, b0, b1, cg, out, y_stride);
-      else amx_slice<1>(bpanel, act + g * group_bytes, group_bytes, b0, b1, cg, out, y_stride);
+    }
+    // What did not go straight to y: from c, masked.
+    for (size_t q = 0; q < pairs; ++q) {
+      const size_t t = p0 + 2 * q;
+      // The rows amx_slice stored straight into y: whole group pairs, and a last single
+      // group when it is whole (the `out` condition above).
+      const size_t full = nr / 16;
+      const size_t direct_rows = !whole_pair(q) ? 0 : groups % 2 == 1 && full == groups ? nr : full / 2 * 32;
+      const bool two = t + 1 < count;
+      const __mmask16 m0 = lane_mask(t == 0 ? lo : 0, t + 1 == count ? hi : 16);
+      const __mmask16 m1 = two ? lane_mask(0, t + 2 == count ? hi : 16) : 0;
+      float* yq = y + t * 16;
+      for (size_t r = direct_rows; r < nr; ++r) {
+        const float* cr = c + (q * group_pairs + r / 32) * kPairC + r % 32 * 32;
+        _mm512_mask_storeu_ps(yq + r * y_stride, m0, _mm512_load_ps(cr));
+        if (m1) _mm512_mask_storeu_ps(yq + r * y_stride + 16, m1, _mm512_load_ps(cr + 16));
+      }
     }
   }
   _tile_release();  // the tile state back to its initial (cheap to save) state
-  const __mmask16 m0 = lane_mask(lo0, hi0), m1 = tile1 ? lane_mask(lo1, hi1) : 0;
-  for (size_t r = direct_rows; r < nr; ++r) {
-    _mm512_mask_storeu_ps(y + r * y_stride, m0, _mm512_load_ps(c + r * 32));
-    if (m1) _mm512_mask_storeu_ps(y + r * y_stride + 16, m1, _mm512_load_ps(c + r * 32 + 16));
-  }
 }
 
 template <GgmlType T>
 void amx_tile(const uint8_t* tile, size_t nb, const ActView& a, size_t r0, size_t nr, float* y, size_t y_stride,
               unsigned o_lo, unsigned o_hi) {
-  amx_pair<T>(tile, nullptr, nb, a, r0, nr, y, y_stride, o_lo, o_hi, 0, 0);
+  constexpr bool k_super = T == GgmlType::Q4_K || T == GgmlType::Q5_K || T == GgmlType::Q6_K;
+  constexpr TileLayout layout = k_super ? TileLayout::KSuper : T == GgmlType::Q8_0 ? TileLayout::Byte16 : TileLayout::Nib;
+  const size_t tile_bytes = tile_block_bytes(static_cast<uint32_t>(T), layout) * nb;
+  amx_range<T>(tile, tile_bytes, 1, nb, a, r0, nr, y, y_stride, o_lo, o_hi);
 }
 
-TilePairFn amx_pair_for(GgmlType t) {
-  return panel_kernel_for(t, []<GgmlType T>() { return &amx_pair<T>; });
+TileRangeFn amx_range_for(GgmlType t) {
+  return panel_kernel_for(t, []<GgmlType T>() { return &amx_range<T>; });
 }
 
 TileKernelFn amx_tile_for(GgmlType t) {
@@ -244,7 +280,7 @@ void amx_quantize_row(const float* x, size_t cols, uint8_t* records, size_t r, s
 const PanelKernels& panel_kernels_amx() {
   // 512 rows per task: the unpacking of each tile pair is shared by 512 rows (measured on a
   // 4864 x 896 Q5_0 matrix, 2048 rows, one thread: 315, 357, 432 G MAC/s at 128, 256, 512).
-  static const PanelKernels k{amx_quantize_row, amx_tile_for, amx_pair_for, amx_row_stride, 16, 512};
+  static const PanelKernels k{amx_quantize_row, amx_tile_for, amx_range_for, amx_row_stride, 16, 512};
   return k;
 }
 

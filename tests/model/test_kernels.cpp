@@ -802,14 +802,27 @@ TEST(Multiply, AmxPanelWithinToleranceAndMoreAccurateThanInt8) {
   if (detect_isa() < Isa::Amx) GTEST_SKIP() << "AMX absent on this CPU (Kernels.AmxKernelsAreTestedOnThisCpu says so)";
   std::mt19937 rng(23);
   ThreadPool pool(2);
+  struct AmxCase {
+    GgmlType t;
+    size_t rows, cols;
+    std::vector<size_t> ns;
+  };
+  // 37 rows: 3 tiles, an odd pair; 600 rows: 38 tiles, more than one pass (kPassTiles) of a
+  // task. Row counts: partial and whole 16-row groups, odd group counts (48, 60), the 512-row
+  // task chunk crossed (600). 768 columns: 3 K slices, the last one whole; 512: 2.
+  std::vector<AmxCase> cases;
   for (GgmlType t : {GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0, GgmlType::Q4_K,
-                     GgmlType::Q5_K, GgmlType::Q6_K}) {
-    const size_t rows = 37, cols = 768;
+                     GgmlType::Q5_K, GgmlType::Q6_K})
+    cases.push_back({t, 37, 768, {8, 17, 48, 60, 64, 100, 300}});
+  for (GgmlType t : {GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K}) cases.push_back({t, 600, 512, {33, 600}});
+  for (const AmxCase& k : cases) {
+    const GgmlType t = k.t;
+    const size_t rows = k.rows, cols = k.cols;
     const auto w = random_blocks(t, rows * cols / ggml_type_info(t).block_elems, rng, false);
     WeightMatrix m(t, w.data(), rows, cols);
-    for (size_t n : {8, 17, 64, 100, 300}) {
+    for (size_t n : k.ns) {
       const auto x = random_acts(n, cols, rng);
-      const std::string label = std::string(ggml_type_name(t)) + " n=" + std::to_string(n);
+      const std::string label = std::string(ggml_type_name(t)) + " " + std::to_string(rows) + " rows, n=" + std::to_string(n);
       std::vector<float> amx(n * rows), int8(n * rows);
       {
         IsaGuard g(Isa::Amx);
@@ -824,7 +837,7 @@ TEST(Multiply, AmxPanelWithinToleranceAndMoreAccurateThanInt8) {
       EXPECT_LT(e_amx, e_int8) << label;
       // A slice of output rows and strided rows: the same values, only those rows written.
       IsaGuard g(Isa::Amx);
-      const size_t x_stride = cols + 5, y_stride = rows + 3, ob = 5, oe = rows - 9;
+      const size_t x_stride = cols + 5, y_stride = rows + 3, ob = 5, oe = rows - 9;  // slices cut the first and last tiles
       std::vector<float> xs(n * x_stride, 1e30f);
       for (size_t r = 0; r < n; ++r) std::copy_n(&x[r * cols], cols, &xs[r * x_stride]);
       std::vector<float> ys(n * y_stride, -7.0f);
