@@ -43,6 +43,11 @@ struct RuntimeKernels {
   float (*exp)(float x);
 };
 
+// The batched attention tile of AVX-512 machines (attention_flash_avx512.cpp): online
+// softmax, in an order of its own, held to the numerics contract by tolerance. The AVX-512
+// table's attend_tile takes it for every batched call (TileArgs::single_row_order false).
+void attend_tile_flash_avx512(const TileArgs& a, std::vector<float>& scratch);
+
 const RuntimeKernels& portable_kernels();
 const RuntimeKernels& avx2_kernels();
 const RuntimeKernels& avx512_kernels();
