@@ -96,12 +96,13 @@ nlohmann::json measure_peaks(const Model& m, ThreadPool& pool, int rows, bool qu
     out["gemm"].push_back({{"type", std::string(ggml_type_name(type))}, {"matrices", mats.size()}, {"rows", rows},
                            {"gmacs", rate / 1e9}, {"fraction_of_peak", peak > 0 ? rate / peak : 0.0}});
     if (bf16_peak > 0) out["gemm"].back()["fraction_of_bf16_peak"] = rate / bf16_peak;
-    if (!quiet)
-      std::fprintf(stderr, "gemm %-5s x %d rows: %8.1f G MAC/s, %5.1f%% of the %s int8 peak%s (%zu matrices)\n",
+    if (!quiet) {
+      std::fprintf(stderr, "gemm %-5s x %d rows: %8.1f G MAC/s, %5.1f%% of the %s int8 peak",
                    std::string(ggml_type_name(type)).c_str(), rows, rate / 1e9, peak > 0 ? 100 * rate / peak : 0.0,
-                   isa_name(active_isa()),
-                   bf16_peak > 0 ? (", " + std::to_string(static_cast<int>(100 * rate / bf16_peak + 0.5)) + "% of its bf16 peak").c_str() : "",
-                   mats.size());
+                   isa_name(active_isa()));
+      if (bf16_peak > 0) std::fprintf(stderr, ", %.0f%% of its bf16 peak", 100 * rate / bf16_peak);
+      std::fprintf(stderr, " (%zu matrices)\n", mats.size());
+    }
   }
   return out;
 }

@@ -6,29 +6,19 @@
 
 #include <cstring>
 
+#include "model/amx_tiles.h"
 #include "model/int8_peak.h"
 
 namespace cf::kern {
 namespace {
 
-struct alignas(64) Config {
-  uint8_t bytes[64] = {};
-  Config() {
-    bytes[0] = 1;  // palette 1; every tile 16 rows x 64 bytes
-    for (int t = 0; t < 8; ++t) {
-      bytes[16 + 2 * t] = 64;
-      bytes[48 + t] = 16;
-    }
-  }
-};
-
 template <bool Bf16>
 double amx_loop(long iterations, int& checksum) {
-  static const Config config;
+  static const AmxTileConfig config;
   alignas(64) uint8_t src[16 * 64];
   std::memset(src, 1, sizeof src);
   alignas(64) int32_t out[16 * 16];
-  _tile_loadconfig(config.bytes);
+  _tile_loadconfig(&config);
   _tile_zero(0);
   _tile_zero(1);
   _tile_zero(2);

@@ -344,8 +344,8 @@ void WeightMatrix::multiply_rows(const float* x, size_t n, size_t x_stride, floa
   // Block-quantized weights take the panel GEMM (kernels_panel.h) whenever they batch.
   const bool panel = batched && !half && kern::has_panel(type_);
   const kern::PanelKernels& pk = panel_kernels_for(isa);
-  const kern::TileKernelFn tile_fn = panel ? pk.tile(type_) : tile_kernel(k, type_, batched);
   const kern::TileRangeFn range_fn = panel && pk.range ? pk.range(type_) : nullptr;
+  const kern::TileKernelFn tile_fn = range_fn ? nullptr : panel ? pk.tile(type_) : tile_kernel(k, type_, batched);
   // The activation record each layout reads: floats for F16/BF16, Q8_K for the K-quants,
   // per-32 Q8 for the rest, the panel record for the panel GEMM.
   const size_t stride = panel ? pk.row_stride(m.nb)

@@ -95,10 +95,10 @@ struct PanelKernels {
   // or the kernel's own layout.
   void (*quantize)(const float* x, size_t cols, uint8_t* records, size_t r, size_t stride, PanelType type);
   // The tile kernel of a repacked weight type (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K,
-  // Q6_K): unpacks the tile into the thread's panel, then runs every activation row.
+  // Q6_K): unpacks the tile into the thread's panel, then runs every activation row. Null
+  // where `range` is set.
   TileKernelFn (*tile)(GgmlType);
-  // Optional: a task's whole range of tiles in one call (AMX: its loop order spans tiles);
-  // then the caller uses it instead of `tile`.
+  // Or a task's whole range of tiles in one call (AMX: its loop order spans tiles).
   TileRangeFn (*range)(GgmlType) = nullptr;
   // Bytes per activation record of nb blocks (panel_act_row_stride, or the kernel's own).
   size_t (*row_stride)(size_t nb) = panel_act_row_stride;

@@ -38,6 +38,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "model/amx_tiles.h"
 #include "model/kernels_panel.h"
 
 namespace cf::kern {
@@ -47,22 +48,6 @@ constexpr size_t kBBlock = 1024;  // one 32-block of the BF16 B panel: 16 pair r
 // The activation records: per group of 16 rows, per 32-block, the 16 rows' 32 BF16 values
 // (1 KiB, one A tile, read in one contiguous load); row r of a group at 64 r.
 constexpr size_t kABlock = 1024;
-
-// Every tile 16 rows x 64 bytes: C (16 activation rows x 16 fp32 outputs), A (16 rows x 32
-// BF16), B (16 pair rows x 16 outputs x 2 BF16).
-struct alignas(64) TileConfig {
-  uint8_t palette = 1, start_row = 0;
-  uint8_t reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-  TileConfig() {
-    for (int t = 0; t < 8; ++t) {
-      colsb[t] = 64;
-      rows[t] = 16;
-    }
-  }
-};
-static_assert(sizeof(TileConfig) == 64);
 
 // One u8 panel block (kernels_panel.h) into one B block: group g (elements 4g..4g+3 of the
 // 16 rows) becomes pair rows 2g and 2g+1.
@@ -178,7 +163,7 @@ void amx_range(const uint8_t* tiles, size_t tile_bytes, size_t count, size_t nb,
   float* c = reinterpret_cast<float*>(thread_scratch(2, kPassTiles / 2 * group_pairs * kPairC * sizeof(float)));
   const uint8_t* act = a.base + r0 * a.stride;  // r0: a multiple of 16
   const size_t last = (nb - 1) / kSliceBlocks * kSliceBlocks;
-  static const TileConfig config;
+  static const AmxTileConfig config;
   _tile_loadconfig(&config);
   for (size_t p0 = 0; p0 < count; p0 += kPassTiles) {
     const size_t pass = std::min(kPassTiles, count - p0), pairs = (pass + 1) / 2;
@@ -245,21 +230,8 @@ void amx_range(const uint8_t* tiles, size_t tile_bytes, size_t count, size_t nb,
   _tile_release();  // the tile state back to its initial (cheap to save) state
 }
 
-template <GgmlType T>
-void amx_tile(const uint8_t* tile, size_t nb, const ActView& a, size_t r0, size_t nr, float* y, size_t y_stride,
-              unsigned o_lo, unsigned o_hi) {
-  constexpr bool k_super = T == GgmlType::Q4_K || T == GgmlType::Q5_K || T == GgmlType::Q6_K;
-  constexpr TileLayout layout = k_super ? TileLayout::KSuper : T == GgmlType::Q8_0 ? TileLayout::Byte16 : TileLayout::Nib;
-  const size_t tile_bytes = tile_block_bytes(static_cast<uint32_t>(T), layout) * nb;
-  amx_range<T>(tile, tile_bytes, 1, nb, a, r0, nr, y, y_stride, o_lo, o_hi);
-}
-
 TileRangeFn amx_range_for(GgmlType t) {
   return panel_kernel_for(t, []<GgmlType T>() { return &amx_range<T>; });
-}
-
-TileKernelFn amx_tile_for(GgmlType t) {
-  return panel_kernel_for(t, []<GgmlType T>() { return &amx_tile<T>; });
 }
 
 // BF16 values: 64 bytes per row and block, so a 16-row group is 16 stride bytes.
@@ -280,7 +252,7 @@ void amx_quantize_row(const float* x, size_t cols, uint8_t* records, size_t r, s
 const PanelKernels& panel_kernels_amx() {
   // 512 rows per task: the unpacking of each tile pair is shared by 512 rows (measured on a
   // 4864 x 896 Q5_0 matrix, 2048 rows, one thread: 315, 357, 432 G MAC/s at 128, 256, 512).
-  static const PanelKernels k{amx_quantize_row, amx_tile_for, amx_range_for, amx_row_stride, 16, 512};
+  static const PanelKernels k{amx_quantize_row, nullptr, amx_range_for, amx_row_stride, 16, 512};
   return k;
 }
 
