@@ -5,9 +5,9 @@
 // stays below 2^15, so 8 groups for 4-bit values, 4 for 5-bit, 2 for Q6_K's 6-bit. Q8_0's
 // bytes (q + 128) would saturate a pair, so its kernel works on the signed q, one group at a
 // time: |q| against the activation bytes carrying q's sign (the same integer sum, so it
-// starts from 0, not from the record's -128 sum(q)). Up to 4 activation rows share each
-// loaded group (2 for Q6_K's two sums per block: 16 ymm registers). Per lane the float steps
-// are the portable kernel's.
+// starts from 0, not from the record's -128 sum(q)). Each broadcast activation group feeds
+// both halves of the tile, so a tile reads every activation byte once. Per lane the float
+// steps are the portable kernel's.
 #include <immintrin.h>
 
 #include "model/kernels_panel.h"
@@ -25,56 +25,79 @@ constexpr int int16_groups(GgmlType t) {
   }
 }
 
+// Activation rows per call. One row already keeps 2 weight loads busy per 4 vpmaddubsw
+// (both halves); a second row's accumulators spill on 16 ymm registers, which cost more than
+// the loads they save, except for Q6_K (2 groups per int16 sum, short live ranges). Measured
+// on Zen 3 (bench_gemm, 1 thread, 5 alternated runs): against the earlier kernel (up to 4
+// rows on one half at a time) Q5_0 +24%, Q4_1 +29%, Q4_K +12%, Q6_K +11-21%, Q8_0 -6% (noise).
+template <GgmlType T>
+constexpr int kAvx2Rows = T == GgmlType::Q6_K ? 2 : 1;
+
+// The whole tile (16 rows = two ymm halves) against R activation rows.
 template <GgmlType T, int R>
-inline void panel_rows(const uint8_t* panel, size_t nb, const ActView& a, size_t r0, int half, float out[][8]) {
+inline void panel_rows(const uint8_t* panel, size_t nb, const ActView& a, size_t r0, float out[][kTileRows]) {
   constexpr PanelType P = panel_type(T);
   constexpr bool kSigned = T == GgmlType::Q8_0;
   constexpr int G = int16_groups(T);
   const __m256i ones = _mm256_set1_epi16(1);
-  __m256 acc[R];
-  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  const int8_t* qs[R];
+  const float* dx[R];
+  for (int r = 0; r < R; ++r) qs[r] = a.qs(r0 + r), dx[r] = panel_dx(a, r0 + r);
+  __m256 acc[R][2];
+  for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
   for (size_t b = 0; b < nb; ++b) {
     const uint8_t* pb = panel + b * kPanelBlock;
-    __m256i il[R], ih[R];  // elements 0..15 (groups 0..3) and 16..31 (Sub16; else all in il)
+    // il: elements 0..15 (groups 0..3), and for Sub16 only; otherwise the whole block.
+    __m256i il[R][2];
     for (int r = 0; r < R; ++r) {
       const bool start = P.kind == PanelKind::Sub16 || (P.kind == PanelKind::Offset && !kSigned);
-      il[r] = start ? _mm256_set1_epi32(panel_corr(a, r0 + r)[b]) : _mm256_setzero_si256();
-      if constexpr (P.kind == PanelKind::Sub16) ih[r] = _mm256_set1_epi32(panel_corr_hi(a, r0 + r)[b]);
+      il[r][0] = il[r][1] = start ? _mm256_set1_epi32(panel_corr(a, r0 + r)[b]) : _mm256_setzero_si256();
     }
+    const __m256 scale[2] = {_mm256_load_ps(panel_scale(pb)), _mm256_load_ps(panel_scale(pb) + 8)};
     for (int g0 = 0; g0 < 8; g0 += G) {
-      __m256i s16[R];
+      if (P.kind == PanelKind::Sub16 && g0 == 4) {  // elements 0..15 done: their float step now, the
+        for (int r = 0; r < R; ++r) {               // same order as summing both halves first
+          const __m256 vdx = _mm256_set1_ps(dx[r][b]);
+          for (int h = 0; h < 2; ++h) {
+            acc[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(il[r][h]), _mm256_mul_ps(scale[h], vdx), acc[r][h]);
+            il[r][h] = _mm256_set1_epi32(panel_corr_hi(a, r0 + r)[b]);
+          }
+        }
+      }
+      __m256i s16[R][2];
       for (int g = g0; g < g0 + G; ++g) {
-        __m256i w = _mm256_load_si256(reinterpret_cast<const __m256i*>(pb + 64 * g + 32 * half));
-        __m256i wsigned = _mm256_setzero_si256();
-        if constexpr (kSigned) {
-          wsigned = _mm256_xor_si256(w, _mm256_set1_epi8(static_cast<char>(0x80)));
-          w = _mm256_abs_epi8(wsigned);
+        __m256i w[2], wsigned[2];
+        for (int h = 0; h < 2; ++h) {
+          w[h] = _mm256_load_si256(reinterpret_cast<const __m256i*>(pb + 64 * g + 32 * h));
+          if constexpr (kSigned) {
+            wsigned[h] = _mm256_xor_si256(w[h], _mm256_set1_epi8(static_cast<char>(0x80)));
+            w[h] = _mm256_abs_epi8(wsigned[h]);
+          }
         }
         for (int r = 0; r < R; ++r) {
-          __m256i x = _mm256_set1_epi32(load_i32(a.qs(r0 + r) + b * kQK + 4 * g));
-          if constexpr (kSigned) x = _mm256_sign_epi8(x, wsigned);
-          const __m256i p = _mm256_maddubs_epi16(w, x);
-          s16[r] = g == g0 ? p : _mm256_add_epi16(s16[r], p);
+          const __m256i x = _mm256_set1_epi32(load_i32(qs[r] + b * kQK + 4 * g));
+          for (int h = 0; h < 2; ++h) {
+            const __m256i p = _mm256_maddubs_epi16(w[h], kSigned ? _mm256_sign_epi8(x, wsigned[h]) : x);
+            s16[r][h] = g == g0 ? p : _mm256_add_epi16(s16[r][h], p);
+          }
         }
       }
-      for (int r = 0; r < R; ++r) {
-        const __m256i p = _mm256_madd_epi16(s16[r], ones);
-        if (P.kind == PanelKind::Sub16 && g0 >= 4) ih[r] = _mm256_add_epi32(ih[r], p);
-        else il[r] = _mm256_add_epi32(il[r], p);
+      for (int r = 0; r < R; ++r)
+        for (int h = 0; h < 2; ++h) il[r][h] = _mm256_add_epi32(il[r][h], _mm256_madd_epi16(s16[r][h], ones));
+    }
+    const __m256 second[2] = {_mm256_load_ps(panel_second(pb)), _mm256_load_ps(panel_second(pb) + 8)};
+    for (int r = 0; r < R; ++r) {
+      const __m256 vdx = _mm256_set1_ps(dx[r][b]);
+      for (int h = 0; h < 2; ++h) {
+        const __m256 f = P.kind == PanelKind::Sub16 ? second[h] : scale[h];
+        acc[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(il[r][h]), _mm256_mul_ps(f, vdx), acc[r][h]);
+        if constexpr (P.kind == PanelKind::Min)
+          acc[r][h] = _mm256_fmadd_ps(second[h], _mm256_set1_ps(panel_s(a, r0 + r)[b]), acc[r][h]);
       }
     }
-    const __m256 scale = _mm256_load_ps(reinterpret_cast<const float*>(pb + kPanelScale) + 8 * half);
-    const __m256 second = _mm256_load_ps(reinterpret_cast<const float*>(pb + kPanelSecond) + 8 * half);
-    for (int r = 0; r < R; ++r) {
-      const __m256 vdx = _mm256_set1_ps(panel_dx(a, r0 + r)[b]);
-      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(il[r]), _mm256_mul_ps(scale, vdx), acc[r]);
-      if constexpr (P.kind == PanelKind::Sub16)
-        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ih[r]), _mm256_mul_ps(second, vdx), acc[r]);
-      if constexpr (P.kind == PanelKind::Min)
-        acc[r] = _mm256_fmadd_ps(second, _mm256_set1_ps(panel_s(a, r0 + r)[b]), acc[r]);
-    }
   }
-  for (int r = 0; r < R; ++r) _mm256_storeu_ps(out[r], acc[r]);
+  for (int r = 0; r < R; ++r)
+    for (int h = 0; h < 2; ++h) _mm256_storeu_ps(out[r] + 8 * h, acc[r][h]);
 }
 
 template <GgmlType T>
@@ -85,21 +108,17 @@ void panel_tile(const uint8_t* tile, size_t nb, const ActView& a, size_t r0, siz
     for (int h = 0; h < 2; ++h)
       _mm256_storeu_ps(dst + 8 * h, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 16 * h))));
   });
-  float out[4][8];
-  for (int half = 0; half < 2; ++half) {
-    const unsigned lo = std::max(o_lo, 8u * half), hi = std::min(o_hi, 8u * half + 8);
-    if (lo >= hi) continue;
-    constexpr int kMaxRows = panel_type(T).kind == PanelKind::Sub16 ? 2 : 4;
-    for (size_t r = 0; r < nr;) {
-      const size_t left = nr - r;
-      const int R = left >= kMaxRows ? kMaxRows : left >= 2 ? 2 : 1;
-      if (R == 4) panel_rows<T, (kMaxRows < 4 ? kMaxRows : 4)>(panel, nb, a, r0 + r, half, out);
-      else if (R == 2) panel_rows<T, 2>(panel, nb, a, r0 + r, half, out);
-      else panel_rows<T, 1>(panel, nb, a, r0 + r, half, out);
-      for (int i = 0; i < R; ++i)
-        for (unsigned o = lo; o < hi; ++o) y[(r + i) * y_stride + o] = out[i][o - 8 * half];
-      r += R;
-    }
+  // Rows per call: as many as 16 ymm registers hold without spilling (measured).
+  constexpr int kMaxRows = kAvx2Rows<T>;
+  float out[kMaxRows][kTileRows];
+  for (size_t r = 0; r < nr;) {
+    const size_t left = nr - r;
+    const int R = left >= kMaxRows ? kMaxRows : 1;
+    if (R == kMaxRows) panel_rows<T, kMaxRows>(panel, nb, a, r0 + r, out);
+    else panel_rows<T, 1>(panel, nb, a, r0 + r, out);
+    for (int i = 0; i < R; ++i)
+      for (unsigned o = o_lo; o < o_hi; ++o) y[(r + i) * y_stride + o] = out[i][o];
+    r += R;
   }
 }
 
