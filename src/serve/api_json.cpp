@@ -1,6 +1,7 @@
 // Request parsing and response formatting of the OpenAI-compatible API (see api_json.h).
 // Field rules follow OpenAI's API reference: null means "not given", unknown fields are
-// ignored, a known field of the wrong type is a 400 that names it.
+// ignored, a known field of the wrong type is a 400 that names it, and so is a field that
+// would change the answer but is not implemented (kAnswerChangingFields).
 #include "serve/api_json.h"
 
 #include <algorithm>
@@ -215,6 +216,47 @@ std::vector<std::string> parse_stop(const json& v) {
   return out;
 }
 
+// OpenAI fields that would change what the answer is (its shape or its content) and that the
+// engine does not implement: a value other than "off" is a 400 naming the field, never silently
+// ignored (issue 59). Null and the off values, which SDKs send, are accepted.
+struct AnswerChangingField {
+  const char* name;
+  bool (*off)(const json&);
+  const char* off_values;  // for the message
+};
+
+bool is_false_or_zero(const json& v) { return (v.is_boolean() && !v.get<bool>()) || (v.is_number() && v == 0); }
+bool is_one(const json& v) { return v.is_number() && v == 1; }
+bool is_empty(const json& v) {
+  return ((v.is_array() || v.is_object()) && v.empty()) || (v.is_string() && v.get_ref<const std::string&>().empty());
+}
+bool is_text_format(const json& v) { return v.is_object() && v.size() == 1 && v.value("type", json()) == "text"; }
+// Without tools (refused above), "auto" chooses no tool.
+bool is_no_tool(const json& v) { return v == "none" || v == "auto"; }
+
+constexpr AnswerChangingField kAnswerChangingFields[] = {
+    {"logprobs", is_false_or_zero, "false or 0"},
+    {"top_logprobs", is_false_or_zero, "0"},
+    {"echo", is_false_or_zero, "false"},
+    {"logit_bias", is_empty, "{}"},
+    {"tools", is_empty, "[]"},
+    {"tool_choice", is_no_tool, "\"none\" or \"auto\""},
+    {"functions", is_empty, "[]"},
+    {"function_call", is_no_tool, "\"none\" or \"auto\""},
+    {"response_format", is_text_format, "{\"type\": \"text\"}"},
+    {"n", is_one, "1"},
+    {"best_of", is_one, "1"},
+    {"suffix", is_empty, "\"\""},
+};
+
+void refuse_answer_changing_fields(const json& body) {
+  for (const auto& f : kAnswerChangingFields) {
+    const json* x = field(body, f.name);
+    if (x && !f.off(*x))
+      bad(f.name, std::string("'") + f.name + "' is not supported: only " + f.off_values + " or null");
+  }
+}
+
 }  // namespace
 
 json parse_body(const std::string& body) {
@@ -236,6 +278,7 @@ ParsedCompletion parse_completion(const json& body, bool chat, const std::string
   ParsedCompletion pc;
   CompletionRequest& r = pc.request;
   r.chat = chat;
+  refuse_answer_changing_fields(body);
   if (const json* x = field(body, "model")) r.model = get_string(*x, "model");
   if (chat)
     r.messages = parse_messages(body);
@@ -255,7 +298,6 @@ ParsedCompletion parse_completion(const json& body, bool chat, const std::string
     r.seed = static_cast<uint64_t>(
         get_int(*x, "seed", std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max()));
   if (const json* x = field(body, "stop")) r.stop = parse_stop(*x);
-  if (const json* x = field(body, "n"); x && get_int(*x, "n", 1, 1 << 20) != 1) bad("n", "only n = 1 is supported");
   if (const json* x = field(body, "stream")) pc.stream = get_bool(*x, "stream");
   if (const json* x = field(body, "stream_options")) {
     if (!x->is_object()) bad("stream_options", "'stream_options' must be an object");

@@ -26,7 +26,9 @@ nlohmann::json parse_body(const std::string& body);
 
 // Validates an OpenAI-style body (chat: /v1/chat/completions, else /v1/completions). Unknown
 // fields are ignored, as OpenAI does; a known field of the wrong type or out of range throws
-// RequestError 400 naming the field. `default_method` and `default_ratio` (serve --method,
+// RequestError 400 naming the field, and so does an OpenAI field that would change the answer
+// and is not implemented (logprobs, echo, logit_bias, tools, response_format, n > 1, ...)
+// unless it is null or "off". `default_method` and `default_ratio` (serve --method,
 // --ratio) fill fusion.method and fusion.ratio when absent.
 ParsedCompletion parse_completion(const nlohmann::json& body, bool chat, const std::string& default_method,
                                   double default_ratio = FusionSpec{}.ratio);

@@ -213,6 +213,54 @@ TEST(ServerApi, WrongTypesAndValuesAre400NamingTheField) {
   EXPECT_EQ(refusal(no_messages).param, "messages");
 }
 
+// OpenAI fields that would change what the answer is (its shape or its content) and that the
+// engine does not implement are refused naming the field, not silently ignored (issue 59); their
+// "off" values and null, which SDKs send, still parse.
+TEST(ServerApi, FieldsThatChangeTheAnswerAre400UnlessOff) {
+  const std::vector<std::pair<const char*, json>> refused = {
+      {"logprobs", true},
+      {"logprobs", 2},  // /v1/completions' form: the top 2
+      {"top_logprobs", 3},
+      {"echo", true},
+      {"logit_bias", {{"50256", -100}}},
+      {"tools", json::array({{{"type", "function"}, {"function", {{"name", "f"}}}}})},
+      {"tool_choice", "required"},
+      {"tool_choice", {{"type", "function"}, {"function", {{"name", "f"}}}}},
+      {"functions", json::array({{{"name", "f"}}})},
+      {"function_call", {{"name", "f"}}},
+      {"response_format", {{"type", "json_object"}}},
+      {"response_format", {{"type", "json_schema"}, {"json_schema", {{"name", "x"}}}}},
+      {"n", 2},
+      {"best_of", 3},
+      {"suffix", "tail"},
+      {"logprobs", "yes"},  // a wrong type is refused as well
+  };
+  for (const bool is_chat : {true, false}) {
+    for (const auto& [key, value] : refused) {
+      json b = is_chat ? basic_chat() : json{{"prompt", "hi"}};
+      b[key] = value;
+      const RequestError e = refusal(b, is_chat);
+      EXPECT_EQ(e.status, 400) << key << " = " << value.dump();
+      EXPECT_EQ(e.type, "invalid_request_error") << key;
+      EXPECT_EQ(e.param, key) << key << " = " << value.dump() << ": " << e.what();
+      EXPECT_NE(std::string(e.what()).find(key), std::string::npos) << e.what();
+    }
+  }
+  const std::vector<std::pair<const char*, json>> off = {
+      {"logprobs", false}, {"logprobs", 0}, {"top_logprobs", 0}, {"echo", false},
+      {"logit_bias", json::object()}, {"tools", json::array()}, {"tool_choice", "none"},
+      {"tool_choice", "auto"}, {"functions", json::array()}, {"function_call", "none"},
+      {"response_format", {{"type", "text"}}}, {"n", 1}, {"best_of", 1}, {"suffix", ""},
+  };
+  for (const auto& [key, value] : off) {
+    json b = basic_chat();
+    b[key] = value;
+    EXPECT_EQ(refusal(b).status, 0) << key << " = " << value.dump() << ": " << refusal(b).what();
+    b[key] = nullptr;
+    EXPECT_EQ(refusal(b).status, 0) << key << " = null";
+  }
+}
+
 TEST(ServerApi, RatioBoundsAreInclusive) {
   for (double ratio : {0.0, 1.0}) {
     json b = basic_chat();

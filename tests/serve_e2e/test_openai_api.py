@@ -124,6 +124,22 @@ class OpenAIApiTest(unittest.TestCase):
         self.assertEqual(stopped.choices[0].finish_reason, "stop")
         self.assertEqual(stopped.choices[0].message.content, full[:full.index(stop)])
 
+    def test_fields_that_change_the_answer_are_refused_unless_off(self):
+        import openai
+        msgs = [{"role": "user", "content": "Say yes."}]
+        # The SDK's off values pass (issue 59) ...
+        r = self.chat(msgs, max_tokens=4, n=1, logprobs=False, response_format={"type": "text"}, tools=[])
+        self.assertTrue(r.choices[0].message.content)
+        # ... and what the engine does not implement is a 400 naming the field, not ignored.
+        for kw in ({"logprobs": True}, {"response_format": {"type": "json_object"}}, {"n": 2},
+                   {"logit_bias": {"1": 5}}, {"tools": [{"type": "function", "function": {"name": "f"}}]}):
+            with self.assertRaises(openai.BadRequestError) as cm:
+                self.chat(msgs, max_tokens=4, **kw)
+            self.assertEqual(cm.exception.body["param"], next(iter(kw)), cm.exception.body)
+        with self.assertRaises(openai.BadRequestError) as cm:
+            self.client.completions.create(model=self.model, prompt="Hi", max_tokens=4, echo=True)
+        self.assertEqual(cm.exception.body["param"], "echo")
+
     def test_chunks_register_get_use_delete(self):
         texts = [document_text(p) for p in PASSAGES[:2]]
         status, reg = self.server.post("/v1/chunks", {"texts": texts})
