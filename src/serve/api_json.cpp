@@ -199,20 +199,26 @@ FusionSpec parse_fusion(const json* v, const std::string& default_method, double
   return f;
 }
 
+// Stop strings are matched on the scheduler thread after every token, and the held-back
+// prefix of each is compared at every length (quadratic in its size): OpenAI allows 4; we
+// allow 16 of at most 256 bytes each (issue 59).
+constexpr size_t kMaxStops = 16, kMaxStopBytes = 256;
+
+std::string stop_string(const json& v, const std::string& param) {
+  std::string s = get_string(v, param);
+  if (s.empty()) bad(param, "stop sequences must not be empty");
+  if (s.size() > kMaxStopBytes)
+    bad(param, "'" + param + "' is " + std::to_string(s.size()) + " bytes; a stop sequence holds at most " +
+                   std::to_string(kMaxStopBytes) + " bytes");
+  return s;
+}
+
 std::vector<std::string> parse_stop(const json& v) {
-  constexpr size_t kMaxStops = 16;
-  if (v.is_string()) {
-    if (v.get<std::string>().empty()) bad("stop", "'stop' must not be empty");
-    return {v.get<std::string>()};
-  }
+  if (v.is_string()) return {stop_string(v, "stop")};
   if (!v.is_array()) bad("stop", "'stop' must be a string or a list of strings");
   if (v.size() > kMaxStops) bad("stop", "'stop' holds at most " + std::to_string(kMaxStops) + " sequences");
   std::vector<std::string> out;
-  for (size_t i = 0; i < v.size(); ++i) {
-    const std::string s = get_string(v[i], "stop[" + std::to_string(i) + "]");
-    if (s.empty()) bad("stop", "stop sequences must not be empty");
-    out.push_back(s);
-  }
+  for (size_t i = 0; i < v.size(); ++i) out.push_back(stop_string(v[i], "stop[" + std::to_string(i) + "]"));
   return out;
 }
 

@@ -261,6 +261,27 @@ TEST(ServerApi, FieldsThatChangeTheAnswerAre400UnlessOff) {
   }
 }
 
+// Stop strings are matched on the scheduler thread after every token, each one's held-back
+// prefix compared at every length (quadratic in its size): at most 16 of at most 256 bytes
+// each (issue 59; a single stop string could fill the 8 MiB body).
+TEST(ServerApi, StopStringsAreBoundedInCountAndBytes) {
+  json b = basic_chat();
+  b["stop"] = json::array();
+  for (int i = 0; i < 16; ++i) b["stop"].push_back(std::string(256, static_cast<char>('a' + i)));
+  EXPECT_EQ(chat(b).request.stop.size(), 16u);
+  b["stop"].push_back("q");
+  EXPECT_EQ(refusal(b).param, "stop");
+  b["stop"] = json::array({"ok", std::string(257, 'x')});
+  const RequestError e = refusal(b);
+  EXPECT_EQ(e.status, 400);
+  EXPECT_EQ(e.param, "stop[1]") << e.what();
+  EXPECT_NE(std::string(e.what()).find("256 bytes"), std::string::npos) << e.what();
+  b["stop"] = std::string(1 << 20, 'x');  // the single-string form
+  EXPECT_EQ(refusal(b).param, "stop");
+  json completion{{"prompt", "hi"}, {"stop", std::string(257, 'x')}};
+  EXPECT_EQ(refusal(completion, false).param, "stop");
+}
+
 TEST(ServerApi, RatioBoundsAreInclusive) {
   for (double ratio : {0.0, 1.0}) {
     json b = basic_chat();
