@@ -1,8 +1,14 @@
 #include "serve/chunk_registry.h"
 
+#include <cstdio>
+#include <ctime>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <stdexcept>
+
+#include "base/bounded_json.h"
 
 #include "kv/store_paths.h"
 #include "serve/engine.h"
@@ -10,18 +16,67 @@
 
 namespace cf {
 
+namespace {
+
+namespace fs = std::filesystem;
+
+// The texts of the index at `path`; std::runtime_error saying why when it is not one (not a
+// regular file, unreadable, not JSON, another shape).
+std::vector<std::string> read_index_texts(const std::string& path) {
+  if (!is_real_file(path)) throw std::runtime_error("not a regular file (a link or a folder)");
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream text;
+  text << in.rdbuf();
+  if (!in) throw std::runtime_error("cannot read it");
+  const nlohmann::json j = parse_json_bounded(text.str());
+  if (!j.is_object() || !j.contains("chunks") || !j["chunks"].is_array())
+    throw std::runtime_error("not a chunk index (no \"chunks\" list)");
+  std::vector<std::string> texts;
+  for (const auto& t : j["chunks"]) {
+    if (!t.is_string()) throw std::runtime_error("a chunk that is not a string");
+    texts.push_back(t.get<std::string>());
+  }
+  return texts;
+}
+
+// <path>.damaged-<UTC time>: each damaged index is kept for inspection, none replaces another.
+std::string damaged_name(const std::string& path) {
+  const std::time_t now = std::time(nullptr);
+  std::tm utc{};
+  gmtime_r(&now, &utc);
+  char stamp[32];
+  std::strftime(stamp, sizeof stamp, "%Y%m%dT%H%M%SZ", &utc);
+  return path + ".damaged-" + stamp;
+}
+
+// Moves a damaged index aside (the link itself, never its target) and says so on stderr.
+void set_aside(const std::string& path, const std::string& why) {
+  const std::string aside = damaged_name(path);
+  std::error_code ec;
+  fs::rename(path, aside, ec);
+  const std::string where = ec ? "it stays (could not move it: " + ec.message() + ")" : "moved aside to " + aside;
+  std::fprintf(stderr,
+               "chunkfuse serve: warning: chunk index %s is damaged (%s); %s, starting with no registered chunks "
+               "(their caches stay in the store: registering a text again finds its cache)\n",
+               path.c_str(), why.c_str(), where.c_str());
+}
+
+}  // namespace
+
 ChunkRegistry::ChunkRegistry(std::string index_path, ChunkOf chunk_of)
     : path_(std::move(index_path)), chunk_of_(std::move(chunk_of)) {
-  std::ifstream in(path_);
-  if (!in) return;
+  std::error_code ec;
+  if (!fs::exists(fs::symlink_status(path_, ec))) return;
+  std::vector<std::string> texts;
   try {
-    const auto j = nlohmann::json::parse(in);
-    for (const auto& text : j.at("chunks")) {
-      RegisteredChunk c = chunk_of_(text.get<std::string>());  // id recomputed: another model gives other ids
-      chunks_[c.id] = std::move(c);
-    }
-  } catch (const std::exception& e) {
-    throw std::runtime_error(path_ + ": unreadable chunk index (" + e.what() + ")");
+    texts = read_index_texts(path_);
+  } catch (const std::exception& e) {  // a damaged index never stops start-up (issue 59)
+    set_aside(path_, e.what());
+    return;
+  }
+  for (const auto& text : texts) {
+    RegisteredChunk c = chunk_of_(text);  // id recomputed: another model gives other ids
+    chunks_[c.id] = std::move(c);
   }
 }
 

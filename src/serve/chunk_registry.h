@@ -29,7 +29,9 @@ class ChunkRegistry {
  public:
   // The chunk a text becomes under the engine's model (its tokens and content id).
   using ChunkOf = std::function<RegisteredChunk(const std::string& text)>;
-  // Reads the index at `index_path` when there is one; std::runtime_error when unreadable.
+  // Reads the index at `index_path` when there is one. A damaged one (not a regular file, not
+  // the index's JSON) is renamed to <index_path>.damaged-<UTC time> with a warning on stderr,
+  // and the registry starts empty: a damaged index never stops the server (issue 59).
   ChunkRegistry(std::string index_path, ChunkOf chunk_of);
 
   RegisteredChunk chunk_of(const std::string& text) const { return chunk_of_(text); }

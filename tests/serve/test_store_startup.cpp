@@ -1,0 +1,92 @@
+// What `chunkfuse serve` finds in its store folder at start-up (issue 59): a damaged
+// registered-chunk index (serve-chunks.json) is set aside with a warning and the server starts
+// without it, never refusing to start.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <optional>
+
+#include "serve/chunk_registry.h"
+
+namespace cf {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct TempStore {
+  fs::path dir = fs::temp_directory_path() / ("cf_store_startup_" + std::to_string(::getpid()));
+  TempStore() {
+    fs::remove_all(dir);
+    fs::create_directories(dir);
+  }
+  ~TempStore() { fs::remove_all(dir); }
+  void write(const std::string& name, const std::string& text) const { std::ofstream(dir / name) << text; }
+  // Files whose name starts with `prefix`.
+  std::vector<fs::path> named(const std::string& prefix) const {
+    std::vector<fs::path> out;
+    for (const auto& e : fs::directory_iterator(dir))
+      if (e.path().filename().string().rfind(prefix, 0) == 0) out.push_back(e.path());
+    return out;
+  }
+};
+
+RegisteredChunk chunk_of(const std::string& text) { return {"id-" + text, text, {1, 2, 3}}; }
+
+std::string read_all(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+// Before: the constructor threw "unreadable chunk index" and the engine, hence the server,
+// did not start.
+TEST(StoreStartup, DamagedChunkIndexIsSetAsideAndTheRegistryStartsEmpty) {
+  const std::vector<std::string> damaged = {
+      "{\"version\": 1, \"chunks\": [\"Par",            // cut short (a full disk, a crash elsewhere)
+      "{\"version\": 1, \"chunks\": [\"a\", 7]}",       // a wrong type
+      "[]",                                             // not the index at all
+      std::string(100, '[') + std::string(100, ']'),  // deeper than any index
+  };
+  for (const std::string& text : damaged) {
+    TempStore s;
+    const fs::path index = s.dir / "serve-chunks.json";
+    s.write("serve-chunks.json", text);
+    std::optional<ChunkRegistry> reg;
+    testing::internal::CaptureStderr();
+    try {
+      reg.emplace(index.string(), chunk_of);
+    } catch (const std::exception& e) {
+      testing::internal::GetCapturedStderr();
+      ADD_FAILURE() << "start-up refused over " << text.substr(0, 40) << ": " << e.what();
+      continue;
+    }
+    const std::string log = testing::internal::GetCapturedStderr();
+    EXPECT_TRUE(reg->texts().empty());
+    EXPECT_FALSE(fs::exists(index)) << "the damaged index was left in place";
+    const auto aside = s.named("serve-chunks.json.damaged-");
+    ASSERT_EQ(aside.size(), 1u) << "not set aside: " << text.substr(0, 40);
+    EXPECT_EQ(read_all(aside[0]), text) << "the damaged file is kept as it was";
+    EXPECT_NE(log.find("serve-chunks.json"), std::string::npos) << log;
+    EXPECT_NE(log.find("damaged"), std::string::npos) << log;
+    EXPECT_NE(log.find(aside[0].filename().string()), std::string::npos) << log;
+
+    // The registry works from there: a new index is written and read back at the next start.
+    reg->add({chunk_of("Paris is the capital of France.")});
+    reg.reset();
+    ChunkRegistry again(index.string(), chunk_of);
+    EXPECT_EQ(again.texts(), std::vector<std::string>{"Paris is the capital of France."});
+  }
+}
+
+TEST(StoreStartup, AGoodChunkIndexIsReadAsBefore) {
+  TempStore s;
+  s.write("serve-chunks.json", R"({"version": 1, "chunks": ["a", "b"]})");
+  ChunkRegistry reg((s.dir / "serve-chunks.json").string(), chunk_of);
+  EXPECT_EQ(reg.texts(), (std::vector<std::string>{"a", "b"}));
+  EXPECT_TRUE(reg.find("id-a").has_value());
+  EXPECT_TRUE(s.named("serve-chunks.json.damaged-").empty());
+}
+
+}  // namespace
+}  // namespace cf
