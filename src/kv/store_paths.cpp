@@ -2,14 +2,17 @@
 #include "kv/store_paths.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <random>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 namespace cf {
 
@@ -83,6 +86,52 @@ size_t write_private_file_atomic(const fs::path& path, const void* data, size_t 
     ::close(dfd);
   }
   return total;
+}
+
+int private_temp_file_pid(std::string_view name) {
+  constexpr std::string_view kTmp = ".tmp.";
+  constexpr size_t kHex = 16;
+  const size_t at = name.rfind(kTmp);
+  if (name.size() < 2 || name[0] != '.' || at == std::string_view::npos || at < 2) return -1;
+  const std::string_view rest = name.substr(at + kTmp.size());  // "<pid>.<16 hex>"
+  const size_t dot = rest.find('.');
+  if (dot == 0 || dot == std::string_view::npos || dot > 9 || rest.size() - dot - 1 != kHex) return -1;
+  int pid = 0;
+  for (const char c : rest.substr(0, dot)) {
+    if (c < '0' || c > '9') return -1;
+    pid = pid * 10 + (c - '0');
+  }
+  for (const char c : rest.substr(dot + 1))
+    if (!std::isxdigit(static_cast<unsigned char>(c)) || std::isupper(static_cast<unsigned char>(c))) return -1;
+  return pid;
+}
+
+namespace {
+
+// A temp file of ours whose writer is gone (see remove_stale_temp_files).
+bool stale_temp_file(const fs::path& p, fs::file_time_type started) {
+  const int pid = private_temp_file_pid(p.filename().string());
+  if (pid <= 0 || !is_real_file(p)) return false;
+  std::error_code ec;
+  const auto written = fs::last_write_time(p, ec);
+  if (ec || written >= started) return false;
+  const bool writer_alive = pid != ::getpid() && (::kill(pid, 0) == 0 || errno == EPERM);
+  return !writer_alive;
+}
+
+}  // namespace
+
+size_t remove_stale_temp_files(const fs::path& dir, fs::file_time_type started) {
+  if (!is_real_directory(dir)) return 0;
+  std::vector<fs::path> folders{dir};
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec))
+    if (is_real_directory(e.path())) folders.push_back(e.path());
+  size_t removed = 0;
+  for (const auto& folder : folders)
+    for (const auto& e : fs::directory_iterator(folder, ec))
+      if (stale_temp_file(e.path(), started) && fs::remove(e.path(), ec)) ++removed;
+  return removed;
 }
 
 void make_private_file(const fs::path& file) noexcept {

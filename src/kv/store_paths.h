@@ -40,6 +40,17 @@ size_t write_private_file_atomic(const std::filesystem::path& path, const void* 
 inline size_t write_private_file_atomic(const std::filesystem::path& path, std::string_view text, bool durable = true) {
   return write_private_file_atomic(path, text.data(), text.size(), durable);
 }
+// The pid in a temp file name of write_private_file_atomic (".<name>.tmp.<pid>.<16 hex>"), or
+// -1 when `filename` is not one.
+int private_temp_file_pid(std::string_view filename);
+// Removes the temp files write_private_file_atomic leaves when its process dies between create
+// and rename (kill -9, a crash, power loss): only names of that pattern, only regular files
+// (never a link), in `dir` and its real subfolders one level down (the disk tier's
+// <id[0:2]>/), last written before `started` (this process's start-up), and only when the
+// writer is gone: its pid is this process's (which did not exist then) or no live process's.
+// A temp file of a live writer, another process on the same store, is kept. Returns how many
+// were removed.
+size_t remove_stale_temp_files(const std::filesystem::path& dir, std::filesystem::file_time_type started);
 // 0600 on a file this process wrote (before it is renamed into place). Best effort: a file
 // system without modes leaves it as it is.
 void make_private_file(const std::filesystem::path& file) noexcept;

@@ -7,6 +7,7 @@
 #include "serve/engine.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <filesystem>
 #include <random>
 
@@ -47,6 +48,12 @@ class UncachedPrefix : public PrefixSource {
   }
 };
 
+// Temp files a killed writer left in the store (kv/store_paths.h), before anything reads it.
+void remove_stale_temp_files_of(const std::string& dir) {
+  const size_t n = remove_stale_temp_files(dir, std::filesystem::file_time_type::clock::now());
+  if (n) std::fprintf(stderr, "chunkfuse serve: removed %zu stale temp files left in %s by a killed writer\n", n, dir.c_str());
+}
+
 std::string model_name_of(const Model& model, const std::string& path) {
   if (auto n = model.file().get_string("general.name"); n && !n->empty()) return std::string(*n);
   return std::filesystem::path(path).stem().string();
@@ -80,6 +87,7 @@ struct Engine::Impl {
   ChunkStoreOptions store_options() {
     if (opt.cache_dir.empty()) opt.cache_dir = cache_root() + "/serve-store";
     create_private_directories(opt.cache_dir);
+    remove_stale_temp_files_of(opt.cache_dir);
     ChunkStoreOptions so;
     so.dir = opt.cache_dir;
     so.memory_budget_bytes = opt.chunk_memory_bytes;

@@ -1,8 +1,11 @@
 // The store never leaves its folder and keeps what it writes private (issue 17, item 4).
 #include <gtest/gtest.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <cctype>
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 
@@ -135,6 +138,54 @@ TEST(StoreContainment, AtomicPrivateWrite) {
   for (const auto& e : fs::directory_iterator(root.path())) n += e.path().filename().string()[0] == '.';
   EXPECT_EQ(n, 0u);  // no temp file left
   EXPECT_THROW(write_private_file_atomic(root.path() + "/missing/x", std::string_view("x")), std::runtime_error);
+}
+
+// Issue 59: temp files a killed writer left (".<name>.tmp.<pid>.<16 hex>", the names
+// write_private_file_atomic makes) are removed at start-up; nothing else is.
+TEST(StoreContainment, StaleTempFilesOfOursAreRemovedAndNothingElse) {
+  const std::string hex = "0123456789abcdef";
+  EXPECT_EQ(private_temp_file_pid(".serve-chunks.json.tmp.42." + hex), 42);
+  for (const std::string& bad : std::vector<std::string>{"serve-chunks.json.tmp.42." + hex, ".x.tmp.42.0123456789ABCDEF", ".x.tmp.42.0123",
+                                ".x.tmp.." + hex, ".x.tmp.4a2." + hex, ".tmp.42." + hex, ".x.tmp.42." + hex + "0"})
+    EXPECT_EQ(private_temp_file_pid(bad), -1) << bad;
+
+  test::TempDir root;
+  const fs::path store = fs::path(root.path()) / "store";
+  fs::create_directories(store / "ab");
+  fs::create_directories(root.path() + "/elsewhere");
+  const pid_t dead = fork();
+  if (dead == 0) _exit(0);
+  ASSERT_GT(dead, 0);
+  waitpid(dead, nullptr, 0);
+  const auto started = fs::file_time_type::clock::now();
+  auto make = [&](const fs::path& p, std::chrono::seconds age) {
+    std::ofstream(p) << "half a write";
+    fs::last_write_time(p, started - age);
+  };
+  const std::string d = std::to_string(dead), me = std::to_string(::getpid());
+  const std::vector<fs::path> stale = {store / (".serve-chunks.json.tmp." + d + "." + hex),
+                                       store / "ab" / (".ab01.cfkv.tmp." + d + "." + hex),
+                                       store / (".scores.json.tmp." + me + "." + hex)};  // this pid, before it started
+  const std::vector<fs::path> kept = {store / ("x.cfkv.tmp." + d + "." + hex), store / "ab" / "ab01.cfkv",
+                                      store / (".x.tmp.1." + hex),  // pid 1 is alive: its writer may be too
+                                      fs::path(root.path()) / "elsewhere" / (".y.tmp." + d + "." + hex)};
+  for (const auto& p : stale) make(p, std::chrono::hours(1));
+  for (const auto& p : kept) make(p, std::chrono::hours(1));
+  const fs::path fresh = store / (".new.tmp." + d + "." + hex);
+  make(fresh, std::chrono::seconds(-10));  // written after start-up
+  fs::create_symlink(root.path() + "/elsewhere", store / "cd");  // a linked folder is not walked
+  const fs::path via_link = fs::path(root.path()) / "elsewhere" / (".z.tmp." + d + "." + hex);
+  make(via_link, std::chrono::hours(1));
+  const fs::path link = store / (".l.tmp." + d + "." + hex);
+  fs::create_symlink(via_link, link);  // a link with our name: neither it nor its target removed
+
+  EXPECT_EQ(remove_stale_temp_files(store, started), stale.size());
+  for (const auto& p : stale) EXPECT_FALSE(fs::exists(p)) << p;
+  for (const auto& p : kept) EXPECT_TRUE(fs::exists(p)) << p;
+  EXPECT_TRUE(fs::exists(fresh));
+  EXPECT_TRUE(fs::exists(via_link));
+  EXPECT_TRUE(fs::is_symlink(link));
+  EXPECT_EQ(remove_stale_temp_files(store, started), 0u);
 }
 
 }  // namespace
