@@ -127,6 +127,12 @@ void add_serve_command(CLI::App& app, CommandRunner& run) {
   cmd->add_option("--mem-budget", a->engine.chunk_memory_bytes, "memory tier of the chunk store, e.g. 512MiB, 1GiB")
       ->transform(CLI::AsSizeValue(false))
       ->capture_default_str();
+  cmd->add_option("--disk-budget", a->engine.chunk_disk_bytes,
+                  "disk tier of the chunk store, e.g. 2GiB: past it, cache files are deleted, least valuable first "
+                  "(0: unbounded)")
+      ->transform(CLI::AsSizeValue(false))
+      ->default_str("half the free space on the store's file system at start-up plus the store's own files, "
+                    "16MiB to 10GiB");
   cmd->add_option("--prefix-cache-budget", a->engine.prefix_cache_bytes, "K/V bytes of the exact prefix cache")
       ->transform(CLI::AsSizeValue(false))
       ->capture_default_str();

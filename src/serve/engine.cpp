@@ -13,6 +13,7 @@
 
 #include "base/clock.h"
 #include "base/paths.h"
+#include "base/progress.h"
 #include "base/thread_pool.h"
 #include "fusion/executor.h"
 #include "kv/chunk_cache.h"
@@ -22,6 +23,7 @@
 #include "serve/chunk_registry.h"
 #include "serve/conversation_memory.h"
 #include "serve/craft.h"
+#include "serve/disk_budget.h"
 #include "serve/fusion_trace.h"
 #include "serve/passage_matching.h"
 #include "serve/prefix_cache.h"
@@ -52,6 +54,18 @@ class UncachedPrefix : public PrefixSource {
 void remove_stale_temp_files_of(const std::string& dir) {
   const size_t n = remove_stale_temp_files(dir, std::filesystem::file_time_type::clock::now());
   if (n) std::fprintf(stderr, "chunkfuse serve: removed %zu stale temp files left in %s by a killed writer\n", n, dir.c_str());
+}
+
+// serve --disk-budget, or the default for the store's file system now (serve/disk_budget.h),
+// said on stderr.
+size_t resolve_disk_budget(size_t given, const std::string& dir) {
+  if (given != kDiskBudgetDefault) return given;
+  const size_t budget = default_disk_budget(dir);
+  std::fprintf(stderr,
+               "chunkfuse serve: disk tier budget %s (the default: half the free space of %s plus the store's files, "
+               "16 MiB to 10 GiB; --disk-budget sets it)\n",
+               format_bytes(static_cast<double>(budget)).c_str(), dir.c_str());
+  return budget;
 }
 
 std::string model_name_of(const Model& model, const std::string& path) {
@@ -95,7 +109,7 @@ struct Engine::Impl {
     so.model = StoreModel{model->fingerprint(), model->hparams()};
     if (!parse_eviction_policy(opt.chunk_eviction, so.eviction))
       throw std::runtime_error("unknown chunk eviction policy \"" + opt.chunk_eviction + "\" (lru, cachecraft)");
-    so.disk_budget_bytes = opt.chunk_disk_bytes;
+    so.disk_budget_bytes = opt.chunk_disk_bytes = resolve_disk_budget(opt.chunk_disk_bytes, opt.cache_dir);
     so.max_entries = opt.max_chunk_entries;
     so.auth = EntryAuth::optional_from_key_file(opt.store_key_file);
     so.remote = opt.remote;

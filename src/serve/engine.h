@@ -21,6 +21,7 @@
 
 #include "kv/chunk_store.h"
 #include "model/chat_template.h"
+#include "serve/disk_budget.h"
 
 namespace cf {
 
@@ -118,7 +119,9 @@ struct EngineOptions {
   std::string cache_dir;               // chunk store directory; empty: <cache_root>/serve-store
   size_t chunk_memory_bytes = size_t{1} << 30;
   std::string chunk_eviction = "cachecraft";  // memory-tier policy: lru | cachecraft (f_r, Cache-Craft §3.3)
-  size_t chunk_disk_bytes = 0;                // real deletion beyond this many file bytes; 0: unbounded
+  // Cache files past this many bytes are deleted; 0: unbounded; kDiskBudgetDefault: the default
+  // for the store's file system, computed at start-up (serve/disk_budget.h) and kept here.
+  size_t chunk_disk_bytes = kDiskBudgetDefault;
   size_t max_chunk_entries = 0;               // Cache-Craft's N x M entry budget; 0: unbounded
   std::string store_key_file;                 // HMAC key for cache entries (kv/entry_auth.h); empty: none
   size_t prefix_cache_bytes = size_t{256} << 20;

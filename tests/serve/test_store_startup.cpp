@@ -1,6 +1,7 @@
 // What `chunkfuse serve` finds in its store folder at start-up (issue 59): a damaged
 // registered-chunk index (serve-chunks.json) is set aside with a warning and the server starts
-// without it, never refusing to start.
+// without it, never refusing to start; the disk tier's default budget comes from the store's
+// file system (tests/serve_e2e/test_store_startup.py runs a default server on a small tmpfs).
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -9,6 +10,8 @@
 #include <optional>
 
 #include "serve/chunk_registry.h"
+#include "serve/disk_budget.h"
+#include "serve/engine.h"
 
 namespace cf {
 namespace {
@@ -86,6 +89,20 @@ TEST(StoreStartup, AGoodChunkIndexIsReadAsBefore) {
   EXPECT_EQ(reg.texts(), (std::vector<std::string>{"a", "b"}));
   EXPECT_TRUE(reg.find("id-a").has_value());
   EXPECT_TRUE(s.named("serve-chunks.json.damaged-").empty());
+}
+
+// Half of free space plus the store's own files (a restart does not shrink it), 16 MiB to 10 GiB.
+TEST(StoreStartup, DefaultDiskBudgetIsHalfTheRoomCapped) {
+  constexpr uint64_t MiB = uint64_t{1} << 20, GiB = uint64_t{1} << 30;
+  EXPECT_EQ(default_disk_budget(64 * MiB, 0), 32 * MiB);
+  EXPECT_EQ(default_disk_budget(1 * GiB, 3 * GiB), 2 * GiB);
+  EXPECT_EQ(default_disk_budget(500 * GiB, 0), kDefaultDiskBudgetCap);
+  EXPECT_EQ(default_disk_budget(0, 0), kDefaultDiskBudgetFloor);  // a full disk: never 0 (unbounded)
+  EXPECT_EQ(EngineOptions{}.chunk_disk_bytes, kDiskBudgetDefault) << "the engine's default is the computed budget";
+  TempStore s;
+  const size_t here = default_disk_budget(s.dir.string());
+  EXPECT_GE(here, kDefaultDiskBudgetFloor);
+  EXPECT_LE(here, kDefaultDiskBudgetCap);
 }
 
 }  // namespace
