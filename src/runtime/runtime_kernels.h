@@ -43,10 +43,13 @@ struct RuntimeKernels {
   float (*exp)(float x);
 };
 
-// The batched attention tile of AVX-512 machines (attention_flash_avx512.cpp): online
-// softmax, in an order of its own, held to the numerics contract by tolerance. The AVX-512
-// table's attend_tile takes it for every batched call (TileArgs::single_row_order false).
-void attend_tile_flash_avx512(const TileArgs& a, std::vector<float>& scratch);
+// The batched attention tiles of AVX-512 and AVX2 machines (attention_flash.h, one
+// algorithm per ISA file): online softmax, in an order of its own, held to the numerics
+// contract by tolerance. Those ISAs' attend_tile takes it for every batched call
+// (TileArgs::single_row_order false) of a head dim it covers (16, 32, ..., 256); false
+// where it does not, and the llama.cpp order runs.
+bool attend_tile_flash_avx512(const TileArgs& a, std::vector<float>& scratch);
+bool attend_tile_flash_avx2(const TileArgs& a, std::vector<float>& scratch);
 
 const RuntimeKernels& portable_kernels();
 const RuntimeKernels& avx2_kernels();

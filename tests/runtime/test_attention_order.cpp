@@ -1,5 +1,5 @@
 // The attention kernel against a scalar model of llama.cpp's non-flash CPU attention on an
-// AVX-512 build, bit for bit, under the portable and AVX2 kernels and for one row alone on
+// AVX-512 build, bit for bit, under the portable kernels and for one row alone on
 // every ISA: Q rounded to f16; Q.K and P.V as tinyBLAS
 // sums them for a batch (16 lanes, fma chains, _mm512_reduce_add_ps's tree) or as
 // ggml_vec_dot_f16 does for one token (64 lanes folded to 16, then the tree); the softmax
@@ -15,6 +15,7 @@
 #include <limits>
 #include <algorithm>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "base/thread_pool.h"
@@ -193,10 +194,10 @@ Batch make_batch(const Case& c, size_t prefix, size_t rows, std::mt19937& rng) {
 // A prefill of 33 rows after 170 cached entries: tiles of 16 rows (transposed score path,
 // or for heads of 128 and more the row-major one) and a last tile of one row (direct path),
 // every row in the batched order; SmolLM2's heads (64), 128 (Llama 3 8B, Qwen3) and Gemma
-// 3's 256 with one KV head. Portable and AVX2 only: AVX-512 is AttentionContract's.
+// 3's 256 with one KV head. Portable only: AVX2's and AVX-512's are AttentionContract's.
 class AttentionOrderShapes : public ::testing::TestWithParam<AttentionShape> {};
 
-TEST_P(AttentionOrderShapes, BatchMatchesLlamaCppBitForBitBelowAvx512) {
+TEST_P(AttentionOrderShapes, BatchMatchesLlamaCppBitForBitOnPortable) {
   std::mt19937 rng(21);
   const size_t prefix = 170, rows = 33;
   Case c = make_case(prefix + rows, rng, GetParam());
@@ -209,7 +210,7 @@ TEST_P(AttentionOrderShapes, BatchMatchesLlamaCppBitForBitBelowAvx512) {
   }
   ThreadPool pool(2);
   for (Isa isa : isas()) {
-    if (isa >= Isa::Avx512) continue;
+    if (isa >= Isa::Avx2) continue;
     IsaGuard g(isa);
     std::vector<float> got(rows * qd);
     attention(c.s, b.q.data(), b.row_pos.data(), rows, c.K16.data(), c.V16.data(), c.entry_pos.data(), c.n_entries,
@@ -218,24 +219,24 @@ TEST_P(AttentionOrderShapes, BatchMatchesLlamaCppBitForBitBelowAvx512) {
   }
 }
 
-// The AVX-512 batched kernel against the attention in double: every output within 2e-5 of
-// it (V ~ N(0, 1); float sums over <= 256 values), and closer to it than llama.cpp's order
-// (whose P rounded to f16 costs ~1e-4), over the shapes above, with unordered cache
-// positions (a shuffled cache), rows that see nothing (positions before every entry), and
-// a sliding window.
-TEST_P(AttentionOrderShapes, AttentionContractBatchWithinToleranceOnAvx512) {
-  if (detect_isa() < Isa::Avx512) GTEST_SKIP() << "AVX-512 absent on this CPU: its attention kernel was not compared";
+// The AVX2 and AVX-512 batched kernels against the attention in double: every output
+// within 2e-5 of it (V ~ N(0, 1); float sums over <= 256 values), and closer to it than
+// llama.cpp's order (whose P rounded to f16 costs ~1e-4), over the shapes above, with
+// unordered cache positions (a shuffled cache), rows that see nothing (positions before
+// every entry), a sliding window, and a whole prompt with no cached prefix.
+void expect_contract(Isa isa, const AttentionShape& param) {
   std::mt19937 rng(24);
-  for (int window : {0, 50}) {
-    const size_t prefix = 170, rows = 49;
-    AttentionShape shape = GetParam();
+  // After a cached prefix, and a whole prompt (row i sees entries 0..i: blocks half seen).
+  for (auto [window, prefix] : {std::pair{0, 170}, std::pair{50, 170}, std::pair{0, 0}}) {
+    const size_t rows = 49;
+    AttentionShape shape = param;
     shape.window = window;
     Case c = make_case(prefix + rows, rng, shape);
     std::shuffle(c.entry_pos.begin(), c.entry_pos.end(), rng);  // K/V rows stay: entries in any order
     const size_t qd = static_cast<size_t>(c.s.n_heads) * c.s.head_dim;
     Batch b = make_batch(c, prefix, rows, rng);
     b.row_pos[3] = -1;  // sees no entry: zeros
-    IsaGuard g(Isa::Avx512);
+    IsaGuard g(isa);
     ThreadPool pool(2);
     std::vector<float> got(rows * qd);
     attention(c.s, b.q.data(), b.row_pos.data(), rows, c.K16.data(), c.V16.data(), c.entry_pos.data(), c.n_entries,
@@ -244,7 +245,7 @@ TEST_P(AttentionOrderShapes, AttentionContractBatchWithinToleranceOnAvx512) {
     for (size_t r = 0; r < rows; ++r) {
       const auto exact = exact_attention_row(c, &b.q[r * qd], b.row_pos[r]);
       for (size_t i = 0; i < qd; ++i) {
-        ASSERT_NEAR(got[r * qd + i], exact[i], 2e-5) << "window " << window << " row " << r << " at " << i;
+        ASSERT_NEAR(got[r * qd + i], exact[i], 2e-5) << isa_name(isa) << " window " << window << " row " << r << " at " << i;
         sq_ours += std::pow(got[r * qd + i] - exact[i], 2);
       }
       if (r == 3) {
@@ -260,6 +261,16 @@ TEST_P(AttentionOrderShapes, AttentionContractBatchWithinToleranceOnAvx512) {
       EXPECT_LT(sq_ours, sq_llama) << "the online softmax in float is closer to exact than llama.cpp's order";
     }
   }
+}
+
+TEST_P(AttentionOrderShapes, AttentionContractBatchWithinToleranceOnAvx2) {
+  if (detect_isa() < Isa::Avx2) GTEST_SKIP() << "AVX2 absent on this CPU: its attention kernel was not compared";
+  expect_contract(Isa::Avx2, GetParam());
+}
+
+TEST_P(AttentionOrderShapes, AttentionContractBatchWithinToleranceOnAvx512) {
+  if (detect_isa() < Isa::Avx512) GTEST_SKIP() << "AVX-512 absent on this CPU: its attention kernel was not compared";
+  expect_contract(Isa::Avx512, GetParam());
 }
 
 // A batched row's result does not depend on the other rows of its call (tiles of other

@@ -1,0 +1,227 @@
+// Batched attention in an order of our own (prefill and recomputed rows:
+// TileArgs::single_row_order false), held to the numerics contract by tolerance
+// (docs/ARCHITECTURE.md, "Numerics contract"; tests/runtime/test_attention_order.cpp,
+// AttentionContract*), not to llama.cpp's bits as the portable kernel and every decode step
+// are. One algorithm, instantiated per ISA with that ISA's vector type (S below:
+// attention_flash_avx512.cpp, attention_flash_avx2.cpp).
+//
+// One pass over the cache in blocks of 4 vectors of entries (64 on AVX-512, 32 on AVX2)
+// with an online softmax (FlashAttention's recurrence: per query a running maximum m, sum
+// l and output o; a block with a higher maximum rescales l and o by exp(m_old - m_new)),
+// where the llama.cpp order needs all scores first, then the softmax, then P.V in 16 lanes
+// per output. Per block the entries' K are converted to float once (transposed,
+// [d][entry]) and V once ([entry][d]) and shared by every query of the task (its rows x the
+// KV head's query heads); the score and P.V loops are register-blocked over queries (S's
+// kScoreQueries queries x the block's entries; up to S's kAccRegs accumulators of hd in
+// P.V) so that one loaded vector feeds several fmas. Everything stays in float: Q rounded to
+// f16 (as llama.cpp's Q.K input is) and scaled, P not rounded to f16 (llama.cpp rounds it),
+// so the result is closer to the exact attention than llama.cpp's (the tests measure it).
+//
+// A query's result depends only on its own q, position and the cache: not on the other rows
+// of its task (blocks no query of the task sees are skipped, and a block a query does not
+// see leaves its m, l and o exactly as they were), so a row gives the same bits in any batch.
+//
+// S provides: F (float vector of W lanes), I (int32 vector), M (lane mask), kScoreQueries,
+// kAccRegs; zero, set1, load, store, fmadd, mul, add, sub, load_i, visible(e, pos, low)
+// (low < e <= pos), masked_max(mx, m, v), maskz(m, v), reduce_max, reduce_add, first, exp,
+// cvtph (W f16 values from memory). Internal linkage on purpose (as kernels_panel.h): each
+// ISA's file compiles this with its own flags.
+#pragma once
+#include <immintrin.h>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <utility>
+#include <vector>
+
+#include "runtime/runtime_kernels.h"
+
+namespace cf::rk {
+namespace {
+
+inline float flash_f16_round(float x) { return _cvtsh_ss(_cvtss_sh(x, _MM_FROUND_TO_NEAREST_INT)); }
+
+constexpr int largest_divisor_up_to(int n, int most) {
+  for (int d = most < n ? most : n; d > 1; --d)
+    if (n % d == 0) return d;
+  return 1;
+}
+
+// hd = head_dim = W * NC.
+template <class S, int NC>
+void flash_tile(const TileArgs& a, std::vector<float>& scratch) {
+  using F = typename S::F;
+  constexpr int W = S::W, hd = W * NC, kQ = S::kScoreQueries;
+  constexpr size_t kEntries = 4 * W;  // cache entries per block: 4 score vectors per query
+  // P.V: kOutQueries queries x kOutC vectors of hd at a time (at most kAccRegs).
+  constexpr int kOutC = largest_divisor_up_to(NC, S::kAccRegs);
+  constexpr int kOutQ0 = S::kAccRegs / kOutC;
+  constexpr int kOutQueries = kOutQ0 >= kQ ? kQ : kOutQ0 >= 2 && kQ % 2 == 0 ? 2 : 1;  // divides kQ
+  static_assert(NC % kOutC == 0 && kQ % kOutQueries == 0);
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  const AttentionShape& s = *a.s;
+  const int group = s.n_heads / s.n_kv_heads;
+  const size_t q_stride = static_cast<size_t>(s.n_heads) * hd;
+  const size_t kv_stride = static_cast<size_t>(s.n_kv_heads) * hd;
+  const size_t n_rows = a.row_end - a.row_begin;
+  const size_t nq = n_rows * static_cast<size_t>(group);
+  const size_t nq_pad = (nq + kQ - 1) / kQ * kQ;
+  const float scale = s.score_scale(), q_pre = s.q_prescale();
+
+  // scratch: kt [hd][E] | vt [E][hd] | q [nq_pad][hd] | o [nq_pad][hd] | p [kQ][E] | m, l,
+  // qpos, qlow [nq_pad]
+  scratch.resize(2 * hd * kEntries + 2 * nq_pad * hd + kQ * kEntries + 4 * nq_pad + 16);
+  float* base = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(scratch.data()) + 63) & ~uintptr_t{63});
+  float* kt = base;
+  float* vt = kt + hd * kEntries;
+  float* qs = vt + hd * kEntries;
+  float* o = qs + nq_pad * hd;
+  float* p = o + nq_pad * hd;
+  float* m = p + kQ * kEntries;
+  float* l = m + nq_pad;
+  auto* qpos = reinterpret_cast<int32_t*>(l + nq_pad);
+  int32_t* qlow = qpos + nq_pad;
+
+  int32_t max_pos = std::numeric_limits<int32_t>::min(), min_low = std::numeric_limits<int32_t>::max();
+  for (size_t qi = 0; qi < nq_pad; ++qi) {
+    float* dst = qs + qi * hd;
+    if (qi >= nq) {  // padding queries: see nothing, their results are dropped
+      std::fill_n(dst, hd, 0.f);
+      qpos[qi] = std::numeric_limits<int32_t>::min();
+      qlow[qi] = std::numeric_limits<int32_t>::max();
+    } else {
+      const size_t r = qi / group, j = qi % group;
+      const float* src = a.q + (a.row_begin + r) * q_stride + (static_cast<size_t>(a.kv_head) * group + j) * hd;
+      for (int d = 0; d < hd; ++d) dst[d] = flash_f16_round(src[d] * q_pre) * scale;
+      qpos[qi] = a.row_pos[a.row_begin + r];
+      qlow[qi] = s.window > 0 ? qpos[qi] - s.window : std::numeric_limits<int32_t>::min();
+      max_pos = std::max(max_pos, qpos[qi]);
+      min_low = std::min(min_low, qlow[qi]);
+    }
+    std::fill_n(o + qi * hd, hd, 0.f);
+    m[qi] = kNegInf;
+    l[qi] = 0.f;
+  }
+
+  const size_t n_blocks = (a.n_entries + kEntries - 1) / kEntries;
+  for (size_t b = 0; b < n_blocks; ++b) {
+    const size_t b0 = b * kEntries, bn = std::min(kEntries, a.n_entries - b0);
+    alignas(64) int32_t epos[kEntries];
+    int32_t blk_min = std::numeric_limits<int32_t>::max(), blk_max = std::numeric_limits<int32_t>::min();
+    for (size_t e = 0; e < kEntries; ++e) {
+      epos[e] = e < bn ? a.entry_pos[b0 + e] : std::numeric_limits<int32_t>::max();  // padding: never visible
+      if (e < bn) {
+        blk_min = std::min(blk_min, epos[e]);
+        blk_max = std::max(blk_max, epos[e]);
+      }
+    }
+    if (blk_min > max_pos || blk_max <= min_low) continue;  // no query of the task sees it
+    const uint16_t* kb = a.K + b0 * kv_stride + static_cast<size_t>(a.kv_head) * hd;
+    const uint16_t* vb = a.V + b0 * kv_stride + static_cast<size_t>(a.kv_head) * hd;
+    for (size_t e = 0; e < kEntries; ++e)
+      for (int c = 0; c < NC; ++c) {
+        const F k = e < bn ? S::cvtph(kb + e * kv_stride + W * c) : S::zero();
+        const F v = e < bn ? S::cvtph(vb + e * kv_stride + W * c) : S::zero();
+        S::store(vt + e * hd + W * c, v);
+        alignas(64) float kr[W];
+        S::store(kr, k);
+        for (int d = 0; d < W; ++d) kt[(W * c + d) * kEntries + e] = kr[d];
+      }
+    const typename S::I ep[4] = {S::load_i(epos), S::load_i(epos + W), S::load_i(epos + 2 * W), S::load_i(epos + 3 * W)};
+
+    for (size_t q0 = 0; q0 < nq_pad; q0 += kQ) {
+      // Scores of kQ queries x the block's entries.
+      F acc[kQ][4];
+      for (int j = 0; j < kQ; ++j)
+        for (int c = 0; c < 4; ++c) acc[j][c] = S::zero();
+      for (int d = 0; d < hd; ++d) {
+        const float* kd = kt + d * kEntries;
+        const F k0 = S::load(kd), k1 = S::load(kd + W), k2 = S::load(kd + 2 * W), k3 = S::load(kd + 3 * W);
+        for (int j = 0; j < kQ; ++j) {
+          const F qd = S::set1(qs[(q0 + j) * hd + d]);
+          acc[j][0] = S::fmadd(qd, k0, acc[j][0]);
+          acc[j][1] = S::fmadd(qd, k1, acc[j][1]);
+          acc[j][2] = S::fmadd(qd, k2, acc[j][2]);
+          acc[j][3] = S::fmadd(qd, k3, acc[j][3]);
+        }
+      }
+      float alpha[kQ];
+      bool any = false;
+      for (int j = 0; j < kQ; ++j) {
+        const size_t qi = q0 + j;
+        typename S::M vis[4];
+        F mx = S::set1(kNegInf);
+        for (int c = 0; c < 4; ++c) {
+          vis[c] = S::visible(ep[c], qpos[qi], qlow[qi]);
+          mx = S::masked_max(mx, vis[c], acc[j][c]);
+        }
+        const float m_new = std::max(m[qi], S::reduce_max(mx));
+        float* pj = p + j * kEntries;
+        if (m_new == kNegInf) {  // nothing visible yet: o, l, m stay
+          alpha[j] = 1.f;
+          std::fill_n(pj, kEntries, 0.f);
+          continue;
+        }
+        any = true;
+        const F mv = S::set1(m_new);
+        F sum = S::zero();
+        for (int c = 0; c < 4; ++c) {
+          const F pc = S::maskz(vis[c], S::exp(S::sub(acc[j][c], mv)));
+          S::store(pj + W * c, pc);
+          sum = S::add(sum, pc);
+        }
+        alpha[j] = m[qi] == kNegInf ? 0.f : S::first(S::exp(S::set1(m[qi] - m_new)));
+        l[qi] = l[qi] * alpha[j] + S::reduce_add(sum);
+        m[qi] = m_new;
+      }
+      if (!any) continue;
+      // o = o * alpha + P V, kOutQueries queries x kOutC vectors at a time.
+      for (int j0 = 0; j0 < kQ; j0 += kOutQueries)
+        for (int c0 = 0; c0 < NC; c0 += kOutC) {
+          F out[kOutQueries][kOutC];
+          for (int j = 0; j < kOutQueries; ++j) {
+            const F al = S::set1(alpha[j0 + j]);
+            for (int c = 0; c < kOutC; ++c) out[j][c] = S::mul(S::load(o + (q0 + j0 + j) * hd + W * (c0 + c)), al);
+          }
+          for (size_t e = 0; e < bn; ++e) {
+            const float* ve = vt + e * hd + W * c0;
+            for (int c = 0; c < kOutC; ++c) {
+              const F v = S::load(ve + W * c);
+              for (int j = 0; j < kOutQueries; ++j) out[j][c] = S::fmadd(S::set1(p[(j0 + j) * kEntries + e]), v, out[j][c]);
+            }
+          }
+          for (int j = 0; j < kOutQueries; ++j)
+            for (int c = 0; c < kOutC; ++c) S::store(o + (q0 + j0 + j) * hd + W * (c0 + c), out[j][c]);
+        }
+    }
+  }
+
+  for (size_t qi = 0; qi < nq; ++qi) {
+    const size_t r = qi / group, j = qi % group;
+    float* dst = a.out + (a.row_begin + r) * q_stride + (static_cast<size_t>(a.kv_head) * group + j) * hd;
+    const F inv = S::set1(l[qi] > 0.f ? 1.0f / l[qi] : 0.f);  // no entry seen: zeros
+    for (int c = 0; c < NC; ++c) S::storeu(dst + W * c, S::mul(S::load(o + qi * hd + W * c), inv));
+  }
+}
+
+// Head dims 16, 32, ..., 256 (every file we load); others take the llama.cpp order.
+template <class S, size_t... I>
+constexpr auto flash_table(std::index_sequence<I...>) {
+  return std::array<void (*)(const TileArgs&, std::vector<float>&), sizeof...(I)>{
+      &flash_tile<S, static_cast<int>(16 * (I + 1)) / S::W>...};
+}
+
+template <class S>
+bool flash_attend(const TileArgs& a, std::vector<float>& scratch) {
+  static constexpr auto table = flash_table<S>(std::make_index_sequence<16>{});
+  const int hd = a.s->head_dim;
+  if (hd % 16 != 0 || hd < 16 || hd > 256) return false;
+  table[static_cast<size_t>(hd / 16 - 1)](a, scratch);
+  return true;
+}
+
+}  // namespace
+}  // namespace cf::rk
