@@ -85,16 +85,6 @@ Isa env_capped(Isa best) {
 
 std::atomic<int> g_forced_isa{-1};
 
-const kern::IsaKernels& kernels_for(Isa isa) {
-  switch (isa) {
-    case Isa::Amx:  // decode and the float tiles: AVX-512's kernels
-    case Isa::Avx512: return kern::avx512_kernels();
-    case Isa::Avx2: return kern::avx2_kernels();
-    case Isa::Portable: break;
-  }
-  return kern::portable_kernels();
-}
-
 const kern::PanelKernels& panel_kernels_for(Isa isa) {
   switch (isa) {
     case Isa::Amx: return kern::panel_kernels_amx();
@@ -333,7 +323,7 @@ void WeightMatrix::multiply_rows(const float* x, size_t n, size_t x_stride, floa
   }
 
   const Isa isa = active_isa();
-  const kern::IsaKernels& k = kernels_for(isa);
+  const kern::IsaKernels& k = kern::isa_kernels_for(isa);
   const bool half = m.layout == kern::TileLayout::Half, kq = m.layout == kern::TileLayout::KSuper;
   // llama.cpp's GEMM threshold: K-quants 8 rows (tiled GEMM); F16/BF16 2 rows (tinyBLAS,
   // which only takes matrices of a multiple of 4 rows).
@@ -417,3 +407,15 @@ void WeightMatrix::multiply_rows(const float* x, size_t n, size_t x_stride, floa
 }
 
 }  // namespace cf
+
+namespace cf::kern {
+const IsaKernels& isa_kernels_for(Isa isa) {
+  switch (isa) {
+    case Isa::Amx:  // decode and the float tiles: AVX-512's kernels
+    case Isa::Avx512: return isa_kernels_avx512();
+    case Isa::Avx2: return isa_kernels_avx2();
+    case Isa::Portable: break;
+  }
+  return isa_kernels_portable();
+}
+}  // namespace cf::kern

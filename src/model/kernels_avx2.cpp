@@ -645,7 +645,7 @@ TileKernelFn kquant_tile_avx2(KQuant q) {
   return kKTile<KQuant::Q6>;
 }
 
-const IsaKernels& avx2_kernels() {
+const IsaKernels& isa_kernels_avx2() {
   static const IsaKernels k{quantize_q8_avx2,  quantize_q8_k_avx2, kPairTile<PairKind::Q4_1>, kPairTile<PairKind::Q4_0>,
                             kPairTile<PairKind::Q5_1>, kPairTile<PairKind::Q5_0>, kPairTile<PairKind::Q8_0>,
                             half_tile<false, false>,

@@ -640,7 +640,7 @@ TileKernelFn kquant_tile_avx512(KQuant q) {
   return kKTile<KQuant::Q6>;
 }
 
-const IsaKernels& avx512_kernels() {
+const IsaKernels& isa_kernels_avx512() {
   // llama.cpp's BF16 order is vdpbf16ps's; its two-fma form stands in for it only where it
   // gives the same bits (else llama.cpp's build for this CPU computes something else).
   static const bool bf16_hw = (__builtin_cpu_init(), __builtin_cpu_supports("avx512bf16"));

@@ -23,6 +23,10 @@
 #include <cstdint>
 #include <cstring>
 
+namespace cf {
+enum class Isa;  // model/kernels.h
+}  // namespace cf
+
 namespace cf::kern {
 
 constexpr size_t kQK = 32;          // elements per Q4_1 / Q8_0 / Q8_1 block
@@ -247,9 +251,12 @@ TileKernelFn kquant_tile_avx512(KQuant);
 // the panel GEMM (kernels_panel.h; llama.cpp's threshold for its own tiled K-quant GEMM).
 constexpr size_t kKQuantBatchedRows = 8;
 
-const IsaKernels& portable_kernels();
-const IsaKernels& avx2_kernels();
-const IsaKernels& avx512_kernels();
+const IsaKernels& isa_kernels_portable();
+const IsaKernels& isa_kernels_avx2();
+const IsaKernels& isa_kernels_avx512();
+// The table an ISA runs (Amx: AVX-512's; the AMX GEMM is a panel kernel), as
+// runtime/runtime_kernels.h's runtime_kernels_for.
+const IsaKernels& isa_kernels_for(cf::Isa isa);
 
 // Repacking (kernels_repack.cpp): which tile layout each block-quantized weight type
 // takes, the repack of a whole matrix, and row o back as floats (bit-identical to

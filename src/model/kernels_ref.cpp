@@ -375,7 +375,7 @@ void half_tile_portable(const uint8_t* tile, size_t nb, const ActView& a, size_t
 
 }  // namespace
 
-const IsaKernels& portable_kernels() {
+const IsaKernels& isa_kernels_portable() {
   static const IsaKernels k{quantize_q8_portable,
                             quantize_q8_k_record,
                             nib_tile_portable<NibKind::Q4_1>,

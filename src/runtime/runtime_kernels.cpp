@@ -4,14 +4,16 @@
 
 namespace cf::rk {
 
-const RuntimeKernels& active() {
-  switch (active_isa()) {
+const RuntimeKernels& runtime_kernels_for(Isa isa) {
+  switch (isa) {
     case Isa::Amx:  // AMX is the prefill GEMM's; attention runs AVX-512
-    case Isa::Avx512: return avx512_kernels();
-    case Isa::Avx2: return avx2_kernels();
+    case Isa::Avx512: return runtime_kernels_avx512();
+    case Isa::Avx2: return runtime_kernels_avx2();
     case Isa::Portable: break;
   }
-  return portable_kernels();
+  return runtime_kernels_portable();
 }
+
+const RuntimeKernels& active() { return runtime_kernels_for(active_isa()); }
 
 }  // namespace cf::rk

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "model/kernels.h"  // Isa
 #include "runtime/attention.h"
 
 namespace cf::rk {
@@ -51,9 +52,12 @@ struct RuntimeKernels {
 bool attend_tile_flash_avx512(const TileArgs& a, std::vector<float>& scratch);
 bool attend_tile_flash_avx2(const TileArgs& a, std::vector<float>& scratch);
 
-const RuntimeKernels& portable_kernels();
-const RuntimeKernels& avx2_kernels();
-const RuntimeKernels& avx512_kernels();
-const RuntimeKernels& active();  // by cf::active_isa()
+const RuntimeKernels& runtime_kernels_portable();
+const RuntimeKernels& runtime_kernels_avx2();
+const RuntimeKernels& runtime_kernels_avx512();
+// The table an ISA runs (Amx: AVX-512's), as model/kernels_impl.h's isa_kernels_for: one
+// dispatch scheme, <table>_<isa>() per ISA file and <table>_for(Isa) to pick.
+const RuntimeKernels& runtime_kernels_for(Isa isa);
+const RuntimeKernels& active();  // runtime_kernels_for(cf::active_isa())
 
 }  // namespace cf::rk

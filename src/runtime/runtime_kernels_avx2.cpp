@@ -4,5 +4,5 @@
 #include "runtime/runtime_kernels_impl.inc"
 
 namespace cf::rk {
-const RuntimeKernels& avx2_kernels() { return avx2_impl::table(); }
+const RuntimeKernels& runtime_kernels_avx2() { return avx2_impl::table(); }
 }  // namespace cf::rk

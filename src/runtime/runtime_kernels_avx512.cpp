@@ -4,5 +4,5 @@
 #include "runtime/runtime_kernels_impl.inc"
 
 namespace cf::rk {
-const RuntimeKernels& avx512_kernels() { return avx512_impl::table(); }
+const RuntimeKernels& runtime_kernels_avx512() { return avx512_impl::table(); }
 }  // namespace cf::rk

@@ -4,5 +4,5 @@
 #include "runtime/runtime_kernels_impl.inc"
 
 namespace cf::rk {
-const RuntimeKernels& portable_kernels() { return portable_impl::table(); }
+const RuntimeKernels& runtime_kernels_portable() { return portable_impl::table(); }
 }  // namespace cf::rk

@@ -286,7 +286,7 @@ TEST(Dequantize, EveryTypeMatchesPerElementFormula) {
 
 // The kernel table of one ISA (each test checks that it is available first).
 const kern::IsaKernels& isa_kernels(Isa isa) {
-  return isa == Isa::Avx512 ? kern::avx512_kernels() : isa == Isa::Avx2 ? kern::avx2_kernels() : kern::portable_kernels();
+  return kern::isa_kernels_for(isa);
 }
 
 TEST(Quantize, Q8MatchesLlamaCppRuleOnEveryIsa) {
@@ -1183,9 +1183,7 @@ TEST(Quantize, FloatTileActivationsSameOnEveryIsa) {
   for (bool bf : {false, true}) {
     (bf ? kern::round_bf16_row : kern::round_f16_row)(x.data(), cols, want.data());
     for (Isa isa : available_isas()) {
-      const kern::IsaKernels& k = isa == Isa::Avx512 ? kern::avx512_kernels()
-                                  : isa == Isa::Avx2 ? kern::avx2_kernels()
-                                                     : kern::portable_kernels();
+      const kern::IsaKernels& k = kern::isa_kernels_for(isa);
       std::fill(got.begin(), got.end(), -7.0f);
       (bf ? k.round_bf16 : k.round_f16)(x.data(), cols, got.data());
       for (size_t i = 0; i < cols; ++i)
