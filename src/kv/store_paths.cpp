@@ -12,6 +12,7 @@
 #include <random>
 #include <stdexcept>
 #include <string>
+#include <system_error>
 #include <vector>
 
 namespace cf {
@@ -62,22 +63,28 @@ size_t write_private_file_atomic(const fs::path& path, const void* data, size_t 
   std::string tmp_name = ".";  // appended, not operator+: GCC 12 warns falsely (-Wrestrict) on that
   tmp_name.append(path.filename().string()).append(suffix);
   const std::string tmp = (dir / tmp_name).string();
-  auto why = [] { return std::string(std::strerror(errno)); };
+  // std::system_error keeps errno, so a caller can tell a full disk (ENOSPC) from other faults.
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, kPrivateFileMode);
-  if (fd < 0) throw std::runtime_error("cannot create " + tmp + ": " + why());
+  if (fd < 0) throw std::system_error(errno, std::generic_category(), "cannot create " + tmp);
   std::string error;
+  int code = 0;
+  auto fail = [&](std::string what) {
+    code = errno != 0 ? errno : EIO;  // write(2) of 0 bytes sets none
+    error = std::move(what);
+  };
   for (auto* p = static_cast<const uint8_t*>(data); error.empty() && n > 0;) {
+    errno = 0;
     const ssize_t w = ::write(fd, p, n);
     if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) error = "write: " + why();
+    if (w <= 0) fail("write");
     else p += w, n -= static_cast<size_t>(w);
   }
-  if (error.empty() && durable && ::fsync(fd) != 0) error = "fsync: " + why();
-  if (::close(fd) != 0 && error.empty()) error = "close: " + why();
-  if (error.empty() && ::rename(tmp.c_str(), path.c_str()) != 0) error = "rename to " + path.string() + ": " + why();
+  if (error.empty() && durable && ::fsync(fd) != 0) fail("fsync");
+  if (::close(fd) != 0 && error.empty()) fail("close");
+  if (error.empty() && ::rename(tmp.c_str(), path.c_str()) != 0) fail("rename to " + path.string());
   if (!error.empty()) {
     ::unlink(tmp.c_str());
-    throw std::runtime_error("writing " + tmp + ": " + error);
+    throw std::system_error(code, std::generic_category(), "writing " + tmp + ": " + error);
   }
   // The rename is durable only once the directory entry is on disk.
   const int dfd = durable ? ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC) : -1;

@@ -35,7 +35,8 @@ bool ensure_private_directory(const std::filesystem::path& dir, std::error_code&
 // ".<name>.tmp.<pid>.<random>" in the same folder created O_CREAT|O_EXCL|O_NOFOLLOW with mode
 // 0600 (never an existing file or a planted link, never readable by others, whatever the
 // umask), written, fsynced (durable), renamed over `path`, then the folder fsynced (durable).
-// std::runtime_error naming the file on failure; the temp file is removed. Returns n.
+// std::system_error (a std::runtime_error) naming the file, with errno as its code (ENOSPC: the
+// disk is full), on failure; the temp file is removed. Returns n.
 size_t write_private_file_atomic(const std::filesystem::path& path, const void* data, size_t n, bool durable = true);
 inline size_t write_private_file_atomic(const std::filesystem::path& path, std::string_view text, bool durable = true) {
   return write_private_file_atomic(path, text.data(), text.size(), durable);

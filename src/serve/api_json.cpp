@@ -516,6 +516,9 @@ std::string prometheus_text(const EngineMetrics& m, const HttpCounters& h, bool 
           "Connections closed because a request did not arrive in time (or its headers grew past the budget).",
           h.connection_timeouts);
   gauge("chunkfuse_http_connections_open", "Open HTTP connections.", static_cast<double>(h.connections_open));
+  counter("chunkfuse_knowledge_background_failures_total",
+          "Knowledge-base saves, registrations and cache drops that failed in the background (logged; retried).",
+          h.knowledge_failures);
   return os.str();
 }
 

@@ -79,6 +79,7 @@ struct HttpCounters {
   uint64_t unauthorized = 0;                                  // 401s
   uint64_t connections_refused = 0, connection_timeouts = 0;  // at the cap / past the deadline
   uint64_t connections_open = 0;
+  uint64_t knowledge_failures = 0;  // KnowledgeBase::background_failures
 };
 
 // GET /metrics in Prometheus text exposition format 0.0.4. `cache_use` false (under

@@ -13,6 +13,7 @@
 #include "kv/store_paths.h"
 #include "serve/engine.h"
 #include "serve/prompt_layout.h"
+#include "serve/store_write.h"
 
 namespace cf {
 
@@ -111,18 +112,29 @@ void ChunkRegistry::lay_out_documents(const std::vector<DocumentRef>& documents,
   }
 }
 
+// Write, then commit (issue 59): the index is written as it will be after the change, and the
+// change is made in memory only once the file is in place; a failed write (a full disk) is
+// RequestError 507/503 with nothing changed.
 void ChunkRegistry::add(std::vector<RegisteredChunk> chunks) {
   std::lock_guard<std::mutex> lock(mu_);
+  std::map<std::string, const std::string*> next;  // id -> text, the index after the change
+  for (const auto& [id, c] : chunks_) next[id] = &c.text;
+  for (const auto& c : chunks) next[c.id] = &c.text;
+  save_locked(next);
   for (auto& c : chunks) chunks_[c.id] = std::move(c);
   ++version_;
-  save_locked();
 }
 
 bool ChunkRegistry::remove(const std::string& id) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (chunks_.erase(id) == 0) return false;
+  auto it = chunks_.find(id);
+  if (it == chunks_.end()) return false;
+  std::map<std::string, const std::string*> next;
+  for (const auto& [other, c] : chunks_)
+    if (other != id) next[other] = &c.text;
+  save_locked(next);
+  chunks_.erase(it);
   ++version_;
-  save_locked();
   return true;
 }
 
@@ -134,12 +146,16 @@ std::vector<std::string> ChunkRegistry::texts() const {
   return out;
 }
 
-void ChunkRegistry::save_locked() const {
+void ChunkRegistry::save_locked(const std::map<std::string, const std::string*>& texts_by_id) const {
   nlohmann::json texts = nlohmann::json::array();
-  for (const auto& [id, c] : chunks_) texts.push_back(c.text);
+  for (const auto& [id, text] : texts_by_id) texts.push_back(*text);
   // Document texts: a fresh 0600 temp file (O_EXCL|O_NOFOLLOW, never a planted link), fsync,
   // rename; the store's one atomic writer (issue 29 item 11).
-  write_private_file_atomic(path_, nlohmann::json{{"version", 1}, {"chunks", texts}}.dump());
+  try {
+    write_private_file_atomic(path_, nlohmann::json{{"version", 1}, {"chunks", texts}}.dump());
+  } catch (const std::exception& e) {
+    throw store_write_error("the chunk index", e);
+  }
 }
 
 }  // namespace cf

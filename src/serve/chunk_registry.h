@@ -40,13 +40,15 @@ class ChunkRegistry {
   // layout.chunk_ids in request order; RequestError 400 (both or neither given) or 404 (an
   // unknown id).
   void lay_out_documents(const std::vector<DocumentRef>& documents, PromptLayout& layout) const;
-  void add(std::vector<RegisteredChunk> chunks);  // saves the index
-  bool remove(const std::string& id);             // saves the index; false when unknown
+  // Both write the index first and change the registry only once it is written: a failed
+  // write (a full disk) throws RequestError 507 (503 for another I/O fault) with nothing changed.
+  void add(std::vector<RegisteredChunk> chunks);
+  bool remove(const std::string& id);  // false when unknown
   std::vector<std::string> texts() const;         // in id order
   uint64_t version() const { return version_.load(); }  // changes whenever the chunks do
 
  private:
-  void save_locked() const;
+  void save_locked(const std::map<std::string, const std::string*>& texts_by_id) const;  // throws
 
   const std::string path_;
   const ChunkOf chunk_of_;

@@ -337,9 +337,11 @@ const ChunkStore& Engine::chunk_store() const { return impl_->store; }
 std::vector<std::string> Engine::registered_texts() const { return impl_->registry.texts(); }
 uint64_t Engine::registry_version() const { return impl_->registry.version(); }
 
+// The cache first: on a full disk its file is what frees room for the index, and a chunk whose
+// index entry could not be dropped (507) is still registered, its cache recomputed on use.
 bool Engine::remove_chunk(const std::string& id) {
-  const bool known = impl_->registry.remove(id);
   const bool stored = impl_->store.remove(id);
+  const bool known = impl_->registry.remove(id);
   return known || stored;
 }
 

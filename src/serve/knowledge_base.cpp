@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <utility>
 
 #include "fusion/bm25.h"
 #include "kv/cache_file.h"
@@ -16,6 +17,7 @@
 #include "serve/chunk_cache_state.h"
 #include "serve/chunking.h"
 #include "serve/knowledge_base_file.h"
+#include "serve/store_write.h"
 
 namespace cf {
 
@@ -69,13 +71,14 @@ json KnowledgeBase::add_document(const std::string& name, const std::string& for
     throw RequestError(409, "invalid_request_error", "the knowledge base is full (delete documents first)");
   Document d;
   char id[32];
-  std::snprintf(id, sizeof id, "doc-%06llu", static_cast<unsigned long long>(++next_document_));
+  std::snprintf(id, sizeof id, "doc-%06llu", static_cast<unsigned long long>(next_document_ + 1));
   d.id = id;
   d.name = name;
   d.format = format;
   d.bytes = bytes.size();
   d.chunk_tokens = chunk_tokens;
   d.created = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+  std::map<std::string, Chunk> fresh;
   for (size_t i = 0; i < pieces.size(); ++i) {
     Chunk c;
     c.id = d.id + "-" + std::to_string(i);
@@ -87,48 +90,91 @@ json KnowledgeBase::add_document(const std::string& name, const std::string& for
     c.terms = bm25_terms(pieces[i]);
     c.text = std::move(pieces[i]);
     d.chunk_ids.push_back(c.id);
-    queue_.push_back(c.id);
-    chunks_.emplace(c.id, std::move(c));
+    fresh.emplace(c.id, std::move(c));
   }
+  // Write, then commit (issue 59): the file with the new document first; a full disk refuses
+  // the upload (507) with nothing changed in memory.
+  SavedKnowledgeBase next = saved_locked({});
+  next.next_document = next_document_ + 1;
+  next.documents.push_back(saved_document(d, [&](const std::string& cid) { return &fresh.at(cid); }));
+  write_file(next);
+  ++next_document_;
+  for (auto& [cid, c] : fresh) chunks_.emplace(cid, std::move(c));
+  queue_.insert(queue_.end(), d.chunk_ids.begin(), d.chunk_ids.end());
   auto [it, _] = documents_.emplace(d.id, std::move(d));
-  save_locked();
   cv_.notify_all();
   return document_json_locked(it->second);
 }
 
+// No exception ends this thread (and with it the process): a chunk whose registration a full
+// disk refused is queued again and retried kRetryAfter later; anything else is logged, counted
+// (background_failures) and the next chunk goes on.
 void KnowledgeBase::worker() {
   std::unique_lock lk(mu_);
   for (;;) {
-    cv_.wait(lk, [&] { return stop_ || !queue_.empty(); });
+    const auto ready = [&] { return stop_ || !queue_.empty(); };
+    if (retry_.empty()) {
+      cv_.wait(lk, ready);
+    } else if (!cv_.wait_until(lk, retry_at_, ready)) {
+      queue_.insert(queue_.end(), retry_.begin(), retry_.end());
+      retry_.clear();
+    }
     if (stop_) return;
+    if (queue_.empty()) continue;
     const std::string id = queue_.front();
     queue_.pop_front();
-    auto it = chunks_.find(id);
-    if (it == chunks_.end()) continue;  // deleted while queued
-    it->second.state = "computing";
-    const std::string text = it->second.text;
-    busy_ = true;
-    lk.unlock();
-    std::string cache_id, error;
     try {
-      cache_id = engine_.register_chunks({text}).at(0).id;  // the engine's own chunk registration
+      precompute_locked(lk, id);
     } catch (const std::exception& e) {
-      error = e.what();
-    }
-    lk.lock();
-    busy_ = false;
-    it = chunks_.find(id);
-    if (it != chunks_.end()) {
-      it->second.cache_id = cache_id;
-      it->second.error = error;
-      it->second.state = error.empty() ? "ready" : "failed";
-      if (queue_.empty()) save_locked();  // once per batch of uploads, not per chunk
-    } else if (!cache_id.empty()) {  // deleted while computing: drop the cache unless shared
-      const bool shared = std::any_of(chunks_.begin(), chunks_.end(), [&](const auto& kv) { return kv.second.cache_id == cache_id; });
-      if (!shared) engine_.remove_chunk(cache_id);
+      if (!lk.owns_lock()) lk.lock();
+      busy_ = false;
+      note_failure("precomputing " + id, e);
     }
     cv_.notify_all();
   }
+}
+
+void KnowledgeBase::precompute_locked(std::unique_lock<std::mutex>& lk, const std::string& id) {
+  auto it = chunks_.find(id);
+  if (it == chunks_.end()) return;  // deleted while queued
+  it->second.state = "computing";
+  const std::string text = it->second.text;
+  busy_ = true;
+  lk.unlock();
+  std::string cache_id, error;
+  bool refused_write = false;
+  try {
+    cache_id = engine_.register_chunks({text}).at(0).id;  // the engine's own chunk registration
+  } catch (const RequestError& e) {
+    error = e.what();
+    refused_write = e.status == 507 || e.status == 503;  // the disk is full (or shutting down)
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  lk.lock();
+  busy_ = false;
+  it = chunks_.find(id);
+  if (it == chunks_.end()) {  // deleted while computing: drop the cache unless shared
+    if (!cache_id.empty()) drop_cache_locked(cache_id);
+    return;
+  }
+  it->second.error = error;
+  if (refused_write) {
+    it->second.state = "queued";
+    retry_.push_back(id);
+    retry_at_ = std::chrono::steady_clock::now() + kRetryAfter;
+    note_failure("registering " + id + " (retried in " + std::to_string(kRetryAfter.count()) + " s)",
+                 std::runtime_error(error));
+    return;
+  }
+  it->second.cache_id = cache_id;
+  it->second.state = error.empty() ? "ready" : "failed";
+  if (queue_.empty()) save_locked();  // once per batch of uploads, not per chunk
+}
+
+void KnowledgeBase::note_failure(const std::string& what, const std::exception& e) const {
+  ++background_failures_;
+  std::fprintf(stderr, "chunkfuse serve: knowledge base: %s failed: %s\n", what.c_str(), e.what());
 }
 
 void KnowledgeBase::wait_idle() {
@@ -213,39 +259,58 @@ json KnowledgeBase::list_chunks() const {
   return {{"object", "list"}, {"data", data}};
 }
 
-void KnowledgeBase::drop_chunk_locked(const std::string& chunk_id) {
-  auto it = chunks_.find(chunk_id);
-  if (it == chunks_.end()) return;
-  const std::string cache_id = it->second.cache_id;
-  chunks_.erase(it);
+void KnowledgeBase::drop_cache_locked(const std::string& cache_id) {
   // Another chunk with the same text shares the cache: keep it for that one.
-  if (!cache_id.empty() &&
-      std::none_of(chunks_.begin(), chunks_.end(), [&](const auto& kv) { return kv.second.cache_id == cache_id; }))
-    engine_.remove_chunk(cache_id);
+  if (std::any_of(chunks_.begin(), chunks_.end(), [&](const auto& kv) { return kv.second.cache_id == cache_id; }))
+    return;
+  try {
+    engine_.remove_chunk(cache_id);  // its cache file goes first (engine.h): room on a full disk
+  } catch (const std::exception& e) {
+    note_failure("dropping cache " + cache_id, e);
+  }
 }
 
+void KnowledgeBase::remove_chunks_locked(const std::vector<std::string>& ids) {
+  const SavedKnowledgeBase next = saved_locked({ids.begin(), ids.end()});
+  try {
+    write_file(next);
+  } catch (const RequestError& e) {
+    if (e.status != 507) throw;
+    // A full disk: the chunks' caches (recomputable) make the room the smaller file needs.
+    std::vector<std::string> caches;
+    for (const auto& cid : ids) caches.push_back(std::exchange(chunks_.at(cid).cache_id, ""));
+    for (const auto& cache_id : caches)
+      if (!cache_id.empty()) drop_cache_locked(cache_id);
+    write_file(next);
+  }
+  for (const auto& cid : ids) {
+    auto it = chunks_.find(cid);
+    const std::string cache_id = it->second.cache_id;
+    auto d = documents_.find(it->second.document_id);
+    chunks_.erase(it);
+    if (d != documents_.end()) {
+      auto& left = d->second.chunk_ids;
+      left.erase(std::remove(left.begin(), left.end(), cid), left.end());
+      if (left.empty()) documents_.erase(d);  // its last chunk: the document goes too
+    }
+    if (!cache_id.empty()) drop_cache_locked(cache_id);
+  }
+}
+
+// Both write the file without the chunks first (write, then commit): a refused write answers
+// 507 with the document and its chunks as they were.
 bool KnowledgeBase::remove_document(const std::string& id) {
   std::lock_guard lk(mu_);
   auto it = documents_.find(id);
   if (it == documents_.end()) return false;
-  for (const auto& cid : it->second.chunk_ids) drop_chunk_locked(cid);
-  documents_.erase(it);
-  save_locked();
+  remove_chunks_locked(std::vector<std::string>(it->second.chunk_ids));
   return true;
 }
 
 bool KnowledgeBase::remove_chunk(const std::string& chunk_id) {
   std::lock_guard lk(mu_);
-  auto it = chunks_.find(chunk_id);
-  if (it == chunks_.end()) return false;
-  auto d = documents_.find(it->second.document_id);
-  drop_chunk_locked(chunk_id);
-  if (d != documents_.end()) {
-    auto& ids = d->second.chunk_ids;
-    ids.erase(std::remove(ids.begin(), ids.end(), chunk_id), ids.end());
-    if (ids.empty()) documents_.erase(d);  // its last chunk: the document goes too
-  }
-  save_locked();
+  if (!chunks_.count(chunk_id)) return false;
+  remove_chunks_locked({chunk_id});
   return true;
 }
 
@@ -287,23 +352,41 @@ namespace cf {
 
 std::string KnowledgeBase::file_path() const { return engine_.options().cache_dir + "/knowledge-base.json"; }
 
-void KnowledgeBase::save_locked() const {
+SavedDocument KnowledgeBase::saved_document(const Document& d,
+                                            const std::function<const Chunk*(const std::string&)>& chunk_of) {
+  SavedDocument sd{d.id, d.name, d.format, d.bytes, d.chunk_tokens, d.created, {}};
+  for (const auto& cid : d.chunk_ids)
+    if (const Chunk* c = chunk_of(cid))
+      sd.chunks.push_back({c->id, c->text, c->summary, c->hash, c->cache_id, c->state, c->error, c->index, c->n_tokens,
+                           c->uses});
+  return sd;
+}
+
+SavedKnowledgeBase KnowledgeBase::saved_locked(const std::set<std::string>& leave_out) const {
   SavedKnowledgeBase kb;
   kb.next_document = next_document_;
   for (const auto& [id, d] : documents_) {
-    SavedDocument sd{d.id, d.name, d.format, d.bytes, d.chunk_tokens, d.created, {}};
-    for (const auto& cid : d.chunk_ids) {
-      const Chunk& c = chunks_.at(cid);
-      sd.chunks.push_back({c.id, c.text, c.summary, c.hash, c.cache_id, c.state, c.error, c.index, c.n_tokens, c.uses});
-    }
-    kb.documents.push_back(std::move(sd));
+    SavedDocument sd =
+        saved_document(d, [&](const std::string& cid) { return leave_out.count(cid) ? nullptr : &chunks_.at(cid); });
+    if (!sd.chunks.empty()) kb.documents.push_back(std::move(sd));  // a document with none goes too
   }
-  const std::string text = knowledge_base_file_text(kb);
+  return kb;
+}
+
+void KnowledgeBase::write_file(const SavedKnowledgeBase& kb) const {
   try {
-    write_cache_bytes(file_path(), std::vector<uint8_t>(text.begin(), text.end()), /*durable=*/true);
+    write_private_file_atomic(file_path(), knowledge_base_file_text(kb), /*durable=*/true);
   } catch (const std::exception& e) {
-    // The knowledge base keeps working in memory; the next change tries again.
-    std::fprintf(stderr, "chunkfuse serve: knowledge base not saved: %s\n", e.what());
+    throw store_write_error("the knowledge base", e);
+  }
+}
+
+void KnowledgeBase::save_locked() const {
+  try {
+    write_file(saved_locked({}));
+  } catch (const std::exception& e) {
+    // Use counts and precompute states only: kept in memory, the next change writes them.
+    note_failure("saving " + file_path(), e);
   }
 }
 

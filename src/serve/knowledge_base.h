@@ -9,24 +9,31 @@
 //
 // Persistence (knowledge_base_file.h): documents, chunks (text, summary, hash, cache id)
 // and use counts are saved to <store folder>/knowledge-base.json after every change (written
-// atomically, 0600, never through a symlink) and read back when the server starts; a chunk
+// atomically, 0600, never through a symlink; an upload or a delete is written before it is
+// made in memory, so a full disk refuses it with 507 and changes nothing, issue 59) and read
+// back when the server starts; a chunk
 // whose cache the engine no longer holds is queued again. A damaged file is reported in one
 // line, renamed aside to knowledge-base.json.damaged and the server starts with an empty
 // knowledge base.
 #pragma once
+#include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "serve/document_text.h"
 #include "serve/engine.h"
+#include "serve/knowledge_base_file.h"
 
 namespace cf {
 
@@ -66,8 +73,12 @@ class KnowledgeBase {
   // The best k chunks for the query by BM25 (positive scores only), best first.
   std::vector<RetrievedChunk> retrieve(const std::string& query, size_t k) const;
   void note_used(const std::vector<RetrievedChunk>& chunks);
-  // Blocks until every queued chunk is computed (tests).
+  // Blocks until every queued chunk is computed (tests); chunks waiting to be retried after a
+  // refused write (a full disk) do not count.
   void wait_idle();
+  // Failed saves, registrations and cache drops of the background work (logged on stderr;
+  // /metrics chunkfuse_knowledge_background_failures_total). None of them ends the process.
+  uint64_t background_failures() const { return background_failures_.load(); }
 
   const KnowledgeBaseOptions& options() const { return opt_; }
 
@@ -88,11 +99,17 @@ class KnowledgeBase {
   nlohmann::json document_json_locked(const Document& d) const;
   std::string file_path() const;  // <store folder>/knowledge-base.json
   void load();                    // constructor: reads the file (if any)
-  void save_locked() const;       // after every change; failures are reported, not thrown
+  static SavedDocument saved_document(const Document& d, const std::function<const Chunk*(const std::string&)>& chunk_of);
+  SavedKnowledgeBase saved_locked(const std::set<std::string>& leave_out) const;  // the file, less those chunks
+  void write_file(const SavedKnowledgeBase& kb) const;  // RequestError 507 (full disk) / 503 on failure
+  void save_locked() const;  // use counts and states: failures are reported and counted, not thrown
   nlohmann::json chunk_json_locked(const Chunk& c, bool with_text) const;  // cache state left to:
   void fill_cache_states(nlohmann::json& chunks) const;                     // without the lock
-  void drop_chunk_locked(const std::string& chunk_id);
+  void remove_chunks_locked(const std::vector<std::string>& ids);  // write, then commit
+  void drop_cache_locked(const std::string& cache_id);              // unless shared; never throws
   void worker();
+  void precompute_locked(std::unique_lock<std::mutex>& lk, const std::string& id);
+  void note_failure(const std::string& what, const std::exception& e) const;
 
   Engine& engine_;
   const KnowledgeBaseOptions opt_;
@@ -101,6 +118,10 @@ class KnowledgeBase {
   std::map<std::string, Document> documents_;  // by id (ids sort by upload order)
   std::map<std::string, Chunk> chunks_;
   std::deque<std::string> queue_;  // chunk ids to precompute
+  std::vector<std::string> retry_;  // refused by a full disk: back in the queue at retry_at_
+  std::chrono::steady_clock::time_point retry_at_;
+  static constexpr std::chrono::seconds kRetryAfter{5};
+  mutable std::atomic<uint64_t> background_failures_{0};
   bool busy_ = false, stop_ = false;
   uint64_t next_document_ = 0;
   std::thread thread_;

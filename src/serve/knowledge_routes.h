@@ -69,6 +69,7 @@ class KnowledgeService {
                         const std::vector<RetrievedChunk>& retrieved, nlohmann::json* response);
 
   KnowledgeBase& knowledge_base() { return kb_; }
+  const KnowledgeBase& knowledge_base() const { return kb_; }
 
  private:
   void serve_page(const httplib::Request& req, httplib::Response& res) const;

@@ -281,6 +281,7 @@ struct HttpServer::Impl {
     h.connections_refused = c.refused;
     h.connection_timeouts = c.timeouts + c.oversized_headers;
     h.connections_open = c.open;
+    h.knowledge_failures = knowledge.knowledge_base().background_failures();
     return h;
   }
 

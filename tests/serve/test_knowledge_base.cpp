@@ -5,8 +5,10 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <filesystem>
 #include <numeric>
+#include <thread>
 
 #include "model/tokenizer.h"
 #include "serve/chunking.h"
@@ -238,6 +240,47 @@ TEST(KnowledgeBaseSlow, PrecomputesRetrievesAndDeletes) {
   EXPECT_FALSE(kb.document(doc["id"]));
   EXPECT_FALSE(kb.remove_document(doc["id"]));
   EXPECT_TRUE(kb.retrieve("lighthouse", 3).empty());
+}
+
+// Issue 59: a store write that fails (here the chunk index cannot be renamed into place: a
+// folder holds its name) changes nothing in memory, and the knowledge base's worker survives
+// it, counts it and retries later instead of marking the chunk failed (or, for an exception
+// outside its try, ending the process).
+TEST(KnowledgeBaseSlow, ARefusedIndexWriteChangesNothingAndTheWorkerRetries) {
+  CF_REQUIRE_MODEL();
+  const std::string dir = store_dir() + "-refused";
+  fs::remove_all(dir);
+  EngineOptions o;
+  o.model_path = test::default_model_path();
+  o.threads = 2;
+  o.cache_dir = dir;
+  Engine e(o);
+  fs::create_directories(dir + "/serve-chunks.json/blocker");  // rename(2) onto it: EISDIR
+  const std::string text = "The Kestrel bridge is made of oak.";
+  try {
+    e.register_chunks({text});
+    ADD_FAILURE() << "the registration was not refused";
+  } catch (const RequestError& err) {
+    EXPECT_EQ(err.status, 503) << err.what();
+  }
+  EXPECT_TRUE(e.registered_texts().empty());  // write, then commit: nothing registered
+
+  KnowledgeBase kb(e);
+  const std::string id = kb.add_document("k.txt", "txt", text, 0)["id"];
+  auto state = [&] { return kb.document(id).value()["chunks"][0]["state"].get<std::string>(); };
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (kb.background_failures() == 0 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_GE(kb.background_failures(), 1u);
+  EXPECT_EQ(state(), "queued");  // waiting for its retry, not failed
+  EXPECT_TRUE(e.registered_texts().empty());
+
+  fs::remove_all(dir + "/serve-chunks.json");  // the fault is gone: the retry registers it
+  while (state() != "ready" && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_EQ(state(), "ready");
+  EXPECT_EQ(e.registered_texts(), std::vector<std::string>{text});
+  EXPECT_TRUE(fs::is_regular_file(dir + "/serve-chunks.json"));
 }
 
 TEST(KnowledgeBaseSlow, DetailMatchesTheFusedCompletion) {

@@ -79,13 +79,13 @@ def prose(seed, n_words):
     return " ".join(out) + "."
 
 
-def tmpfs_wrapper(tmp, mount_at):
-    """A script that runs `chunkfuse ARGS` in a mount namespace of its own with a 64 MiB tmpfs
-    at `mount_at` (the store): a small file system without touching the machine's. None when
-    this machine allows no such mount (neither root nor user namespaces)."""
+def tmpfs_wrapper(tmp, mount_at, size=TMPFS_BYTES):
+    """A script that runs `chunkfuse ARGS` in a mount namespace of its own with a tmpfs of
+    `size` bytes (64 MiB) at `mount_at` (the store): a small file system without touching the
+    machine's. None when this machine allows no such mount (neither root nor user namespaces)."""
     probe = os.path.join(tmp, "probe")
     os.makedirs(probe)
-    mount = "mount -t tmpfs -o size=%d none" % TMPFS_BYTES
+    mount = "mount -t tmpfs -o size=%d none" % size
     if subprocess.run(["unshare", "-rm", "sh", "-c", mount + ' "$0"', probe], capture_output=True).returncode != 0:
         return None
     path = os.path.join(tmp, "chunkfuse-on-tmpfs")
