@@ -136,6 +136,11 @@ void add_serve_command(CLI::App& app, CommandRunner& run) {
   cmd->add_option("--prefix-cache-budget", a->engine.prefix_cache_bytes, "K/V bytes of the exact prefix cache")
       ->transform(CLI::AsSizeValue(false))
       ->capture_default_str();
+  cmd->add_option("--conversation-budget", a->engine.conversation_bytes,
+                  "bytes of the kept conversation turns (fusion.conversation_id: texts and tokens), e.g. 512MiB; "
+                  "past it the least recently used conversations are forgotten")
+      ->transform(CLI::AsSizeValue(false))
+      ->default_str("128MiB");
   cmd->add_option("--max-prompt-tokens", a->engine.max_prompt_tokens,
                   "longest prompt in tokens, else 413 (0: the model's context length)")
       ->capture_default_str();

@@ -14,8 +14,20 @@ bool continues_turn(const KeptTurn& kept, const std::vector<ChatMessage>& m) {
   return continues;
 }
 
-ConversationMemory::ConversationMemory(Craft& craft, size_t max_conversations)
-    : craft_(craft), max_(max_conversations) {}
+ConversationMemory::ConversationMemory(Craft& craft, size_t max_conversations, size_t max_bytes)
+    : craft_(craft), max_(max_conversations), max_bytes_(max_bytes) {}
+
+size_t ConversationMemory::turn_bytes(const std::string& id, const KeptTurn& turn) {
+  constexpr size_t kEntry = 64;  // the map's node and bucket, roughly
+  size_t n = kEntry + sizeof(KeptTurn) + 2 * id.size() + turn.answer.size() + turn.tokens.size() * sizeof(TokenId);
+  for (const auto& m : turn.messages) n += sizeof(ChatMessage) + m.role.size() + m.content.size();
+  return n;
+}
+
+void ConversationMemory::erase_locked(Kept::iterator it) {
+  bytes_ -= it->second.bytes;
+  kept_.erase(it);
+}
 
 std::optional<std::vector<TokenId>> ConversationMemory::continued(const std::string& id,
                                                                   const std::vector<ChatMessage>& messages) {
@@ -27,7 +39,7 @@ std::optional<std::vector<TokenId>> ConversationMemory::continued(const std::str
         it->second.last_used = ++clock_;
         tokens = it->second.tokens;
       } else {
-        kept_.erase(it);
+        erase_locked(it);
       }
     }
   }
@@ -40,25 +52,37 @@ void ConversationMemory::end_turn(const std::string& id, bool clean, KeptTurn tu
     craft_.forget_conversation(id);  // the turn is not kept
     return;
   }
+  turn.bytes = turn_bytes(id, turn);
+  if (turn.bytes > max_bytes_) {  // past the whole budget: not kept, nothing pushed out for it
+    forget(id);
+    return;
+  }
   std::lock_guard<std::mutex> lock(mu_);
   turn.last_used = ++clock_;
-  kept_[id] = std::move(turn);
-  if (kept_.size() > max_) {
-    auto oldest = std::min_element(kept_.begin(), kept_.end(),
-                                   [](const auto& a, const auto& b) { return a.second.last_used < b.second.last_used; });
-    kept_.erase(oldest);
+  if (auto it = kept_.find(id); it != kept_.end()) erase_locked(it);
+  bytes_ += turn.bytes;
+  kept_.emplace(id, std::move(turn));
+  while (kept_.size() > max_ || bytes_ > max_bytes_) {  // the least recently used go
+    erase_locked(std::min_element(kept_.begin(), kept_.end(), [](const auto& a, const auto& b) {
+      return a.second.last_used < b.second.last_used;
+    }));
   }
 }
 
 void ConversationMemory::forget(const std::string& id) {
   craft_.forget_conversation(id);
   std::lock_guard<std::mutex> lock(mu_);
-  kept_.erase(id);
+  if (auto it = kept_.find(id); it != kept_.end()) erase_locked(it);
 }
 
 size_t ConversationMemory::size() const {
   std::lock_guard<std::mutex> lock(mu_);
   return kept_.size();
+}
+
+size_t ConversationMemory::bytes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return bytes_;
 }
 
 }  // namespace cf

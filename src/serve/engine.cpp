@@ -90,7 +90,7 @@ struct Engine::Impl {
         fwd(*model, pool),
         store(store_options()),
         prefixes(model->hparams(), PrefixCacheOptions{16, opt.prefix_cache_bytes}),
-        conversations(craft),
+        conversations(craft, 10000, opt.conversation_bytes),
         registry(opt.cache_dir + "/serve-chunks.json", [this](const std::string& text) { return chunk_of(text); }),
         name(model_name_of(*model, opt.model_path)) {
     const auto ctx = static_cast<size_t>(model->hparams().context_length);
@@ -356,6 +356,8 @@ EngineMetrics Engine::metrics() const {
   m.store_memory_bytes = s.memory_bytes;
   m.store_disk_bytes = s.disk_bytes;
   m.store = s;
+  m.conversations = impl_->conversations.size();
+  m.conversation_bytes = impl_->conversations.bytes();
   return m;
 }
 

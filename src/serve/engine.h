@@ -21,6 +21,7 @@
 
 #include "kv/chunk_store.h"
 #include "model/chat_template.h"
+#include "serve/conversation_memory.h"
 #include "serve/disk_budget.h"
 
 namespace cf {
@@ -125,6 +126,7 @@ struct EngineOptions {
   size_t max_chunk_entries = 0;               // Cache-Craft's N x M entry budget; 0: unbounded
   std::string store_key_file;                 // HMAC key for cache entries (kv/entry_auth.h); empty: none
   size_t prefix_cache_bytes = size_t{256} << 20;
+  size_t conversation_bytes = kDefaultConversationBytes;  // kept conversation turns; 0: none kept
   size_t max_prompt_tokens = 0;        // 0: the model's context length
   size_t max_queue = 64;               // waiting requests; more gets 503
   size_t max_batch = 8;                // requests decoding together
@@ -147,6 +149,7 @@ struct EngineMetrics {
   uint64_t decode_steps = 0, decode_rows = 0;  // batched decode passes and the sequences in them
   uint64_t background_tasks = 0;  // idle-time work done (CRAFT prefixes promoted under fusion)
   size_t store_memory_bytes = 0, store_disk_bytes = 0, prefix_cache_bytes = 0;
+  size_t conversations = 0, conversation_bytes = 0;  // kept turns and their accounted bytes
   ChunkStoreStats store;  // the chunk store's counters, remote tier included (store_metrics.h)
 };
 

@@ -258,5 +258,35 @@ TEST(ConversationMemory, KeepsCleanTurnsAndContinuesOnlyTheExactHistory) {
   EXPECT_EQ(memory.size(), 1u);
 }
 
+// Issue 59: the memory was bounded by count only (10,000 ids x a 2 MiB system message, ~20 GB
+// kept); now also by bytes, least recently used first.
+TEST(ConversationMemory, AFloodOfBigConversationsStaysWithinTheByteBudget) {
+  Craft craft;
+  constexpr size_t kBudget = size_t{8} << 20;
+  ConversationMemory memory(craft, 10000, kBudget);
+  const std::string big(size_t{2} << 20, 's');  // a 2 MiB system message per conversation
+  for (int i = 0; i < 40; ++i) {
+    std::string system = big;  // append, not operator+: GCC 12 warns falsely (-Wrestrict) on that
+    system.append(std::to_string(i));
+    const std::vector<ChatMessage> turn = {{"system", system}, {"user", "q"}};
+    std::string id = "c";
+    id.append(std::to_string(i));
+    memory.end_turn(id, true, KeptTurn{turn, "A", std::vector<TokenId>(4096, 7)});
+    ASSERT_LE(memory.bytes(), kBudget) << "after conversation " << i;
+  }
+  EXPECT_LE(memory.size(), kBudget / big.size());
+  EXPECT_GE(memory.size(), 2u);  // the most recent ones are kept
+  std::vector<ChatMessage> next = {{"system", big}, {"user", "q"}, {"assistant", "A"}, {"user", "q2"}};
+  next[0].content.append("39");
+  EXPECT_TRUE(memory.continued("c39", next));  // the newest survived
+  next[0].content.replace(big.size(), 2, "0");
+  EXPECT_FALSE(memory.continued("c0", next));  // the oldest went
+  // One turn past the whole budget is not kept, and nothing else is pushed out for it.
+  const size_t before = memory.size();
+  memory.end_turn("huge", true, KeptTurn{{{"system", std::string(kBudget, 'h')}}, "A", {}});
+  EXPECT_EQ(memory.size(), before);
+  EXPECT_LE(memory.bytes(), kBudget);
+}
+
 }  // namespace
 }  // namespace cf

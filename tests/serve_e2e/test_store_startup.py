@@ -116,6 +116,11 @@ class DefaultDiskBudgetTest(unittest.TestCase):
         self.assertIn("half the free space on the store's file system", out)
         self.assertIn("10GiB", out)
 
+    def test_help_shows_the_conversation_budget(self):
+        out = subprocess.run([h.binary_path(), "serve", "--help"], capture_output=True, text=True).stdout
+        self.assertIn("--conversation-budget", out)
+        self.assertIn("128MiB", out)
+
     def test_a_default_configured_server_stays_within_its_default_budget(self):
         tmp = tempfile.mkdtemp(prefix="chunkfuse-budget-")
         store = os.path.join(tmp, "store")
