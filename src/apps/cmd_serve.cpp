@@ -145,6 +145,12 @@ void add_serve_command(CLI::App& app, CommandRunner& run) {
                   "longest prompt in tokens, else 413 (0: the model's context length)")
       ->capture_default_str();
   cmd->add_option("--max-queue", a->engine.max_queue, "waiting requests; more get 503")->capture_default_str();
+  cmd->add_option("--max-tokenizing", a->engine.max_tokenizing,
+                  "requests turning their text into tokens at once; the others wait --tokenize-wait-ms, then 503 "
+                  "server_busy")
+      ->default_str("2 x hardware threads");
+  cmd->add_option("--tokenize-wait-ms", a->engine.tokenize_wait_ms, "wait for a tokenizing slot before 503 server_busy")
+      ->capture_default_str();
   cmd->add_option("--max-batch", a->engine.max_batch, "requests decoding together")
       ->check(CLI::Range(size_t{1}, size_t{256}))
       ->capture_default_str();

@@ -349,7 +349,11 @@ json error_body(int status, const std::string& type, const std::string& message,
                 {"code", nullptr}}}};
 }
 
-json error_body(const RequestError& e) { return error_body(e.status, e.type, e.what(), e.param); }
+json error_body(const RequestError& e) {
+  json body = error_body(e.status, e.type, e.what(), e.param);
+  if (!e.code.empty()) body["error"]["code"] = e.code;
+  return body;
+}
 
 json usage_json(const CompletionResult& r) {
   // Every prompt token not run through the model came from a cache (prefix or chunk).

@@ -23,6 +23,7 @@
 #include "model/chat_template.h"
 #include "serve/conversation_memory.h"
 #include "serve/disk_budget.h"
+#include "serve/tokenize_gate.h"
 
 namespace cf {
 
@@ -32,11 +33,13 @@ struct FusionTrace;  // serve/fusion_trace.h
 // A request the engine refuses: the HTTP layer maps it to `status` with an OpenAI-style
 // error body {"error": {"message", "type", "param", "code"}}.
 struct RequestError : std::runtime_error {
-  RequestError(int status, std::string type, std::string message, std::string param = "")
-      : std::runtime_error(message), status(status), type(std::move(type)), param(std::move(param)) {}
-  int status;         // 400 bad request, 404 unknown chunk, 413 too large, 429/503 queue full
+  RequestError(int status, std::string type, std::string message, std::string param = "", std::string code = "")
+      : std::runtime_error(message), status(status), type(std::move(type)), param(std::move(param)),
+        code(std::move(code)) {}
+  int status;         // 400 bad request, 404 unknown chunk, 413 too large, 429/503 queue full, 507 disk full
   std::string type;   // "invalid_request_error", "not_found_error", ...
   std::string param;  // offending field, when there is one
+  std::string code;   // the body's "code" ("server_busy"), when there is one
 };
 
 // ChatMessage {role: system | user | assistant, content} is the chat template's own
@@ -129,6 +132,8 @@ struct EngineOptions {
   size_t conversation_bytes = kDefaultConversationBytes;  // kept conversation turns; 0: none kept
   size_t max_prompt_tokens = 0;        // 0: the model's context length
   size_t max_queue = 64;               // waiting requests; more gets 503
+  size_t max_tokenizing = 0;           // requests tokenizing at once (0: 2 x hardware threads)
+  size_t tokenize_wait_ms = 2000;      // the wait for a tokenizing slot, then 503 server_busy
   size_t max_batch = 8;                // requests decoding together
   size_t max_documents = 64;
   std::string default_method = "full";
@@ -177,6 +182,8 @@ class Engine {
   std::string model_name() const;  // GGUF general.name or the file stem
   const EngineOptions& options() const;     // max_prompt_tokens resolved (never 0)
   const Tokenizer& tokenizer() const;       // for request_limits' byte bound
+  // Held by whoever turns a request's text into tokens (serve/tokenize_gate.h).
+  TokenizeGate& tokenize_gate() const;
 
  private:
   struct Impl;

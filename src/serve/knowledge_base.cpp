@@ -61,7 +61,13 @@ json KnowledgeBase::add_document(const std::string& name, const std::string& for
   const std::string text = extract_document_text(format, bytes, opt_.extract);
   const Tokenizer& tok = engine_.tokenizer();
   auto count = [&](std::string_view s) { return tok.encode(s, false, false).size(); };
-  std::vector<std::string> pieces = split_into_chunks(text, chunk_tokens, count);
+  std::vector<std::string> pieces;
+  std::vector<size_t> n_tokens;
+  {
+    const TokenizeGate::Slot slot = engine_.tokenize_gate().enter();  // 503 server_busy when none frees
+    pieces = split_into_chunks(text, chunk_tokens, count);
+    for (const auto& p : pieces) n_tokens.push_back(count(p));
+  }
   if (pieces.empty()) throw RequestError(400, "invalid_request_error", "the document holds no text", "file");
 
   std::lock_guard lk(mu_);
@@ -84,7 +90,7 @@ json KnowledgeBase::add_document(const std::string& name, const std::string& for
     c.id = d.id + "-" + std::to_string(i);
     c.document_id = d.id;
     c.index = i;
-    c.n_tokens = count(pieces[i]);
+    c.n_tokens = n_tokens[i];
     c.summary = first_sentence(pieces[i]);
     c.hash = hex64(XXH3_64bits(pieces[i].data(), pieces[i].size()));
     c.terms = bm25_terms(pieces[i]);

@@ -11,7 +11,9 @@
 #include <atomic>
 #include <chrono>
 #include <filesystem>
+#include <functional>
 #include <future>
+#include <memory>
 #include <set>
 #include <thread>
 
@@ -523,6 +525,40 @@ TEST(Engine, MetricsCountRequestsAndTtft) {
   EXPECT_GT(m.prompt_tokens, before.prompt_tokens);
   EXPECT_GT(m.store_disk_bytes, 0u);
   EXPECT_EQ(e.model_name().empty(), false);
+}
+
+// Issue 59: every connection thread tokenized its prompt at once (up to 256 of them) before the
+// queue was checked. Now whoever finds every tokenizing slot taken for the whole wait is
+// refused 503 server_busy, and a waiter gets in as soon as a slot frees.
+TEST(Engine, TokenizingIsCappedAndTheRestWaitThen503ServerBusy) {
+  CF_REQUIRE_MODEL();
+  EngineOptions o = engine_options();
+  o.max_tokenizing = 1;
+  o.tokenize_wait_ms = 100;
+  Engine e(o);
+  ASSERT_EQ(e.tokenize_gate().capacity(), 1u);
+  auto held = std::make_unique<TokenizeGate::Slot>(e.tokenize_gate().enter());  // another request tokenizing
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::vector<std::function<void()>> calls = {
+      [&] { e.complete(chat("Hi", {"a passage"}, "full", 2)); },
+      [&] { e.register_chunks({"a passage to register"}); }};
+  for (const auto& call : calls) {
+    try {
+      call();
+      ADD_FAILURE() << "not refused while every tokenizing slot is taken";
+    } catch (const RequestError& err) {
+      EXPECT_EQ(err.status, 503);
+      EXPECT_EQ(err.code, "server_busy");
+    }
+  }
+  EXPECT_GE(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(200));  // each waited first
+  EXPECT_EQ(e.tokenize_gate().refused(), 2u);
+  auto waiter = std::async(std::launch::async, [&] { return e.complete(chat("Hi", {}, "full", 2)); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  held.reset();  // the other request is done: the waiter gets the slot within its wait
+  EXPECT_NO_THROW(waiter.get());
+  EXPECT_EQ(e.tokenize_gate().busy(), 0u);
+  EXPECT_EQ(e.tokenize_gate().refused(), 2u);
 }
 
 }  // namespace
