@@ -182,6 +182,18 @@ void add_serve_command(CLI::App& app, CommandRunner& run) {
       ->check(CLI::IsMember({"alone", "prefixed"}))
       ->capture_default_str();
   cmd->add_flag("--log-requests", a->http.log_requests, "one line per HTTP request on stderr");
+  cmd->add_option("--pdf-timeout-ms", a->http.extract.pdf_timeout_ms,
+                  "PDF uploads: pdftotext's wall-clock and CPU limit, else 400/413")
+      ->check(CLI::Range(100, 600000))
+      ->capture_default_str();
+  cmd->add_option("--pdf-memory", a->http.extract.pdf_memory_bytes,
+                  "PDF uploads: pdftotext's address-space limit (RLIMIT_AS), else 400/413 (0: none)")
+      ->transform(CLI::AsSizeValue(false))
+      ->default_str("512MiB");
+  cmd->add_option("--pdf-jobs", a->http.pdf_jobs,
+                  "PDF uploads: pdftotext processes at once; another upload waits up to 10 s, then 503 server_busy")
+      ->check(CLI::Range(size_t{1}, size_t{64}))
+      ->capture_default_str();
   add_remote_options(*cmd, a->remote);
   cmd->add_option("--web-dir", a->http.web_dir,
                   "folder of the built web page served at /ui/ (default: found beside the binary or in web/dist)");

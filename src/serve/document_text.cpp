@@ -3,12 +3,13 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
-#include <spawn.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
 #include <chrono>
 #include <cstdlib>
 #include <nlohmann/json.hpp>
@@ -16,8 +17,6 @@
 
 #include "base/bounded_json.h"
 #include "serve/engine.h"
-
-extern char** environ;
 
 namespace cf {
 
@@ -185,45 +184,88 @@ std::string extract_document_text(const std::string& format, std::string_view by
   return out.take();
 }
 
-std::string pdf_to_text(std::string_view pdf, const ExtractOptions& opt) {
-  if (pdf.substr(0, 5) != "%PDF-") throw bad("the file is not a PDF (it does not start with %PDF-)");
-  std::string path = temp_dir() + "/chunkfuse-upload-XXXXXX";
-  const int fd = mkstemp(path.data());
-  if (fd < 0) throw std::runtime_error("cannot create a temporary file for the PDF");
-  struct Cleanup {
-    std::string path;
-    ~Cleanup() { unlink(path.c_str()); }
-  } cleanup{path};
-  for (size_t off = 0; off < pdf.size();) {
-    const ssize_t w = write(fd, pdf.data() + off, pdf.size() - off);
-    if (w <= 0) {
-      close(fd);
-      throw std::runtime_error("cannot write the PDF to a temporary file");
-    }
-    off += static_cast<size_t>(w);
-  }
-  close(fd);
+namespace {
 
-  int out[2];
+// The upload in a private temp file (pdftotext reads a path); removed when this goes.
+struct PdfFile {
+  std::string path = temp_dir() + "/chunkfuse-upload-XXXXXX";
+  explicit PdfFile(std::string_view pdf) {
+    const int fd = mkstemp(path.data());
+    if (fd < 0) throw std::runtime_error("cannot create a temporary file for the PDF");
+    for (size_t off = 0; off < pdf.size();) {
+      const ssize_t w = write(fd, pdf.data() + off, pdf.size() - off);
+      if (w <= 0) {
+        close(fd);
+        unlink(path.c_str());
+        throw std::runtime_error("cannot write the PDF to a temporary file");
+      }
+      off += static_cast<size_t>(w);
+    }
+    close(fd);
+  }
+  ~PdfFile() { unlink(path.c_str()); }
+};
+
+// pdftotext on `path`, its stdout on the returned read end, under RLIMIT_CPU and RLIMIT_AS
+// (set in the child between fork and exec: only async-signal-safe calls there). An exec that
+// fails (no pdftotext) is told through a close-on-exec pipe: 503.
+int spawn_pdftotext(const ExtractOptions& opt, const std::string& path, pid_t& pid) {
+  int out[2], err[2];
   if (pipe2(out, O_CLOEXEC) != 0) throw std::runtime_error("pipe failed");
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_adddup2(&fa, out[1], STDOUT_FILENO);
-  posix_spawn_file_actions_addopen(&fa, STDERR_FILENO, "/dev/null", O_WRONLY, 0);
-  posix_spawn_file_actions_addopen(&fa, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
+  if (pipe2(err, O_CLOEXEC) != 0) {
+    close(out[0]);
+    close(out[1]);
+    throw std::runtime_error("pipe failed");
+  }
   std::vector<std::string> args{opt.pdftotext, "-q", "-enc", "UTF-8", path, "-"};
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
-  pid_t pid = 0;
-  const int rc = posix_spawnp(&pid, opt.pdftotext.c_str(), &fa, nullptr, argv.data(), environ);
-  posix_spawn_file_actions_destroy(&fa);
+  const rlim_t cpu = static_cast<rlim_t>((opt.pdf_timeout_ms + 999) / 1000);
+  const rlimit cpu_limit{cpu, cpu + 1}, as_limit{opt.pdf_memory_bytes, opt.pdf_memory_bytes};
+  pid = fork();
+  if (pid == 0) {
+    const int null_in = open("/dev/null", O_RDONLY), null_out = open("/dev/null", O_WRONLY);
+    dup2(null_in, STDIN_FILENO);
+    dup2(out[1], STDOUT_FILENO);
+    dup2(null_out, STDERR_FILENO);
+    setrlimit(RLIMIT_CPU, &cpu_limit);
+    if (opt.pdf_memory_bytes > 0) setrlimit(RLIMIT_AS, &as_limit);
+    execvp(argv[0], argv.data());
+    const int e = errno;
+    (void)!write(err[1], &e, sizeof e);
+    _exit(127);
+  }
   close(out[1]);
-  if (rc != 0) {
+  close(err[1]);
+  int exec_errno = 0;
+  const bool exec_failed = pid > 0 && read(err[0], &exec_errno, sizeof exec_errno) == sizeof exec_errno;
+  close(err[0]);
+  if (pid < 0 || exec_failed) {
     close(out[0]);
+    if (pid > 0) waitpid(pid, nullptr, 0);
+    if (pid < 0) throw RequestError(503, "server_error", "cannot start `pdftotext` (fork failed); retry later", "file");
     throw RequestError(503, "server_error", "PDF support needs `pdftotext` (Debian package poppler-utils)", "file");
   }
+  return out[0];
+}
 
+// What the reader's limits are, for the messages.
+std::string pdf_limits(const ExtractOptions& opt) {
+  std::string s = std::to_string((opt.pdf_timeout_ms + 999) / 1000) + " s";
+  if (opt.pdf_memory_bytes > 0) s += ", " + std::to_string(opt.pdf_memory_bytes >> 20) + " MiB of memory";
+  return s;
+}
+
+}  // namespace
+
+// pdftotext with a wall-clock deadline, RLIMIT_CPU and RLIMIT_AS, its output capped at
+// max_text_bytes (killed past it); the knowledge base caps how many run at once (issue 59).
+std::string pdf_to_text(std::string_view pdf, const ExtractOptions& opt) {
+  if (pdf.substr(0, 5) != "%PDF-") throw bad("the file is not a PDF (it does not start with %PDF-)");
+  const PdfFile file(pdf);
+  pid_t pid = 0;
+  const int out = spawn_pdftotext(opt, file.path, pid);
   std::string text;
   bool timed_out = false, too_big = false;
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(opt.pdf_timeout_ms);
@@ -234,9 +276,9 @@ std::string pdf_to_text(std::string_view pdf, const ExtractOptions& opt) {
       timed_out = true;
       break;
     }
-    pollfd p{out[0], POLLIN, 0};
+    pollfd p{out, POLLIN, 0};
     if (poll(&p, 1, static_cast<int>(left.count())) <= 0) continue;  // timeout rechecked above (EINTR too)
-    const ssize_t n = read(out[0], buf, sizeof buf);
+    const ssize_t n = read(out, buf, sizeof buf);
     if (n <= 0) break;
     text.append(buf, static_cast<size_t>(n));
     if (text.size() > opt.max_text_bytes) {
@@ -244,13 +286,19 @@ std::string pdf_to_text(std::string_view pdf, const ExtractOptions& opt) {
       break;
     }
   }
-  close(out[0]);
+  close(out);
   if (timed_out || too_big) kill(pid, SIGKILL);
   int status = 0;
   waitpid(pid, &status, 0);
   if (timed_out) throw bad("the PDF took too long to read (over " + std::to_string(opt.pdf_timeout_ms / 1000) + " s)");
   if (too_big) throw RequestError(413, "invalid_request_error", "the PDF's text is too large", "file");
-  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) throw bad("the PDF could not be read (damaged or encrypted?)");
+  if (WIFSIGNALED(status))  // SIGXCPU past the CPU limit, SIGABRT/SIGSEGV when memory ran out
+    throw RequestError(413, "invalid_request_error",
+                       "reading the PDF needed more than the reader's limits (" + pdf_limits(opt) + "; pdftotext got signal " +
+                           std::to_string(WTERMSIG(status)) + ")",
+                       "file");
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+    throw bad("the PDF could not be read (damaged or encrypted, or past the reader's limits: " + pdf_limits(opt) + ")");
   // pdftotext separates pages with form feeds: make them paragraph breaks.
   std::replace(text.begin(), text.end(), '\f', '\n');
   if (!valid_utf8(text)) throw bad("the PDF's text is not valid UTF-8");

@@ -92,7 +92,7 @@ struct Engine::Impl {
         prefixes(model->hparams(), PrefixCacheOptions{16, opt.prefix_cache_bytes}),
         conversations(craft, 10000, opt.conversation_bytes),
         registry(opt.cache_dir + "/serve-chunks.json", [this](const std::string& text) { return chunk_of(text); }),
-        gate(opt.max_tokenizing, std::chrono::milliseconds(opt.tokenize_wait_ms)),
+        gate(opt.max_tokenizing, std::chrono::milliseconds(opt.tokenize_wait_ms), "tokenizing their prompts"),
         name(model_name_of(*model, opt.model_path)) {
     const auto ctx = static_cast<size_t>(model->hparams().context_length);
     if (opt.max_prompt_tokens == 0 || opt.max_prompt_tokens > ctx) opt.max_prompt_tokens = ctx;
@@ -245,7 +245,7 @@ struct Engine::Impl {
   Craft craft;
   ConversationMemory conversations;  // uses craft
   ChunkRegistry registry;            // reads its index at start
-  mutable TokenizeGate gate;         // caps the callers tokenizing at once
+  mutable BusyGate gate;             // caps the callers tokenizing at once
   RequestMetrics metrics;
   std::string name;
   std::unique_ptr<Scheduler> scheduler;  // last: destroyed first, its thread uses the rest
@@ -258,7 +258,7 @@ CompletionResult Engine::Impl::complete(const CompletionRequest& req, const OnTe
   const PlanLimits lim = limits();
   validate_request(req, lim);
   const PromptLayout layout = [&] {
-    const TokenizeGate::Slot slot = gate.enter();  // 503 server_busy when every slot stays taken
+    const BusyGate::Slot slot = gate.enter();  // 503 server_busy when every slot stays taken
     return lay_out(req);
   }();
   // Too long even before dedup (which only a conversation can do): refuse before CRAFT
@@ -310,7 +310,7 @@ std::vector<ChunkInfo> Engine::register_chunks(const std::vector<std::string>& t
   if (texts.empty()) throw RequestError(400, "invalid_request_error", "no texts to register", "input");
   std::vector<RegisteredChunk> chunks;
   {
-    const TokenizeGate::Slot slot = im.gate.enter();  // for the tokenizing, not the computing
+    const BusyGate::Slot slot = im.gate.enter();  // for the tokenizing, not the computing
     for (size_t i = 0; i < texts.size(); ++i) {
       if (texts[i].empty())
         throw RequestError(400, "invalid_request_error", "text " + std::to_string(i) + " is empty", "input");
@@ -372,6 +372,6 @@ EngineMetrics Engine::metrics() const {
 std::string Engine::model_name() const { return impl_->name; }
 const EngineOptions& Engine::options() const { return impl_->opt; }
 const Tokenizer& Engine::tokenizer() const { return impl_->model->tokenizer(); }
-TokenizeGate& Engine::tokenize_gate() const { return impl_->gate; }
+BusyGate& Engine::tokenize_gate() const { return impl_->gate; }
 
 }  // namespace cf

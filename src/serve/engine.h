@@ -23,7 +23,7 @@
 #include "model/chat_template.h"
 #include "serve/conversation_memory.h"
 #include "serve/disk_budget.h"
-#include "serve/tokenize_gate.h"
+#include "serve/busy_gate.h"
 
 namespace cf {
 
@@ -182,8 +182,8 @@ class Engine {
   std::string model_name() const;  // GGUF general.name or the file stem
   const EngineOptions& options() const;     // max_prompt_tokens resolved (never 0)
   const Tokenizer& tokenizer() const;       // for request_limits' byte bound
-  // Held by whoever turns a request's text into tokens (serve/tokenize_gate.h).
-  TokenizeGate& tokenize_gate() const;
+  // Held by whoever turns a request's text into tokens (serve/busy_gate.h).
+  BusyGate& tokenize_gate() const;
 
  private:
   struct Impl;

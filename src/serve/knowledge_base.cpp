@@ -38,7 +38,10 @@ json RetrievedChunk::to_json() const {
           {"score", score},       {"n_tokens", n_tokens},       {"text", text}};
 }
 
-KnowledgeBase::KnowledgeBase(Engine& engine, KnowledgeBaseOptions opt) : engine_(engine), opt_(std::move(opt)) {
+KnowledgeBase::KnowledgeBase(Engine& engine, KnowledgeBaseOptions opt)
+    : engine_(engine),
+      opt_(std::move(opt)),
+      pdf_gate_(std::max<size_t>(1, opt_.max_pdf_jobs), std::chrono::milliseconds(opt_.pdf_wait_ms), "reading PDFs") {
   load();
   thread_ = std::thread([this] { worker(); });
 }
@@ -58,13 +61,13 @@ json KnowledgeBase::add_document(const std::string& name, const std::string& for
   if (chunk_tokens < 16 || chunk_tokens > opt_.max_chunk_tokens)
     throw RequestError(400, "invalid_request_error",
                        "chunk_tokens must be between 16 and " + std::to_string(opt_.max_chunk_tokens), "chunk_tokens");
-  const std::string text = extract_document_text(format, bytes, opt_.extract);
+  const std::string text = extract_text(format, bytes);
   const Tokenizer& tok = engine_.tokenizer();
   auto count = [&](std::string_view s) { return tok.encode(s, false, false).size(); };
   std::vector<std::string> pieces;
   std::vector<size_t> n_tokens;
   {
-    const TokenizeGate::Slot slot = engine_.tokenize_gate().enter();  // 503 server_busy when none frees
+    const BusyGate::Slot slot = engine_.tokenize_gate().enter();  // 503 server_busy when none frees
     pieces = split_into_chunks(text, chunk_tokens, count);
     for (const auto& p : pieces) n_tokens.push_back(count(p));
   }
@@ -115,6 +118,12 @@ json KnowledgeBase::add_document(const std::string& name, const std::string& for
 // No exception ends this thread (and with it the process): a chunk whose registration a full
 // disk refused is queued again and retried kRetryAfter later; anything else is logged, counted
 // (background_failures) and the next chunk goes on.
+std::string KnowledgeBase::extract_text(const std::string& format, std::string_view bytes) {
+  if (format != "pdf") return extract_document_text(format, bytes, opt_.extract);
+  const BusyGate::Slot slot = pdf_gate_.enter();  // one pdftotext process per slot (issue 59)
+  return extract_document_text(format, bytes, opt_.extract);
+}
+
 void KnowledgeBase::worker() {
   std::unique_lock lk(mu_);
   for (;;) {

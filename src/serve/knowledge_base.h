@@ -31,6 +31,7 @@
 #include <thread>
 #include <vector>
 
+#include "serve/busy_gate.h"
 #include "serve/document_text.h"
 #include "serve/engine.h"
 #include "serve/knowledge_base_file.h"
@@ -43,6 +44,8 @@ struct KnowledgeBaseOptions {
   size_t max_documents = 1000;
   size_t max_chunks = 20000;
   ExtractOptions extract;
+  size_t max_pdf_jobs = 2;     // pdftotext processes at once; another upload waits pdf_wait_ms, then 503
+  size_t pdf_wait_ms = 10000;
 };
 
 struct RetrievedChunk {
@@ -97,6 +100,7 @@ class KnowledgeBase {
     std::vector<std::string> chunk_ids;
   };
   nlohmann::json document_json_locked(const Document& d) const;
+  std::string extract_text(const std::string& format, std::string_view bytes);  // PDFs through pdf_gate_
   std::string file_path() const;  // <store folder>/knowledge-base.json
   void load();                    // constructor: reads the file (if any)
   static SavedDocument saved_document(const Document& d, const std::function<const Chunk*(const std::string&)>& chunk_of);
@@ -113,6 +117,7 @@ class KnowledgeBase {
 
   Engine& engine_;
   const KnowledgeBaseOptions opt_;
+  BusyGate pdf_gate_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::map<std::string, Document> documents_;  // by id (ids sort by upload order)

@@ -113,6 +113,8 @@ struct HttpServer::Impl {
     k.web_dir = o.web_dir;
     k.max_body_bytes = o.max_body_bytes;
     k.isolated = o.isolate_keys;
+    k.kb.extract = o.extract;
+    k.kb.max_pdf_jobs = o.pdf_jobs;
     return k;
   }
 

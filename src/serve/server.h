@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "serve/api_json.h"
+#include "serve/document_text.h"
 #include "serve/engine.h"
 #include "serve/http_access.h"
 #include "serve/http_guard.h"
@@ -30,6 +31,8 @@ struct HttpServerOptions {
   bool log_requests = false;                     // one line per request on stderr
   std::string web_dir;                           // the built page; empty: find_web_dir() (knowledge_routes.h)
   bool match_chunks = false;                     // find passages in plain messages (passage_matching.h)
+  ExtractOptions extract;                        // uploads: PDF reader limits (document_text.h)
+  size_t pdf_jobs = 2;                           // pdftotext processes at once (knowledge_base.h)
 };
 
 class HttpServer {

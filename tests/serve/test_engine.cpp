@@ -537,7 +537,7 @@ TEST(Engine, TokenizingIsCappedAndTheRestWaitThen503ServerBusy) {
   o.tokenize_wait_ms = 100;
   Engine e(o);
   ASSERT_EQ(e.tokenize_gate().capacity(), 1u);
-  auto held = std::make_unique<TokenizeGate::Slot>(e.tokenize_gate().enter());  // another request tokenizing
+  auto held = std::make_unique<BusyGate::Slot>(e.tokenize_gate().enter());  // another request tokenizing
   const auto t0 = std::chrono::steady_clock::now();
   const std::vector<std::function<void()>> calls = {
       [&] { e.complete(chat("Hi", {"a passage"}, "full", 2)); },

@@ -1,8 +1,9 @@
-#include "serve/tokenize_gate.h"
+#include "serve/busy_gate.h"
 
 #include <algorithm>
 #include <string>
 #include <thread>
+#include <utility>
 
 #include "serve/engine.h"
 
@@ -17,27 +18,27 @@ size_t resolve_capacity(size_t given) {
 
 }  // namespace
 
-TokenizeGate::TokenizeGate(size_t capacity, std::chrono::milliseconds max_wait)
-    : capacity_(resolve_capacity(capacity)), max_wait_(max_wait) {}
+BusyGate::BusyGate(size_t capacity, std::chrono::milliseconds max_wait, std::string work)
+    : capacity_(resolve_capacity(capacity)), max_wait_(max_wait), work_(std::move(work)) {}
 
-TokenizeGate::Slot::~Slot() {
+BusyGate::Slot::~Slot() {
   if (gate_) gate_->leave();
 }
 
-TokenizeGate::Slot TokenizeGate::enter() {
+BusyGate::Slot BusyGate::enter() {
   std::unique_lock lk(mu_);
   if (!cv_.wait_for(lk, max_wait_, [&] { return busy_ < capacity_; })) {
     ++refused_;
     throw RequestError(503, "server_error",
-                       "server busy: " + std::to_string(capacity_) + " requests are tokenizing their prompts and none " +
-                           "finished within " + std::to_string(max_wait_.count()) + " ms; retry later",
+                       "server busy: " + std::to_string(capacity_) + " requests are " + work_ + " and none finished " +
+                           "within " + std::to_string(max_wait_.count()) + " ms; retry later",
                        "", "server_busy");
   }
   ++busy_;
   return Slot(this);
 }
 
-void TokenizeGate::leave() {
+void BusyGate::leave() {
   {
     std::lock_guard lk(mu_);
     --busy_;
@@ -45,12 +46,12 @@ void TokenizeGate::leave() {
   cv_.notify_one();
 }
 
-size_t TokenizeGate::busy() const {
+size_t BusyGate::busy() const {
   std::lock_guard lk(mu_);
   return busy_;
 }
 
-uint64_t TokenizeGate::refused() const {
+uint64_t BusyGate::refused() const {
   std::lock_guard lk(mu_);
   return refused_;
 }
