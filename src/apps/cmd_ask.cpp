@@ -11,6 +11,7 @@
 #include "base/paths.h"
 #include "fusion/auto_quality.h"
 #include "fusion/executor.h"
+#include "fusion/methods.h"
 #include "runtime/generate.h"
 
 namespace cf::apps {
@@ -54,10 +55,9 @@ std::string highlighted_context(const Tokenizer& tok, const RagRequest& req, con
 
 int run_ask(const AskArgs& a) {
   if (a.question.empty()) throw std::runtime_error("empty --question");
-  if (a.method == autoq::kMethodName) {
-    if (!(a.quality > 0 && a.quality <= 1))
-      throw std::runtime_error("--method auto needs --quality in (0, 1]: the share of answers identical to full prefill's");
-  } else if (a.method != "full") make_selector(a.method);  // unknown names fail before any work
+  const MethodEntry& method = method_entry(a.method);  // unknown names fail before any work
+  if (method.kind == MethodKind::automatic && !(a.quality > 0 && a.quality <= 1))
+    throw std::runtime_error("--method auto needs --quality in (0, 1]: the share of answers identical to full prefill's");
   const auto passages = read_passages_jsonl(a.passages_file);
   auto model = load_model(a.model, a.json);
   ThreadPool pool(a.model.threads);
@@ -122,7 +122,7 @@ int run_ask(const AskArgs& a) {
     std::string steps;
     for (const auto& t : d["trace"]) {
       char one[96];
-      if (t["method"] == "full") std::snprintf(one, sizeof one, "full prefill");
+      if (is_full_prefill(t["method"].get<std::string>())) std::snprintf(one, sizeof one, "full prefill");
       else std::snprintf(one, sizeof one, "%s %.2f (p %.3f)", t["method"].get<std::string>().c_str(),
                          t["ratio"].get<double>(), t["predicted"].get<double>());
       steps += (steps.empty() ? "" : " -> ") + std::string(one);
@@ -138,7 +138,7 @@ int run_ask(const AskArgs& a) {
                  d["layers_source"].get<std::string>().c_str());
   if (const auto& d = fr.selection_details; d.is_object() && d.contains("profile_note"))
     std::fprintf(stderr, "note: %s\n", d["profile_note"].get<std::string>().c_str());
-  if (a.show_tokens && ran_method != "full") {
+  if (a.show_tokens && !is_full_prefill(ran_method)) {
     const bool color = isatty(fileno(stderr));
     std::fprintf(stderr, "\nrecomputed tokens (%zu of %zu context tokens)%s:\n%s\n\n", fr.recomputed.size(),
                  fr.context_tokens, color ? ", highlighted" : ", in [[ ]]",
@@ -164,10 +164,7 @@ void add_ask_command(CLI::App& app, CommandRunner& run) {
       ->required()
       ->check(CLI::ExistingFile);
   cmd->add_option("-q,--question", a->question, "the question")->required();
-  std::string methods = "full";
-  for (const auto& n : selector_names()) methods += ", " + n;
-  methods += std::string(", ") + autoq::kMethodName;
-  cmd->add_option("--method", a->method, "fusion method: " + methods)->capture_default_str();
+  cmd->add_option("--method", a->method, "fusion method: " + known_methods_text())->capture_default_str();
   cmd->add_option("--ratio", a->ratio, "share of context tokens to recompute")->check(CLI::Range(0.0, 1.0))->capture_default_str();
   cmd->add_option("--quality", a->quality,
                   "with --method auto: the probability, in (0, 1], of an answer identical to full prefill's; the "

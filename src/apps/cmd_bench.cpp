@@ -14,7 +14,7 @@
 #include "apps/app_common.h"
 #include "base/paths.h"
 #include "eval/runner.h"
-#include "fusion/selector.h"
+#include "fusion/methods.h"
 
 namespace cf::apps {
 namespace {

@@ -13,7 +13,7 @@
 #include "apps/remote_options.h"
 #include "base/clock.h"
 #include "base/paths.h"
-#include "fusion/selector.h"
+#include "fusion/methods.h"
 #include "serve/engine.h"
 #include "serve/server.h"
 
@@ -36,14 +36,15 @@ int run_serve(ServeArgs a) {
     for (auto& k : read_api_key_file(f)) a.http.access.api_keys.push_back(std::move(k));
   a.engine.threads = a.model.threads;
   a.engine.remote = remote_tier_options(a.remote);
-  if (a.http.match_chunks && a.engine.default_method == "full") {
+  FusionOptions& fusion = a.engine.default_fusion;
+  if (a.http.match_chunks && fusion.full()) {
     if (a.method_given)
       throw std::invalid_argument("--match-chunks needs a fusion method: --method full would recompute every passage");
-    a.engine.default_method = "qcfuse";  // the project's default fusion method (run.sh's)
-    std::fprintf(stderr, "chunkfuse serve: --match-chunks: fusion method qcfuse at ratio %.2f\n", a.engine.default_ratio);
+    fusion.method = "qcfuse";  // the project's default fusion method (run.sh's)
+    std::fprintf(stderr, "chunkfuse serve: --match-chunks: fusion method qcfuse at ratio %.2f\n", fusion.ratio);
   }
-  if (a.engine.default_method != "full") make_selector(a.engine.default_method);  // unknown names fail now
-  parse_chunk_context(a.chunk_context, a.engine.default_chunk_context);  // CLI11 checked the name
+  parse_chunk_context(a.chunk_context, fusion.chunk_context);  // CLI11 checked the name
+  validate_fusion_options(fusion, OptionsSource::trusted);  // an unknown --method fails now
 
   // Signals go to one watcher thread only: every thread started from here on (engine,
   // httplib's pool) inherits the blocked mask. SIGPIPE from a vanished client is ignored;
@@ -162,13 +163,12 @@ void add_serve_command(CLI::App& app, CommandRunner& run) {
   cmd->add_option("--max-body", a->http.max_body_bytes, "largest request body (any transfer encoding), else 413")
       ->transform(CLI::AsSizeValue(false))
       ->capture_default_str();
-  std::string methods = "full";
-  for (const auto& n : selector_names()) methods += ", " + n;
-  CLI::Option* method = cmd->add_option("--method", a->engine.default_method,
-                                        "fusion method of requests with documents that name none: " + methods +
+  CLI::Option* method = cmd->add_option("--method", a->engine.default_fusion.method,
+                                        "fusion method of requests with documents that name none: " +
+                                            known_methods_text() +
                                             " (with --match-chunks and no --method: qcfuse)")
                             ->capture_default_str();
-  cmd->add_option("--ratio", a->engine.default_ratio,
+  cmd->add_option("--ratio", a->engine.default_fusion.ratio,
                   "fusion ratio (share of context tokens recomputed) of requests that name none")
       ->check(CLI::Range(0.0, 1.0))
       ->capture_default_str();

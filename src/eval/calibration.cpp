@@ -18,6 +18,7 @@
 #include "eval/metrics.h"
 #include "eval/runner.h"
 #include "fusion/executor.h"
+#include "fusion/methods.h"
 #include "kv/chunk_store.h"
 #include "model/model.h"
 
@@ -175,7 +176,6 @@ json perfect_predictor_bounds(const std::vector<json>& records) {
 
 std::vector<LadderStep> parse_ladder(const std::string& text) {
   std::vector<LadderStep> steps;
-  const auto known = selector_names();
   size_t at = 0;
   while (at <= text.size()) {
     const size_t comma = std::min(text.find(',', at), text.size());
@@ -187,7 +187,7 @@ std::vector<LadderStep> parse_ladder(const std::string& text) {
     const size_t colon = item.rfind(':');
     if (colon == std::string::npos) throw std::invalid_argument("ladder step '" + item + "': expected <method>:<ratio>");
     LadderStep s{item.substr(0, colon), 0};
-    if (std::find(known.begin(), known.end(), s.method) == known.end())
+    if (const MethodEntry* m = find_method(s.method); !m || m->kind != MethodKind::selector)
       throw std::invalid_argument("ladder step '" + item + "': unknown method '" + s.method + "' (full prefill is always the last step)");
     try {
       size_t used = 0;
@@ -250,7 +250,7 @@ size_t record_examples(const Model& model, Forward& fwd, const Dataset& dataset,
                                : build_example_request(model, ex, o.prompt, o.chunk_tokens);
     const std::vector<TokenId> prompt = req.flatten();
     FusionOptions full_opt;
-    full_opt.method = "full";
+    full_opt.method = full_method_name();
     full_opt.chunk_context = o.chunk_context;
     FusionResult full = executor.prefill(req, full_opt);
     const std::vector<float> full_logits = full.logits;
@@ -276,7 +276,7 @@ size_t record_examples(const Model& model, Forward& fwd, const Dataset& dataset,
                   {"kl_to_full", kl_divergence_from_logits(full_logits, r.logits)},
                   {"kl_to_prev", prev_logits.empty() ? 0.0 : kl_divergence_from_logits(prev_logits, r.logits)}};
       prev_logits = r.logits;
-      if (s.ratio == 0 && s.method == "reuse" && !stitched) stitched = r.cache;
+      if (s.ratio == 0 && !selector_entry(s.method).takes_ratio() && !stitched) stitched = r.cache;
       if (stitched && s.ratio > 0) row["kv_change"] = recompute_change(*stitched, r.cache, req);
       if (!r.token_scores.empty()) row["scores"] = score_mass(r.token_scores, r.recomputed, req.system.size());
       const DecodedAnswer dec = decode_answer(fwd, r, prompt, o.max_tokens);

@@ -13,6 +13,7 @@
 #include "eval/runner.h"
 #include "fusion/executor.h"
 #include "fusion/fusionrag_enrich.h"
+#include "fusion/methods.h"
 #include "kv/chunk_store.h"
 
 namespace cf::eval {
@@ -58,10 +59,13 @@ std::string run_deviation(Forward& fwd, const Dataset& dataset, const DeviationC
   if (cfg.methods.empty() || cfg.chunk_contexts.empty()) throw std::invalid_argument("deviation: nothing to run");
   for (double r : cfg.ratios)
     if (!(r >= 0.0 && r <= 1.0)) throw std::invalid_argument("deviation: ratio outside [0, 1]");
-  const auto known = selector_names();
-  for (const auto& m : cfg.methods)
-    if (std::find(known.begin(), known.end(), m) == known.end())
-      throw std::invalid_argument("deviation: unknown method '" + m + "'");
+  for (const auto& m : cfg.methods) {
+    try {
+      selector_entry(m);
+    } catch (const std::invalid_argument& e) {
+      throw std::invalid_argument(std::string("deviation: ") + e.what());
+    }
+  }
   const Model& model = fwd.model();
   fs::create_directories(cfg.out_dir);
   const std::string path = (fs::path(cfg.out_dir) / "deviation.csv").string();
@@ -77,12 +81,12 @@ std::string run_deviation(Forward& fwd, const Dataset& dataset, const DeviationC
   ChunkStore store(so);
   FusionExecutor executor(fwd, store);
 
-  const bool wants_fusionrag = std::find(cfg.methods.begin(), cfg.methods.end(), "fusionrag") != cfg.methods.end();
+  const bool wants_fusionrag = std::any_of(cfg.methods.begin(), cfg.methods.end(), [](const std::string& m) { return enriches_from_corpus(m); });
   const std::vector<CorpusChunk> kb =
       wants_fusionrag ? dataset_knowledge_base(model, dataset, cfg.prompt) : std::vector<CorpusChunk>{};
   const size_t n = std::min(cfg.limit ? cfg.limit : dataset.examples.size(), dataset.examples.size());
   size_t runs_per_example = 0;
-  for (const auto& m : cfg.methods) runs_per_example += m == "reuse" ? 1 : cfg.ratios.size();
+  for (const auto& m : cfg.methods) runs_per_example += selector_entry(m).takes_ratio() ? cfg.ratios.size() : 1;
   runs_per_example *= cfg.chunk_contexts.size();
   ProgressBar progress(n * runs_per_example, "runs", cfg.progress);
   size_t done = 0;
@@ -94,14 +98,15 @@ std::string run_deviation(Forward& fwd, const Dataset& dataset, const DeviationC
       done += runs_per_example;
       continue;
     }
-    const FusionResult full = executor.prefill(req, {"full", 1.0, 0});
+    const FusionResult full = executor.prefill(req, {full_method_name(), 1.0, 0});
     const size_t cb = req.system.size(), ce = cb + req.context_tokens(), qe = ce + req.suffix.size();
     for (const ChunkContext v : cfg.chunk_contexts) {
       if (wants_fusionrag) enrich_request_chunks(fwd, store, req, kb, v);
       for (const auto& m : cfg.methods)
         for (double ratio : cfg.ratios) {
-          if (m == "reuse" && ratio != cfg.ratios.front()) continue;
-          const double r = m == "reuse" ? 0.0 : ratio;
+          const MethodEntry& entry = selector_entry(m);
+          if (!entry.takes_ratio() && ratio != cfg.ratios.front()) continue;
+          const double r = entry.takes_ratio() ? ratio : entry.fixed_ratio;
           progress.update(done, ex.id + " " + m + "@" + std::to_string(r).substr(0, 4) + " " + chunk_context_name(v));
           FusionOptions opt{m, r, 0};
           opt.chunk_context = v;

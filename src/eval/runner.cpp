@@ -24,6 +24,7 @@
 #include "fusion/auto_quality.h"
 #include "fusion/executor.h"
 #include "fusion/fusionrag_enrich.h"
+#include "fusion/methods.h"
 #include "kv/chunk_store.h"
 #include "model/kernels.h"
 #include "runtime/generate.h"
@@ -59,22 +60,22 @@ std::string selector_of(const nlohmann::json& method_presets, const std::string&
 }
 
 // Whether some run uses `selector`, directly or through a method preset.
-bool uses_selector(const std::vector<BenchRun>& runs, const nlohmann::json& method_presets, std::string_view selector) {
-  return std::any_of(runs.begin(), runs.end(), [&](const BenchRun& r) { return selector_of(method_presets, r.method) == selector; });
+bool uses_corpus_enrichment(const std::vector<BenchRun>& runs, const nlohmann::json& method_presets) {
+  return std::any_of(runs.begin(), runs.end(),
+                     [&](const BenchRun& r) { return enriches_from_corpus(selector_of(method_presets, r.method)); });
 }
 
 }  // namespace
 
 nlohmann::json bench_default_method_options(const std::string& method) {
-  if (method == "cachecraft") return {{"create_variants", false}};
-  return nlohmann::json::object();
+  const MethodEntry* e = find_method(method);
+  return e ? nlohmann::json::parse(e->bench_options) : nlohmann::json::object();
 }
 
 void check_method_presets(const nlohmann::json& method_presets) {
   if (!method_presets.is_object()) throw std::invalid_argument("method presets must be a JSON object {name: {method, options}}");
-  const auto known = selector_names();
   for (const auto& [name, v] : method_presets.items()) {
-    if (name.empty() || name == "full" || name == "reuse" || std::find(known.begin(), known.end(), name) != known.end())
+    if (name.empty() || find_method(name))
       throw std::invalid_argument("method preset '" + name + "': the name must differ from every method");
     if (!v.is_object() || !v.contains("method") || !v["method"].is_string())
       throw std::invalid_argument("method preset '" + name + "': expected {\"method\": \"<selector>\", \"options\": {...}}");
@@ -120,16 +121,14 @@ double jaccard(const std::vector<size_t>& a, const std::vector<size_t>& b) {
 
 std::vector<BenchRun> expand_runs(const std::vector<std::string>& methods, const std::vector<double>& ratios,
                                   const nlohmann::json& method_presets, const std::vector<double>& qualities) {
-  const auto known = selector_names();
   std::vector<BenchRun> runs;
   std::set<std::string> seen;
   for (const auto& m : methods) {
     if (!seen.insert(m).second) continue;
-    if (m == "full") {
-      runs.push_back({m, 1.0});
-    } else if (m == "reuse") {
-      runs.push_back({m, 0.0});
-    } else if (m == autoq::kMethodName) {
+    const MethodEntry* entry = find_method(m);
+    if (entry && !entry->takes_ratio()) {
+      runs.push_back({m, entry->fixed_ratio});
+    } else if (entry && entry->kind == MethodKind::automatic) {
       if (qualities.empty()) throw std::invalid_argument("method 'auto' needs at least one --qualities value");
       std::set<std::string> seen_q;
       for (double q : qualities) {
@@ -141,9 +140,8 @@ std::vector<BenchRun> expand_runs(const std::vector<std::string>& methods, const
         if (seen_q.insert(ratio_text(q)).second) runs.push_back({m, q});
       }
     } else {
-      if (std::find(known.begin(), known.end(), m) == known.end() && !(method_presets.is_object() && method_presets.contains(m))) {
-        std::string names = "full";
-        for (const auto& k : known) names += ", " + k;
+      if (!entry && !(method_presets.is_object() && method_presets.contains(m))) {
+        std::string names = known_methods_text();
         if (method_presets.is_object())
           for (const auto& [k, _] : method_presets.items()) names += ", " + k;
         throw std::invalid_argument("unknown method '" + m + "' (known: " + names + ")");
@@ -163,7 +161,7 @@ std::vector<BenchRun> expand_runs(const std::vector<std::string>& methods, const
 std::string row_key(const std::string& dataset, uint64_t model_fingerprint, const std::string& example_id,
                     const std::string& method, double ratio, ChunkContext chunk_context) {
   return dataset + "\x1f" + fingerprint_hex(model_fingerprint) + "\x1f" + example_id + "\x1f" + method + "\x1f" +
-         ratio_text(ratio) + (chunk_context == ChunkContext::prefixed && method != "full" ? "\x1fprefixed" : "");
+         ratio_text(ratio) + (chunk_context == ChunkContext::prefixed && !is_full_prefill(method) ? "\x1fprefixed" : "");
 }
 
 std::string dataset_label(const std::string& dataset_name, size_t chunk_tokens, size_t chunks_per_request) {
@@ -214,8 +212,8 @@ std::vector<BenchRun> planned_runs(const BenchConfig& cfg) {
   std::vector<BenchRun> runs;
   for (size_t v = 0; v < cfg.chunk_contexts.size(); ++v)
     for (BenchRun r : expand_runs(cfg.methods, cfg.ratios, cfg.method_presets, cfg.qualities)) {
-      if (r.method == "full" && v > 0) continue;
-      r.chunk_context = r.method == "full" ? ChunkContext::alone : cfg.chunk_contexts[v];
+      if (is_full_prefill(r.method) && v > 0) continue;
+      r.chunk_context = is_full_prefill(r.method) ? ChunkContext::alone : cfg.chunk_contexts[v];
       runs.push_back(r);
     }
   return runs;
@@ -353,7 +351,7 @@ OfflineWork prepare_chunk_caches(Forward& fwd, ChunkStore& store, const BenchCon
   // examples count as chunk caches (a deployment has them all).
   for (const ChunkContext v : cfg.chunk_contexts) {
     if (std::none_of(todo.begin(), todo.end(),
-                     [&](const BenchRun& r) { return r.chunk_context == v && selector_of(cfg.method_presets, r.method) == "fusionrag"; }))
+                     [&](const BenchRun& r) { return r.chunk_context == v && enriches_from_corpus(selector_of(cfg.method_presets, r.method)); }))
       continue;
     const EnrichReport rep = enrich_request_chunks(fwd, store, req, fusionrag_kb, v);
     w.fusionrag_enriched[v] = rep.enriched + rep.enriched_present;
@@ -424,7 +422,7 @@ json result_row(const BenchConfig& cfg, const ExampleContext& x, const BenchRun&
                 const OfflineWork& offline) {
   const FusionTimings& t = r.timings;
   const auto& gold = x.ex.answers;
-  const double fusionrag_ms = base == "fusionrag" && offline.fusionrag_ms.count(run.chunk_context)
+  const double fusionrag_ms = enriches_from_corpus(base) && offline.fusionrag_ms.count(run.chunk_context)
                                   ? offline.fusionrag_ms.at(run.chunk_context)
                                   : 0.0;
   json row{{"dataset", x.label},
@@ -474,7 +472,7 @@ json result_row(const BenchConfig& cfg, const ExampleContext& x, const BenchRun&
     row["base_method"] = base;
     row["method_options"] = options;
   }
-  if (base == autoq::kMethodName) {
+  if (is_auto_policy(base)) {
     row["quality"] = run.ratio;
     row["auto"] = r.auto_decision;
   }
@@ -482,11 +480,12 @@ json result_row(const BenchConfig& cfg, const ExampleContext& x, const BenchRun&
     row["jaccard_ref"] = *jac;
     row["jaccard_reference"] = cfg.jaccard_reference;
   }
-  if (base == "qcfuse" || base == "prophet")  // what the ablation attributes to each part
-    for (const char* k : {"critical_layers", "anchors", "anchor_rule", "probe_rows", "probe_depth", "probe_ms", "score_ms"})
-      if (r.selection_details.is_object() && r.selection_details.contains(k)) row[k] = r.selection_details[k];
-  if (run.method != "full") row["chunk_context"] = chunk_context_name(run.chunk_context);
-  if (base == "fusionrag") row["enriched_chunks"] = r.selection_details.value("enriched_chunks", 0);
+  // What the ablation attributes to each part (QCFuse and ProphetKV report them).
+  for (const char* k : {"critical_layers", "anchors", "anchor_rule", "probe_rows", "probe_depth", "probe_ms", "score_ms"})
+    if (r.selection_details.is_object() && r.selection_details.contains(k)) row[k] = r.selection_details[k];
+  if (!is_full_prefill(run.method)) row["chunk_context"] = chunk_context_name(run.chunk_context);
+  if (r.selection_details.is_object() && r.selection_details.contains("enriched_chunks"))  // FusionRAG
+    row["enriched_chunks"] = r.selection_details["enriched_chunks"];
   return row;
 }
 
@@ -533,7 +532,7 @@ BenchSummary BenchRunner::run(const Dataset& dataset) {
 
   // FusionRAG's knowledge base (§3.1): every chunk of the dataset (dataset_knowledge_base).
   const bool wants_fusionrag =
-      std::any_of(todo.begin(), todo.end(), [&](const std::vector<BenchRun>& t) { return uses_selector(t, cfg_.method_presets, "fusionrag"); });
+      std::any_of(todo.begin(), todo.end(), [&](const std::vector<BenchRun>& t) { return uses_corpus_enrichment(t, cfg_.method_presets); });
   std::vector<CorpusChunk> fusionrag_kb;
   if (wants_fusionrag) {
     fusionrag_kb = dataset_knowledge_base(model, dataset, cfg_.prompt, cfg_.chunk_tokens);
@@ -573,20 +572,20 @@ BenchSummary BenchRunner::run(const Dataset& dataset) {
     // The first timed run of a process would pay for page faults of the weights and the
     // prefix cache of S: a reuse prefill (every weight, S cached) takes them first.
     if (!warmed_up) {
-      executor.prefill(req, {"reuse", 0.0, 0});
+      executor.prefill(req, {"reuse", 0.0, 0});  // any cheap method warms up
       warmed_up = true;
     }
 
     // (2) The reference: cached, unless the full row itself is still to do (its TTFT is measured).
     const bool full_row_todo =
-        std::any_of(todo[e].begin(), todo[e].end(), [](const BenchRun& r) { return r.method == "full"; });
+        std::any_of(todo[e].begin(), todo[e].end(), [](const BenchRun& r) { return is_full_prefill(r.method); });
     const std::string reference_key = references.key(fp, prompt, cfg_.max_tokens, cfg_.threads);
     std::optional<FusionResult> full;
     std::optional<ReferenceRecord> reference = full_row_todo ? std::nullopt : references.load(reference_key);
     if (reference) {
       ++sum.references_reused;
     } else {
-      full.emplace(executor.prefill(req, {"full", 1.0, cfg_.seed}));
+      full.emplace(executor.prefill(req, {full_method_name(), 1.0, cfg_.seed}));
       reference = ReferenceRecord{full->logits, decode_answer(fwd_, *full, prompt, cfg_.max_tokens)};
       references.save(reference_key, *reference);
     }
@@ -609,14 +608,14 @@ BenchSummary BenchRunner::run(const Dataset& dataset) {
       std::string base = run.method;
       json options = json::object();
       std::optional<double> jac;
-      if (run.method != "full") {
+      if (!is_full_prefill(run.method)) {
         options = options_of(cfg_, run.method, base);
         FusionOptions fo{base, run.ratio, x.seed, options, run.chunk_context};
-        if (base == autoq::kMethodName) fo.quality = run.ratio;  // the target; the policy picks the ratio
-        own.emplace(base == "fusionrag" ? fusionrag_prefill(executor, fwd_, store, req, fusionrag_kb, fo, offline, ex.id)
+        if (is_auto_policy(base)) fo.quality = run.ratio;  // the target; the policy picks the ratio
+        own.emplace(enriches_from_corpus(base) ? fusionrag_prefill(executor, fwd_, store, req, fusionrag_kb, fo, offline, ex.id)
                                         : executor.prefill(req, fo));
         dec = decode_answer(fwd_, *own, prompt, cfg_.max_tokens);
-        if (!cfg_.jaccard_reference.empty() && run.method != "reuse" && base != autoq::kMethodName) {
+        if (!cfg_.jaccard_reference.empty() && find_method(base) && find_method(base)->takes_ratio() && !is_auto_policy(base)) {
           const std::string rk = ratio_text(run.ratio) + " " + chunk_context_name(run.chunk_context);
           if (run.method == cfg_.jaccard_reference) reference_slots[rk] = own->recomputed;
           if (!reference_slots.count(rk)) {  // untimed, not recorded
@@ -629,7 +628,7 @@ BenchSummary BenchRunner::run(const Dataset& dataset) {
         }
       }
       out << results_line(result_row(cfg_, x, run, base, options, own ? *own : *full, dec, jac, offline)) << '\n';
-      if (base == "fusionrag") offline.fusionrag_ms[run.chunk_context] = 0;  // counted once per example and chunk context
+      if (enriches_from_corpus(base)) offline.fusionrag_ms[run.chunk_context] = 0;  // counted once per example and chunk context
       out.flush();
       if (!out) throw std::runtime_error("write to " + sum.results_path + " failed");
       ++sum.rows_written;

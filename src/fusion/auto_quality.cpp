@@ -14,6 +14,7 @@
 #include "base/clock.h"
 #include "base/paths.h"
 #include "fusion/bundled_files.h"
+#include "fusion/methods.h"
 #include "runtime/sampler.h"
 
 namespace cf::autoq {
@@ -416,13 +417,13 @@ FusionResult prefill(FusionExecutor& executor, const RagRequest& request, const 
       wasted_ms += r.timings.ttft_ms + predict_ms;
     }
   }
-  opt.method = "full";
+  opt.method = full_method_name();
   opt.ratio = 1.0;
   opt.method_options = json::object();
   FusionResult r = executor.prefill(request, opt);
   ++decision.steps_run;
-  decision.trace.push_back({{"method", "full"}, {"ratio", 1.0}, {"predicted", 1.0}, {"ttft_ms", r.timings.ttft_ms}});
-  decision.method = "full";
+  decision.trace.push_back({{"method", opt.method}, {"ratio", 1.0}, {"predicted", 1.0}, {"ttft_ms", r.timings.ttft_ms}});
+  decision.method = opt.method;
   decision.ratio = 1.0;
   decision.predicted_quality = 1.0;
   decision.decision_ms = wasted_ms;

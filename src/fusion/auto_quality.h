@@ -31,7 +31,6 @@
 
 namespace cf::autoq {
 
-inline constexpr const char* kMethodName = "auto";
 inline constexpr const char* kCalibrationFormat = "chunkfuse.auto.calibration/3";  // /2 (one size class) is read too
 
 // What one fused prefill's first-token logits say about its answer.

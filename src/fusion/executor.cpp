@@ -6,6 +6,7 @@
 
 #include "base/clock.h"
 #include "fusion/auto_quality.h"
+#include "fusion/methods.h"
 
 // Sliding-window models (Gemma 3: local layers see the last `window` positions, every
 // sixth layer sees all). The rule, layer by layer, and why it needs no special case here:
@@ -53,7 +54,7 @@ ChunkKey FusionExecutor::chunk_key(uint64_t model_fingerprint, const RagRequest&
 std::vector<ChunkKey> FusionExecutor::chunk_keys(uint64_t model_fingerprint, const RagRequest& req,
                                                  const FusionOptions& opt) {
   std::vector<ChunkKey> keys;
-  if (opt.method == "full") return keys;
+  if (opt.full()) return keys;
   for (size_t i = 0; i < req.chunks.size(); ++i) keys.push_back(chunk_key(model_fingerprint, req, opt, i));
   return keys;
 }
@@ -96,7 +97,7 @@ std::shared_ptr<const KvCache> FusionExecutor::prefix_cache(const std::vector<To
 }
 
 FusionResult FusionExecutor::prefill(const RagRequest& req, const FusionOptions& opt) {
-  if (opt.method == autoq::kMethodName) return prefill_auto(req, opt);
+  if (opt.automatic()) return prefill_auto(req, opt);
   if (!(opt.ratio >= 0.0 && opt.ratio <= 1.0))
     throw std::invalid_argument("fusion ratio must be in [0, 1], got " + std::to_string(opt.ratio));
   if (req.suffix.empty()) throw std::invalid_argument("fused prefill needs a non-empty question suffix");
@@ -124,7 +125,7 @@ FusionResult FusionExecutor::prefill(const RagRequest& req, const FusionOptions&
                  .score_kind = {},
                  .auto_decision = {}};
 
-  if (opt.method == "full") {  // the reference: one plain prefill of the whole request
+  if (opt.full()) {  // the reference: one plain prefill of the whole request
     size_t start = 0;          // with a prefix source, S comes from it (exact K/V)
     if (external_prefixes_) {
       auto prefix = prefix_cache(req.system, r.prefix_hit_tokens);

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "fusion/fusion_options.h"
 #include "fusion/selector.h"
 #include "kv/chunk_store.h"
 
@@ -30,19 +31,6 @@ class PrefixSource {
 // the rest of `tokens` by a plain prefill at positions kv.size().. (how a PrefixSource fills
 // what it lacks).
 void extend_prefix(Forward& fwd, KvCache& kv, std::span<const TokenId> tokens);
-
-struct FusionOptions {
-  std::string method = "full";  // "full" (plain prefill, the reference) or a selector name
-  double ratio = 0.15;
-  uint64_t seed = 0;
-  nlohmann::json method_options = nlohmann::json::object();  // Selector::configure
-  // Which base cache each chunk is served from (chunk_key.h): alone (PIC) or prefixed
-  // (computed after this request's S). Every selector runs on both; "full" ignores it.
-  ChunkContext chunk_context = ChunkContext::alone;
-  // method "auto" (fusion/auto_quality.h): the probability, in (0, 1], of an answer identical
-  // to full prefill's that the request asks for; the policy picks the method and the ratio.
-  double quality = 0;
-};
 
 struct FusionTimings {
   double lookup_ms = 0;     // prefix cache and chunk store lookups (incl. disk loads)
@@ -72,14 +60,14 @@ struct FusionResult {
 class FusionExecutor {
  public:
   // `prefixes` (optional, not owned) replaces the built-in exact-match map for S. With one,
-  // "full" also takes S from it (and prefills chunks and U after it); without, "full" is
+  // full prefill also takes S from it (and prefills chunks and U after it); without, full prefill is
   // one plain prefill of the whole request, the reference every benchmark compares with.
   FusionExecutor(Forward& fwd, ChunkStore& store, PrefixSource* prefixes = nullptr);
   // Throws std::invalid_argument on an unknown method or a ratio outside [0, 1].
   FusionResult prefill(const RagRequest& request, const FusionOptions& opt);
 
   // The store key prefill() looks chunk i of `request` up by (its base cache: PIC or prefixed,
-  // kv/chunk_key.h), and all of them in chunk order (none for "full", which looks none up).
+  // kv/chunk_key.h), and all of them in chunk order (none for full prefill, which looks none up).
   // The one place these keys are made: whoever prefetches uses them (issue 25 item 2).
   static ChunkKey chunk_key(uint64_t model_fingerprint, const RagRequest& request, const FusionOptions& opt, size_t i);
   static std::vector<ChunkKey> chunk_keys(uint64_t model_fingerprint, const RagRequest& request,

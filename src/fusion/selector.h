@@ -114,12 +114,4 @@ class Selector {
 // floor(ratio * n), the papers' budget (QCFuse Eq. 11 / FusionRAG top-k): ratio in [0, 1].
 size_t recompute_budget(double ratio, size_t n);
 
-// Methods: reuse, random, epic, cacheblend, prophet (and more as they land).
-// Throws std::invalid_argument naming the known ones.
-std::unique_ptr<Selector> make_selector(std::string_view name);
-std::vector<std::string> selector_names();
-// Every method a request may name ("full", then the selectors in registry order), each with its
-// parameters: [{"id", "parameters": [MethodParam::to_json()...]}]. GET /v1/methods serves it.
-nlohmann::json method_catalog();
-
 }  // namespace cf

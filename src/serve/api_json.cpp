@@ -10,9 +10,7 @@
 #include <sstream>
 
 #include "base/bounded_json.h"
-#include "fusion/auto_quality.h"
-#include "fusion/selector.h"
-#include "serve/request_plan.h"
+#include "fusion/methods.h"
 #include "serve/store_metrics.h"
 
 namespace cf {
@@ -47,10 +45,6 @@ nlohmann::json CompletionResult::to_json() const {
 namespace api {
 namespace {
 
-[[noreturn]] void bad(const std::string& param, const std::string& message) {
-  throw RequestError(400, "invalid_request_error", message, param);
-}
-
 // The field when present and not null, else nullptr.
 const json* field(const json& obj, const char* name) {
   auto it = obj.find(name);
@@ -59,22 +53,22 @@ const json* field(const json& obj, const char* name) {
 }
 
 std::string get_string(const json& v, const std::string& param) {
-  if (!v.is_string()) bad(param, "'" + param + "' must be a string");
+  if (!v.is_string()) throw invalid_request("'" + param + "' must be a string", param);
   return v.get<std::string>();
 }
 
 bool get_bool(const json& v, const std::string& param) {
-  if (!v.is_boolean()) bad(param, "'" + param + "' must be a boolean");
+  if (!v.is_boolean()) throw invalid_request("'" + param + "' must be a boolean", param);
   return v.get<bool>();
 }
 
 double get_number(const json& v, const std::string& param, double lo, double hi) {
-  if (!v.is_number()) bad(param, "'" + param + "' must be a number");
+  if (!v.is_number()) throw invalid_request("'" + param + "' must be a number", param);
   const double x = v.get<double>();
   if (!std::isfinite(x) || x < lo || x > hi) {
     std::ostringstream os;
     os << "'" << param << "' must be in [" << lo << ", " << hi << "], got " << x;
-    bad(param, os.str());
+    throw invalid_request(os.str(), param);
   }
   return x;
 }
@@ -83,13 +77,13 @@ int64_t get_int(const json& v, const std::string& param, int64_t lo, int64_t hi)
   // 16.0 is an integer to JSON Schema and to OpenAI; 16.5 is not.
   if (v.is_number_float()) {
     const double d = v.get<double>();
-    if (!std::isfinite(d) || d != std::floor(d)) bad(param, "'" + param + "' must be an integer");
+    if (!std::isfinite(d) || d != std::floor(d)) throw invalid_request("'" + param + "' must be an integer", param);
   } else if (!v.is_number_integer()) {
-    bad(param, "'" + param + "' must be an integer");
+    throw invalid_request("'" + param + "' must be an integer", param);
   }
   const double x = v.get<double>();
   if (x < static_cast<double>(lo) || x > static_cast<double>(hi))
-    bad(param, "'" + param + "' must be in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+    throw invalid_request("'" + param + "' must be in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]", param);
   return v.get<int64_t>();
 }
 
@@ -97,16 +91,16 @@ int64_t get_int(const json& v, const std::string& param, int64_t lo, int64_t hi)
 // supported (joined, as OpenAI does for system messages).
 std::string message_content(const json& v, const std::string& param) {
   if (v.is_string()) return v.get<std::string>();
-  if (!v.is_array()) bad(param, "'" + param + "' must be a string or a list of text parts");
+  if (!v.is_array()) throw invalid_request("'" + param + "' must be a string or a list of text parts", param);
   std::string out;
   for (size_t i = 0; i < v.size(); ++i) {
     const std::string p = param + "[" + std::to_string(i) + "]";
     const json& part = v[i];
-    if (!part.is_object()) bad(p, "'" + p + "' must be an object");
+    if (!part.is_object()) throw invalid_request("'" + p + "' must be an object", p);
     const json* type = field(part, "type");
-    if (!type || get_string(*type, p + ".type") != "text") bad(p + ".type", "only content parts of type 'text' are supported");
+    if (!type || get_string(*type, p + ".type") != "text") throw invalid_request("only content parts of type 'text' are supported", p + ".type");
     const json* text = field(part, "text");
-    if (!text) bad(p + ".text", "'" + p + ".text' is required");
+    if (!text) throw invalid_request("'" + p + ".text' is required", p + ".text");
     out += get_string(*text, p + ".text");
   }
   return out;
@@ -114,22 +108,22 @@ std::string message_content(const json& v, const std::string& param) {
 
 std::vector<ChatMessage> parse_messages(const json& body) {
   const json* msgs = field(body, "messages");
-  if (!msgs) bad("messages", "'messages' is required");
-  if (!msgs->is_array()) bad("messages", "'messages' must be a list");
-  if (msgs->empty()) bad("messages", "'messages' must not be empty");
+  if (!msgs) throw invalid_request("'messages' is required", "messages");
+  if (!msgs->is_array()) throw invalid_request("'messages' must be a list", "messages");
+  if (msgs->empty()) throw invalid_request("'messages' must not be empty", "messages");
   std::vector<ChatMessage> out;
   for (size_t i = 0; i < msgs->size(); ++i) {
     const std::string p = "messages[" + std::to_string(i) + "]";
     const json& m = (*msgs)[i];
-    if (!m.is_object()) bad(p, "'" + p + "' must be an object");
+    if (!m.is_object()) throw invalid_request("'" + p + "' must be an object", p);
     const json* role = field(m, "role");
-    if (!role) bad(p + ".role", "'" + p + ".role' is required");
+    if (!role) throw invalid_request("'" + p + ".role' is required", p + ".role");
     std::string r = get_string(*role, p + ".role");
     if (r == "developer") r = "system";  // OpenAI's newer name for the system role
     if (r != "system" && r != "user" && r != "assistant")
-      bad(p + ".role", "unsupported role '" + r + "' (system, developer, user, assistant)");
+      throw invalid_request("unsupported role '" + r + "' (system, developer, user, assistant)", p + ".role");
     const json* content = field(m, "content");
-    if (!content && r != "assistant") bad(p + ".content", "'" + p + ".content' is required");
+    if (!content && r != "assistant") throw invalid_request("'" + p + ".content' is required", p + ".content");
     out.push_back({r, content ? message_content(*content, p + ".content") : std::string()});
   }
   return out;
@@ -137,15 +131,15 @@ std::vector<ChatMessage> parse_messages(const json& body) {
 
 std::string parse_prompt(const json& body) {
   const json* prompt = field(body, "prompt");
-  if (!prompt) bad("prompt", "'prompt' is required");
+  if (!prompt) throw invalid_request("'prompt' is required", "prompt");
   if (prompt->is_string()) return prompt->get<std::string>();
   // The openai client sends a list for batched prompts; one prompt per request here.
   if (prompt->is_array() && prompt->size() == 1 && (*prompt)[0].is_string()) return (*prompt)[0].get<std::string>();
-  bad("prompt", "'prompt' must be a string (or a list of exactly one string)");
+  throw invalid_request("'prompt' must be a string (or a list of exactly one string)", "prompt");
 }
 
 std::vector<DocumentRef> parse_documents(const json& v) {
-  if (!v.is_array()) bad("documents", "'documents' must be a list");
+  if (!v.is_array()) throw invalid_request("'documents' must be a list", "documents");
   std::vector<DocumentRef> out;
   for (size_t i = 0; i < v.size(); ++i) {
     const std::string p = "documents[" + std::to_string(i) + "]";
@@ -156,46 +150,43 @@ std::vector<DocumentRef> parse_documents(const json& v) {
     } else if (d.is_object()) {
       const json* id = field(d, "id");
       const json* text = field(d, "text");
-      if ((id != nullptr) == (text != nullptr)) bad(p, "'" + p + "' needs exactly one of 'id' and 'text'");
+      if ((id != nullptr) == (text != nullptr)) throw invalid_request("'" + p + "' needs exactly one of 'id' and 'text'", p);
       if (id) ref.id = get_string(*id, p + ".id");
       if (text) ref.text = get_string(*text, p + ".text");
-      if (id && ref.id.empty()) bad(p + ".id", "'" + p + ".id' must not be empty");
+      if (id && ref.id.empty()) throw invalid_request("'" + p + ".id' must not be empty", p + ".id");
     } else {
-      bad(p, "'" + p + "' must be a string or an object with 'id' or 'text'");
+      throw invalid_request("'" + p + "' must be a string or an object with 'id' or 'text'", p);
     }
-    if (ref.id.empty() && ref.text.empty()) bad(p, "'" + p + "' is an empty passage");
+    if (ref.id.empty() && ref.text.empty()) throw invalid_request("'" + p + "' is an empty passage", p);
     out.push_back(std::move(ref));
   }
   return out;
 }
 
-FusionSpec parse_fusion(const json* v, const std::string& default_method, double default_ratio) {
+// Types and ranges only: what the method accepts is checked once, by validate_request.
+FusionSpec parse_fusion(const json* v, const FusionOptions& defaults) {
   FusionSpec f;
-  f.method = default_method;
-  f.ratio = default_ratio;
+  f.options = defaults;
+  FusionOptions& o = f.options;
   if (!v) return f;
-  if (!v->is_object()) bad("fusion", "'fusion' must be an object");
-  if (const json* x = field(*v, "method")) f.method = get_string(*x, "fusion.method");
-  if (const json* x = field(*v, "ratio")) f.ratio = get_number(*x, "fusion.ratio", 0.0, 1.0);
-  if (const json* x = field(*v, "quality")) f.quality = get_number(*x, "fusion.quality", 0.0, 1.0);
-  if (f.method == autoq::kMethodName && field(*v, "ratio"))
-    bad("fusion.ratio", "fusion method 'auto' chooses the ratio itself: give fusion.quality, not fusion.ratio");
+  if (!v->is_object()) throw invalid_request("'fusion' must be an object", "fusion");
+  if (const json* x = field(*v, "method")) o.method = get_string(*x, "fusion.method");
+  if (const json* x = field(*v, "ratio")) o.ratio = get_number(*x, "fusion.ratio", 0.0, 1.0);
+  if (const json* x = field(*v, "quality")) o.quality = get_number(*x, "fusion.quality", 0.0, 1.0);
+  if (o.automatic() && field(*v, "ratio"))
+    throw invalid_request("fusion method '" + o.method + "' chooses the ratio itself: give fusion.quality, not fusion.ratio", "fusion.ratio");
   if (const json* x = field(*v, "reorder")) f.reorder = get_bool(*x, "fusion.reorder");
   if (const json* x = field(*v, "conversation_id")) f.conversation_id = get_string(*x, "fusion.conversation_id");
   if (const json* x = field(*v, "prefix_cache")) f.prefix_cache = get_bool(*x, "fusion.prefix_cache");
   // chunk_context; "chunk_variant" is its name before issue 25, still accepted.
   const json* cc = field(*v, "chunk_context");
   if (!cc) cc = field(*v, "chunk_variant");
-  if (cc) {
-    f.chunk_context = get_string(*cc, "fusion.chunk_context");
-    if (f.chunk_context.empty())
-      bad("fusion.chunk_context", "'fusion.chunk_context' must be \"alone\" or \"prefixed\"");
-  }
+  if (cc && !parse_chunk_context(get_string(*cc, "fusion.chunk_context"), o.chunk_context))
+    throw invalid_request("'fusion.chunk_context' must be \"alone\" or \"prefixed\"", "fusion.chunk_context");
   if (const json* x = field(*v, "options")) {
-    if (!x->is_object()) bad("fusion.options", "'fusion.options' must be an object");
-    f.options = *x;
+    if (!x->is_object()) throw invalid_request("'fusion.options' must be an object", "fusion.options");
+    o.method_options = *x;
   }
-  validate_fusion(f);  // the engine's own check (method, options, profile, ratio, chunk context)
   return f;
 }
 
@@ -206,17 +197,17 @@ constexpr size_t kMaxStops = 16, kMaxStopBytes = 256;
 
 std::string stop_string(const json& v, const std::string& param) {
   std::string s = get_string(v, param);
-  if (s.empty()) bad(param, "stop sequences must not be empty");
+  if (s.empty()) throw invalid_request("stop sequences must not be empty", param);
   if (s.size() > kMaxStopBytes)
-    bad(param, "'" + param + "' is " + std::to_string(s.size()) + " bytes; a stop sequence holds at most " +
-                   std::to_string(kMaxStopBytes) + " bytes");
+    throw invalid_request("'" + param + "' is " + std::to_string(s.size()) + " bytes; a stop sequence holds at most " +
+                   std::to_string(kMaxStopBytes) + " bytes", param);
   return s;
 }
 
 std::vector<std::string> parse_stop(const json& v) {
   if (v.is_string()) return {stop_string(v, "stop")};
-  if (!v.is_array()) bad("stop", "'stop' must be a string or a list of strings");
-  if (v.size() > kMaxStops) bad("stop", "'stop' holds at most " + std::to_string(kMaxStops) + " sequences");
+  if (!v.is_array()) throw invalid_request("'stop' must be a string or a list of strings", "stop");
+  if (v.size() > kMaxStops) throw invalid_request("'stop' holds at most " + std::to_string(kMaxStops) + " sequences", "stop");
   std::vector<std::string> out;
   for (size_t i = 0; i < v.size(); ++i) out.push_back(stop_string(v[i], "stop[" + std::to_string(i) + "]"));
   return out;
@@ -259,7 +250,7 @@ void refuse_answer_changing_fields(const json& body) {
   for (const auto& f : kAnswerChangingFields) {
     const json* x = field(body, f.name);
     if (x && !f.off(*x))
-      bad(f.name, std::string("'") + f.name + "' is not supported: only " + f.off_values + " or null");
+      throw invalid_request(std::string("'") + f.name + "' is not supported: only " + f.off_values + " or null", f.name);
   }
 }
 
@@ -271,16 +262,14 @@ json parse_body(const std::string& body) {
     j = parse_json_bounded(body, /*allow_exceptions=*/false);
   } catch (const JsonTooDeep& e) {
     // Refused before anything copies or prints the value (issue 29, item 1).
-    throw RequestError(400, "invalid_request_error",
-                       "the body nests arrays or objects deeper than " + std::to_string(e.limit) + " levels");
+    throw invalid_request("the body nests arrays or objects deeper than " + std::to_string(e.limit) + " levels");
   }
-  if (j.is_discarded()) throw RequestError(400, "invalid_request_error", "the body is not valid JSON");
-  if (!j.is_object()) throw RequestError(400, "invalid_request_error", "the body must be a JSON object");
+  if (j.is_discarded()) throw invalid_request("the body is not valid JSON");
+  if (!j.is_object()) throw invalid_request("the body must be a JSON object");
   return j;
 }
 
-ParsedCompletion parse_completion(const json& body, bool chat, const std::string& default_method,
-                                  double default_ratio) {
+ParsedCompletion parse_completion(const json& body, bool chat, const FusionOptions& defaults) {
   ParsedCompletion pc;
   CompletionRequest& r = pc.request;
   r.chat = chat;
@@ -298,7 +287,7 @@ ParsedCompletion parse_completion(const json& body, bool chat, const std::string
   if (const json* x = field(body, "temperature")) r.temperature = get_number(*x, "temperature", 0.0, 2.0);
   if (const json* x = field(body, "top_p")) {
     r.top_p = get_number(*x, "top_p", 0.0, 1.0);
-    if (r.top_p <= 0.0) bad("top_p", "'top_p' must be greater than 0");
+    if (r.top_p <= 0.0) throw invalid_request("'top_p' must be greater than 0", "top_p");
   }
   if (const json* x = field(body, "seed"))
     r.seed = static_cast<uint64_t>(
@@ -306,22 +295,22 @@ ParsedCompletion parse_completion(const json& body, bool chat, const std::string
   if (const json* x = field(body, "stop")) r.stop = parse_stop(*x);
   if (const json* x = field(body, "stream")) pc.stream = get_bool(*x, "stream");
   if (const json* x = field(body, "stream_options")) {
-    if (!x->is_object()) bad("stream_options", "'stream_options' must be an object");
+    if (!x->is_object()) throw invalid_request("'stream_options' must be an object", "stream_options");
     if (const json* u = field(*x, "include_usage")) pc.include_usage = get_bool(*u, "stream_options.include_usage");
   }
   if (const json* x = field(body, "documents")) r.documents = parse_documents(*x);
-  r.fusion = parse_fusion(field(body, "fusion"), default_method, default_ratio);
+  r.fusion = parse_fusion(field(body, "fusion"), defaults);
   return pc;
 }
 
 std::vector<std::string> parse_chunk_texts(const json& body) {
   const json* texts = field(body, "texts");
   const json* docs = field(body, "documents");
-  if ((texts != nullptr) == (docs != nullptr)) bad("texts", "give exactly one of 'texts' and 'documents'");
+  if ((texts != nullptr) == (docs != nullptr)) throw invalid_request("give exactly one of 'texts' and 'documents'", "texts");
   const char* name = texts ? "texts" : "documents";
   const json& list = texts ? *texts : *docs;
-  if (!list.is_array()) bad(name, std::string("'") + name + "' must be a list");
-  if (list.empty()) bad(name, std::string("'") + name + "' must not be empty");
+  if (!list.is_array()) throw invalid_request(std::string("'") + name + "' must be a list", name);
+  if (list.empty()) throw invalid_request(std::string("'") + name + "' must not be empty", name);
   std::vector<std::string> out;
   for (size_t i = 0; i < list.size(); ++i) {
     const std::string p = std::string(name) + "[" + std::to_string(i) + "]";
@@ -332,9 +321,9 @@ std::vector<std::string> parse_chunk_texts(const json& body) {
     } else if (docs && d.is_object() && field(d, "text")) {
       text = get_string(*field(d, "text"), p + ".text");
     } else {
-      bad(p, "'" + p + (docs ? "' must be a string or an object with 'text'" : "' must be a string"));
+      throw invalid_request("'" + p + (docs ? "' must be a string or an object with 'text'" : "' must be a string"), p);
     }
-    if (text.empty()) bad(p, "'" + p + "' is an empty passage");
+    if (text.empty()) throw invalid_request("'" + p + "' is an empty passage", p);
     out.push_back(std::move(text));
   }
   return out;

@@ -8,7 +8,8 @@
 #include <string_view>
 #include <vector>
 
-#include "serve/engine.h"
+#include "serve/request.h"
+#include "serve/request_metrics.h"
 
 namespace cf {
 
@@ -28,10 +29,9 @@ nlohmann::json parse_body(const std::string& body);
 // fields are ignored, as OpenAI does; a known field of the wrong type or out of range throws
 // RequestError 400 naming the field, and so does an OpenAI field that would change the answer
 // and is not implemented (logprobs, echo, logit_bias, tools, response_format, n > 1, ...)
-// unless it is null or "off". `default_method` and `default_ratio` (serve --method,
-// --ratio) fill fusion.method and fusion.ratio when absent.
-ParsedCompletion parse_completion(const nlohmann::json& body, bool chat, const std::string& default_method,
-                                  double default_ratio = FusionSpec{}.ratio);
+// unless it is null or "off". `defaults` (serve --method, --ratio, --chunk-context) fill the
+// fusion fields a request does not give. The fusion settings are checked by validate_request.
+ParsedCompletion parse_completion(const nlohmann::json& body, bool chat, const FusionOptions& defaults = {});
 
 // POST /v1/chunks: {"texts": [str...]} or {"documents": [str | {"text": str}...]}.
 std::vector<std::string> parse_chunk_texts(const nlohmann::json& body);

@@ -5,7 +5,7 @@
 #include <thread>
 #include <utility>
 
-#include "serve/engine.h"
+#include "serve/request.h"
 
 namespace cf {
 

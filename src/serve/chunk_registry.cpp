@@ -11,7 +11,7 @@
 #include "base/bounded_json.h"
 
 #include "kv/store_paths.h"
-#include "serve/engine.h"
+#include "serve/request.h"
 #include "serve/prompt_layout.h"
 #include "serve/store_write.h"
 
@@ -93,8 +93,7 @@ void ChunkRegistry::lay_out_documents(const std::vector<DocumentRef>& documents,
   for (size_t i = 0; i < documents.size(); ++i) {
     const DocumentRef& d = documents[i];
     if (!d.id.empty() && !d.text.empty())
-      throw RequestError(400, "invalid_request_error",
-                         "documents[" + std::to_string(i) + "] gives both text and id; give one", "documents");
+      throw invalid_request("documents[" + std::to_string(i) + "] gives both text and id; give one", "documents");
     if (!d.id.empty()) {
       auto it = chunks_.find(d.id);
       if (it == chunks_.end())
@@ -104,7 +103,7 @@ void ChunkRegistry::lay_out_documents(const std::vector<DocumentRef>& documents,
       l.chunk_ids.push_back(d.id);
     } else {
       if (d.text.empty())
-        throw RequestError(400, "invalid_request_error", "documents[" + std::to_string(i) + "] is empty", "documents");
+        throw invalid_request("documents[" + std::to_string(i) + "] is empty", "documents");
       RegisteredChunk c = chunk_of_(d.text);
       l.chunks.push_back(std::move(c.tokens));
       l.chunk_ids.push_back(std::move(c.id));

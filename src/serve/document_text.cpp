@@ -16,13 +16,13 @@
 #include <vector>
 
 #include "base/bounded_json.h"
-#include "serve/engine.h"
+#include "serve/request.h"
 
 namespace cf {
 
 namespace {
 
-RequestError bad(const std::string& msg) { return RequestError(400, "invalid_request_error", msg, "file"); }
+RequestError bad(const std::string& msg) { return invalid_request(msg, "file"); }
 
 std::string lower(std::string_view s) {
   std::string r(s);
@@ -82,8 +82,7 @@ class CappedText {
   explicit CappedText(size_t cap) : cap_(cap) {}
   void append(std::string_view s) {
     if (s.size() > cap_ - out_.size())
-      throw RequestError(413, "invalid_request_error",
-                         "the document's text is larger than " + std::to_string(cap_ >> 20) + " MiB", "file");
+      throw invalid_request("the document's text is larger than " + std::to_string(cap_ >> 20) + " MiB", "file", 413);
     out_ += s;
   }
   std::string take() { return std::move(out_); }
@@ -174,8 +173,7 @@ std::string extract_document_text(const std::string& format, std::string_view by
   if (bytes.empty()) throw bad("the file is empty");
   if (format == "pdf") return pdf_to_text(bytes, opt);
   if (format != "txt" && format != "md" && format != "csv" && format != "jsonl")
-    throw RequestError(415, "invalid_request_error",
-                       "unknown document format '" + format + "' (known: .txt, .md, .csv, .jsonl, .pdf)", "name");
+    throw invalid_request("unknown document format '" + format + "' (known: .txt, .md, .csv, .jsonl, .pdf)", "name", 415);
   check_text(bytes);
   if (format == "csv") return csv_text(bytes, opt.max_text_bytes);
   if (format == "jsonl") return jsonl_text(bytes, opt.max_text_bytes);
@@ -291,12 +289,10 @@ std::string pdf_to_text(std::string_view pdf, const ExtractOptions& opt) {
   int status = 0;
   waitpid(pid, &status, 0);
   if (timed_out) throw bad("the PDF took too long to read (over " + std::to_string(opt.pdf_timeout_ms / 1000) + " s)");
-  if (too_big) throw RequestError(413, "invalid_request_error", "the PDF's text is too large", "file");
+  if (too_big) throw invalid_request("the PDF's text is too large", "file", 413);
   if (WIFSIGNALED(status))  // SIGXCPU past the CPU limit, SIGABRT/SIGSEGV when memory ran out
-    throw RequestError(413, "invalid_request_error",
-                       "reading the PDF needed more than the reader's limits (" + pdf_limits(opt) + "; pdftotext got signal " +
-                           std::to_string(WTERMSIG(status)) + ")",
-                       "file");
+    throw invalid_request("reading the PDF needed more than the reader's limits (" + pdf_limits(opt) + "; pdftotext got signal " +
+                           std::to_string(WTERMSIG(status)) + ")", "file", 413);
   if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
     throw bad("the PDF could not be read (damaged or encrypted, or past the reader's limits: " + pdf_limits(opt) + ")");
   // pdftotext separates pages with form feeds: make them paragraph breaks.

@@ -126,7 +126,7 @@ struct Engine::Impl {
 
   PlanLimits limits() const {
     return {static_cast<size_t>(model->hparams().context_length), opt.max_prompt_tokens, opt.max_documents,
-            opt.default_chunk_context, default_chat_stops(model->chat_template())};
+            default_chat_stops(model->chat_template())};
   }
 
   // Documents, then S and U around them (a continued conversation's kept tokens first).
@@ -213,12 +213,7 @@ struct Engine::Impl {
     r.prompt_tokens = plan.prompt_tokens;
     r.chunk_order = plan.chunk_order;
     r.deduped_chunks = plan.deduped_chunks;
-    const TokenCounts n = count_tokens(plan, fr);
-    r.prefix_hit_tokens = n.prefix_hit_tokens;
-    r.chunk_hits = n.chunk_hits;
-    r.chunk_misses = n.chunk_misses;
-    r.recomputed_tokens = n.recomputed_tokens;
-    r.prefilled_tokens = n.prefilled_tokens;
+    static_cast<TokenCounts&>(r) = count_tokens(plan, fr);
     r.auto_choice = fr.auto_decision;
     CompletionTimings& t = r.timings;
     t.queue_ms = ms_between(run.job.arrival, run.job.started);
@@ -228,7 +223,7 @@ struct Engine::Impl {
     t.recompute_ms = fr.timings.recompute_ms;
     t.ttft_ms = ms_between(arrival, run.job.first_token);
     t.decode_ms = ms_between(run.job.first_token, run.job.finished);
-    r.trace = std::make_shared<FusionTrace>(make_fusion_trace(plan.fusion.method, model->hparams().n_layers, plan.rag,
+    r.trace = std::make_shared<FusionTrace>(make_fusion_trace(plan.fusion, model->hparams().n_layers, plan.rag,
                                                               plan.chunk_order, plan.exact_spans, fr));
     return r;
   }
@@ -298,7 +293,7 @@ CompletionResult Engine::complete(const CompletionRequest& req, const std::funct
     throw;
   } catch (const std::invalid_argument& e) {  // anything the layers below refuse
     impl_->metrics.record_error();
-    throw RequestError(400, "invalid_request_error", e.what());
+    throw invalid_request(e.what());
   } catch (...) {
     impl_->metrics.record_error();
     throw;
@@ -307,19 +302,17 @@ CompletionResult Engine::complete(const CompletionRequest& req, const std::funct
 
 std::vector<ChunkInfo> Engine::register_chunks(const std::vector<std::string>& texts) {
   Impl& im = *impl_;
-  if (texts.empty()) throw RequestError(400, "invalid_request_error", "no texts to register", "input");
+  if (texts.empty()) throw invalid_request("no texts to register", "input");
   std::vector<RegisteredChunk> chunks;
   {
     const BusyGate::Slot slot = im.gate.enter();  // for the tokenizing, not the computing
     for (size_t i = 0; i < texts.size(); ++i) {
       if (texts[i].empty())
-        throw RequestError(400, "invalid_request_error", "text " + std::to_string(i) + " is empty", "input");
+        throw invalid_request("text " + std::to_string(i) + " is empty", "input");
       chunks.push_back(im.chunk_of(texts[i]));
       if (chunks.back().tokens.size() + 1 > im.opt.max_prompt_tokens)
-        throw RequestError(413, "invalid_request_error",
-                           "text " + std::to_string(i) + " has " + std::to_string(chunks.back().tokens.size()) +
-                               " tokens, more than a prompt may hold",
-                           "input");
+        throw invalid_request("text " + std::to_string(i) + " has " + std::to_string(chunks.back().tokens.size()) +
+                               " tokens, more than a prompt may hold", "input", 413);
     }
   }
   // The caches need the forward pass, which the scheduler thread owns.
@@ -342,8 +335,7 @@ std::optional<ChunkInfo> Engine::chunk(const std::string& id) const {
 }
 
 const ChunkStore& Engine::chunk_store() const { return impl_->store; }
-std::vector<std::string> Engine::registered_texts() const { return impl_->registry.texts(); }
-uint64_t Engine::registry_version() const { return impl_->registry.version(); }
+const ChunkRegistry& Engine::registry() const { return impl_->registry; }
 
 // The cache first: on a full disk its file is what frees room for the index, and a chunk whose
 // index entry could not be dropped (507) is still registered, its cache recomputed on use.

@@ -7,16 +7,16 @@
 
 namespace cf {
 
-FusionTrace make_fusion_trace(const std::string& method, int n_layers, const RagRequest& rr,
+FusionTrace make_fusion_trace(const FusionOptions& fusion, int n_layers, const RagRequest& rr,
                               const std::vector<std::string>& chunk_order,
                               const std::vector<std::pair<size_t, size_t>>& exact_spans, const FusionResult& fr) {
   FusionTrace t;
-  t.method = method;
+  t.method = fusion.method;
   t.n_layers = n_layers;
   t.selection = fr.selection_details;
   t.scores = fr.token_scores;
-  t.score_kind = method == "full" ? "none: full prefill recomputes every token" : fr.score_kind;
-  const bool fused = method != "full";
+  t.score_kind = fusion.full() ? "none: full prefill recomputes every token" : fr.score_kind;
+  const bool fused = !fusion.full();
   size_t k = 0;
   for (const auto& [b, e] : exact_spans) {
     // S' is computed exactly past what the prefix cache held.

@@ -19,6 +19,7 @@ namespace cf {
 
 struct RagRequest;
 struct FusionResult;
+struct FusionOptions;
 
 struct FusionTrace {
   struct Chunk {
@@ -39,7 +40,7 @@ struct FusionTrace {
 // exact_spans: [begin, end) of the chunks that joined S' (the first of `chunk_order`), the
 // others follow S' in rr.chunks. Recomputed: the fused chunks' selected rows, every token of
 // a chunk prefilled in full, and the S' chunk tokens past the prefix cache's hit.
-FusionTrace make_fusion_trace(const std::string& method, int n_layers, const RagRequest& rr,
+FusionTrace make_fusion_trace(const FusionOptions& fusion, int n_layers, const RagRequest& rr,
                               const std::vector<std::string>& chunk_order,
                               const std::vector<std::pair<size_t, size_t>>& exact_spans, const FusionResult& fr);
 

@@ -9,7 +9,7 @@
 #include <fstream>
 #include <stdexcept>
 
-#include "serve/engine.h"
+#include "serve/request.h"
 #include "serve/http_guard.h"
 #include "serve/api_json.h"
 
@@ -155,7 +155,7 @@ bool AccessPolicy::pre_route(const httplib::Request& req, httplib::Response& res
   const char* msg = token.empty()
                         ? "You didn't provide an API key. Send it as 'Authorization: Bearer <key>'."
                         : "Incorrect API key provided.";
-  nlohmann::json body = api::error_body(401, "invalid_request_error", msg);
+  nlohmann::json body = api::error_body(401, kInvalidRequestError, msg);
   body["error"]["code"] = "invalid_api_key";
   res.status = 401;
   res.set_header("WWW-Authenticate", "Bearer");
@@ -168,8 +168,7 @@ void require_json_content(const httplib::Request& req) {
   const std::string_view type = trim(std::string_view(ct).substr(0, ct.find(';')));
   if (iequals_prefix(type, "application/json") && type.size() == 16) return;
   GuardedServer::close_after_response();
-  throw RequestError(415, "invalid_request_error",
-                     "Content-Type must be application/json" + (ct.empty() ? std::string() : ", got '" + ct + "'"));
+  throw invalid_request("Content-Type must be application/json" + (ct.empty() ? std::string() : ", got '" + ct + "'"), "", 415);
 }
 
 }  // namespace cf

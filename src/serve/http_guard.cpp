@@ -10,7 +10,7 @@
 #include <chrono>
 
 #include "base/clock.h"
-#include "serve/engine.h"
+#include "serve/request.h"
 
 namespace cf {
 
@@ -212,15 +212,14 @@ bool request_has_body(const httplib::Request& req) {
 std::string read_body_bounded(const httplib::Request& req, const httplib::ContentReader& reader, size_t max_bytes) {
   auto too_large = [&] {
     GuardedServer::close_after_response();
-    return RequestError(413, "invalid_request_error",
-                        "request body larger than the limit of " + std::to_string(max_bytes) + " bytes (--max-body)");
+    return invalid_request("request body larger than the limit of " + std::to_string(max_bytes) + " bytes (--max-body)", "", 413);
   };
   if (req.has_header("Content-Length")) {
     const std::string v = req.get_header_value("Content-Length");
     // Digits only; a length too long to parse is too large.
     if (v.empty() || v.find_first_not_of("0123456789") != std::string::npos) {
       GuardedServer::close_after_response();
-      throw RequestError(400, "invalid_request_error", "malformed Content-Length");
+      throw invalid_request("malformed Content-Length");
     }
     if (v.size() > 18 || std::stoull(v) > max_bytes) throw too_large();
   }
@@ -237,7 +236,7 @@ std::string read_body_bounded(const httplib::Request& req, const httplib::Conten
   if (over) throw too_large();
   if (!ok) {
     GuardedServer::close_after_response();
-    throw RequestError(400, "invalid_request_error", "the request body could not be read (malformed or cut off)");
+    throw invalid_request("the request body could not be read (malformed or cut off)");
   }
   return body;
 }

@@ -20,7 +20,7 @@
 #include <utility>
 #include <vector>
 
-#include "serve/engine.h"
+#include "serve/request.h"
 
 namespace cf {
 

@@ -16,6 +16,7 @@
 #include "model/tokenizer.h"
 #include "serve/chunk_cache_state.h"
 #include "serve/chunking.h"
+#include "serve/engine.h"
 #include "serve/knowledge_base_file.h"
 #include "serve/store_write.h"
 
@@ -38,6 +39,9 @@ json RetrievedChunk::to_json() const {
           {"score", score},       {"n_tokens", n_tokens},       {"text", text}};
 }
 
+const Tokenizer& KnowledgeBase::tokenizer() const { return engine_.tokenizer(); }
+size_t KnowledgeBase::max_documents() const { return engine_.options().max_documents; }
+
 KnowledgeBase::KnowledgeBase(Engine& engine, KnowledgeBaseOptions opt)
     : engine_(engine),
       opt_(std::move(opt)),
@@ -59,8 +63,7 @@ json KnowledgeBase::add_document(const std::string& name, const std::string& for
                                  size_t chunk_tokens) {
   if (chunk_tokens == 0) chunk_tokens = opt_.default_chunk_tokens;
   if (chunk_tokens < 16 || chunk_tokens > opt_.max_chunk_tokens)
-    throw RequestError(400, "invalid_request_error",
-                       "chunk_tokens must be between 16 and " + std::to_string(opt_.max_chunk_tokens), "chunk_tokens");
+    throw invalid_request("chunk_tokens must be between 16 and " + std::to_string(opt_.max_chunk_tokens), "chunk_tokens");
   const std::string text = extract_text(format, bytes);
   const Tokenizer& tok = engine_.tokenizer();
   auto count = [&](std::string_view s) { return tok.encode(s, false, false).size(); };
@@ -71,13 +74,13 @@ json KnowledgeBase::add_document(const std::string& name, const std::string& for
     pieces = split_into_chunks(text, chunk_tokens, count);
     for (const auto& p : pieces) n_tokens.push_back(count(p));
   }
-  if (pieces.empty()) throw RequestError(400, "invalid_request_error", "the document holds no text", "file");
+  if (pieces.empty()) throw invalid_request("the document holds no text", "file");
 
   std::lock_guard lk(mu_);
   if (documents_.size() >= opt_.max_documents)
-    throw RequestError(409, "invalid_request_error", "the knowledge base is full (delete documents first)");
+    throw invalid_request("the knowledge base is full (delete documents first)", "", 409);
   if (chunks_.size() + pieces.size() > opt_.max_chunks)
-    throw RequestError(409, "invalid_request_error", "the knowledge base is full (delete documents first)");
+    throw invalid_request("the knowledge base is full (delete documents first)", "", 409);
   Document d;
   char id[32];
   std::snprintf(id, sizeof id, "doc-%06llu", static_cast<unsigned long long>(next_document_ + 1));

@@ -33,10 +33,12 @@
 
 #include "serve/busy_gate.h"
 #include "serve/document_text.h"
-#include "serve/engine.h"
 #include "serve/knowledge_base_file.h"
+#include "serve/request.h"
 
 namespace cf {
+
+class Engine;
 
 struct KnowledgeBaseOptions {
   size_t default_chunk_tokens = 200;
@@ -70,6 +72,8 @@ class KnowledgeBase {
   nlohmann::json list_documents() const;
   std::optional<nlohmann::json> document(const std::string& id) const;  // with its chunks and their text
   nlohmann::json list_chunks() const;                                    // every chunk, without text
+  const Tokenizer& tokenizer() const;  // the engine's
+  size_t max_documents() const;        // the engine's documents per request
   bool remove_document(const std::string& id);
   bool remove_chunk(const std::string& chunk_id);
 

@@ -25,20 +25,17 @@ namespace fs = std::filesystem;
 
 namespace {
 
-RequestError invalid(const std::string& msg, const std::string& param = "") {
-  return RequestError(400, "invalid_request_error", msg, param);
-}
 
 std::string decode_base64(const std::string& in) {
   std::string s;
   s.reserve(in.size());
   for (char c : in)
     if (c != '\n' && c != '\r' && c != ' ') s += c;
-  if (s.size() % 4 != 0) throw invalid("content_base64 is not valid base64", "content_base64");
+  if (s.size() % 4 != 0) throw invalid_request("content_base64 is not valid base64", "content_base64");
   std::string out(s.size() / 4 * 3, '\0');
   const int n = EVP_DecodeBlock(reinterpret_cast<unsigned char*>(out.data()),
                                 reinterpret_cast<const unsigned char*>(s.data()), static_cast<int>(s.size()));
-  if (n < 0) throw invalid("content_base64 is not valid base64", "content_base64");
+  if (n < 0) throw invalid_request("content_base64 is not valid base64", "content_base64");
   size_t pad = 0;  // EVP_DecodeBlock counts the padding as zero bytes
   if (!s.empty() && s.back() == '=') ++pad;
   if (s.size() > 1 && s[s.size() - 2] == '=') ++pad;
@@ -67,7 +64,7 @@ size_t positive_size(const json& j, const char* key, size_t fallback, size_t max
   if (!j.contains(key)) return fallback;
   const json& v = j[key];
   if (!v.is_number_integer() || v.get<int64_t>() < 1 || v.get<int64_t>() > static_cast<int64_t>(max))
-    throw invalid(std::string(key) + " must be an integer from 1 to " + std::to_string(max), key);
+    throw invalid_request(std::string(key) + " must be an integer from 1 to " + std::to_string(max), key);
   return v.get<size_t>();
 }
 
@@ -98,12 +95,73 @@ std::string find_web_dir() {
   return "";
 }
 
+// The trace's chunks for the page: token pieces, recomputed rows, scaled scores, the last layer
+// that recomputes each, and the retrieval facts of each; counts context and recomputed tokens.
+json trace_chunks_json(const FusionTrace& t, const std::vector<RetrievedChunk>& retrieved, const Tokenizer& tok,
+                       size_t& context, size_t& recomputed) {
+  json chunks = json::array();
+  const json& selection = t.selection;
+  const std::vector<double>& scores = t.scores;
+  // The selector's scores index the fused context, which starts at the first fused chunk.
+  size_t fused_begin = 0;
+  for (const auto& c : t.chunks)
+    if (!c.exact) {
+      fused_begin = c.begin;
+      break;
+    }
+  double max_score = 0;
+  for (double s : scores) max_score = std::max(max_score, s);
+  // Cache-Craft (Alg. 1) stops recomputing the chunks outside its focus after a layer.
+  std::optional<int> focus_layer;
+  std::vector<size_t> focused;
+  if (selection.contains("focus") && selection["focus"].value("decided", false) &&
+      selection["focus"]["layer"].is_number_integer()) {
+    focus_layer = selection["focus"]["layer"].get<int>();
+    focused = selection["focus"].value("focused_chunks", std::vector<size_t>{});
+  }
+  size_t fused_index = 0;
+  for (const auto& c : t.chunks) {
+    json pieces = json::array(), rec = json::array(), sc = json::array();
+    for (TokenId tid : c.tokens) pieces.push_back(tok.token_to_piece(tid, true));
+    const auto lo = std::lower_bound(t.recomputed.begin(), t.recomputed.end(), c.begin);
+    const auto hi = std::lower_bound(t.recomputed.begin(), t.recomputed.end(), c.begin + c.tokens.size());
+    for (auto it = lo; it != hi; ++it) rec.push_back(*it - c.begin);
+    recomputed += static_cast<size_t>(hi - lo);
+    context += c.tokens.size();
+    // Scaled to [0, 1] by the largest (the page's highlight strength); order kept.
+    if (!scores.empty() && !c.exact)
+      for (size_t i = 0; i < c.tokens.size(); ++i) {
+        const size_t k = c.begin - fused_begin + i;
+        sc.push_back(k < scores.size() ? (max_score > 0 ? scores[k] / max_score : scores[k]) : 0.0);
+      }
+    // The last layer that recomputes this chunk's rows.
+    int last_layer = t.n_layers - 1;
+    if (!c.exact) {
+      if (focus_layer && std::find(focused.begin(), focused.end(), fused_index) == focused.end())
+        last_layer = std::min(last_layer, *focus_layer);
+      ++fused_index;
+    }
+    json cj{{"cache_id", c.id}, {"begin", c.begin},           {"exact", c.exact},
+            {"tokens", pieces}, {"recomputed", rec},          {"last_layer", last_layer}};
+    if (!sc.empty()) cj["scores"] = sc;
+    for (const auto& rc : retrieved)
+      if (rc.cache_id == c.id) {
+        cj["chunk_id"] = rc.chunk_id;
+        cj["source"] = rc.source;
+        cj["score"] = rc.score;
+        break;
+      }
+    chunks.push_back(std::move(cj));
+  }
+  return chunks;
+}
+
 json request_detail_json(const std::string& id, const CompletionRequest& req, const CompletionResult& r,
                          const std::vector<RetrievedChunk>& retrieved, const Tokenizer& tok) {
   json j{{"id", id},
          {"object", "completion.detail"},
-         {"method", req.fusion.method},
-         {"ratio", req.fusion.ratio},
+         {"method", req.fusion.options.method},
+         {"ratio", req.fusion.options.ratio},
          {"reorder", req.fusion.reorder},
          {"answer", r.text},
          {"usage", r.to_json()}};
@@ -121,63 +179,10 @@ json request_detail_json(const std::string& id, const CompletionRequest& req, co
   json chunks = json::array();
   size_t context = 0, recomputed = 0;
   if (r.trace) {
-    const FusionTrace& t = *r.trace;
-    j["n_layers"] = t.n_layers;
-    const json& selection = t.selection;
-    const std::vector<double>& scores = t.scores;
-    j["selection"] = selection;
-    j["score_kind"] = t.score_kind;
-    // The selector's scores index the fused context, which starts at the first fused chunk.
-    size_t fused_begin = 0;
-    for (const auto& c : t.chunks)
-      if (!c.exact) {
-        fused_begin = c.begin;
-        break;
-      }
-    double max_score = 0;
-    for (double s : scores) max_score = std::max(max_score, s);
-    // Cache-Craft (Alg. 1) stops recomputing the chunks outside its focus after a layer.
-    std::optional<int> focus_layer;
-    std::vector<size_t> focused;
-    if (selection.contains("focus") && selection["focus"].value("decided", false) &&
-        selection["focus"]["layer"].is_number_integer()) {
-      focus_layer = selection["focus"]["layer"].get<int>();
-      focused = selection["focus"].value("focused_chunks", std::vector<size_t>{});
-    }
-    size_t fused_index = 0;
-    for (const auto& c : t.chunks) {
-      json pieces = json::array(), rec = json::array(), sc = json::array();
-      for (TokenId tid : c.tokens) pieces.push_back(tok.token_to_piece(tid, true));
-      const auto lo = std::lower_bound(t.recomputed.begin(), t.recomputed.end(), c.begin);
-      const auto hi = std::lower_bound(t.recomputed.begin(), t.recomputed.end(), c.begin + c.tokens.size());
-      for (auto it = lo; it != hi; ++it) rec.push_back(*it - c.begin);
-      recomputed += static_cast<size_t>(hi - lo);
-      context += c.tokens.size();
-      // Scaled to [0, 1] by the largest (the page's highlight strength); order kept.
-      if (!scores.empty() && !c.exact)
-        for (size_t i = 0; i < c.tokens.size(); ++i) {
-          const size_t k = c.begin - fused_begin + i;
-          sc.push_back(k < scores.size() ? (max_score > 0 ? scores[k] / max_score : scores[k]) : 0.0);
-        }
-      // The last layer that recomputes this chunk's rows.
-      int last_layer = t.n_layers - 1;
-      if (!c.exact) {
-        if (focus_layer && std::find(focused.begin(), focused.end(), fused_index) == focused.end())
-          last_layer = std::min(last_layer, *focus_layer);
-        ++fused_index;
-      }
-      json cj{{"cache_id", c.id}, {"begin", c.begin},           {"exact", c.exact},
-              {"tokens", pieces}, {"recomputed", rec},          {"last_layer", last_layer}};
-      if (!sc.empty()) cj["scores"] = sc;
-      for (const auto& rc : retrieved)
-        if (rc.cache_id == c.id) {
-          cj["chunk_id"] = rc.chunk_id;
-          cj["source"] = rc.source;
-          cj["score"] = rc.score;
-          break;
-        }
-      chunks.push_back(std::move(cj));
-    }
+    j["n_layers"] = r.trace->n_layers;
+    j["selection"] = r.trace->selection;
+    j["score_kind"] = r.trace->score_kind;
+    chunks = trace_chunks_json(*r.trace, retrieved, tok, context, recomputed);
   }
   j["chunks"] = chunks;
   j["context_tokens"] = context;
@@ -191,7 +196,7 @@ json request_detail_json(const std::string& id, const CompletionRequest& req, co
 }
 
 KnowledgeService::KnowledgeService(Engine& engine, KnowledgeServiceOptions opt, CallerOf caller_of)
-    : engine_(engine), opt_(std::move(opt)), kb_(engine, opt_.kb), caller_of_(std::move(caller_of)) {
+    : opt_(std::move(opt)), kb_(engine, opt_.kb), caller_of_(std::move(caller_of)) {
   if (opt_.web_dir.empty()) opt_.web_dir = find_web_dir();
 }
 
@@ -248,7 +253,7 @@ void KnowledgeService::add_routes(httplib::Server& svr) {
     check_shared();
     const json j = api::parse_body(body);
     if (!j.contains("name") || !j["name"].is_string() || j["name"].get<std::string>().empty())
-      throw invalid("name (the file name, e.g. notes.txt) is required", "name");
+      throw invalid_request("name (the file name, e.g. notes.txt) is required", "name");
     const std::string name = j["name"];
     std::string format = j.contains("format") && j["format"].is_string() ? j["format"].get<std::string>() : "";
     if (format.empty()) format = document_format(name);
@@ -259,7 +264,7 @@ void KnowledgeService::add_routes(httplib::Server& svr) {
     } else if (j.contains("content_base64") && j["content_base64"].is_string()) {
       bytes = decode_base64(j["content_base64"]);
     } else {
-      throw invalid("give the document as text (a string) or content_base64", "text");
+      throw invalid_request("give the document as text (a string) or content_base64", "text");
     }
     const size_t chunk_tokens = positive_size(j, "chunk_tokens", 0, kb_.options().max_chunk_tokens);
     reply_json(res, 202, kb_.add_document(name, format, bytes, chunk_tokens));
@@ -295,7 +300,7 @@ void KnowledgeService::add_routes(httplib::Server& svr) {
                                                                     const std::string& body) {
     check_shared();
     const json j = api::parse_body(body);
-    if (!j.contains("query") || !j["query"].is_string()) throw invalid("query (a string) is required", "query");
+    if (!j.contains("query") || !j["query"].is_string()) throw invalid_request("query (a string) is required", "query");
     const size_t k = positive_size(j, "k", 3, 64);
     json data = json::array();
     for (const auto& c : kb_.retrieve(j["query"], k)) data.push_back(c.to_json());
@@ -316,12 +321,12 @@ std::vector<RetrievedChunk> KnowledgeService::apply_retrieval(const json& body, 
   if (!body.contains("retrieval") || body["retrieval"].is_null()) return {};
   check_shared();
   const json& r = body["retrieval"];
-  if (!r.is_object()) throw invalid("retrieval must be an object like {\"k\": 3}", "retrieval");
-  if (!req.documents.empty()) throw invalid("give either documents or retrieval, not both", "retrieval");
-  const size_t k = positive_size(r, "k", 3, std::min<size_t>(64, engine_.options().max_documents));
+  if (!r.is_object()) throw invalid_request("retrieval must be an object like {\"k\": 3}", "retrieval");
+  if (!req.documents.empty()) throw invalid_request("give either documents or retrieval, not both", "retrieval");
+  const size_t k = positive_size(r, "k", 3, std::min<size_t>(64, kb_.max_documents()));
   std::string query = question_of(req);
   if (r.contains("query")) {
-    if (!r["query"].is_string()) throw invalid("retrieval.query must be a string", "retrieval.query");
+    if (!r["query"].is_string()) throw invalid_request("retrieval.query must be a string", "retrieval.query");
     query = r["query"];
   }
   auto hits = kb_.retrieve(query, k);
@@ -343,7 +348,7 @@ void KnowledgeService::after_completion(const std::string& id, int caller, const
     (*response)["chunkfuse"]["retrieval"] = list;
   }
   if (opt_.isolated) return;  // details hold cache-use figures and texts: not shared across keys
-  json d = request_detail_json(id, req, r, retrieved, engine_.tokenizer());
+  json d = request_detail_json(id, req, r, retrieved, kb_.tokenizer());
   std::lock_guard lk(mu_);
   details_.push_back({id, caller, std::move(d)});
   while (details_.size() > opt_.kept_details) details_.pop_front();

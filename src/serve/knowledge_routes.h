@@ -75,7 +75,6 @@ class KnowledgeService {
   void serve_page(const httplib::Request& req, httplib::Response& res) const;
   void check_shared() const;
 
-  Engine& engine_;
   KnowledgeServiceOptions opt_;
   KnowledgeBase kb_;
   mutable std::mutex mu_;

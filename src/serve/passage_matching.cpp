@@ -7,6 +7,7 @@
 
 #include "fusion/rag_prompt.h"
 #include "model/tokenizer.h"
+#include "serve/chunk_registry.h"
 
 namespace cf {
 namespace {
@@ -47,7 +48,7 @@ uint64_t hash_of(std::string_view s) { return XXH3_64bits(s.data(), s.size()); }
 bool is_space(char c) { return c == ' ' || c == '\t' || c == '\r' || c == '\n'; }
 
 RequestError bad_layout(const std::string& message) {
-  return RequestError(400, "invalid_request_error", message, "messages");
+  return invalid_request(message, "messages");
 }
 
 }  // namespace
@@ -139,14 +140,14 @@ TextMatch match_text(std::string_view t, const RegisteredTextIndex& index, const
   return m;
 }
 
-PassageMatcher::PassageMatcher(Engine& engine, PassageMatchOptions opt) : engine_(engine), opt_(opt) {}
+PassageMatcher::PassageMatcher(const ChunkRegistry& registry, PassageMatchOptions opt) : registry_(registry), opt_(opt) {}
 
 std::shared_ptr<const RegisteredTextIndex> PassageMatcher::index() {
   std::lock_guard lk(mu_);
-  const uint64_t v = engine_.registry_version();
+  const uint64_t v = registry_.version();
   if (!index_ || v != version_) {
     auto idx = std::make_shared<RegisteredTextIndex>();
-    idx->build(engine_.registered_texts());
+    idx->build(registry_.texts());
     index_ = std::move(idx);
     version_ = v;
   }
@@ -154,11 +155,11 @@ std::shared_ptr<const RegisteredTextIndex> PassageMatcher::index() {
 }
 
 bool PassageMatcher::apply(CompletionRequest& req) {
-  if (!req.documents.empty() || !req.fusion.conversation_id.empty() || req.fusion.method == "full") return false;
+  if (!req.documents.empty() || !req.fusion.conversation_id.empty() || req.fusion.options.full()) return false;
   if (req.chat && (req.messages.empty() || req.messages.back().role != "user")) return false;  // the engine's 400
   const auto idx = index();
   PassageMatchOptions opt = opt_;
-  opt.max_chunks = std::min(opt.max_chunks, engine_.options().max_documents);
+  opt.max_chunks = std::min(opt.max_chunks, opt.max_documents);
   if (opt.max_chunks == 0) return false;
 
   auto rewrite = [&](const std::string& text, size_t message, const TextMatch& m) {
@@ -199,7 +200,7 @@ void lay_out_inline_passages(const Tokenizer& tok, const ChatTemplate& tmpl, con
   if (!req.chat) {  // a raw prompt: BOS (when the vocabulary wants one), before | chunks | after
     system = tok.encode(ip.before, /*add_special=*/true, /*parse_special=*/false);
     suffix = tok.encode(ip.after, false, false);
-    if (suffix.empty()) throw RequestError(400, "invalid_request_error", "prompt has no tokens after its passages", "prompt");
+    if (suffix.empty()) throw invalid_request("prompt has no tokens after its passages", "prompt");
     return;
   }
   if (ip.message >= req.messages.size()) throw bad_layout("passage matching named a message the request does not have");

@@ -55,13 +55,16 @@
 
 #include <nlohmann/json.hpp>
 
-#include "serve/engine.h"
+#include "serve/request.h"
 
 namespace cf {
+
+class ChunkRegistry;
 
 struct PassageMatchOptions {
   size_t min_chars = 128;      // a paragraph shorter than this (bytes) is not a passage
   size_t max_chunks = 64;      // chunks one request may get (passages + glue)
+  size_t max_documents = 64;   // the engine's documents per request (EngineOptions), which caps max_chunks
   size_t work_factor = 4;      // verification bytes allowed per message byte (+ kWorkSlack)
   static constexpr size_t kWorkSlack = 64 * 1024;
   static constexpr size_t kCandidatesPerHash = 8;  // registered texts kept per first-paragraph hash
@@ -103,14 +106,14 @@ TextMatch match_text(std::string_view text, const RegisteredTextIndex& index, co
 // registry changes.
 class PassageMatcher {
  public:
-  PassageMatcher(Engine& engine, PassageMatchOptions opt);
+  PassageMatcher(const ChunkRegistry& registry, PassageMatchOptions opt);
   // Rewrites `req` when it has no documents, no conversation id, a fusion method other
   // than full, and a message (or prompt) with passages; returns whether it did.
   bool apply(CompletionRequest& req);
 
  private:
   std::shared_ptr<const RegisteredTextIndex> index();
-  Engine& engine_;
+  const ChunkRegistry& registry_;
   PassageMatchOptions opt_;
   std::mutex mu_;
   uint64_t version_ = ~uint64_t{0};

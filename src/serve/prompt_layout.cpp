@@ -4,13 +4,13 @@
 #include <numeric>
 
 #include "fusion/rag_prompt.h"
-#include "serve/engine.h"
+#include "serve/request.h"
 #include "serve/passage_matching.h"
 
 namespace cf {
 namespace {
 
-RequestError no_tokens() { return RequestError(400, "invalid_request_error", "prompt has no tokens", "prompt"); }
+RequestError no_tokens() { return invalid_request("prompt has no tokens", "prompt"); }
 
 // Completions: the prompt is U; with documents they go ahead of it, after BOS when the model
 // has one.
@@ -59,11 +59,7 @@ std::vector<ChatMessage> with_rag_system(const std::vector<ChatMessage>& message
   return out;
 }
 
-size_t PromptLayout::tokens() const {
-  size_t n = system.size() + suffix.size();
-  for (const auto& c : chunks) n += c.size();
-  return n;
-}
+size_t PromptLayout::tokens() const { return system.size() + context_tokens() + suffix.size(); }
 
 std::string document_chunk_text(const std::string& text) { return passage_text({"", text}, RagPromptOptions{}); }
 

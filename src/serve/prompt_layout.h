@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "fusion/rag_prompt.h"
 #include "model/chat_template.h"
 #include "model/tokenizer.h"
 
@@ -17,14 +18,12 @@ namespace cf {
 
 struct CompletionRequest;
 
-// A request laid out on the caller's thread: S, one token list per document, U.
-struct PromptLayout {
-  std::vector<TokenId> system;               // S
-  std::vector<std::vector<TokenId>> chunks;  // in request order
-  std::vector<std::string> chunk_ids;        // content ids, as CRAFT and the trace know them
-  std::vector<TokenId> suffix;               // U
-  size_t history_tokens = 0;                 // a continued conversation's kept tokens at the start of S
-  size_t tokens() const;                     // |S| + sum |ci| + |U|
+// A request laid out on the caller's thread: fusion's layout (S, one chunk per document in
+// request order, U: fusion/rag_prompt.h), with what the server knows of it besides.
+struct PromptLayout : RagRequest {
+  std::vector<std::string> chunk_ids;  // content ids, as CRAFT and the trace know them
+  size_t history_tokens = 0;           // a continued conversation's kept tokens at the start of S
+  size_t tokens() const;               // |S| + sum |ci| + |U|
 };
 
 // The text a document becomes in its chunk: the same for inline and registered passages, so

@@ -10,11 +10,9 @@ namespace cf {
 namespace {
 
 RequestError too_long(size_t bytes, const InputBound& b, const std::string& param) {
-  return RequestError(413, "invalid_request_error",
-                      std::to_string(bytes) + " bytes of text cannot fit the prompt limit of " +
+  return invalid_request(std::to_string(bytes) + " bytes of text cannot fit the prompt limit of " +
                           std::to_string(b.max_prompt_tokens) + " tokens (at most " +
-                          std::to_string(b.max_text_bytes()) + " bytes)",
-                      param);
+                          std::to_string(b.max_text_bytes()) + " bytes)", param, 413);
 }
 
 }  // namespace

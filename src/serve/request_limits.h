@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "serve/engine.h"
+#include "serve/request.h"
 
 namespace cf {
 

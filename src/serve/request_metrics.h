@@ -3,11 +3,31 @@
 // passes, store) are read from their owners when a snapshot is taken. Thread-safe.
 #pragma once
 #include <cstddef>
+#include <cstdint>
 #include <mutex>
+#include <vector>
 
-#include "serve/engine.h"
+#include "kv/chunk_store.h"
+#include "serve/request.h"
 
 namespace cf {
+
+// What GET /metrics reports (serve/api_json.h prometheus_text).
+struct EngineMetrics {
+  uint64_t requests = 0, errors = 0, cancelled = 0;
+  size_t queue_length = 0, running = 0;
+  std::vector<double> ttft_bucket_bounds_ms;  // histogram upper bounds
+  std::vector<uint64_t> ttft_bucket_counts;   // cumulative, Prometheus style; last = +Inf
+  double ttft_sum_ms = 0;
+  uint64_t ttft_count = 0;
+  uint64_t prompt_tokens = 0, completion_tokens = 0, prefilled_tokens = 0, prefix_hit_tokens = 0;
+  uint64_t chunk_hits = 0, chunk_misses = 0;
+  uint64_t decode_steps = 0, decode_rows = 0;  // batched decode passes and the sequences in them
+  uint64_t background_tasks = 0;  // idle-time work done (CRAFT prefixes promoted under fusion)
+  size_t store_memory_bytes = 0, store_disk_bytes = 0, prefix_cache_bytes = 0;
+  size_t conversations = 0, conversation_bytes = 0;  // kept turns and their accounted bytes
+  ChunkStoreStats store;  // the chunk store's counters, remote tier included (store_metrics.h)
+};
 
 class RequestMetrics {
  public:

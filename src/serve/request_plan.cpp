@@ -3,41 +3,28 @@
 #include <algorithm>
 #include <cmath>
 
-#include "fusion/auto_quality.h"
-#include "fusion/selector.h"
 
 namespace cf {
 namespace {
 
-RequestError invalid(const std::string& message, const std::string& param) {
-  return RequestError(400, "invalid_request_error", message, param);
-}
-
 void validate_messages(const CompletionRequest& req) {
   if (req.chat) {
-    if (req.messages.empty()) throw invalid("messages must not be empty", "messages");
+    if (req.messages.empty()) throw invalid_request("messages must not be empty", "messages");
     for (size_t i = 0; i < req.messages.size(); ++i) {
       const auto& r = req.messages[i].role;
       if (r != "system" && r != "user" && r != "assistant")
-        throw invalid("messages[" + std::to_string(i) + "].role must be system, user or assistant, got \"" + r + "\"",
+        throw invalid_request("messages[" + std::to_string(i) + "].role must be system, user or assistant, got \"" + r + "\"",
                       "messages");
     }
-    if (req.messages.back().role != "user") throw invalid("the last message must be a user message", "messages");
+    if (req.messages.back().role != "user") throw invalid_request("the last message must be a user message", "messages");
   } else if (req.prompt.empty()) {
-    throw invalid("prompt must not be empty", "prompt");
+    throw invalid_request("prompt must not be empty", "prompt");
   }
 }
 
-FusionOptions fusion_options(const CompletionRequest& req, const PlanLimits& limits) {
-  const FusionSpec& f = req.fusion;
-  FusionOptions fo;
-  fo.method = f.method;
-  fo.ratio = f.ratio;
-  fo.quality = f.quality;
-  fo.method_options = f.options;
+FusionOptions fusion_options(const CompletionRequest& req) {
+  FusionOptions fo = req.fusion.options;  // checked by validate_request
   fo.seed = req.seed.value_or(0);
-  fo.chunk_context = limits.default_chunk_context;
-  if (!f.chunk_context.empty()) parse_chunk_context(f.chunk_context, fo.chunk_context);  // checked when parsed
   return fo;
 }
 
@@ -54,56 +41,29 @@ GenerateOptions generate_options(const CompletionRequest& req, const PlanLimits&
   return g;
 }
 
-}  // namespace
-
+// The registry names the method, the method judges its options, a client names no file.
 void validate_fusion(const FusionSpec& f) {
-  if (f.method.empty()) throw invalid("'fusion.method' must not be empty", "fusion.method");
-  if (f.method == autoq::kMethodName) {  // the policy picks method and ratio (fusion/auto_quality.h)
-    if (!(f.quality > 0 && f.quality <= 1))
-      throw invalid("fusion method 'auto' needs fusion.quality in (0, 1]: the share of answers identical to "
-                    "full prefill's",
-                    "fusion.quality");
-    if (!f.options.is_null() && !f.options.empty()) throw invalid("fusion method 'auto' takes no options", "fusion.options");
-  } else if (f.quality != 0) {
-    throw invalid("fusion.quality applies to fusion method \"auto\" only", "fusion.quality");
-  } else if (f.method != "full") {
-    const auto names = selector_names();
-    if (std::find(names.begin(), names.end(), f.method) == names.end()) {
-      std::string known = std::string("full, ") + autoq::kMethodName;
-      for (const auto& n : names) known += ", " + n;
-      throw invalid("unknown fusion method \"" + f.method + "\" (known: " + known + ")", "fusion.method");
-    }
-    try {  // the method judges its options (an unknown name or a value out of range names the option)
-      make_selector(f.method)->configure(f.options);
-    } catch (const std::invalid_argument& e) {
-      throw invalid(std::string("fusion.options: ") + e.what(), "fusion.options");
-    }
-  } else if (!f.options.is_null() && !f.options.empty()) {
-    throw invalid("fusion method 'full' takes no options", "fusion.options");
+  try {
+    validate_fusion_options(f.options, OptionsSource::api);
+  } catch (const FusionOptionsError& e) {
+    throw invalid_request(e.what(), e.param);
   }
-  // A request must not make the server read files: only the shipped profiles by name.
-  if (const auto p = f.options.find("profile"); f.options.is_object() && p != f.options.end() && p->is_string() &&
-                                                *p != "default" && *p != "evidence" && *p != "prophet")
-    throw invalid("fusion.options.profile: only default, evidence or prophet over the API", "fusion.options");
-  if (!(f.ratio >= 0.0 && f.ratio <= 1.0))
-    throw invalid("fusion.ratio must be in [0, 1], got " + std::to_string(f.ratio), "fusion.ratio");
-  ChunkContext cv;
-  if (!f.chunk_context.empty() && !parse_chunk_context(f.chunk_context, cv))
-    throw invalid("'fusion.chunk_context' must be \"alone\" or \"prefixed\"", "fusion.chunk_context");
 }
+
+}  // namespace
 
 void validate_request(const CompletionRequest& req, const PlanLimits& limits) {
   const size_t ctx = limits.context_length;
   validate_fusion(req.fusion);
-  if (req.max_tokens <= 0) throw invalid("max_tokens must be at least 1", "max_tokens");
+  if (req.max_tokens <= 0) throw invalid_request("max_tokens must be at least 1", "max_tokens");
   if (static_cast<size_t>(req.max_tokens) > ctx)
-    throw invalid("max_tokens " + std::to_string(req.max_tokens) + " exceeds the context of " + std::to_string(ctx),
+    throw invalid_request("max_tokens " + std::to_string(req.max_tokens) + " exceeds the context of " + std::to_string(ctx),
                   "max_tokens");
   if (!std::isfinite(req.temperature) || req.temperature < 0 || req.temperature > 2)
-    throw invalid("temperature must be in [0, 2]", "temperature");
-  if (!(req.top_p > 0 && req.top_p <= 1)) throw invalid("top_p must be in (0, 1]", "top_p");
+    throw invalid_request("temperature must be in [0, 2]", "temperature");
+  if (!(req.top_p > 0 && req.top_p <= 1)) throw invalid_request("top_p must be in (0, 1]", "top_p");
   if (req.documents.size() > limits.max_documents)
-    throw invalid(std::to_string(req.documents.size()) + " documents; at most " +
+    throw invalid_request(std::to_string(req.documents.size()) + " documents; at most " +
                       std::to_string(limits.max_documents) + " per request",
                   "documents");
   validate_messages(req);
@@ -111,10 +71,9 @@ void validate_request(const CompletionRequest& req, const PlanLimits& limits) {
 
 void check_prompt_fits(size_t tokens, const PlanLimits& limits, bool chat) {
   if (tokens + 1 <= limits.max_prompt_tokens) return;
-  throw RequestError(413, "invalid_request_error",
-                     "prompt of " + std::to_string(tokens) + " tokens leaves no room to answer under the limit of " +
-                         std::to_string(limits.max_prompt_tokens) + " tokens",
-                     chat ? "messages" : "prompt");
+  throw invalid_request("prompt of " + std::to_string(tokens) + " tokens leaves no room to answer under the limit of " +
+                             std::to_string(limits.max_prompt_tokens) + " tokens",
+                         chat ? "messages" : "prompt", 413);
 }
 
 bool wants_craft(const CompletionRequest& req, const PromptLayout& layout) {
@@ -133,12 +92,12 @@ RequestPlan plan_request(const CompletionRequest& req, const PromptLayout& l, co
                          const PlanLimits& limits, uint64_t seed_if_none) {
   const FusionSpec& f = req.fusion;
   RequestPlan p;
-  p.fused = f.method != "full";
+  p.fused = !f.options.full();
   p.conversation = req.chat && !f.conversation_id.empty();
   p.conversation_id = p.conversation ? f.conversation_id : std::string();
   p.prefix_cache = f.prefix_cache;
   p.history_tokens = l.history_tokens;
-  p.fusion = fusion_options(req, limits);
+  p.fusion = fusion_options(req);
   p.deduped_chunks = craft.dropped.size();
 
   // The chunk prefix CRAFT keeps exact, and the part of it the CP-Tree held before this request.

@@ -27,7 +27,7 @@
 #include "fusion/executor.h"
 #include "runtime/generate.h"
 #include "serve/craft.h"
-#include "serve/engine.h"
+#include "serve/request.h"
 #include "serve/prompt_layout.h"
 
 namespace cf {
@@ -37,12 +37,11 @@ struct PlanLimits {
   size_t context_length = 0;     // the model's
   size_t max_prompt_tokens = 0;  // resolved (never 0)
   size_t max_documents = 64;
-  ChunkContext default_chunk_context = ChunkContext::alone;
   std::vector<std::string> chat_stops;  // default stop strings of a chat request (default_chat_stops)
 };
 
 struct RequestPlan {
-  bool fused = false;         // a fusion method, not "full"
+  bool fused = false;         // a fusion method, not full prefill
   bool conversation = false;  // a chat with a conversation id
   bool prefix_cache = true;   // S' comes from the shared prefix cache
   std::string conversation_id;
@@ -60,14 +59,8 @@ struct RequestPlan {
   bool fetches_chunks() const { return fused && !rag.chunks.empty(); }
 };
 
-// 400 on fusion settings no method accepts: an unknown method, options the method refuses (it
-// judges them itself: Selector::configure), options for "full", a QCFuse profile other than a
-// shipped one by name (a request must not make the server read files), a ratio outside [0, 1],
-// an unknown chunk context. The one check of fusion settings: the HTTP parser
-// (api::parse_completion) and validate_request both call it.
-void validate_fusion(const FusionSpec& f);
-// 400 on a request the engine refuses before laying it out (method, options, ratio, sampling,
-// documents, messages).
+// 400 on a request the engine refuses before laying it out (fusion, sampling, documents,
+// messages): the one check of a request, where it enters the engine; the plan trusts it.
 void validate_request(const CompletionRequest& req, const PlanLimits& limits);
 // 413 when `tokens` leave no room for one answer token.
 void check_prompt_fits(size_t tokens, const PlanLimits& limits, bool chat);

@@ -9,7 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "serve/engine.h"
+#include "serve/request.h"
 
 namespace cf {
 

@@ -1,6 +1,6 @@
 #include "serve/scheduler.h"
 
-#include "serve/engine.h"
+#include "serve/request.h"
 
 namespace cf {
 

@@ -2,6 +2,7 @@
 // of httplib's pool threads, which blocks in Engine::complete while the engine schedules.
 #include "serve/server.h"
 
+#include "serve/engine.h"
 #include "serve/key_isolation.h"
 #include "serve/knowledge_routes.h"
 #include "serve/passage_matching.h"
@@ -19,6 +20,8 @@
 #include <mutex>
 #include <optional>
 #include <set>
+#include <span>
+#include <string_view>
 #include <thread>
 
 namespace cf {
@@ -102,7 +105,11 @@ struct HttpServer::Impl {
         isolation(opt.isolate_keys),
         input(input_bound(e.tokenizer(), e.options().max_prompt_tokens)),
         knowledge(e, knowledge_options(opt), [this](const httplib::Request& req) { return access.matched_key(req); }) {
-    if (opt.match_chunks) matcher = std::make_unique<PassageMatcher>(e, PassageMatchOptions{});
+    if (opt.match_chunks) {
+      PassageMatchOptions match;
+      match.max_documents = e.options().max_documents;
+      matcher = std::make_unique<PassageMatcher>(e.registry(), match);
+    }
     if (isolation.enabled() && !access.keys_required())
       throw std::invalid_argument("--isolate-keys needs API keys (--api-key or --api-key-file)");
     setup();
@@ -142,14 +149,84 @@ struct HttpServer::Impl {
     return cf::guarded_post(opt.max_body_bytes, std::move(h));
   }
 
+  using Req = httplib::Request;
+  using Res = httplib::Response;
+  using Handler = void (Impl::*)(const Req&, Res&);
+  using BodyHandler = void (Impl::*)(const Req&, Res&, const std::string& body);
+
+  // The route table. POST routes read a bounded body; GET and DELETE read none. Order is
+  // httplib's match order: the API routes, then the knowledge base's (KnowledgeService), then a
+  // 404 for any other POST or DELETE before its body is read, then the read-only routes.
+  struct BodyRoute {
+    const char* path;
+    BodyHandler handler;
+  };
+  struct Route {
+    const char* verb;  // GET or DELETE
+    const char* path;
+    Handler handler;
+  };
+  // (Functions, not static members: a member pointer needs the class complete.)
+  static std::span<const BodyRoute> body_routes() {
+    static constexpr BodyRoute kRoutes[] = {
+      {"/v1/chat/completions", &Impl::chat_completion},
+      {"/v1/completions", &Impl::text_completion},
+      {"/v1/chunks", &Impl::post_chunks},
+    };
+    return kRoutes;
+  }
+  static std::span<const Route> chunk_routes() {
+    static constexpr Route kRoutes[] = {
+      {"GET", R"(/v1/chunks/([^/]+))", &Impl::get_chunk},
+      {"DELETE", R"(/v1/chunks/([^/]+))", &Impl::delete_chunk},
+    };
+    return kRoutes;
+  }
+  static std::span<const Route> read_routes() {
+    static constexpr Route kRoutes[] = {
+      {"GET", "/v1/models", &Impl::list_models},
+      {"GET", R"(/v1/models/(.+))", &Impl::get_model},
+      {"GET", "/v1/methods", &Impl::list_methods},
+      {"GET", "/health", &Impl::health},
+      {"GET", "/metrics", &Impl::metrics},
+    };
+    return kRoutes;
+  }
+
+  void add(const Route& r) {
+    const auto h = [this, handler = r.handler](const Req& req, Res& res) { (this->*handler)(req, res); };
+    if (std::string_view(r.verb) == "GET")
+      svr.Get(r.path, guarded(h));
+    else
+      svr.Delete(r.path, guarded_no_body(h));
+  }
+
   void setup() {
     svr.set_payload_max_length(opt.max_body_bytes);
     svr.set_tcp_nodelay(true);  // stream events are small; do not let Nagle hold them
+    install_error_handlers();
+    install_pre_routing();
+    install_logger();
+    for (const BodyRoute& r : body_routes())
+      svr.Post(r.path, guarded_post([this, handler = r.handler](const Req& req, Res& res, const std::string& body) {
+        (this->*handler)(req, res, body);
+      }));
+    for (const Route& r : chunk_routes()) add(r);
+    knowledge.add_routes(svr);
+    // Any other POST or DELETE: 404 before reading the body (registered last, matched last).
+    const auto no_route = guarded_no_body([](const Req& req, Res&) {
+      throw RequestError(404, "not_found_error", "no route for " + req.method + " " + req.path);
+    });
+    svr.Post(".*", no_route);
+    svr.Delete(".*", no_route);
+    for (const Route& r : read_routes()) add(r);
+  }
 
-    // Errors httplib itself produces (413, unknown route) get an OpenAI body too.
-    svr.set_error_handler(httplib::Server::HandlerWithResponse([](const httplib::Request& req, httplib::Response& res) {
+  // Errors httplib itself produces (413, unknown route) get an OpenAI body too.
+  void install_error_handlers() {
+    svr.set_error_handler(httplib::Server::HandlerWithResponse([](const Req& req, Res& res) {
       if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
-      std::string type = "invalid_request_error", msg = "HTTP error " + std::to_string(res.status);
+      std::string type = kInvalidRequestError, msg = "HTTP error " + std::to_string(res.status);
       if (res.status == 404) {
         type = "not_found_error";
         msg = "no route for " + req.method + " " + req.path;
@@ -161,10 +238,13 @@ struct HttpServer::Impl {
       reply_json(res, res.status, api::error_body(res.status, type, msg));
       return httplib::Server::HandlerResponse::Handled;
     }));
-    svr.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr) {
+    svr.set_exception_handler([](const Req&, Res& res, std::exception_ptr) {
       reply_json(res, 500, api::error_body(500, "server_error", "internal error"));
     });
-    svr.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+  }
+
+  void install_pre_routing() {
+    svr.set_pre_routing_handler([this](const Req& req, Res& res) {
       GuardedServer::headers_read();
       if (access.pre_route(req, res, !KnowledgeService::is_public_page(req)))
         return httplib::Server::HandlerResponse::Handled;
@@ -173,12 +253,15 @@ struct HttpServer::Impl {
       static const std::set<std::string> kMethods{"GET", "HEAD", "POST", "DELETE", "OPTIONS"};
       if (!kMethods.count(req.method)) {
         GuardedServer::close_after_response();
-        reply_json(res, 405, api::error_body(405, "invalid_request_error", "method " + req.method + " not allowed"));
+        reply_json(res, 405, api::error_body(405, kInvalidRequestError, "method " + req.method + " not allowed"));
         return httplib::Server::HandlerResponse::Handled;
       }
       return httplib::Server::HandlerResponse::Unhandled;
     });
-    svr.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
+  }
+
+  void install_logger() {
+    svr.set_logger([this](const Req& req, const Res& res) {
       GuardedServer::response_done();
       if (res.status >= 500)
         ++n5xx;
@@ -190,90 +273,81 @@ struct HttpServer::Impl {
         std::fprintf(stderr, "%s %s %s -> %d\n", req.remote_addr.c_str(), req.method.c_str(), req.path.c_str(),
                      res.status);
     });
+  }
 
-    svr.Post("/v1/chat/completions", guarded_post([this](const auto& req, auto& res, const std::string& body) {
-      completion(req, body, res, true);
-    }));
-    svr.Post("/v1/completions", guarded_post([this](const auto& req, auto& res, const std::string& body) {
-      completion(req, body, res, false);
-    }));
+  void chat_completion(const Req& req, Res& res, const std::string& body) { completion(req, body, res, true); }
+  void text_completion(const Req& req, Res& res, const std::string& body) { completion(req, body, res, false); }
 
-    svr.Post("/v1/chunks", guarded_post([this](const httplib::Request& req, httplib::Response& res, const std::string& body) {
-      const auto texts = api::parse_chunk_texts(api::parse_body(body));
-      check_chunk_texts_size(texts, input);
-      json data = json::array();
-      std::vector<std::string> ids;
-      for (const auto& c : engine.register_chunks(texts)) {
-        data.push_back(api::chunk_json(c, false));
-        ids.push_back(c.id);
-      }
-      if (isolation.enabled()) isolation.note_registered(tenant(req), ids);
-      reply_json(res, 200, json{{"object", "list"}, {"data", data}});
-    }));
-    auto no_chunk = [](const std::string& id) {
-      return RequestError(404, "not_found_error", "no chunk with id '" + id + "'", "id");
-    };
-    // 400 before the id names anything: "..x" reached outside the store (issue 29 item 8).
-    auto chunk_id_of = [](const httplib::Request& req) {
-      const std::string id = req.matches[1];
-      if (!is_chunk_id(id))
-        throw RequestError(400, "invalid_request_error",
-                           "'" + printable_chunk_id(id) + "' is not a chunk id (32 lower-case hex digits)", "id");
-      return id;
-    };
-    svr.Get(R"(/v1/chunks/([^/]+))", guarded([this, no_chunk, chunk_id_of](const httplib::Request& req,
-                                                                           httplib::Response& res) {
-      const std::string id = chunk_id_of(req);
-      if (isolation.enabled() && !isolation.owns(tenant(req), id)) throw no_chunk(id);
-      auto c = engine.chunk(id);
-      if (!c) throw no_chunk(id);
-      reply_json(res, 200, api::chunk_json(*c, true));
-    }));
-    svr.Delete(R"(/v1/chunks/([^/]+))", guarded_no_body([this, no_chunk, chunk_id_of](const httplib::Request& req,
-                                                                                      httplib::Response& res) {
-      const std::string id = chunk_id_of(req);
-      bool deleted = true;
-      if (isolation.enabled()) {
-        bool was_owner = false;
-        const bool last = isolation.release(tenant(req), id, was_owner);
-        if (!was_owner) throw no_chunk(id);
-        if (last) deleted = engine.remove_chunk(id);  // other keys that registered it keep it
-      } else {
-        deleted = engine.remove_chunk(id);
-      }
-      if (!deleted) throw no_chunk(id);
-      reply_json(res, 200, json{{"id", id}, {"object", "chunk.deleted"}, {"deleted", true}});
-    }));
-    knowledge.add_routes(svr);
-    // Any other POST or DELETE: 404 before reading the body (registered last, matched last).
-    const auto no_route = guarded_no_body([](const httplib::Request& req, httplib::Response&) {
-      throw RequestError(404, "not_found_error", "no route for " + req.method + " " + req.path);
-    });
-    svr.Post(".*", no_route);
-    svr.Delete(".*", no_route);
+  void post_chunks(const Req& req, Res& res, const std::string& body) {
+    const auto texts = api::parse_chunk_texts(api::parse_body(body));
+    check_chunk_texts_size(texts, input);
+    json data = json::array();
+    std::vector<std::string> ids;
+    for (const auto& c : engine.register_chunks(texts)) {
+      data.push_back(api::chunk_json(c, false));
+      ids.push_back(c.id);
+    }
+    if (isolation.enabled()) isolation.note_registered(tenant(req), ids);
+    reply_json(res, 200, json{{"object", "list"}, {"data", data}});
+  }
 
-    svr.Get("/v1/models", guarded([this](const httplib::Request&, httplib::Response& res) {
-      reply_json(res, 200, api::models_json(engine.model_name(), started));
-    }));
-    svr.Get(R"(/v1/models/(.+))", guarded([this](const httplib::Request& req, httplib::Response& res) {
-      const json list = api::models_json(engine.model_name(), started);
-      if (req.matches[1] != engine.model_name())
-        throw RequestError(404, "not_found_error", "no model '" + std::string(req.matches[1]) + "'", "model");
-      reply_json(res, 200, list["data"][0]);
-    }));
-    svr.Get("/v1/methods", guarded([this](const httplib::Request&, httplib::Response& res) {
-      reply_json(res, 200, api::methods_json(engine.options().default_method));
-    }));
-    svr.Get("/health", guarded([this](const httplib::Request&, httplib::Response& res) {
-      const EngineMetrics m = engine.metrics();
-      reply_json(res, 200,
-                 json{{"status", "ok"}, {"model", engine.model_name()}, {"queue_length", m.queue_length},
-                      {"running", m.running}});
-    }));
-    svr.Get("/metrics", guarded([this](const httplib::Request&, httplib::Response& res) {
-      res.set_content(api::prometheus_text(engine.metrics(), counters_now(), !isolation.enabled()),
-                      "text/plain; version=0.0.4");
-    }));
+  static RequestError no_chunk(const std::string& id) {
+    return RequestError(404, "not_found_error", "no chunk with id '" + id + "'", "id");
+  }
+  // 400 before the id names anything: "..x" reached outside the store (issue 29 item 8).
+  static std::string chunk_id_of(const Req& req) {
+    const std::string id = req.matches[1];
+    if (!is_chunk_id(id))
+      throw invalid_request("'" + printable_chunk_id(id) + "' is not a chunk id (32 lower-case hex digits)", "id");
+    return id;
+  }
+
+  void get_chunk(const Req& req, Res& res) {
+    const std::string id = chunk_id_of(req);
+    if (isolation.enabled() && !isolation.owns(tenant(req), id)) throw no_chunk(id);
+    auto c = engine.chunk(id);
+    if (!c) throw no_chunk(id);
+    reply_json(res, 200, api::chunk_json(*c, true));
+  }
+
+  void delete_chunk(const Req& req, Res& res) {
+    const std::string id = chunk_id_of(req);
+    bool deleted = true;
+    if (isolation.enabled()) {
+      bool was_owner = false;
+      const bool last = isolation.release(tenant(req), id, was_owner);
+      if (!was_owner) throw no_chunk(id);
+      if (last) deleted = engine.remove_chunk(id);  // other keys that registered it keep it
+    } else {
+      deleted = engine.remove_chunk(id);
+    }
+    if (!deleted) throw no_chunk(id);
+    reply_json(res, 200, json{{"id", id}, {"object", "chunk.deleted"}, {"deleted", true}});
+  }
+
+  void list_models(const Req&, Res& res) { reply_json(res, 200, api::models_json(engine.model_name(), started)); }
+
+  void get_model(const Req& req, Res& res) {
+    const json list = api::models_json(engine.model_name(), started);
+    if (req.matches[1] != engine.model_name())
+      throw RequestError(404, "not_found_error", "no model '" + std::string(req.matches[1]) + "'", "model");
+    reply_json(res, 200, list["data"][0]);
+  }
+
+  void list_methods(const Req&, Res& res) {
+    reply_json(res, 200, api::methods_json(engine.options().default_fusion.method));
+  }
+
+  void health(const Req&, Res& res) {
+    const EngineMetrics m = engine.metrics();
+    reply_json(res, 200,
+               json{{"status", "ok"}, {"model", engine.model_name()}, {"queue_length", m.queue_length},
+                    {"running", m.running}});
+  }
+
+  void metrics(const Req&, Res& res) {
+    res.set_content(api::prometheus_text(engine.metrics(), counters_now(), !isolation.enabled()),
+                    "text/plain; version=0.0.4");
   }
 
   api::HttpCounters counters_now() const {
@@ -287,34 +361,49 @@ struct HttpServer::Impl {
     return h;
   }
 
-  void completion(const httplib::Request& req, const std::string& body, httplib::Response& res, bool chat) {
+  // A completion request as the engine gets it: parsed, capped, retrieval and passage matching
+  // applied, the caller's documents and conversation scoped to its key.
+  struct PreparedCompletion {
+    api::ParsedCompletion parsed;
+    std::vector<RetrievedChunk> retrieved;
+    int caller = -1;  // the matched API key; -1 without keys
+    api::ResponseMeta meta;
+  };
+
+  PreparedCompletion prepare_completion(const Req& req, const std::string& body, bool chat) {
+    PreparedCompletion p;
     const json body_json = api::parse_body(body);
-    api::ParsedCompletion pc =
-        api::parse_completion(body_json, chat, engine.options().default_method, engine.options().default_ratio);
-    if (opt.max_completion_tokens > 0) pc.request.max_tokens = std::min(pc.request.max_tokens, opt.max_completion_tokens);
-    const auto retrieved = knowledge.apply_retrieval(body_json, pc.request);
-    check_input_size(pc.request, input);
-    if (matcher) matcher->apply(pc.request);  // after the size check: it bounds the original text
-    const bool isolated = isolation.enabled();
-    const int caller = access.matched_key(req);  // -1 without keys
-    if (isolated) isolation.check_documents(tenant(req), pc.request);
+    p.parsed = api::parse_completion(body_json, chat, engine.options().default_fusion);
+    CompletionRequest& r = p.parsed.request;
+    if (opt.max_completion_tokens > 0) r.max_tokens = std::min(r.max_tokens, opt.max_completion_tokens);
+    p.retrieved = knowledge.apply_retrieval(body_json, r);
+    check_input_size(r, input);
+    if (matcher) matcher->apply(r);  // after the size check: it bounds the original text
+    p.caller = access.matched_key(req);
+    if (isolation.enabled()) isolation.check_documents(tenant(req), r);
     // A conversation belongs to the key that started it: another key naming the same id gets
     // a conversation of its own and can neither continue nor wipe this one (issue 29, item 7).
-    if (std::string& cid = pc.request.fusion.conversation_id; !cid.empty() && caller >= 0)
-      cid = "key" + std::to_string(caller) + ":" + cid;
-    api::ResponseMeta meta{new_id(chat), unix_seconds(),
-                           pc.request.model.empty() ? engine.model_name() : pc.request.model, chat};
-    if (!pc.stream) {
-      const CompletionResult r = engine.complete(pc.request);
-      json reply = api::completion_response(meta, r);
-      knowledge.after_completion(meta.id, caller, pc.request, r, retrieved, &reply);
-      if (isolated) KeyIsolation::redact(reply);
-      reply_json(res, 200, reply);
-      return;
-    }
+    if (std::string& cid = r.fusion.conversation_id; !cid.empty() && p.caller >= 0)
+      cid = "key" + std::to_string(p.caller) + ":" + cid;
+    p.meta = {new_id(chat), unix_seconds(), r.model.empty() ? engine.model_name() : r.model, chat};
+    return p;
+  }
 
+  void completion(const Req& req, const std::string& body, Res& res, bool chat) {
+    PreparedCompletion p = prepare_completion(req, body, chat);
+    if (p.parsed.stream) return stream_completion(std::move(p), res);
+    const CompletionResult r = engine.complete(p.parsed.request);
+    json reply = api::completion_response(p.meta, r);
+    knowledge.after_completion(p.meta.id, p.caller, p.parsed.request, r, p.retrieved, &reply);
+    if (isolation.enabled()) KeyIsolation::redact(reply);
+    reply_json(res, 200, reply);
+  }
+
+  // Server-sent events: the first text (or the request's error, as a plain error reply) before
+  // the 200, then the pieces as the engine finalises them, then the finish and usage chunks.
+  void stream_completion(PreparedCompletion p, Res& res) {
     auto job = std::make_shared<StreamJob>();
-    job->run(engine, pc.request);
+    job->run(engine, p.parsed.request);
     {
       std::unique_lock lk(job->mu);
       job->cv.wait(lk, [&] { return !job->pieces.empty() || job->done; });
@@ -326,50 +415,51 @@ struct HttpServer::Impl {
     res.set_header("Cache-Control", "no-cache");
     res.set_chunked_content_provider(
         "text/event-stream",
-        [this, job, meta, isolated, include_usage = pc.include_usage, req = pc.request, retrieved, caller](
-            size_t, httplib::DataSink& sink) {
-          auto send = [&](const std::string& s) {
-            if (sink.write(s.data(), s.size())) return true;
-            job->client_gone = true;  // the engine frees the slot at its next step
-            ++n_cancelled;
-            return false;
-          };
-          if (!send(api::sse_event(api::stream_role_chunk(meta)))) return false;
-          for (;;) {
-            std::vector<std::string> batch;
-            bool done = false;
-            {
-              std::unique_lock lk(job->mu);
-              job->cv.wait(lk, [&] { return !job->pieces.empty() || job->done; });
-              batch.swap(job->pieces);
-              done = job->done;
-            }
-            for (const auto& piece : batch)
-              if (!send(api::sse_event(api::stream_text_chunk(meta, piece)))) return false;
-            if (done) break;
-          }
-          // Past the 200 an error can only travel as an event (as OpenAI's API does).
-          bool ok = true;
-          if (job->request_error)
-            ok = send(api::sse_event(api::error_body(*job->request_error)));
-          else if (!job->failure.empty())
-            ok = send(api::sse_event(api::error_body(500, "server_error", job->failure)));
-          else {
-            knowledge.after_completion(meta.id, caller, req, job->result, retrieved, nullptr);
-            ok = send(api::sse_event(api::stream_finish_chunk(meta, job->result.finish_reason)));
-            if (ok && include_usage) {
-              json usage = api::stream_usage_chunk(meta, job->result);
-              if (isolated) KeyIsolation::redact(usage);
-              ok = send(api::sse_event(usage));
-            }
-          }
-          if (!ok || !send(api::kSseDone)) return false;
-          sink.done();
-          return true;
+        [this, job, p = std::make_shared<const PreparedCompletion>(std::move(p))](size_t, httplib::DataSink& sink) {
+          return send_stream(*job, *p, sink);
         },
         [job](bool success) {
           if (!success) job->client_gone = true;
         });
+  }
+
+  bool send_stream(StreamJob& job, const PreparedCompletion& p, httplib::DataSink& sink) {
+    auto send = [&](const std::string& s) {
+      if (sink.write(s.data(), s.size())) return true;
+      job.client_gone = true;  // the engine frees the slot at its next step
+      ++n_cancelled;
+      return false;
+    };
+    if (!send(api::sse_event(api::stream_role_chunk(p.meta)))) return false;
+    for (bool done = false; !done;) {
+      std::vector<std::string> batch;
+      {
+        std::unique_lock lk(job.mu);
+        job.cv.wait(lk, [&] { return !job.pieces.empty() || job.done; });
+        batch.swap(job.pieces);
+        done = job.done;
+      }
+      for (const auto& piece : batch)
+        if (!send(api::sse_event(api::stream_text_chunk(p.meta, piece)))) return false;
+    }
+    // Past the 200 an error can only travel as an event (as OpenAI's API does).
+    bool ok = true;
+    if (job.request_error) {
+      ok = send(api::sse_event(api::error_body(*job.request_error)));
+    } else if (!job.failure.empty()) {
+      ok = send(api::sse_event(api::error_body(500, "server_error", job.failure)));
+    } else {
+      knowledge.after_completion(p.meta.id, p.caller, p.parsed.request, job.result, p.retrieved, nullptr);
+      ok = send(api::sse_event(api::stream_finish_chunk(p.meta, job.result.finish_reason)));
+      if (ok && p.parsed.include_usage) {
+        json usage = api::stream_usage_chunk(p.meta, job.result);
+        if (isolation.enabled()) KeyIsolation::redact(usage);
+        ok = send(api::sse_event(usage));
+      }
+    }
+    if (!ok || !send(api::kSseDone)) return false;
+    sink.done();
+    return true;
   }
 };
 

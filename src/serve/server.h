@@ -14,11 +14,12 @@
 
 #include "serve/api_json.h"
 #include "serve/document_text.h"
-#include "serve/engine.h"
 #include "serve/http_access.h"
 #include "serve/http_guard.h"
 
 namespace cf {
+
+class Engine;
 
 struct HttpServerOptions {
   std::string host = "127.0.0.1";

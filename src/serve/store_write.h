@@ -6,7 +6,7 @@
 #include <exception>
 #include <string>
 
-#include "serve/engine.h"
+#include "serve/request.h"
 
 namespace cf {
 

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "fusion/executor.h"
-#include "fusion/selector.h"
+#include "fusion/methods.h"
 #include "fusion_rig.h"
 #include "kv/chunk_store.h"
 #include "model/model.h"

@@ -5,6 +5,7 @@
 
 #include "../kv/kv_test_util.h"
 #include "../runtime/model_fixture.h"
+#include "fusion/methods.h"
 #include "fusion/executor.h"
 #include "fusion_invariants.h"
 

@@ -9,6 +9,7 @@
 
 #include "../runtime/model_fixture.h"
 #include "fusion_invariants.h"
+#include "fusion/methods.h"
 #include "fusion/executor.h"
 #include "runtime/sampler.h"
 
@@ -70,6 +71,57 @@ TEST_F(Fusion, RejectsBadOptions) {
   EXPECT_THROW(ex.prefill(req, {"nonsense", 0.1, 0}), std::invalid_argument);
   EXPECT_THROW(ex.prefill(req, {"epic", 1.5, 0}), std::invalid_argument);
   EXPECT_THROW(ex.prefill(req, {"epic", -0.1, 0}), std::invalid_argument);
+}
+
+// The registry (issue 61) is the one place a method's name means something: its kind, whether it
+// takes the request's ratio, and the one check of a request's fusion settings.
+TEST(MethodRegistry, KindsTraitsAndTheOneCheck) {
+  EXPECT_EQ(method_entry("full").kind, MethodKind::full);
+  EXPECT_EQ(method_entry("auto").kind, MethodKind::automatic);
+  EXPECT_EQ(find_method("nope"), nullptr);
+  EXPECT_THROW(method_entry("nope"), std::invalid_argument);
+  EXPECT_THROW(make_selector("full"), std::invalid_argument);  // not a selector
+  EXPECT_DOUBLE_EQ(method_entry("full").fixed_ratio, 1.0);
+  EXPECT_DOUBLE_EQ(method_entry("reuse").fixed_ratio, 0.0);
+  EXPECT_TRUE(method_entry("epic").takes_ratio());
+  EXPECT_TRUE(enriches_from_corpus("fusionrag"));
+  EXPECT_FALSE(enriches_from_corpus("qcfuse"));
+  size_t selectors = 0;
+  for (const MethodEntry& e : method_entries()) {
+    EXPECT_EQ(e.kind == MethodKind::selector, e.make != nullptr) << e.name;
+    if (e.make) {
+      EXPECT_EQ(e.make()->name(), e.name);
+      ++selectors;
+    }
+    EXPECT_TRUE(nlohmann::json::parse(e.bench_options).is_object()) << e.name;
+  }
+  EXPECT_EQ(selectors, selector_names().size());
+  EXPECT_TRUE(FusionOptions{}.full());
+  EXPECT_TRUE(FusionOptions{.method = "auto"}.automatic());
+
+  auto param_of = [](const FusionOptions& o, OptionsSource src) {
+    try {
+      validate_fusion_options(o, src);
+    } catch (const FusionOptionsError& e) {
+      return e.param;
+    }
+    return std::string("(accepted)");
+  };
+  const auto api = OptionsSource::api;
+  EXPECT_EQ(param_of({.method = "epic", .ratio = 0.3}, api), "(accepted)");
+  EXPECT_EQ(param_of({.method = "nope"}, api), "fusion.method");
+  EXPECT_EQ(param_of({.method = "epic", .ratio = 1.5}, api), "fusion.ratio");
+  EXPECT_EQ(param_of({.method = "full", .method_options = {{"x", 1}}}, api), "fusion.options");
+  EXPECT_EQ(param_of({.method = "auto"}, api), "fusion.quality");
+  EXPECT_EQ(param_of({.method = "auto", .quality = 0.9}, api), "(accepted)");
+  EXPECT_EQ(param_of({.method = "epic", .quality = 0.9}, api), "fusion.quality");
+  EXPECT_EQ(param_of({.method = "qcfuse", .method_options = {{"anchor_ratio", 3}}}, api), "fusion.options");
+  // A client names only the listed values (no file is read for it); the CLI may give a file.
+  EXPECT_EQ(param_of({.method = "qcfuse", .method_options = {{"profile", "evidence"}}}, api), "(accepted)");
+  EXPECT_EQ(param_of({.method = "qcfuse", .method_options = {{"profile", "/etc/passwd"}}}, api), "fusion.options");
+  EXPECT_EQ(param_of({.method = "qcfuse", .method_options = {{"profile", "/tmp/my.profile.json"}}},
+                     OptionsSource::trusted),
+            "(accepted)");  // trusted (ask, bench): a profile file, read when the selector runs
 }
 
 // GET /v1/methods lists what the selectors say they accept: every method, every parameter's

@@ -11,6 +11,7 @@
 
 #include "../runtime/model_fixture.h"
 #include "fusion_invariants.h"
+#include "fusion/methods.h"
 #include "fusion/executor.h"
 #include "fusion/qcfuse.h"
 #include "runtime/sampler.h"

@@ -11,6 +11,7 @@
 #include <set>
 
 #include "../runtime/model_fixture.h"
+#include "fusion/methods.h"
 #include "fusion/executor.h"
 #include "fusion/qcfuse.h"
 #include "fusion_rig.h"

@@ -23,7 +23,7 @@
 #include "../runtime/model_fixture.h"
 #include "fusion/executor.h"
 #include "fusion/qcfuse.h"
-#include "fusion/selector.h"
+#include "fusion/methods.h"
 #include "fusion/top_k.h"
 #include "runtime/vector_math.h"
 

@@ -64,7 +64,7 @@ CompletionRequest chat(const std::string& question, std::vector<std::string> doc
   CompletionRequest r;
   r.messages = {{"system", kSystem}, {"user", question}};
   for (auto& d : docs) r.documents.push_back({d, ""});
-  r.fusion.method = std::move(method);
+  r.fusion.options.method = std::move(method);
   r.fusion.prefix_cache = false;
   r.max_tokens = max_tokens;
   return r;
@@ -123,7 +123,7 @@ TEST(Engine, FusedRequestEqualsExecutorInProcess) {
   CF_REQUIRE_MODEL();
   Engine& e = shared_engine();
   CompletionRequest req = chat("Where is the Eiffel Tower?", {kDocs[0], kDocs[1], kDocs[2]}, "epic", 16);
-  req.fusion.ratio = 0.15;
+  req.fusion.options.ratio = 0.15;
   CompletionResult r = e.complete(req);
 
   const Model& m = test::shared_model();
@@ -154,7 +154,7 @@ TEST(Engine, FusedRequestEqualsExecutorInProcess) {
 
   // fusion.chunk_context "prefixed": the chunks' caches computed after S (stored apart from
   // the alone ones the runs above stored: misses first), as the executor serves them.
-  req.fusion.chunk_context = "prefixed";
+  req.fusion.options.chunk_context = ChunkContext::prefixed;
   CompletionResult pre = e.complete(req);
   EXPECT_EQ(pre.chunk_misses, 3u);
   fo.chunk_context = ChunkContext::prefixed;
@@ -254,7 +254,7 @@ TEST(Engine, CraftPutsFrequentChunksFirstAndHits) {
   // CRAFT + fusion: the kept prefix of frequent chunks comes exact from the prefix cache,
   // the rest is fused; without reorder only S does.
   CompletionRequest fused = req({"An unrelated passage about milk.", a, b});
-  fused.fusion.method = "epic";
+  fused.fusion.options.method = "epic";
   const CompletionResult with_craft = e.complete(fused);
   EXPECT_TRUE(frequent.count(with_craft.chunk_order[0]));
   fused.fusion.reorder = false;
@@ -272,7 +272,7 @@ TEST(Engine, CraftWithFusionPromotesPrefixesWhenIdle) {
   const std::string d = "Delta airfield trains glider pilots over the western hills in summer.";
   auto req = [&](std::vector<std::string> docs) {
     CompletionRequest r = chat("What does Charlie harbour load?", std::move(docs), "epic", 4);
-    r.fusion.ratio = 0.15;
+    r.fusion.options.ratio = 0.15;
     r.fusion.reorder = true;
     r.fusion.prefix_cache = true;
     return r;
@@ -329,7 +329,7 @@ TEST(Engine, CompletionsWithDocumentsInEveryMode) {
   // ctest runs every test in its own process: register the passages here, so their caches
   // are in the store whatever ran before (an inline passage and a registered one share ids).
   e.register_chunks({kDocs[0], kDocs[2]});
-  r.fusion.method = "reuse";
+  r.fusion.options.method = "reuse";
   const CompletionResult reused = e.complete(r);
   EXPECT_EQ(reused.prompt_tokens, plain.prompt_tokens);
   EXPECT_EQ(reused.recomputed_tokens, 0u);
@@ -395,8 +395,8 @@ TEST(Engine, FusionOptionsReachTheSelector) {
   Engine& e = shared_engine();
   CompletionRequest r = chat("Where does the ferry go?", {"The ferry from Ardmore crosses to Islay twice a day."},
                              "qcfuse", 2);
-  r.fusion.ratio = 0.3;
-  r.fusion.options = {{"layers", {2, 5}}};
+  r.fusion.options.ratio = 0.3;
+  r.fusion.options.method_options = {{"layers", {2, 5}}};
   const CompletionResult res = e.complete(r);
   ASSERT_TRUE(res.trace);
   EXPECT_EQ(res.trace->selection.at("critical_layers"), nlohmann::json({2, 5}));
@@ -408,16 +408,16 @@ TEST(Engine, BadRequestsGetClearErrors) {
   const uint64_t errors_before = e.metrics().errors;
   auto base = [] { return chat("Hi", {}, "full", 4); };
   CompletionRequest r = base();
-  r.fusion.method = "magic";
+  r.fusion.options.method = "magic";
   expect_error(e, r, 400, "fusion.method");
   r = base();
-  r.fusion.method = "qcfuse";
-  r.fusion.options = {{"anchor_ratio", 7}};
+  r.fusion.options.method = "qcfuse";
+  r.fusion.options.method_options = {{"anchor_ratio", 7}};
   expect_error(e, r, 400, "fusion.options");
   r = base();
-  r.fusion.ratio = 1.5;
+  r.fusion.options.ratio = 1.5;
   expect_error(e, r, 400, "fusion.ratio");
-  r.fusion.ratio = std::nan("");
+  r.fusion.options.ratio = std::nan("");
   expect_error(e, r, 400, "fusion.ratio");
   r = base();
   r.documents = {{"", "0123456789abcdef0123456789abcdef"}};

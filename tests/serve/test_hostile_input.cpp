@@ -15,6 +15,7 @@
 #include "test_support.h"
 #include "serve/knowledge_base_file.h"
 #include "serve/api_json.h"
+#include "serve/request_plan.h"
 
 namespace cf {
 namespace {
@@ -38,7 +39,9 @@ TEST(HostileInput, DeepJsonBodyIsRefusedBeforeItIsCopied) {
   const nlohmann::json ok = api::parse_body(R"({"messages": [{"role": "user", "content": "hi"}],
       "fusion": {"method": "qcfuse", "options": {"threshold": )" + nested(60) + "}}}");
   try {
-    (void)api::parse_completion(ok, true, "full");
+    PlanLimits limits;  // the engine's check of what the method accepts, after the parser's
+    limits.context_length = limits.max_prompt_tokens = 1024;
+    validate_request(api::parse_completion(ok, true).request, limits);
     FAIL() << "a list as the threshold was accepted";
   } catch (const RequestError& e) {
     EXPECT_EQ(e.status, 400);

@@ -11,6 +11,8 @@
 #include <thread>
 
 #include "model/tokenizer.h"
+#include "serve/chunk_registry.h"
+#include "serve/engine.h"
 #include "serve/chunking.h"
 #include "serve/document_text.h"
 #include "serve/fusion_trace.h"
@@ -263,7 +265,7 @@ TEST(KnowledgeBaseSlow, ARefusedIndexWriteChangesNothingAndTheWorkerRetries) {
   } catch (const RequestError& err) {
     EXPECT_EQ(err.status, 503) << err.what();
   }
-  EXPECT_TRUE(e.registered_texts().empty());  // write, then commit: nothing registered
+  EXPECT_TRUE(e.registry().texts().empty());  // write, then commit: nothing registered
 
   KnowledgeBase kb(e);
   const std::string id = kb.add_document("k.txt", "txt", text, 0)["id"];
@@ -273,13 +275,13 @@ TEST(KnowledgeBaseSlow, ARefusedIndexWriteChangesNothingAndTheWorkerRetries) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   EXPECT_GE(kb.background_failures(), 1u);
   EXPECT_EQ(state(), "queued");  // waiting for its retry, not failed
-  EXPECT_TRUE(e.registered_texts().empty());
+  EXPECT_TRUE(e.registry().texts().empty());
 
   fs::remove_all(dir + "/serve-chunks.json");  // the fault is gone: the retry registers it
   while (state() != "ready" && std::chrono::steady_clock::now() < deadline)
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   EXPECT_EQ(state(), "ready");
-  EXPECT_EQ(e.registered_texts(), std::vector<std::string>{text});
+  EXPECT_EQ(e.registry().texts(), std::vector<std::string>{text});
   EXPECT_TRUE(fs::is_regular_file(dir + "/serve-chunks.json"));
 }
 
@@ -289,8 +291,8 @@ TEST(KnowledgeBaseSlow, DetailMatchesTheFusedCompletion) {
   req.messages = {{"user", "What does Quenton export?"}};
   req.documents = {{"Quenton exports copper wire every spring, down the purple river.", ""},
                    {"The Velmora lighthouse was built in 1887 on the northern cape.", ""}};
-  req.fusion.method = "qcfuse";
-  req.fusion.ratio = 0.3;
+  req.fusion.options.method = "qcfuse";
+  req.fusion.options.ratio = 0.3;
   req.max_tokens = 4;
   const CompletionResult r = engine().complete(req);
   ASSERT_TRUE(r.trace);
@@ -312,7 +314,7 @@ TEST(KnowledgeBaseSlow, DetailMatchesTheFusedCompletion) {
   EXPECT_NE(spelled.find("Quenton exports copper wire"), std::string::npos) << spelled;
   EXPECT_GT(d["n_layers"].get<int>(), 0);
 
-  req.fusion.method = "full";
+  req.fusion.options.method = "full";
   const CompletionResult full = engine().complete(req);
   const auto df = request_detail_json("y", req, full, {}, engine().tokenizer());
   EXPECT_EQ(df["recomputed_tokens"], df["context_tokens"]);

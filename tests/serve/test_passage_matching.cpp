@@ -3,6 +3,8 @@
 // to make verification expensive), near-duplicates that must not match, the layout against
 // the plain prompt's tokens with the real model, and the real engine serving permuted
 // passages from chunk caches.
+#include "serve/chunk_registry.h"
+#include "serve/engine.h"
 #include "serve/passage_matching.h"
 
 #include <gtest/gtest.h>
@@ -184,7 +186,7 @@ const std::string kSystem = "You are a helpful assistant. Answer briefly.";
 CompletionRequest plain_chat(const std::string& user, const std::string& method = "cacheblend") {
   CompletionRequest r;
   r.messages = {{"system", kSystem}, {"user", user}};
-  r.fusion.method = method;
+  r.fusion.options.method = method;
   r.max_tokens = 4;
   return r;
 }
@@ -214,7 +216,7 @@ TEST(PassageMatching, LayoutSpellsThePlainPromptsText) {
   CF_REQUIRE_MODEL();
   const Model& m = test::shared_model();
   CompletionRequest r = plain_chat(kStuffed);
-  PassageMatcher matcher(engine(), {});
+  PassageMatcher matcher(engine().registry(), {});
   ASSERT_TRUE(matcher.apply(r));
   ASSERT_EQ(r.documents.size(), 3u);
   const auto [laid, want] = laid_and_plain(m, r);
@@ -227,7 +229,7 @@ TEST(PassageMatching, LayoutSpellsThePlainPromptsText) {
   // message, so its chunk adds one "\n\n" the plain prompt lacks.
   CompletionRequest r2;
   r2.messages = {{"system", join({"Answer from the context.", passage(4), passage(5)})}, {"user", "Who?"}};
-  r2.fusion.method = "cacheblend";
+  r2.fusion.options.method = "cacheblend";
   ASSERT_TRUE(matcher.apply(r2));
   EXPECT_EQ(r2.inline_passages->message, 0u);
   ASSERT_EQ(r2.documents.size(), 2u);
@@ -243,7 +245,7 @@ TEST(PassageMatching, LayoutEqualsThePlainPromptsTokensOnQwen) {
   CF_REQUIRE_QWEN05();
   const Model& m = test::shared_qwen05();
   CompletionRequest r = plain_chat(kStuffed);
-  PassageMatcher matcher(engine(), {});
+  PassageMatcher matcher(engine().registry(), {});
   ASSERT_TRUE(matcher.apply(r));
   const auto [laid, want] = laid_and_plain(m, r);
   EXPECT_EQ(laid, want);  // Qwen's pre-tokenizer keeps "\n\n" whole either way
@@ -251,7 +253,7 @@ TEST(PassageMatching, LayoutEqualsThePlainPromptsTokensOnQwen) {
 
 TEST(PassageMatching, EngineServesPermutedPassagesFromChunkCaches) {
   CF_REQUIRE_MODEL();
-  PassageMatcher matcher(engine(), {});
+  PassageMatcher matcher(engine().registry(), {});
   const std::vector<std::string> p = {passage(11), passage(12), passage(13)};
   CompletionRequest first = plain_chat(join({p[0], p[1], p[2], "Question: which tower?"}));
   ASSERT_TRUE(matcher.apply(first));
@@ -280,7 +282,7 @@ TEST(PassageMatching, EngineServesPermutedPassagesFromChunkCaches) {
 
 TEST(PassageMatching, NotAppliedToFullPrefillDocumentsOrConversations) {
   CF_REQUIRE_MODEL();
-  PassageMatcher matcher(engine(), {});
+  PassageMatcher matcher(engine().registry(), {});
   const std::string user = join({passage(21), passage(22), "Q?"});
   CompletionRequest full = plain_chat(user, "full");
   EXPECT_FALSE(matcher.apply(full));
@@ -299,7 +301,7 @@ TEST(PassageMatching, RegisteredMultiParagraphChunkHitsItsOwnCache) {
   CF_REQUIRE_MODEL();
   const std::string reg = join({"Carrow notes", passage(31, 90), "Lit in 1868."});
   const auto infos = engine().register_chunks({reg});
-  PassageMatcher matcher(engine(), {});
+  PassageMatcher matcher(engine().registry(), {});
   CompletionRequest r = plain_chat(join({passage(32), reg, "Q?"}));
   ASSERT_TRUE(matcher.apply(r));
   ASSERT_EQ(r.documents.size(), 2u);
@@ -312,11 +314,11 @@ TEST(PassageMatching, RegisteredMultiParagraphChunkHitsItsOwnCache) {
 
 TEST(PassageMatching, CompletionsPromptIsMatchedBetweenItsEdges) {
   CF_REQUIRE_MODEL();
-  PassageMatcher matcher(engine(), {});
+  PassageMatcher matcher(engine().registry(), {});
   CompletionRequest r;
   r.chat = false;
   r.prompt = join({"Read:", passage(41), passage(42), "Answer:"});
-  r.fusion.method = "cacheblend";
+  r.fusion.options.method = "cacheblend";
   r.max_tokens = 4;
   ASSERT_TRUE(matcher.apply(r));
   EXPECT_EQ(r.documents.size(), 2u);

@@ -35,10 +35,10 @@ PlanLimits limits(size_t max_prompt = 100) {
 CompletionRequest request(const std::string& method, bool prefix_cache = true, bool reorder = false) {
   CompletionRequest r;
   r.messages = {{"user", "q"}};
-  r.fusion.method = method;
+  r.fusion.options.method = method;
   r.fusion.prefix_cache = prefix_cache;
   r.fusion.reorder = reorder;
-  r.fusion.ratio = 0.3;
+  r.fusion.options.ratio = 0.3;
   r.max_tokens = 16;
   return r;
 }
@@ -77,7 +77,7 @@ TEST(RequestPlan, FullWithPrefixCachePutsEveryChunkInTheExactPrefix) {
 TEST(RequestPlan, FusedRequestFetchesEveryChunkWithItsOptions) {
   CompletionRequest r = request("epic");
   r.seed = 5;
-  r.fusion.options = {{"k", 1}};
+  r.fusion.options.method_options = {{"k", 1}};
   const RequestPlan p = plan_request(r, layout3(), request_order(3), limits(), 7);
   EXPECT_TRUE(p.fused);
   EXPECT_TRUE(p.fetches_chunks());
@@ -86,10 +86,10 @@ TEST(RequestPlan, FusedRequestFetchesEveryChunkWithItsOptions) {
   EXPECT_EQ(p.fusion.method, "epic");
   EXPECT_DOUBLE_EQ(p.fusion.ratio, 0.3);
   EXPECT_EQ(p.fusion.seed, 5u);
-  EXPECT_EQ(p.fusion.method_options, r.fusion.options);
+  EXPECT_EQ(p.fusion.method_options, r.fusion.options.method_options);
   EXPECT_EQ(p.fusion.chunk_context, ChunkContext::alone);
   EXPECT_EQ(p.generate.sampling.seed, 5u);  // the request's seed, not seed_if_none
-  r.fusion.chunk_context = "prefixed";
+  r.fusion.options.chunk_context = ChunkContext::prefixed;
   EXPECT_EQ(plan_request(r, layout3(), request_order(3), limits(), 7).fusion.chunk_context, ChunkContext::prefixed);
 }
 
@@ -161,7 +161,7 @@ TEST(RequestPlan, ValidationNamesTheParameter) {
   EXPECT_EQ(param_of(request("epic")), "(accepted)");
   EXPECT_EQ(param_of(request("nonsense")), "fusion.method");
   CompletionRequest r = request("full");
-  r.fusion.ratio = 1.5;
+  r.fusion.options.ratio = 1.5;
   EXPECT_EQ(param_of(r), "fusion.ratio");
   r = request("full");
   r.max_tokens = 101;

@@ -9,20 +9,25 @@
 #include <set>
 #include <sstream>
 
-#include "fusion/selector.h"
+#include "fusion/methods.h"
 #include "serve/api_json.h"
+#include "serve/request_plan.h"
 
 namespace cf {
 namespace {
 
 using nlohmann::json;
 
-api::ParsedCompletion chat(const json& body) { return api::parse_completion(body, true, "full"); }
+api::ParsedCompletion chat(const json& body) { return api::parse_completion(body, true); }
 
-// The RequestError a body raises (status 0 when it parses).
+// The RequestError a body raises (status 0 when it parses): the parser's (types and ranges),
+// then the engine's one check of the request (validate_request: what the methods accept).
 RequestError refusal(const json& body, bool is_chat = true) {
   try {
-    api::parse_completion(body, is_chat, "full");
+    const api::ParsedCompletion pc = api::parse_completion(body, is_chat);
+    PlanLimits limits;
+    limits.context_length = limits.max_prompt_tokens = 1024;
+    validate_request(pc.request, limits);
   } catch (const RequestError& e) {
     return e;
   }
@@ -68,22 +73,22 @@ TEST(ServerApi, ChatBodyWithAllKnownFieldsParses) {
   EXPECT_EQ(r.documents[1].id, "abc");
   EXPECT_TRUE(r.documents[1].text.empty());
   EXPECT_EQ(r.documents[2].text, "passage three");
-  EXPECT_EQ(r.fusion.method, "epic");
-  EXPECT_DOUBLE_EQ(r.fusion.ratio, 0.3);
+  EXPECT_EQ(r.fusion.options.method, "epic");
+  EXPECT_DOUBLE_EQ(r.fusion.options.ratio, 0.3);
   EXPECT_TRUE(r.fusion.reorder);
   EXPECT_EQ(r.fusion.conversation_id, "c1");
   EXPECT_FALSE(r.fusion.prefix_cache);
 
   // Method options (issue 16) reach the engine as given; bad ones are refused naming them.
   b["fusion"] = {{"method", "qcfuse"}, {"options", {{"probe_rows", "suffix"}, {"layers", "top1"}}}};
-  EXPECT_EQ(chat(b).request.fusion.options, json({{"probe_rows", "suffix"}, {"layers", "top1"}}));
+  EXPECT_EQ(chat(b).request.fusion.options.method_options, json({{"probe_rows", "suffix"}, {"layers", "top1"}}));
   b["fusion"] = {{"method", "qcfuse"}, {"options", {{"anchor_ratio", 3}}}};
   const RequestError e = refusal(b);
   EXPECT_EQ(e.param, "fusion.options");
   EXPECT_NE(std::string(e.what()).find("anchor_ratio"), std::string::npos) << e.what();
   b["fusion"] = {{"method", "qcfuse"}, {"options", {{"anchors_ratio", 0.1}}}};
   EXPECT_NE(std::string(refusal(b).what()).find("anchors_ratio"), std::string::npos);
-  EXPECT_EQ(r.fusion.chunk_context, "prefixed");
+  EXPECT_EQ(r.fusion.options.chunk_context, ChunkContext::prefixed);
 }
 
 TEST(ServerApi, DefaultsAndNullsMeanNotGiven) {
@@ -91,20 +96,20 @@ TEST(ServerApi, DefaultsAndNullsMeanNotGiven) {
   b["max_tokens"] = nullptr;
   b["stop"] = nullptr;
   b["temperature"] = nullptr;
-  const auto r = api::parse_completion(b, true, "cacheblend").request;
+  const auto r = api::parse_completion(b, true, FusionOptions{.method = "cacheblend"}).request;
   EXPECT_EQ(r.max_tokens, CompletionRequest{}.max_tokens);
   EXPECT_DOUBLE_EQ(r.temperature, 0.0);
   EXPECT_TRUE(r.stop.empty());
   EXPECT_FALSE(r.seed.has_value());
-  EXPECT_EQ(r.fusion.method, "cacheblend");  // the server's default method
-  EXPECT_DOUBLE_EQ(r.fusion.ratio, FusionSpec{}.ratio);
+  EXPECT_EQ(r.fusion.options.method, "cacheblend");  // the server's default method
+  EXPECT_DOUBLE_EQ(r.fusion.options.ratio, FusionOptions{}.ratio);
   EXPECT_FALSE(chat(b).stream);
   // serve --ratio fills fusion.ratio when the request names none, with or without a fusion object.
-  EXPECT_DOUBLE_EQ(api::parse_completion(b, true, "cacheblend", 0.3).request.fusion.ratio, 0.3);
+  EXPECT_DOUBLE_EQ(api::parse_completion(b, true, FusionOptions{.method = "cacheblend", .ratio = 0.3}).request.fusion.options.ratio, 0.3);
   b["fusion"] = json{{"method", "epic"}};
-  EXPECT_DOUBLE_EQ(api::parse_completion(b, true, "cacheblend", 0.3).request.fusion.ratio, 0.3);
+  EXPECT_DOUBLE_EQ(api::parse_completion(b, true, FusionOptions{.method = "cacheblend", .ratio = 0.3}).request.fusion.options.ratio, 0.3);
   b["fusion"]["ratio"] = 0.05;
-  EXPECT_DOUBLE_EQ(api::parse_completion(b, true, "cacheblend", 0.3).request.fusion.ratio, 0.05);
+  EXPECT_DOUBLE_EQ(api::parse_completion(b, true, FusionOptions{.method = "cacheblend", .ratio = 0.3}).request.fusion.options.ratio, 0.05);
 }
 
 TEST(ServerApi, MaxCompletionTokensWinsAndStopMayBeAString) {
@@ -128,9 +133,9 @@ TEST(ServerApi, DeveloperRoleIsSystemAndAssistantContentMayBeNull) {
 }
 
 TEST(ServerApi, CompletionPromptIsAStringOrAListOfOne) {
-  EXPECT_EQ(api::parse_completion(json{{"prompt", "abc"}}, false, "full").request.prompt, "abc");
-  EXPECT_EQ(api::parse_completion(json{{"prompt", {"xyz"}}}, false, "full").request.prompt, "xyz");
-  EXPECT_FALSE(api::parse_completion(json{{"prompt", "abc"}}, false, "full").request.chat);
+  EXPECT_EQ(api::parse_completion(json{{"prompt", "abc"}}, false).request.prompt, "abc");
+  EXPECT_EQ(api::parse_completion(json{{"prompt", {"xyz"}}}, false).request.prompt, "xyz");
+  EXPECT_FALSE(api::parse_completion(json{{"prompt", "abc"}}, false).request.chat);
   EXPECT_EQ(refusal(json{{"prompt", {"a", "b"}}}, false).param, "prompt");
   EXPECT_EQ(refusal(json{{"prompt", {1, 2, 3}}}, false).param, "prompt");
   EXPECT_EQ(refusal(json{{"model", "m"}}, false).param, "prompt");
@@ -286,7 +291,7 @@ TEST(ServerApi, RatioBoundsAreInclusive) {
   for (double ratio : {0.0, 1.0}) {
     json b = basic_chat();
     b["fusion"] = {{"ratio", ratio}};
-    EXPECT_DOUBLE_EQ(chat(b).request.fusion.ratio, ratio);
+    EXPECT_DOUBLE_EQ(chat(b).request.fusion.options.ratio, ratio);
   }
 }
 
@@ -333,10 +338,10 @@ TEST(ServerApi, AutoTakesAQualityAndReportsItsChoice) {
   json b = basic_chat();
   b["fusion"] = {{"method", "auto"}, {"quality", 0.95}};
   const CompletionRequest r = chat(b).request;
-  EXPECT_EQ(r.fusion.method, "auto");
-  EXPECT_DOUBLE_EQ(r.fusion.quality, 0.95);
+  EXPECT_EQ(r.fusion.options.method, "auto");
+  EXPECT_DOUBLE_EQ(r.fusion.options.quality, 0.95);
   b["fusion"]["quality"] = 1;  // the bound is inclusive at 1 (full prefill always reaches it)
-  EXPECT_DOUBLE_EQ(chat(b).request.fusion.quality, 1.0);
+  EXPECT_DOUBLE_EQ(chat(b).request.fusion.options.quality, 1.0);
   CompletionResult res = sample_result();
   EXPECT_FALSE(api::completion_response({"c", 1, "m", true}, res)["chunkfuse"].contains("auto"));
   res.auto_choice = {{"method", "prophet"}, {"ratio", 0.15}, {"predicted_quality", 0.97}, {"decision_ms", 3.0}};
