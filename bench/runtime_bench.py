@@ -344,7 +344,7 @@ def summarize_file(path: str) -> tuple[dict, list[dict]]:
 
 def ratio_table(paths: list[str]) -> str:
     """One Markdown line per result file: ours in tok/s, then ours / the better peer per speed
-    metric, median [min-max] over the reps (BENCHMARKS.md's issue-28 tables)."""
+    metric, median [min-max] over the reps (docs/benchmarks-history.md's issue-28 tables)."""
     lines = []
     for path in paths:
         meta, rows = summarize_file(path)

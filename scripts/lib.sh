@@ -6,7 +6,7 @@ CF_REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 CF_QWEN05_MODEL_FILE="qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
 CF_QWEN15_MODEL_FILE="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"
 # The default model of run.sh, serve.sh and every `chunkfuse -m` (src/base/paths.h): the
-# smallest that answers well (BENCHMARKS.md, issue 23). setup.sh always fetches it.
+# smallest that answers well (docs/benchmarks-history.md, issue 23). setup.sh always fetches it.
 CF_DEFAULT_MODEL_FILE="$CF_QWEN05_MODEL_FILE"
 # The model of the fast unit tests and the shape files' tokenizer (tests/test_support.cpp):
 # SmolLM2-135M-Instruct Q4_1, also always fetched.

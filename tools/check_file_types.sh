@@ -4,7 +4,7 @@
 # llama.cpp on that file (tools/make_golden.py), and the golden tests of the default model
 # (build/test_runtime --gtest_filter='Golden.*', bounds from docs/ARCHITECTURE.md's "Numerics
 # contract"; a file type without an f64 fixture takes SmolLM2 Q4_1's) run against it. Needs scripts/setup.sh
-# --bench (.venv with llama-cpp-python) and a Release build. BENCHMARKS.md, "Every file type".
+# --bench (.venv with llama-cpp-python) and a Release build. docs/benchmarks-history.md, "Every file type".
 #
 #   tools/check_file_types.sh                      # the default list below
 #   tools/check_file_types.sh F16 BF16             # only these

@@ -21,7 +21,7 @@ struct ModelOptions {
 void add_model_options(CLI::App& cmd, ModelOptions& opt);
 
 // Adds --system and --question-cue: the RAG layout's words (fusion/rag_prompt.h), for trying
-// another layout; the defaults are the measured one (BENCHMARKS.md, "The RAG prompt").
+// another layout; the defaults are the measured one (docs/benchmarks-history.md, "The RAG prompt").
 void add_prompt_options(CLI::App& cmd, RagPromptOptions& opt);
 
 // Loads the model, printing what it loaded to stderr; throws with a clear message.

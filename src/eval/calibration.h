@@ -38,7 +38,7 @@ struct LadderStep {
 // (an unknown selector, "full", a ratio outside [0, 1]).
 std::vector<LadderStep> parse_ladder(const std::string& text);
 // Reuse first (~3% of full prefill: only the question is computed), then EPIC, the selector
-// without a scoring pass, best or tied at ρ 0.15 on the Qwen 1.5B HotpotQA rows (BENCHMARKS.md).
+// without a scoring pass, best or tied at ρ 0.15 on the Qwen 1.5B HotpotQA rows (docs/benchmarks-history.md).
 inline constexpr const char* kDefaultLadder = "reuse:0,epic:0.05,epic:0.15,epic:0.3";
 
 struct CalibrationRunOptions {

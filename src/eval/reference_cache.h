@@ -2,7 +2,7 @@
 // runs. Every method row is scored against it, so a run that adds a method to a folder, a
 // resumed run or another shard of the same examples would otherwise prefill the whole prompt
 // again: on the 1.5B's ~6K-token musique_s prompts that is ~130 s of the ~200 s of fixed work
-// per example at one thread (BENCHMARKS.md).
+// per example at one thread (docs/benchmarks-history.md).
 //
 // A record is only valid for the very computation that made it, so its key hashes the running
 // binary (/proc/self/exe: any rebuild, e.g. a kernel change, misses), the kernel ISA, the

@@ -72,7 +72,7 @@ struct AutoPolicy {
 // The plan for requests of one size: from `min_context_tokens` context tokens up to the next
 // class's bound. A request's size is known before any step runs, and a plan priced on short
 // prompts does not carry to long ones (their steps cost more and are accepted less often:
-// BENCHMARKS.md, musique_s with a HotpotQA calibration); the predictors are shared.
+// docs/benchmarks-history.md, musique_s with a HotpotQA calibration); the predictors are shared.
 struct SizeClass {
   size_t min_context_tokens = 0;
   size_t examples = 0;  // calibration requests the class was planned on

@@ -460,7 +460,7 @@ std::optional<ScoredExample> score_example(Forward& fwd, ChunkStore& store, cons
 
 // Min, median and max context length of the rows `idx` (all rows when empty): a profile ranks
 // layers for prompts of about these lengths (measured on the 1.5B: layers fitted on ~1.4K-token
-// prompts lose to ones fitted on ~6K-token prompts there, BENCHMARKS.md).
+// prompts lose to ones fitted on ~6K-token prompts there, docs/benchmarks-history.md).
 nlohmann::json context_lengths(const std::vector<ScoredExample>& rows, const std::vector<size_t>& idx) {
   std::vector<size_t> n;
   if (idx.empty())

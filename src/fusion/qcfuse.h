@@ -187,7 +187,7 @@ enum class ProfileTarget { evidence, prophet };
 // ones). On a model with sliding-window layers the calibration prompts (~1.4K tokens) fit
 // the window, but a served prompt need not: there a local layer's probe sees only the last
 // `window` positions before the question, so it ranks well offline and badly when served
-// (measured on Gemma 3, BENCHMARKS.md). `global` keeps local layers out; `automatic` is
+// (measured on Gemma 3, docs/benchmarks-history.md). `global` keeps local layers out; `automatic` is
 // `global` on a model with local layers and `all` otherwise.
 enum class LayerCandidates { automatic, all, global };
 LayerCandidates parse_layer_candidates(const std::string& name);  // throws on an unknown name

@@ -19,7 +19,7 @@ struct Passage {
 };
 
 struct RagPromptOptions {
-  // Asking for the answer alone (issue 23 item 3, BENCHMARKS.md "The RAG prompt"): on Qwen 0.5B
+  // Asking for the answer alone (issue 23 item 3, docs/benchmarks-history.md "The RAG prompt"): on Qwen 0.5B
   // full prefill's gold F1 on held-out HotpotQA 0.15 -> 0.33; the first layout ("... Answer
   // briefly.") got full sentences restating the question.
   std::string system =

@@ -4,7 +4,7 @@
 // each chunk an equal share of floor(rho N) (a chunk shorter than its share passes the
 // rest on to the next chunks).
 // On prefixed caches (computed after S, issue 14) a chunk's first rows are no sinks; the rule
-// is applied unchanged, as the papers define it only for alone caches (BENCHMARKS.md: it then
+// is applied unchanged, as the papers define it only for alone caches (docs/benchmarks-history.md: it then
 // loses to its alone version).
 #include <algorithm>
 

@@ -22,7 +22,7 @@
 //                 model is refused
 // Deviations (besides those of qcfuse_anchors.cpp):
 //  - the shipped default profile is the one that measured best on our calibration split
-//    (BENCHMARKS.md, issue 16), whichever target made it; the paper profiles gold answer spans;
+//    (docs/benchmarks-history.md, issue 16), whichever target made it; the paper profiles gold answer spans;
 //  - without any profile, L* = {floor(L/2)} (the paper's best fixed layer, §4.6.2), or on a
 //    model with sliding-window layers the global layer nearest to it, said in
 //    Selection::details and printed by `chunkfuse ask`;
@@ -33,7 +33,7 @@
 //  - a chat request's suffix (the server) has no known question span: all of U probes there;
 //  - a request over twice as long as the profile's longest calibration prompt is said in
 //    Selection::details["profile_note"] (the paper profiles one length; ours rank differently
-//    at 1.4K and 6K tokens, BENCHMARKS.md). The 1.5B's shipped profile is fitted on ~6K-token
+//    at 1.4K and 6K tokens, docs/benchmarks-history.md). The 1.5B's shipped profile is fitted on ~6K-token
 //    prompts, which did as well on short ones; on the 0.5B neither length's profile won both.
 #include <chrono>
 #include <filesystem>
@@ -64,7 +64,7 @@ size_t fitted_max_tokens(const qcfuse::LayerProfile& p) {
 
 // Said when a request is much longer than any prompt its profile was fitted on: on the 1.5B,
 // layers ranked on ~1.4K-token prompts lost to layers ranked on ~6K-token ones there, while the
-// long-prompt layers did as well on short prompts (BENCHMARKS.md, "A profile fitted on long
+// long-prompt layers did as well on short prompts (docs/benchmarks-history.md, "A profile fitted on long
 // prompts"; on the 0.5B the long-prompt layers raised fidelity and not KL). A note, not a
 // refusal: the layers still serve.
 constexpr size_t kProfileLengthMargin = 2;

@@ -58,7 +58,7 @@
 // The design follows LMCache's remote backends (a shared KV tier below local ones). Deviation
 // from issue 13: a remote read is not raced against a local recompute; it is always tried
 // first, bounded by the command timeout, as it takes milliseconds where recomputing a chunk
-// takes about 2 ms a token on this CPU engine (BENCHMARKS.md, "Several replicas").
+// takes about 2 ms a token on this CPU engine (docs/benchmarks-history.md, "Several replicas").
 //
 // Cross-process: files appear only by rename(2), so readers in any process see either no
 // file or a complete one. Two writers of one key each write a complete temp file and rename

@@ -32,7 +32,7 @@ std::string document_chunk_text(const std::string& text);
 
 // A chat with passages the server puts in (documents, retrieval) and no system message gets
 // the RAG layout's own (RagPromptOptions::system, the words `ask` and `bench` use and
-// BENCHMARKS.md measured): without one the template's default system turn asks for nothing
+// docs/benchmarks-history.md measured): without one the template's default system turn asks for nothing
 // about passages or answer length. A client's own system message always wins.
 std::vector<ChatMessage> with_rag_system(const std::vector<ChatMessage>& messages, bool has_passages);
 

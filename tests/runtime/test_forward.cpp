@@ -108,7 +108,7 @@ TEST(Forward, LongAppendInPassesEqualsOnePass) {
 // Rows in any order: the mask is by position, not by row order. Sums over entries then run
 // in another order, and the 8-bit quantization of activations turns those last-bit
 // differences into visible ones (llama.cpp itself differs by up to 0.69 between its batched
-// and token-by-token evaluation of the same prompt, see BENCHMARKS.md); a mask error would
+// and token-by-token evaluation of the same prompt, see docs/benchmarks-history.md); a mask error would
 // move logits by whole units and change the top token.
 TEST(Forward, ShuffledRowsAgreeWithOrderedRows) {
   CF_REQUIRE_MODEL();

@@ -1,4 +1,4 @@
-# The runtime matrix of BENCHMARKS.md (issue 11). MODELS: a folder with SmolLM2 requantized
+# The runtime matrix of docs/benchmarks-history.md (issue 11). MODELS: a folder with SmolLM2 requantized
 # by llama.cpp (bench/runtime_bench.py --make-variants makes them); the shape files come from
 # scripts/setup.sh --shapes (--with-8b for the 8B row). Run from the repository root.
 MODELS=${MODELS:-$HOME/.cache/chunkfuse/models/variants}
