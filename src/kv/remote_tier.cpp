@@ -356,8 +356,8 @@ std::optional<std::vector<uint8_t>> RemoteTier::get(const std::string& id) {
 
   if (ok && incomplete) {
     // Evicted or replaced under us. Delete the manifest only if it is still the one we read.
-    Reply again = command(c, {"GET", manifest_key(id)});
-    if (again.r && !again.error() && !again.nil() && again.text() == manifest_text) delete_entry(c, id, &manifest_text);
+    // delete_entry compares under WATCH, so a rewrite landing meanwhile is kept.
+    delete_entry(c, id, &manifest_text);
     ok = !c->err;
   }
   if (ok && !bad.empty()) {
@@ -412,23 +412,71 @@ std::optional<std::vector<uint8_t>> unpack_remote_entry(const RemoteManifest& m,
   return raw;
 }
 
-bool RemoteTier::delete_entry(redisContext* c, const std::string& id, const std::string* manifest_text) {
-  std::string text;
-  if (manifest_text) {
-    text = *manifest_text;
-  } else {
-    Reply r = command(c, {"GET", manifest_key(id)});
-    if (!r.r || r.error()) return false;
-    if (r.nil()) return true;
-    text = r.text();
+// WATCH on the manifest, then the transaction (issue 59): a writer or a deleter that commits
+// between our read of the manifest and our EXEC aborts it, and we read again. Without it two
+// replicas writing one id each deleted the pieces of the manifest they had read, and the
+// pieces of whichever committed first stayed in Redis forever, named by no manifest.
+std::optional<std::string> RemoteTier::watch_manifest(redisContext* c, const std::string& id, bool& ok) {
+  ok = false;
+  Reply w = command(c, {"WATCH", manifest_key(id)});
+  if (!w.r || w.error()) return std::nullopt;
+  Reply r = command(c, {"GET", manifest_key(id)});
+  if (!r.r || r.error()) return std::nullopt;
+  ok = true;
+  if (r.nil()) return std::nullopt;
+  return r.text();
+}
+
+bool RemoteTier::unwatch(redisContext* c) {
+  Reply r = command(c, {"UNWATCH"});
+  return r.r && !r.error();
+}
+
+// Reads the replies of MULTI, n queued commands and EXEC. false: the connection failed.
+// aborted: EXEC answered nil (a watched key changed); error: the first error reply.
+bool RemoteTier::read_transaction(redisContext* c, size_t n_cmds, bool& aborted, std::string& error) {
+  aborted = false;
+  for (size_t i = 0; i < n_cmds + 2; ++i) {  // MULTI, the queued commands, EXEC
+    Reply r = next_reply(c);
+    if (!r.r) return false;
+    if (r.error() && error.empty()) error = r.text();
+    if (i == n_cmds + 1 && r.nil() && error.empty()) aborted = true;
+    if (i == n_cmds + 1 && r.r->type == REDIS_REPLY_ARRAY)
+      for (size_t e = 0; e < r.r->elements && error.empty(); ++e)
+        if (r.r->element[e]->type == REDIS_REPLY_ERROR) error.assign(r.r->element[e]->str, r.r->element[e]->len);
   }
-  std::vector<std::string> del{"DEL", manifest_key(id)};
-  if (auto m = parse_remote_manifest(text))
-    for (size_t i = 0; i < m->pieces; ++i) del.push_back(piece_key(id, m->sum, i));
-  Reply r = command(c, del);
-  if (!r.r || r.error()) return false;
-  std::lock_guard lock(mu_);
-  ++stats_.deletes;
+  return true;
+}
+
+bool RemoteTier::delete_entry(redisContext* c, const std::string& id, const std::string* manifest_text) {
+  for (int attempt = 0; attempt < kCommitAttempts; ++attempt) {
+    bool ok = false;
+    const std::optional<std::string> text = watch_manifest(c, id, ok);
+    if (!ok) return false;
+    // Gone, or replaced since the caller read it (a bad entry's rewrite is not ours to delete).
+    if (!text || (manifest_text && *text != *manifest_text)) return unwatch(c);
+    if (opt_.before_commit) opt_.before_commit(id);
+    std::vector<std::string> del{"DEL", manifest_key(id)};
+    if (auto m = parse_remote_manifest(*text))
+      for (size_t i = 0; i < m->pieces; ++i) del.push_back(piece_key(id, m->sum, i));
+    append(c, {"MULTI"});
+    append(c, del);
+    append(c, {"EXEC"});
+    bool aborted = false;
+    std::string error;
+    if (!read_transaction(c, 1, aborted, error)) return false;
+    if (aborted) {
+      std::lock_guard lock(mu_);
+      ++stats_.commit_retries;
+      continue;
+    }
+    if (!error.empty()) return false;
+    std::lock_guard lock(mu_);
+    ++stats_.deletes;
+    return true;
+  }
+  opt_.report("remote tier: delete of " + id + " gave way to other writers " + std::to_string(kCommitAttempts) +
+              " times; left to them");
   return true;
 }
 
@@ -482,39 +530,48 @@ bool RemoteTier::write_entry(redisContext* c, const Task& t) {
                                 {"tag", remote_entry_tag(*opt_.auth, t.id, t.image.size(),
                                                          reinterpret_cast<const uint8_t*>(z.data()), zn)}};
 
-  Reply old = command(c, {"GET", manifest_key(t.id)});
-  if (!old.r || old.error()) return false;
-  std::optional<RemoteManifest> previous;
-  if (!old.nil()) previous = parse_remote_manifest(old.text());
-  if (previous && previous->format == kRemoteFormat && previous->sum == sum && previous->pieces == pieces &&
-      previous->tag == manifest["tag"]) {
-    std::lock_guard lock(mu_);
-    ++stats_.writes_present;
-    return true;
-  }
-  // One transaction: the pieces, the manifest that commits them, the old pieces' deletion.
-  append(c, {"MULTI"});
-  for (size_t i = 0; i < pieces; ++i)
-    append(c, {"SET", piece_key(t.id, sum, i), z.substr(i * opt_.piece_bytes, opt_.piece_bytes)});
-  append(c, {"SET", manifest_key(t.id), manifest.dump()});
-  size_t n_cmds = pieces + 1;
-  if (previous) {
-    std::vector<std::string> del{"DEL"};
-    for (size_t i = 0; i < previous->pieces; ++i) del.push_back(piece_key(t.id, previous->sum, i));
-    append(c, del);
-    ++n_cmds;
-  }
-  append(c, {"EXEC"});
   std::string error;
-  for (size_t i = 0; i < n_cmds + 2; ++i) {  // MULTI, the queued commands, EXEC
-    Reply r = next_reply(c);
-    if (!r.r) return false;
-    if (r.error() && error.empty()) error = r.text();
-    if (i == n_cmds + 1 && r.nil() && error.empty()) error = "transaction aborted";
-    if (i == n_cmds + 1 && r.r->type == REDIS_REPLY_ARRAY)
-      for (size_t e = 0; e < r.r->elements && error.empty(); ++e)
-        if (r.r->element[e]->type == REDIS_REPLY_ERROR) error.assign(r.r->element[e]->str, r.r->element[e]->len);
+  bool committed = false;
+  for (int attempt = 0; attempt < kCommitAttempts && !committed && error.empty(); ++attempt) {
+    bool ok = false;
+    const std::optional<std::string> old = watch_manifest(c, t.id, ok);
+    if (!ok) return false;
+    std::optional<RemoteManifest> previous;
+    if (old) previous = parse_remote_manifest(*old);
+    if (previous && previous->format == kRemoteFormat && previous->sum == sum && previous->pieces == pieces &&
+        previous->tag == manifest["tag"]) {
+      if (!unwatch(c)) return false;
+      std::lock_guard lock(mu_);
+      ++stats_.writes_present;
+      return true;
+    }
+    if (opt_.before_commit) opt_.before_commit(t.id);
+    // One transaction: the pieces, the manifest that commits them, the old pieces' deletion;
+    // EXEC applies it only if the manifest is still the one read above.
+    append(c, {"MULTI"});
+    for (size_t i = 0; i < pieces; ++i)
+      append(c, {"SET", piece_key(t.id, sum, i), z.substr(i * opt_.piece_bytes, opt_.piece_bytes)});
+    append(c, {"SET", manifest_key(t.id), manifest.dump()});
+    size_t n_cmds = pieces + 1;
+    if (previous) {
+      std::vector<std::string> del{"DEL"};
+      for (size_t i = 0; i < previous->pieces; ++i)
+        if (previous->sum != sum || i >= pieces) del.push_back(piece_key(t.id, previous->sum, i));  // not ours just set
+      if (del.size() > 1) {
+        append(c, del);
+        ++n_cmds;
+      }
+    }
+    append(c, {"EXEC"});
+    bool aborted = false;
+    if (!read_transaction(c, n_cmds, aborted, error)) return false;
+    committed = !aborted && error.empty();
+    if (aborted) {
+      std::lock_guard lock(mu_);
+      ++stats_.commit_retries;
+    }
   }
+  if (!committed && error.empty()) error = "gave way to other writers " + std::to_string(kCommitAttempts) + " times";
   std::lock_guard lock(mu_);
   if (!error.empty()) {  // e.g. OOM under maxmemory with noeviction: nothing was applied
     ++stats_.write_errors;

@@ -21,7 +21,10 @@
 // other's entries (old ones age out under maxmemory). The image inside still carries its own
 // HMAC trailer, which the store checks as for a file.
 //
-// Atomic commit: a writer sends the pieces and the manifest in one MULTI/EXEC, so a reader
+// Atomic commit: a writer sends the pieces and the manifest in one MULTI/EXEC, under WATCH of
+// the manifest it read (a transaction another writer's commit overtook is aborted and read
+// again, up to 8 times, so the pieces it deletes are always those of the manifest it replaces;
+// issue 59), so a reader
 // sees all of an entry or nothing; a writer killed mid-way leaves nothing (Redis drops a
 // transaction whose EXEC never came). Pieces are named by the checksum of what they hold, so
 // two writers of one entry write the same keys with the same bytes; a writer replacing an
@@ -83,6 +86,9 @@ struct RemoteTierOptions {
   // The store key (required: std::invalid_argument without it): tags every manifest; a
   // manifest without a valid tag is never decompressed. The chunk store passes its own.
   std::shared_ptr<const EntryAuth> auth;
+  // Tests only: called between a writer's (or deleter's) read of the manifest and its
+  // transaction, to interleave two writers of one id deterministically (issue 59).
+  std::function<void(const std::string& id)> before_commit;
 };
 
 inline constexpr int kRemoteFormat = 2;
@@ -122,6 +128,7 @@ struct RemoteTierStats {
   uint64_t write_errors = 0;    // writes that failed (Redis down, out of memory, ...)
   uint64_t writes_dropped = 0;  // writes dropped because the queue was full
   uint64_t deletes = 0;
+  uint64_t commit_retries = 0;  // transactions aborted by WATCH (another writer of the id) and read again
   uint64_t bytes_read = 0, bytes_written = 0;  // compressed bytes over the wire (pieces)
   uint64_t connects = 0, connect_failures = 0;
   uint64_t reads = 0;           // get calls that reached Redis
@@ -169,7 +176,12 @@ class RemoteTier {
   redisContext* connect();
   void note_error(const std::string& what, bool connection_lost);
   bool write_entry(redisContext* c, const Task& t);
+  // Deletes the entry, only if its manifest is still *manifest_text when given.
   bool delete_entry(redisContext* c, const std::string& id, const std::string* manifest_text);
+  std::optional<std::string> watch_manifest(redisContext* c, const std::string& id, bool& ok);
+  bool unwatch(redisContext* c);
+  bool read_transaction(redisContext* c, size_t n_cmds, bool& aborted, std::string& error);
+  static constexpr int kCommitAttempts = 8;
   void worker();
 
   RemoteTierOptions opt_;

@@ -9,7 +9,9 @@
 #include <chrono>
 #include <mutex>
 #include <filesystem>
+#include <set>
 #include <thread>
+#include <atomic>
 
 #include "kv/cache_file.h"
 #include "kv/chunk_store.h"
@@ -604,6 +606,71 @@ TEST(RemoteTier, ARemoteHitIsKeptInAPrivateRealFolder) {
   EXPECT_EQ(st.st_mode & 0777, 0700u);
   EXPECT_TRUE(fs::is_empty(outside));
   EXPECT_TRUE(reports.any_contains("kept in memory only")) << reports.all();
+}
+
+// Issue 59: two replicas writing one id (each its own bytes: the image carries its write
+// time) used to race. Each read the manifest, then in MULTI wrote its pieces and manifest and
+// deleted the pieces of the manifest it had read; whichever committed first had its pieces
+// orphaned (named by no manifest, never deleted, no TTL). A deleter likewise. The hook
+// interleaves them exactly: B writes the id between A's read of the manifest and A's EXEC.
+std::vector<std::string> orphan_pieces(RedisServer& redis, const RemoteTier& t, const std::string& id) {
+  const std::string manifest = redis.text({"GET", t.manifest_key(id)});
+  std::set<std::string> named;
+  if (auto m = parse_remote_manifest(manifest))
+    for (size_t i = 0; i < m->pieces; ++i) named.insert(t.piece_key(id, m->sum, i));
+  std::vector<std::string> orphans;
+  for (const auto& k : redis.keys(t.manifest_key(id) + ":*"))
+    if (!named.count(k)) orphans.push_back(k);
+  return orphans;
+}
+
+std::vector<uint8_t> image_of(uint8_t seed, size_t n = 3000) {
+  std::vector<uint8_t> img(n);
+  uint64_t x = seed * 0x9e3779b97f4a7c15ull + 1;
+  for (auto& b : img) {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    b = static_cast<uint8_t>(x);
+  }
+  return img;
+}
+
+TEST(RemoteTier, TwoWritersOfOneIdLeaveNoOrphanPieces) {
+  RedisServer redis;
+  const std::string id = "0123456789abcdef0123456789abcdef";
+  RemoteTier b(remote_options(redis));
+  RemoteTierOptions oa = remote_options(redis);
+  std::atomic<int> interleaved{0};
+  oa.before_commit = [&](const std::string&) {
+    if (interleaved++ == 1) {  // A's second write: B commits its own bytes of the id first
+      b.put_async(id, image_of(2));
+      b.flush(10000);
+    }
+  };
+  RemoteTier a(oa);
+  ASSERT_TRUE(a.put_async(id, image_of(1)));  // the entry both replicas then replace
+  ASSERT_TRUE(a.flush(10000));
+  ASSERT_TRUE(a.put_async(id, image_of(3)));
+  ASSERT_TRUE(a.flush(10000));
+  EXPECT_EQ(interleaved.load(), 3) << "A's transaction was overtaken once and read again";
+  EXPECT_EQ(orphan_pieces(redis, a, id), std::vector<std::string>{});
+  EXPECT_EQ(a.get(id), image_of(3));  // A committed last, over B's entry
+  EXPECT_EQ(a.stats().commit_retries, 1u);
+  EXPECT_EQ(a.stats().write_errors, 0u);
+
+  // A delete overtaken the same way: B writes between the deleter's read and its EXEC.
+  std::atomic<bool> once{false};
+  RemoteTierOptions od = remote_options(redis);
+  od.before_commit = [&](const std::string&) {
+    if (!once.exchange(true)) {
+      b.put_async(id, image_of(4));
+      b.flush(10000);
+    }
+  };
+  RemoteTier d(od);
+  d.remove_async(id);
+  ASSERT_TRUE(d.flush(10000));
+  EXPECT_EQ(orphan_pieces(redis, d, id), std::vector<std::string>{});
+  EXPECT_EQ(redis.keys(d.manifest_key(id) + "*"), std::vector<std::string>{}) << "the delete retried and took B's entry";
 }
 
 }  // namespace
