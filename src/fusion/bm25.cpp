@@ -37,15 +37,61 @@ std::vector<std::string> bm25_terms(std::string_view text) {
 
 Bm25Index::Bm25Index(const std::vector<std::vector<std::string>>& docs, Bm25Params p) : p_(p) {
   doc_len_.reserve(docs.size());
-  double total = 0;
-  for (size_t d = 0; d < docs.size(); ++d) {
-    std::unordered_map<std::string, double> tf;
-    for (const auto& t : docs[d]) tf[t] += 1;
-    for (auto& [term, count] : tf) postings_[term].push_back({d, count});
-    doc_len_.push_back(static_cast<double>(docs[d].size()));
-    total += static_cast<double>(docs[d].size());
+  for (const auto& d : docs) add(d);
+}
+
+void Bm25Index::update_average() { avgdl_ = live_ == 0 ? 0 : total_len_ / static_cast<double>(live_); }
+
+size_t Bm25Index::add(const std::vector<std::string>& terms) {
+  size_t d = doc_len_.size();
+  if (!free_.empty()) {
+    d = free_.back();
+    free_.pop_back();
+  } else {
+    doc_len_.push_back(0);
   }
-  avgdl_ = docs.empty() ? 0 : total / static_cast<double>(docs.size());
+  std::unordered_map<std::string, double> tf;
+  for (const auto& t : terms) tf[t] += 1;
+  for (auto& [term, count] : tf) postings_[term].push_back({d, count});
+  doc_len_[d] = static_cast<double>(terms.size());
+  total_len_ += doc_len_[d];
+  ++live_;
+  update_average();
+  return d;
+}
+
+void Bm25Index::remove(size_t doc, const std::vector<std::string>& terms) {
+  for (const auto& term : distinct(terms)) {
+    auto it = postings_.find(term);
+    if (it == postings_.end()) continue;
+    auto& list = it->second;
+    list.erase(std::remove_if(list.begin(), list.end(), [&](const Posting& p) { return p.doc == doc; }), list.end());
+    if (list.empty()) postings_.erase(it);
+  }
+  total_len_ -= doc_len_.at(doc);
+  doc_len_[doc] = 0;
+  free_.push_back(doc);
+  --live_;
+  if (live_ == 0) total_len_ = 0;  // no rounding left behind
+  update_average();
+}
+
+std::vector<std::pair<size_t, double>> Bm25Index::positive_scores(const std::vector<std::string>& query) const {
+  std::unordered_map<size_t, double> s;
+  if (avgdl_ > 0)
+    for (const auto& term : distinct(query)) {
+      auto it = postings_.find(term);
+      if (it == postings_.end()) continue;
+      const double w = idf_of_df(it->second.size());
+      for (const Posting& post : it->second) {
+        const double norm = p_.k1 * (1 - p_.b + p_.b * doc_len_[post.doc] / avgdl_);
+        s[post.doc] += w * post.tf * (p_.k1 + 1) / (post.tf + norm);
+      }
+    }
+  std::vector<std::pair<size_t, double>> out;
+  for (const auto& [d, v] : s)
+    if (v > 0) out.emplace_back(d, v);
+  return out;
 }
 
 double Bm25Index::idf_of_df(size_t df) const {
@@ -59,7 +105,7 @@ double Bm25Index::idf(const std::string& term) const {
 }
 
 std::vector<double> Bm25Index::scores(const std::vector<std::string>& query) const {
-  std::vector<double> s(size(), 0.0);
+  std::vector<double> s(slots(), 0.0);
   if (avgdl_ <= 0) return s;
   for (const auto& term : distinct(query)) {
     auto it = postings_.find(term);

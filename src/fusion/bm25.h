@@ -34,9 +34,19 @@ struct Bm25Params {
 
 class Bm25Index {
  public:
-  explicit Bm25Index(const std::vector<std::vector<std::string>>& docs, Bm25Params p = {});
+  explicit Bm25Index(const std::vector<std::vector<std::string>>& docs = {}, Bm25Params p = {});
 
-  size_t size() const { return doc_len_.size(); }
+  // Kept up to date instead of rebuilt (the knowledge base's retrieval, issue 59): add returns
+  // the new document's slot (a freed one first); remove takes the document out, given the
+  // terms it was added with. Slots of the constructor's documents are their indices; scores()
+  // and top() are by slot, and a removed slot scores 0. Cost: the document's own postings.
+  size_t add(const std::vector<std::string>& terms);
+  void remove(size_t doc, const std::vector<std::string>& terms);
+  // Every document with a positive score, by slot (unordered); touches only the query's postings.
+  std::vector<std::pair<size_t, double>> positive_scores(const std::vector<std::string>& query) const;
+
+  size_t size() const { return live_; }      // documents (removed ones not counted)
+  size_t slots() const { return doc_len_.size(); }
   double average_length() const { return avgdl_; }
   double idf(const std::string& term) const;  // of a term absent from the corpus: idf with df = 0
   double score(const std::vector<std::string>& query, size_t doc) const;
@@ -54,8 +64,12 @@ class Bm25Index {
   };
   double idf_of_df(size_t df) const;
   Bm25Params p_;
+  void update_average();
   std::unordered_map<std::string, std::vector<Posting>> postings_;
-  std::vector<double> doc_len_;
+  std::vector<double> doc_len_;  // by slot
+  std::vector<size_t> free_;     // removed slots, reused by add
+  size_t live_ = 0;
+  double total_len_ = 0;
   double avgdl_ = 0;
 };
 

@@ -53,6 +53,7 @@ KnowledgeBase::KnowledgeBase(Engine& engine, KnowledgeBaseOptions opt)
 KnowledgeBase::~KnowledgeBase() {
   {
     std::lock_guard lk(mu_);
+    if (dirty_) save_locked();  // the use counts not saved yet
     stop_ = true;
   }
   cv_.notify_all();
@@ -111,7 +112,7 @@ json KnowledgeBase::add_document(const std::string& name, const std::string& for
   next.documents.push_back(saved_document(d, [&](const std::string& cid) { return &fresh.at(cid); }));
   write_file(next);
   ++next_document_;
-  for (auto& [cid, c] : fresh) chunks_.emplace(cid, std::move(c));
+  for (auto& [cid, c] : fresh) index_locked(chunks_.emplace(cid, std::move(c)).first->second);
   queue_.insert(queue_.end(), d.chunk_ids.begin(), d.chunk_ids.end());
   auto [it, _] = documents_.emplace(d.id, std::move(d));
   cv_.notify_all();
@@ -130,14 +131,20 @@ std::string KnowledgeBase::extract_text(const std::string& format, std::string_v
 void KnowledgeBase::worker() {
   std::unique_lock lk(mu_);
   for (;;) {
-    const auto ready = [&] { return stop_ || !queue_.empty(); };
-    if (retry_.empty()) {
-      cv_.wait(lk, ready);
-    } else if (!cv_.wait_until(lk, retry_at_, ready)) {
+    rethink_ = false;
+    const auto ready = [&] { return stop_ || !queue_.empty() || rethink_; };
+    std::optional<std::chrono::steady_clock::time_point> deadline;
+    if (!retry_.empty()) deadline = retry_at_;
+    if (dirty_) deadline = deadline ? std::min(*deadline, save_at_) : save_at_;
+    if (deadline) cv_.wait_until(lk, *deadline, ready);
+    else cv_.wait(lk, ready);
+    if (stop_) return;
+    const auto now = std::chrono::steady_clock::now();
+    if (!retry_.empty() && now >= retry_at_) {
       queue_.insert(queue_.end(), retry_.begin(), retry_.end());
       retry_.clear();
     }
-    if (stop_) return;
+    if (dirty_ && now >= save_at_) save_locked();
     if (queue_.empty()) continue;
     const std::string id = queue_.front();
     queue_.pop_front();
@@ -187,6 +194,7 @@ void KnowledgeBase::precompute_locked(std::unique_lock<std::mutex>& lk, const st
   }
   it->second.cache_id = cache_id;
   it->second.state = error.empty() ? "ready" : "failed";
+  if (!error.empty()) unindex_locked(it->second);  // failed chunks are not retrieved
   if (queue_.empty()) save_locked();  // once per batch of uploads, not per chunk
 }
 
@@ -305,6 +313,7 @@ void KnowledgeBase::remove_chunks_locked(const std::vector<std::string>& ids) {
     auto it = chunks_.find(cid);
     const std::string cache_id = it->second.cache_id;
     auto d = documents_.find(it->second.document_id);
+    unindex_locked(it->second);
     chunks_.erase(it);
     if (d != documents_.end()) {
       auto& left = d->second.chunk_ids;
@@ -332,33 +341,53 @@ bool KnowledgeBase::remove_chunk(const std::string& chunk_id) {
   return true;
 }
 
+void KnowledgeBase::index_locked(Chunk& c) {
+  if (c.slot != kNotIndexed || c.state == "failed") return;
+  c.slot = index_.add(c.terms);
+  if (by_slot_.size() <= c.slot) by_slot_.resize(c.slot + 1, nullptr);
+  by_slot_[c.slot] = &c;
+}
+
+void KnowledgeBase::unindex_locked(Chunk& c) {
+  if (c.slot == kNotIndexed) return;
+  index_.remove(c.slot, c.terms);
+  by_slot_[c.slot] = nullptr;
+  c.slot = kNotIndexed;
+}
+
+// Scores only the chunks sharing a term with the query (the index's postings); ties go to the
+// lower chunk id, as when the index was rebuilt in id order per query.
 std::vector<RetrievedChunk> KnowledgeBase::retrieve(const std::string& query, size_t k) const {
   std::lock_guard lk(mu_);
-  std::vector<const Chunk*> pool;
-  std::vector<std::vector<std::string>> docs;
-  for (const auto& [id, c] : chunks_) {
-    if (c.state == "failed") continue;
-    pool.push_back(&c);
-    docs.push_back(c.terms);
-  }
   std::vector<RetrievedChunk> out;
-  if (pool.empty() || k == 0) return out;
-  const Bm25Index index(docs);
-  for (const auto& [i, score] : index.top(bm25_terms(query), k, pool.size())) {
-    const Chunk& c = *pool[i];
+  if (k == 0) return out;
+  std::vector<std::pair<const Chunk*, double>> hits;
+  for (const auto& [slot, score] : index_.positive_scores(bm25_terms(query))) hits.emplace_back(by_slot_.at(slot), score);
+  const size_t n = std::min(k, hits.size());
+  std::partial_sort(hits.begin(), hits.begin() + static_cast<std::ptrdiff_t>(n), hits.end(), [](const auto& a, const auto& b) {
+    return a.second > b.second || (a.second == b.second && a.first->id < b.first->id);
+  });
+  for (size_t i = 0; i < n; ++i) {
+    const Chunk& c = *hits[i].first;
     const auto d = documents_.find(c.document_id);
-    out.push_back({c.id, c.document_id, d != documents_.end() ? d->second.name : "", c.text, c.cache_id, score, c.n_tokens});
+    out.push_back({c.id, c.document_id, d != documents_.end() ? d->second.name : "", c.text, c.cache_id, hits[i].second,
+                   c.n_tokens});
   }
   return out;
 }
 
 void KnowledgeBase::note_used(const std::vector<RetrievedChunk>& used) {
   std::lock_guard lk(mu_);
+  bool changed = false;
   for (const auto& r : used) {
     auto it = chunks_.find(r.chunk_id);
-    if (it != chunks_.end()) ++it->second.uses;
+    if (it != chunks_.end()) ++it->second.uses, changed = true;
   }
-  save_locked();
+  if (!changed || dirty_) return;  // a save is already due
+  dirty_ = true;
+  save_at_ = std::chrono::steady_clock::now() + kSaveAfter;
+  rethink_ = true;
+  cv_.notify_all();
 }
 
 }  // namespace cf
@@ -394,6 +423,8 @@ SavedKnowledgeBase KnowledgeBase::saved_locked(const std::set<std::string>& leav
 void KnowledgeBase::write_file(const SavedKnowledgeBase& kb) const {
   try {
     write_private_file_atomic(file_path(), knowledge_base_file_text(kb), /*durable=*/true);
+    ++file_writes_;
+    dirty_ = false;  // every write is of the state as it is (or is about to be): counts included
   } catch (const std::exception& e) {
     throw store_write_error("the knowledge base", e);
   }
@@ -403,8 +434,10 @@ void KnowledgeBase::save_locked() const {
   try {
     write_file(saved_locked({}));
   } catch (const std::exception& e) {
-    // Use counts and precompute states only: kept in memory, the next change writes them.
+    // Use counts and precompute states only: kept in memory, saved again later.
     note_failure("saving " + file_path(), e);
+    dirty_ = true;
+    save_at_ = std::chrono::steady_clock::now() + kRetryAfter;
   }
 }
 
@@ -463,7 +496,8 @@ void KnowledgeBase::load() {
         ++requeued;
       }
       d.chunk_ids.push_back(c.id);
-      chunks_.emplace(c.id, std::move(c));
+      const std::string cid = c.id;
+      index_locked(chunks_.emplace(cid, std::move(c)).first->second);
     }
     documents_.emplace(d.id, std::move(d));
   }

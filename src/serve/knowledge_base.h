@@ -7,11 +7,17 @@
 // the one chunk store and a request that retrieves them hits them. The cache state
 // (chunk_cache_state.h) says which tiers hold a chunk and which methods' offline work it has.
 //
+// Retrieval keeps one BM25 index (fusion/bm25.h), updated as chunks come and go, never rebuilt
+// per query (issue 59).
+//
 // Persistence (knowledge_base_file.h): documents, chunks (text, summary, hash, cache id)
 // and use counts are saved to <store folder>/knowledge-base.json after every change (written
 // atomically, 0600, never through a symlink; an upload or a delete is written before it is
 // made in memory, so a full disk refuses it with 507 and changes nothing, issue 59) and read
-// back when the server starts; a chunk
+// back when the server starts. Use counts alone (a completion that used retrieved chunks) are
+// not worth a rewrite and fsync of the whole file per request: they are saved by the worker at
+// most once a second (kSaveAfter) and when the knowledge base closes (issue 59); a crash loses
+// at most that second's counts. A chunk
 // whose cache the engine no longer holds is queued again. A damaged file is reported in one
 // line, renamed aside to knowledge-base.json.damaged and the server starts with an empty
 // knowledge base.
@@ -31,6 +37,7 @@
 #include <thread>
 #include <vector>
 
+#include "fusion/bm25.h"
 #include "serve/busy_gate.h"
 #include "serve/document_text.h"
 #include "serve/knowledge_base_file.h"
@@ -86,6 +93,11 @@ class KnowledgeBase {
   // Failed saves, registrations and cache drops of the background work (logged on stderr;
   // /metrics chunkfuse_knowledge_background_failures_total). None of them ends the process.
   uint64_t background_failures() const { return background_failures_.load(); }
+  // The work that grows with the knowledge base's size (issue 59), counted for tests:
+  // knowledge-base.json written, and BM25 indexes built over every chunk (none since: the
+  // index is updated in place).
+  uint64_t file_writes() const { return file_writes_.load(); }
+  uint64_t bm25_builds() const { return bm25_builds_.load(); }
 
   const KnowledgeBaseOptions& options() const { return opt_; }
 
@@ -96,7 +108,9 @@ class KnowledgeBase {
     std::string state = "queued";  // queued | computing | ready | failed
     uint64_t uses = 0;
     std::vector<std::string> terms;  // BM25
+    size_t slot = kNotIndexed;       // in index_ (every chunk but failed ones)
   };
+  static constexpr size_t kNotIndexed = static_cast<size_t>(-1);
   struct Document {
     std::string id, name, format;
     size_t bytes = 0, chunk_tokens = 0;
@@ -118,6 +132,8 @@ class KnowledgeBase {
   void worker();
   void precompute_locked(std::unique_lock<std::mutex>& lk, const std::string& id);
   void note_failure(const std::string& what, const std::exception& e) const;
+  void index_locked(Chunk& c);
+  void unindex_locked(Chunk& c);
 
   Engine& engine_;
   const KnowledgeBaseOptions opt_;
@@ -130,7 +146,15 @@ class KnowledgeBase {
   std::vector<std::string> retry_;  // refused by a full disk: back in the queue at retry_at_
   std::chrono::steady_clock::time_point retry_at_;
   static constexpr std::chrono::seconds kRetryAfter{5};
+  Bm25Index index_;
+  std::vector<const Chunk*> by_slot_;  // index_'s slot -> chunk (nodes of chunks_ do not move)
+  // Use counts changed since the file was written; the worker saves them at save_at_.
+  mutable bool dirty_ = false;
+  mutable std::chrono::steady_clock::time_point save_at_;
+  bool rethink_ = false;  // the worker's deadlines changed
+  static constexpr std::chrono::seconds kSaveAfter{1};
   mutable std::atomic<uint64_t> background_failures_{0};
+  mutable std::atomic<uint64_t> file_writes_{0}, bm25_builds_{0};
   bool busy_ = false, stop_ = false;
   uint64_t next_document_ = 0;
   std::thread thread_;

@@ -27,6 +27,40 @@ TEST(Bm25, TermsAreLowercaseWordsWithUtf8Kept) {
   EXPECT_TRUE(bm25_terms(" ,.; ").empty());
 }
 
+// Issue 59: the knowledge base keeps one index and updates it (add, remove) instead of
+// rebuilding it per query; an updated index scores exactly as one built over what is left.
+TEST(Bm25, AnUpdatedIndexScoresAsOneBuiltFromScratch) {
+  const std::vector<std::string> texts = {"the cat sat", "the dog sat on the mat", "cat cat dog", "zebra",
+                                          "a dog and a zebra", "mat mat mat"};
+  Bm25Index live;
+  std::vector<size_t> slot;
+  for (const auto& t : texts) slot.push_back(live.add(bm25_terms(t)));
+  live.remove(slot[1], bm25_terms(texts[1]));
+  live.remove(slot[3], bm25_terms(texts[3]));
+  const size_t again = live.add(bm25_terms("the mat"));  // reuses a freed slot
+  EXPECT_TRUE(again == slot[1] || again == slot[3]);
+  const std::vector<std::string> kept = {texts[0], texts[2], texts[4], texts[5], "the mat"};
+  const std::vector<size_t> kept_slot = {slot[0], slot[2], slot[4], slot[5], again};
+  std::vector<std::vector<std::string>> docs;
+  for (const auto& t : kept) docs.push_back(bm25_terms(t));
+  const Bm25Index fresh(docs);
+  ASSERT_EQ(live.size(), fresh.size());
+  EXPECT_DOUBLE_EQ(live.average_length(), fresh.average_length());
+  for (const std::string q : {"cat", "the mat", "dog zebra", "sat", "nothing here"}) {
+    const auto terms = bm25_terms(q);
+    std::map<size_t, double> sparse;
+    for (const auto& [d, v] : live.positive_scores(terms)) sparse[d] = v;
+    for (size_t i = 0; i < kept.size(); ++i) {
+      EXPECT_DOUBLE_EQ(live.score(terms, kept_slot[i]), fresh.score(terms, i)) << q << " / " << kept[i];
+      const double f = fresh.score(terms, i);
+      EXPECT_EQ(sparse.count(kept_slot[i]), f > 0 ? 1u : 0u) << q;
+      if (f > 0) {
+        EXPECT_DOUBLE_EQ(sparse[kept_slot[i]], f);
+      }
+    }
+  }
+}
+
 TEST(Bm25, ScoresMatchTheFormulaOnAHandCheckedCorpus) {
   const std::vector<std::vector<std::string>> docs = {
       bm25_terms("the cat sat"), bm25_terms("the dog sat on the mat"), bm25_terms("cat cat dog"), bm25_terms("zebra")};

@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <filesystem>
+#include <fstream>
 #include <numeric>
 #include <thread>
 
@@ -283,6 +284,53 @@ TEST(KnowledgeBaseSlow, ARefusedIndexWriteChangesNothingAndTheWorkerRetries) {
   EXPECT_EQ(state(), "ready");
   EXPECT_EQ(e.registry().texts(), std::vector<std::string>{text});
   EXPECT_TRUE(fs::is_regular_file(dir + "/serve-chunks.json"));
+}
+
+// Issue 59: knowledge-base work grew with its whole size. Each retrieval rebuilt BM25 over
+// every chunk, and each completion that used retrieved chunks rewrote and fsynced
+// knowledge-base.json (the use counts). Now the index is kept and updated on add and delete,
+// and the use counts are saved at most once a second, batched, by the worker.
+TEST(KnowledgeBaseSlow, RetrievalAndUseCountsDoNotRewriteOrRebuildPerRequest) {
+  CF_REQUIRE_MODEL();
+  const std::string dir = store_dir() + "-work";
+  fs::remove_all(dir);
+  EngineOptions o;
+  o.model_path = test::default_model_path();
+  o.threads = 2;
+  o.cache_dir = dir;
+  Engine e(o);
+  uint64_t writes = 0;
+  {
+    KnowledgeBase kb(e);
+    const std::string text =
+        "The Zorblat river flows through Quenton. It is purple.\n\n"
+        "Quenton exports copper wire every spring.\n\nThe Velmora lighthouse was built in 1887.";
+    kb.add_document("q.md", "md", text, 16);
+    kb.wait_idle();
+    const uint64_t builds = kb.bm25_builds();
+    writes = kb.file_writes();
+    for (int i = 0; i < 20; ++i) {
+      const auto hits = kb.retrieve("When was the lighthouse built?", 2);
+      ASSERT_FALSE(hits.empty());
+      EXPECT_NE(hits[0].text.find("Velmora"), std::string::npos);
+      kb.note_used(hits);
+    }
+    EXPECT_EQ(kb.bm25_builds(), builds) << "20 retrievals";
+    EXPECT_LE(kb.file_writes(), writes + 1) << "20 completions' use counts";
+    kb.note_used({});  // nothing used: nothing changed
+    // The counts reach the file (here: at the latest when the knowledge base closes).
+  }
+  std::ifstream in(dir + "/knowledge-base.json");
+  const auto saved = nlohmann::json::parse(in);
+  uint64_t uses = 0;
+  for (const auto& d : saved["documents"])
+    for (const auto& c : d["chunks"]) uses += c.value("uses", 0);
+  EXPECT_EQ(uses, 40u);  // 20 completions, 2 chunks each
+  KnowledgeBase reopened(e);
+  EXPECT_FALSE(reopened.retrieve("lighthouse", 1).empty());  // the index is built from the file too
+  // A deleted document leaves the index with it.
+  EXPECT_TRUE(reopened.remove_document(reopened.list_documents()["data"][0]["id"]));
+  EXPECT_TRUE(reopened.retrieve("lighthouse", 3).empty());
 }
 
 TEST(KnowledgeBaseSlow, DetailMatchesTheFusedCompletion) {
