@@ -1,6 +1,12 @@
 // The registered chunks of `chunkfuse serve` (POST /v1/chunks): id -> text and tokens, mirrored
 // in a JSON index (<store dir>/serve-chunks.json, {"version": 1, "chunks": [text, ...]}) so ids
-// survive restarts. Ids are content ids recomputed from the texts when the index is read, so
+// survive restarts. A registration appends its new texts (one JSON string a line) to
+// <index>.journal and fsyncs it; the index is rewritten with everything, and the journal
+// removed, when the journal would outgrow the index, on a removal, and at start when a journal
+// is there (issue 59: the knowledge base registers its chunks one at a time, and rewriting the
+// whole index each time cost n^2/2 texts of writes for n chunks; now the bytes written stay
+// within a few times the index's size). A torn last journal line (a crash mid-append) is left
+// out; a journal with a bad line is read up to it and set aside like a damaged index. Ids are content ids recomputed from the texts when the index is read, so
 // another model gives other ids. The caches themselves live in the chunk store. Thread-safe.
 #pragma once
 #include <atomic>
@@ -46,15 +52,24 @@ class ChunkRegistry {
   bool remove(const std::string& id);  // false when unknown
   std::vector<std::string> texts() const;         // in id order
   uint64_t version() const { return version_.load(); }  // changes whenever the chunks do
+  // Bytes written to the index files, and writes (issue 59: counted for tests).
+  uint64_t index_bytes_written() const { return index_bytes_.load(); }
+  uint64_t index_writes() const { return index_writes_.load(); }
 
  private:
-  void save_locked(const std::map<std::string, const std::string*>& texts_by_id) const;  // throws
+  void save_locked(const std::map<std::string, const std::string*>& texts_by_id);  // the index; throws
+  void append_locked(const std::string& lines);  // to the journal, truncated back on failure; throws
+  void read_journal();                           // constructor
+
 
   const std::string path_;
   const ChunkOf chunk_of_;
+  const std::string journal_path_;                  // <index>.journal
+  size_t index_bytes_now_ = 0, journal_bytes_ = 0;  // the files' sizes as this registry left them
   mutable std::mutex mu_;
   std::map<std::string, RegisteredChunk> chunks_;
   std::atomic<uint64_t> version_{0};
+  mutable std::atomic<uint64_t> index_bytes_{0}, index_writes_{0};
 };
 
 }  // namespace cf

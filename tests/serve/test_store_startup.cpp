@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <optional>
@@ -88,6 +90,42 @@ TEST(StoreStartup, AGoodChunkIndexIsReadAsBefore) {
   ChunkRegistry reg((s.dir / "serve-chunks.json").string(), chunk_of);
   EXPECT_EQ(reg.texts(), (std::vector<std::string>{"a", "b"}));
   EXPECT_TRUE(reg.find("id-a").has_value());
+  EXPECT_TRUE(s.named("serve-chunks.json.damaged-").empty());
+}
+
+// Issue 59: the knowledge base registers its chunks one at a time, and each registration
+// rewrote (and fsynced) the whole index: n chunks cost n^2/2 chunk texts of writes. Now a
+// registration appends its texts to serve-chunks.json.journal and the index is rewritten only
+// when the journal outgrows it (and on a removal), so the bytes written stay linear; a
+// registration of texts already registered writes nothing; a torn last line (a crash in
+// the middle of an append) is left out when the index is read back.
+TEST(StoreStartup, RegisteringChunksOneByOneWritesTheIndexInLinearBytes) {
+  TempStore s;
+  const std::string index = (s.dir / "serve-chunks.json").string();
+  std::vector<std::string> texts;
+  size_t text_bytes = 0;
+  {
+    ChunkRegistry reg(index, chunk_of);
+    for (int i = 0; i < 400; ++i) {
+      texts.push_back("chunk " + std::to_string(i) + " " + std::string(300, static_cast<char>('a' + i % 26)));
+      text_bytes += texts.back().size();
+      reg.add({chunk_of(texts.back())});
+    }
+    EXPECT_LE(reg.index_bytes_written(), 4 * text_bytes) << reg.index_writes() << " writes for " << texts.size();
+    std::printf("index: %llu bytes in %llu writes for %zu bytes of text\n", (unsigned long long)reg.index_bytes_written(), (unsigned long long)reg.index_writes(), text_bytes);
+    const uint64_t writes = reg.index_writes();
+    reg.add({chunk_of(texts[7])});  // already registered: nothing changes, nothing is written
+    EXPECT_EQ(reg.index_writes(), writes);
+    EXPECT_TRUE(reg.remove("id-" + texts[3]));
+  }
+  std::ofstream(s.dir / "serve-chunks.json.journal", std::ios::app) << "\"torn";  // no newline
+  ChunkRegistry again(index, chunk_of);
+  std::vector<std::string> expect = texts;
+  expect.erase(expect.begin() + 3);
+  std::vector<std::string> got = again.texts();
+  std::sort(got.begin(), got.end());
+  std::sort(expect.begin(), expect.end());
+  EXPECT_EQ(got, expect);
   EXPECT_TRUE(s.named("serve-chunks.json.damaged-").empty());
 }
 
