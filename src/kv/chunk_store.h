@@ -143,6 +143,7 @@ struct ChunkStoreStats {
   uint64_t prefetch_waits = 0;    // of those, gets that waited for the load to finish
   uint64_t puts = 0, computes = 0;
   uint64_t disk_writes = 0, disk_write_errors = 0;
+  uint64_t disk_header_reads = 0;  // cache files opened for a listing's cache state (tiers())
   uint64_t corrupt_files = 0;     // files found bad by get (each reported and moved aside)
   uint64_t foreign_files = 0;     // of those, made by another model or for another shape
   uint64_t unauthenticated_files = 0;  // of those, without a valid HMAC tag (options.auth set)

@@ -1,5 +1,7 @@
 #include "kv/disk_tier.h"
 
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <filesystem>
 
@@ -125,6 +127,10 @@ size_t DiskTier::keep(const std::string& id, const std::vector<uint8_t>& image) 
 bool DiskTier::remove(const std::string& id) {
   const std::string path = path_for(id);
   if (!is_real_directory(fs::path(path).parent_path())) return false;
+  {
+    std::lock_guard lock(mu_);
+    memo_.erase(id);
+  }
   std::error_code ec;
   bool removed = fs::remove(path, ec);
   removed |= fs::remove(path + kCorruptExt, ec);
@@ -140,12 +146,32 @@ std::optional<size_t> DiskTier::stored_bytes(const std::string& id) const {
 
 void DiskTier::describe(const std::string& id, ChunkTiers& t) const {
   const std::string path = path_for(id);
-  t.disk = is_real_file(path);
-  if (t.disk && !t.memory) {
-    try {
-      t.extra = read_cache_file_info(path).extra;
-    } catch (const std::exception&) {  // a bad file is reported when it is loaded
+  struct stat st {};
+  t.disk = ::lstat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);  // never through a link
+  if (!t.disk) {
+    std::lock_guard lock(mu_);
+    memo_.erase(id);
+    return;
+  }
+  if (t.memory) return;
+  HeaderMemo seen{st.st_ino, st.st_size, int64_t{st.st_mtim.tv_sec} * 1000000000 + st.st_mtim.tv_nsec,
+                  int64_t{st.st_ctim.tv_sec} * 1000000000 + st.st_ctim.tv_nsec, {}};
+  {
+    std::lock_guard lock(mu_);
+    auto it = memo_.find(id);
+    if (it != memo_.end() && it->second.ino == seen.ino && it->second.size == seen.size &&
+        it->second.mtime_ns == seen.mtime_ns && it->second.ctime_ns == seen.ctime_ns) {
+      t.extra = it->second.extra;
+      return;
     }
+    ++header_reads_;
+  }
+  try {
+    t.extra = read_cache_file_info(path).extra;
+    seen.extra = t.extra;
+    std::lock_guard lock(mu_);
+    memo_[id] = std::move(seen);
+  } catch (const std::exception&) {  // a bad file is reported when it is loaded
   }
 }
 
@@ -155,6 +181,7 @@ void DiskTier::add_stats(ChunkStoreStats& s, uint64_t hits) const {
   s.disk_loads += loads_;
   s.disk_bytes_read += bytes_read_;
   s.disk_writes += writes_;
+  s.disk_header_reads += header_reads_;
   s.disk_write_errors += write_errors_;
   s.disk_bytes_written += bytes_written_;
   s.corrupt_files += corrupt_;
@@ -229,6 +256,10 @@ void DiskTier::verify(VerifyReport& r, const CacheFileExpect& base) const {
 }
 
 size_t DiskTier::remove_all() {
+  {
+    std::lock_guard lock(mu_);
+    memo_.clear();
+  }
   size_t n = 0;
   for_each_file(dir_, [&](const fs::path& p, FileKind kind) {
     if (kind == FileKind::other) return;

@@ -6,9 +6,16 @@
 // to <file>.corrupt (kept for inspection, replacing an older one; list/verify do not count it
 // as an entry; remove/remove_all delete it) and is a miss. A local tier: the store's disk and
 // entry budgets count its files.
+//
+// describe (a listing's cache state, polled by the web page) remembers each file's header
+// metadata with the file's inode, size and times (issue 59): a listing costs one lstat per
+// file, and a file is opened again only once it changed (rewritten, replaced, deleted).
 #pragma once
+#include <sys/types.h>
+
 #include <mutex>
 #include <string>
+#include <unordered_map>
 
 #include "kv/chunk_store.h"
 #include "kv/store_tier.h"
@@ -46,6 +53,14 @@ class DiskTier : public StoreTier {
   mutable std::mutex mu_;  // the counters
   uint64_t loads_ = 0, bytes_read_ = 0, writes_ = 0, write_errors_ = 0, bytes_written_ = 0;
   uint64_t corrupt_ = 0, foreign_ = 0, unauthenticated_ = 0;
+  mutable uint64_t header_reads_ = 0;
+  struct HeaderMemo {  // describe's: the file it was read from, and its metadata
+    ino_t ino = 0;
+    off_t size = 0;
+    int64_t mtime_ns = 0, ctime_ns = 0;
+    nlohmann::json extra;
+  };
+  mutable std::unordered_map<std::string, HeaderMemo> memo_;  // by id, guarded by mu_
 };
 
 // <dir>/<id[0:2]>/<id>.cfkv; std::invalid_argument for anything but a chunk id (32 lower-case

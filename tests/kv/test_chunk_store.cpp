@@ -386,5 +386,40 @@ TEST(ChunkStore, ConcurrentThreadsShareOneStore) {
   EXPECT_EQ(s.list().size(), 12u);
 }
 
+// Issue 59: the web page polls GET /v1/knowledge/chunks (every 700 ms while a document is
+// precomputing), and each chunk's cache state opened its file for the header when the memory
+// tier did not hold it: every listing read every file. The header's metadata is remembered
+// per file (checked against the file's size and change time, one lstat), so a listing reads
+// each file once, and again only after it changed.
+TEST(ChunkStore, ListingCacheStatesOpensEachFileOnceUntilItChanges) {
+  test::TempDir dir;
+  ChunkStoreOptions o = tiny_options(dir.path());
+  o.memory_budget_bytes = 0;  // nothing in memory: every state comes from the disk tier
+  ChunkStore s(o);
+  std::vector<ChunkKey> keys;
+  for (int i = 0; i < 10; ++i) {
+    keys.push_back(tiny_key(700 + i, 6));
+    s.put(synthetic_cache(keys.back(), tiny_hparams()));
+  }
+  for (int listing = 0; listing < 5; ++listing)
+    for (const auto& k : keys) {
+      const ChunkTiers t = s.tiers(k.id());
+      EXPECT_TRUE(t.disk);
+      EXPECT_FALSE(t.memory);
+    }
+  EXPECT_LE(s.stats().disk_header_reads, keys.size()) << "5 listings of 10 files";
+  const uint64_t before = s.stats().disk_header_reads;
+  // A file rewritten with other metadata is read again, and its new metadata is what is shown.
+  ChunkCache changed = synthetic_cache(keys[0], tiny_hparams());
+  changed.extra = {{"probe", 1}};
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  s.put(std::move(changed));
+  EXPECT_EQ(s.tiers(keys[0].id()).extra.value("probe", 0), 1);
+  EXPECT_EQ(s.stats().disk_header_reads, before + 1);
+  // A file deleted behind the store's back is not on disk any more.
+  fs::remove(s.path_for(keys[1].id()));
+  EXPECT_FALSE(s.tiers(keys[1].id()).disk);
+}
+
 }  // namespace
 }  // namespace cf
