@@ -3,9 +3,28 @@
 
 namespace cf {
 
-void KeyIsolation::note_registered(size_t tenant, const std::vector<std::string>& ids) {
+void KeyIsolation::note_registered(size_t tenant, const std::vector<std::string>& ids,
+                                   const std::vector<std::string>& texts) {
   std::lock_guard lk(mu_);
-  for (const auto& id : ids) owners_.emplace(id, tenant);
+  for (size_t i = 0; i < ids.size(); ++i) {
+    owners_.emplace(ids[i], tenant);
+    if (i < texts.size()) text_of_.emplace(ids[i], texts[i]);
+  }
+  ++version_;
+}
+
+std::vector<std::string> KeyIsolation::texts_of(size_t tenant) const {
+  std::lock_guard lk(mu_);
+  std::vector<std::string> out;
+  for (const auto& [id, t] : owners_)
+    if (t == tenant)
+      if (auto it = text_of_.find(id); it != text_of_.end()) out.push_back(it->second);
+  return out;
+}
+
+uint64_t KeyIsolation::version() const {
+  std::lock_guard lk(mu_);
+  return version_;
 }
 
 bool KeyIsolation::owns(size_t tenant, const std::string& id) const {
@@ -17,7 +36,10 @@ bool KeyIsolation::release(size_t tenant, const std::string& id, bool& was_owner
   std::lock_guard lk(mu_);
   was_owner = owners_.erase({id, tenant}) != 0;
   const auto next = owners_.lower_bound({id, 0});
-  return was_owner && (next == owners_.end() || next->first != id);
+  const bool none_left = next == owners_.end() || next->first != id;
+  if (none_left) text_of_.erase(id);
+  if (was_owner) ++version_;
+  return was_owner && none_left;
 }
 
 void KeyIsolation::check_documents(size_t tenant, const CompletionRequest& req) const {
@@ -37,6 +59,8 @@ void KeyIsolation::redact(nlohmann::json& response) {
   for (const char* k : {"prefix_hit_tokens", "prefilled_tokens", "recomputed_tokens", "chunk_hits", "chunk_misses",
                         "deduped_chunks"})
     ext->erase(k);
+  if (auto p = ext->find("passages"); p != ext->end() && p->is_object())
+    for (const char* k : {"hit", "computed"}) p->erase(k);  // --match-chunks: the store is shared
   if (auto t = ext->find("timings_ms"); t != ext->end() && t->is_object())
     for (const char* k : {"lookup", "load", "selection", "recompute"}) t->erase(k);
 }

@@ -3,8 +3,11 @@
 // read (GET /v1/chunks/{id}), deleted, or used as a document by id only by keys that
 // registered it themselves; any other key gets the same 404 as for an id that does not exist.
 // Responses to isolated keys carry no cache-use figures (chunk hits and misses, prefix hits,
-// prefilled/recomputed tokens, lookup/load timings; usage.cached_tokens reads 0), so a key
-// cannot learn whether another key sent a document before.
+// prefilled/recomputed tokens, lookup/load timings, --match-chunks' passages hit/computed;
+// usage.cached_tokens reads 0), so a key cannot learn whether another key sent a document
+// before. With --match-chunks a key's messages are matched against the texts it registered
+// only (texts_of; issue 59: the matcher indexed every key's chunks, and
+// `chunkfuse.passages.registered` told a key that another had registered a paragraph it guessed).
 //
 // Deviation from full isolation: the K/V caches themselves stay shared (one store, one
 // prefix cache), which keeps reuse across tenants; a key could still time its first token to
@@ -13,6 +16,8 @@
 // a key, or --metrics-public).
 #pragma once
 #include <cstddef>
+#include <cstdint>
+#include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -30,7 +35,10 @@ class KeyIsolation {
   bool enabled() const { return enabled_; }
 
   // `tenant` is the index of the caller's API key (AccessPolicy::matched_key).
-  void note_registered(size_t tenant, const std::vector<std::string>& ids);
+  // texts[i] is ids[i]'s text (kept for texts_of while some tenant holds the id).
+  void note_registered(size_t tenant, const std::vector<std::string>& ids, const std::vector<std::string>& texts = {});
+  std::vector<std::string> texts_of(size_t tenant) const;  // the texts the tenant registered
+  uint64_t version() const;                                 // changes whenever any claim does
   bool owns(size_t tenant, const std::string& id) const;
   // Drops the tenant's claim; true when no tenant holds the id any more (then the chunk
   // itself may go). False also when the tenant never held it.
@@ -45,6 +53,8 @@ class KeyIsolation {
   const bool enabled_;
   mutable std::mutex mu_;
   std::set<std::pair<std::string, size_t>> owners_;  // (chunk id, tenant)
+  std::map<std::string, std::string> text_of_;        // chunk id -> text, while a tenant holds it
+  uint64_t version_ = 0;
 };
 
 }  // namespace cf

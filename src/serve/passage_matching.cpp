@@ -1,6 +1,8 @@
 // Passage matching (issue 27): see passage_matching.h for the rules and the layout.
 #include "serve/passage_matching.h"
 
+#include "serve/key_isolation.h"
+
 #include <xxhash.h>
 
 #include <algorithm>
@@ -154,10 +156,23 @@ std::shared_ptr<const RegisteredTextIndex> PassageMatcher::index() {
   return index_;
 }
 
-bool PassageMatcher::apply(CompletionRequest& req) {
+std::shared_ptr<const RegisteredTextIndex> PassageMatcher::index_of(const KeyIsolation& isolation, size_t tenant) {
+  std::lock_guard lk(mu_);
+  TenantIndex& t = tenants_[tenant];
+  const uint64_t v = isolation.version();
+  if (!t.index || v != t.version) {
+    auto idx = std::make_shared<RegisteredTextIndex>();
+    idx->build(isolation.texts_of(tenant));
+    t.index = std::move(idx);
+    t.version = v;
+  }
+  return t.index;
+}
+
+bool PassageMatcher::apply(CompletionRequest& req, const KeyIsolation* isolation, size_t tenant) {
   if (!req.documents.empty() || !req.fusion.conversation_id.empty() || req.fusion.options.full()) return false;
   if (req.chat && (req.messages.empty() || req.messages.back().role != "user")) return false;  // the engine's 400
-  const auto idx = index();
+  const auto idx = isolation ? index_of(*isolation, tenant) : index();
   PassageMatchOptions opt = opt_;
   opt.max_chunks = std::min(opt.max_chunks, opt.max_documents);
   if (opt.max_chunks == 0) return false;

@@ -104,15 +104,25 @@ TextMatch match_text(std::string_view text, const RegisteredTextIndex& index, co
 // The server side: decides whether a request is matched and rewrites it (documents +
 // inline_passages). Thread-safe; rebuilds its registered-text index when the engine's
 // registry changes.
+class KeyIsolation;
+
 class PassageMatcher {
  public:
   PassageMatcher(const ChunkRegistry& registry, PassageMatchOptions opt);
   // Rewrites `req` when it has no documents, no conversation id, a fusion method other
-  // than full, and a message (or prompt) with passages; returns whether it did.
-  bool apply(CompletionRequest& req);
+  // than full, and a message (or prompt) with passages; returns whether it did. With
+  // `isolation` (--isolate-keys), only the texts `tenant` registered count as registered
+  // chunks (issue 59): one index per key, rebuilt when that key's claims change.
+  bool apply(CompletionRequest& req, const KeyIsolation* isolation = nullptr, size_t tenant = 0);
 
  private:
   std::shared_ptr<const RegisteredTextIndex> index();
+  std::shared_ptr<const RegisteredTextIndex> index_of(const KeyIsolation& isolation, size_t tenant);
+  struct TenantIndex {
+    uint64_t version = ~uint64_t{0};
+    std::shared_ptr<const RegisteredTextIndex> index;
+  };
+  std::unordered_map<size_t, TenantIndex> tenants_;  // by API key index (bounded by the keys)
   const ChunkRegistry& registry_;
   PassageMatchOptions opt_;
   std::mutex mu_;

@@ -287,7 +287,7 @@ struct HttpServer::Impl {
       data.push_back(api::chunk_json(c, false));
       ids.push_back(c.id);
     }
-    if (isolation.enabled()) isolation.note_registered(tenant(req), ids);
+    if (isolation.enabled()) isolation.note_registered(tenant(req), ids, texts);
     reply_json(res, 200, json{{"object", "list"}, {"data", data}});
   }
 
@@ -378,7 +378,8 @@ struct HttpServer::Impl {
     if (opt.max_completion_tokens > 0) r.max_tokens = std::min(r.max_tokens, opt.max_completion_tokens);
     p.retrieved = knowledge.apply_retrieval(body_json, r);
     check_input_size(r, input);
-    if (matcher) matcher->apply(r);  // after the size check: it bounds the original text
+    // After the size check (it bounds the original text); a key matches its own chunks only.
+    if (matcher) matcher->apply(r, isolation.enabled() ? &isolation : nullptr, tenant(req));
     p.caller = access.matched_key(req);
     if (isolation.enabled()) isolation.check_documents(tenant(req), r);
     // A conversation belongs to the key that started it: another key naming the same id gets

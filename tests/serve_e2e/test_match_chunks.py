@@ -105,6 +105,57 @@ class MatchChunksTest(unittest.TestCase):
             self.assertLessEqual(body["chunkfuse"]["passages"]["matched"], 64)
 
 
+class IsolatedMatchTest(unittest.TestCase):
+    """--isolate-keys with --match-chunks (issue 59): a key's matching sees only the chunks it
+    registered. Before, the matcher indexed every key's chunks, so `passages.registered` (and
+    `hit`) told key B that another key had registered (or sent) a paragraph B guessed."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.server = h.Server("--api-key", "tenant-a", "--api-key", "tenant-b", "--isolate-keys", "--match-chunks",
+                              "--method", "cacheblend", api_key="tenant-a")
+
+    @classmethod
+    def tearDownClass(cls):
+        code, log = cls.server.stop()
+        if code != 0:
+            raise AssertionError("server exited with %s on SIGTERM:\n%s" % (code, log))
+
+    def as_key(self, key, method, path, body=None):
+        return self.server.request(method, path, body=body, headers={"Authorization": "Bearer " + key})
+
+    def passages(self, key, user):
+        status, body = self.as_key(key, "POST", "/v1/chat/completions", {
+            "messages": [{"role": "user", "content": user}], "max_tokens": 4, "temperature": 0})
+        self.assertEqual(status, 200, body)
+        return body["chunkfuse"]["passages"]
+
+    def test_a_key_matches_only_its_own_registered_chunks(self):
+        secret = PASSAGES[0] + " (Registered by tenant a only.)"
+        # Two short paragraphs, registered as one chunk: only a registered text makes them a passage.
+        pair = "Tresk salt is raked by hand.\n\nIt dries in July."
+        status, reg = self.as_key("tenant-a", "POST", "/v1/chunks", {"texts": [secret, pair]})
+        self.assertEqual(status, 200, reg)
+        guess = "Context:\n\n" + secret + "\n\n" + pair + "\n\nQuestion: who designed it?"
+        own = self.passages("tenant-a", guess)
+        self.assertEqual((own["matched"], own["registered"]), (2, 2), own)
+        other = self.passages("tenant-b", guess)
+        self.assertEqual(other["registered"], 0, other)  # nothing says tenant a registered them
+        self.assertEqual(other["matched"], 1, other)  # the long paragraph alone is a passage
+        for figure in ("hit", "computed"):  # shared caches: whether it was cached is not said either
+            self.assertNotIn(figure, other)
+        # Once b registers them itself, b's matching sees them.
+        status, _ = self.as_key("tenant-b", "POST", "/v1/chunks", {"texts": [secret, pair]})
+        self.assertEqual(status, 200)
+        mine = self.passages("tenant-b", guess)
+        self.assertEqual((mine["matched"], mine["registered"]), (2, 2), mine)
+        # a's delete leaves b's claim, and b still matches; a does not any more.
+        status, body = self.as_key("tenant-a", "DELETE", "/v1/chunks/" + reg["data"][1]["id"])
+        self.assertEqual(status, 200, body)
+        self.assertEqual(self.passages("tenant-b", guess)["registered"], 2)
+        self.assertEqual(self.passages("tenant-a", guess)["registered"], 1)
+
+
 class WithoutMatchChunksTest(unittest.TestCase):
     def test_off_by_default(self):
         server = h.Server("--method", "cacheblend")
