@@ -14,6 +14,7 @@
 #include "base/clock.h"
 #include "base/paths.h"
 #include "fusion/methods.h"
+#include "fusion/select_cachecraft.h"
 #include "serve/engine.h"
 #include "serve/server.h"
 
@@ -156,6 +157,11 @@ void add_serve_command(CLI::App& app, CommandRunner& run) {
       ->check(CLI::Range(size_t{1}, size_t{256}))
       ->capture_default_str();
   cmd->add_option("--max-documents", a->engine.max_documents, "documents per request")->capture_default_str();
+  cmd->add_option("--max-variants", a->engine.max_variants,
+                  "Cache-Craft variants per chunk a request may keep (fusion.options.max_variants above it: 400; "
+                  "each is one more cache file per chunk, counted in --disk-budget; 0: none)")
+      ->check(CLI::Range(size_t{0}, CacheCraftOptions::kMaxVariantsCeiling))
+      ->capture_default_str();
   cmd->add_option("--max-completion-tokens", a->http.max_completion_tokens,
                   "largest answer in tokens: a request's max_tokens above it is lowered to it (0: no cap)")
       ->check(CLI::NonNegativeNumber)

@@ -126,7 +126,7 @@ struct Engine::Impl {
 
   PlanLimits limits() const {
     return {static_cast<size_t>(model->hparams().context_length), opt.max_prompt_tokens, opt.max_documents,
-            default_chat_stops(model->chat_template())};
+            default_chat_stops(model->chat_template()), opt.max_variants};
   }
 
   // Documents, then S and U around them (a continued conversation's kept tokens first).

@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 
+#include "fusion/methods.h"
 
 namespace cf {
 namespace {
@@ -22,8 +24,25 @@ void validate_messages(const CompletionRequest& req) {
   }
 }
 
-FusionOptions fusion_options(const CompletionRequest& req) {
+// Server ceilings on a method's options (serve --max-variants caps Cache-Craft's max_variants,
+// issue 59: each variant is one more cache file per chunk). The method's own parameter list
+// says whether it has the option and its default; nullopt: it has none.
+constexpr const char* kVariantsOption = "max_variants";
+std::optional<int64_t> option_default(const std::string& method, const char* option) {
+  const MethodEntry* e = find_method(method);
+  if (!e || e->kind != MethodKind::selector) return std::nullopt;
+  for (const MethodParam& p : e->make()->parameters())
+    if (p.name == option && p.default_value.is_number_integer()) return p.default_value.get<int64_t>();
+  return std::nullopt;
+}
+
+FusionOptions fusion_options(const CompletionRequest& req, const PlanLimits& limits) {
   FusionOptions fo = req.fusion.options;  // checked by validate_request
+  // The method's default variants, never past the server's ceiling when the request names none.
+  const bool named = fo.method_options.is_object() && fo.method_options.contains(kVariantsOption);
+  if (const auto d = option_default(fo.method, kVariantsOption);
+      d && !named && *d > static_cast<int64_t>(limits.max_variants))
+    fo.method_options[kVariantsOption] = limits.max_variants;
   fo.seed = req.seed.value_or(0);
   return fo;
 }
@@ -55,6 +74,14 @@ void validate_fusion(const FusionSpec& f) {
 void validate_request(const CompletionRequest& req, const PlanLimits& limits) {
   const size_t ctx = limits.context_length;
   validate_fusion(req.fusion);
+  if (const nlohmann::json& o = req.fusion.options.method_options;
+      o.is_object() && option_default(req.fusion.options.method, kVariantsOption))
+    if (auto v = o.find(kVariantsOption);
+        v != o.end() && v->is_number_integer() && v->get<int64_t>() > static_cast<int64_t>(limits.max_variants))
+      throw invalid_request("fusion.options.max_variants " + std::to_string(v->get<int64_t>()) + " is over this server's " +
+                                std::to_string(limits.max_variants) +
+                                " (serve --max-variants: each variant is one more cache file per chunk)",
+                            "fusion.options");
   if (req.max_tokens <= 0) throw invalid_request("max_tokens must be at least 1", "max_tokens");
   if (static_cast<size_t>(req.max_tokens) > ctx)
     throw invalid_request("max_tokens " + std::to_string(req.max_tokens) + " exceeds the context of " + std::to_string(ctx),
@@ -97,7 +124,7 @@ RequestPlan plan_request(const CompletionRequest& req, const PromptLayout& l, co
   p.conversation_id = p.conversation ? f.conversation_id : std::string();
   p.prefix_cache = f.prefix_cache;
   p.history_tokens = l.history_tokens;
-  p.fusion = fusion_options(req);
+  p.fusion = fusion_options(req, limits);
   p.deduped_chunks = craft.dropped.size();
 
   // The chunk prefix CRAFT keeps exact, and the part of it the CP-Tree held before this request.

@@ -38,6 +38,10 @@ struct PlanLimits {
   size_t max_prompt_tokens = 0;  // resolved (never 0)
   size_t max_documents = 64;
   std::vector<std::string> chat_stops;  // default stop strings of a chat request (default_chat_stops)
+  // Cache-Craft's variants per chunk a request may keep (serve --max-variants, issue 59): each
+  // is one more cache file per chunk. A request asking more is 400; one asking none gets the
+  // method's default, lowered to this.
+  size_t max_variants = 16;
 };
 
 struct RequestPlan {

@@ -210,6 +210,34 @@ TEST_P(DiskBudget, DeletesTheLowestScoredDemotedFile) {
 INSTANTIATE_TEST_SUITE_P(Policies, DiskBudget, ::testing::Values(EvictionPolicy::lru, EvictionPolicy::cachecraft),
                          [](const auto& info) { return std::string(eviction_policy_name(info.param)); });
 
+// Issue 59: Cache-Craft's variants (after-prefix caches of a chunk, one file each) are store
+// entries like any other: they count in the disk budget, and past it files go as for any
+// entry, so a flood of fused requests with new prefixes cannot grow the store past --disk-budget.
+TEST(StorePolicy, VariantFilesCountInTheDiskBudget) {
+  test::TempDir dir;
+  const ChunkKey pic = tiny_key(60);
+  const size_t file = file_size_of(pic);
+  ChunkStoreOptions o = options(dir.path(), EvictionPolicy::cachecraft);
+  o.memory_budget_bytes = memory_size(pic) + memory_size(pic) / 2;
+  o.disk_budget_bytes = 4 * file + file / 2;
+  ChunkStore s(o);
+  s.put(synthetic_cache(pic, tiny_hparams()));
+  for (int v = 0; v < 12; ++v) {  // 12 variants of one chunk, each after another prefix
+    const std::vector<TokenId> prefix{1000 + v, 7, 8};
+    const ChunkKey variant = tiny_key(60, 5, KeyContext::after_prefix(prefix));
+    ASSERT_EQ(file_size_of(variant), file);
+    s.put(synthetic_cache(variant, tiny_hparams()));
+    EXPECT_LE(s.stats().disk_bytes, o.disk_budget_bytes) << "after variant " << v;
+  }
+  const auto st = s.stats();
+  EXPECT_EQ(st.disk_entries, 4u);
+  EXPECT_GE(st.evictions_disk, 9u);
+  size_t files = 0;
+  for (const auto& e : fs::recursive_directory_iterator(dir.path()))
+    files += e.is_regular_file() && e.path().extension() == ".cfkv";
+  EXPECT_EQ(files, 4u);  // what the store counts is what is on disk
+}
+
 // Cache-Craft's global N x M instance budget: all five entries fit in memory, at most three
 // may exist. Demoted entries go before resident ones, whatever their scores.
 TEST(StorePolicy, EntryBudgetDeletesDemotedThenLowestScored) {

@@ -147,6 +147,38 @@ TEST(RequestPlan, LimitsAndGeneration) {
   EXPECT_TRUE(plan_request(r, layout3(), request_order(3), limits(), 7).generate.stop.empty());
 }
 
+// Issue 59: Cache-Craft's max_variants (one cache file per variant and chunk) has a server
+// ceiling, serve --max-variants (16 by default): a request over it is 400 naming it, and a
+// request that names none gets the method's default (5) lowered to the ceiling.
+TEST(RequestPlan, CacheCraftVariantsAreBoundedByTheServersCeiling) {
+  PlanLimits lim = limits();
+  lim.max_variants = 3;
+  CompletionRequest r = request("cachecraft");
+  r.fusion.options.method_options = {{"max_variants", 4}};
+  try {
+    validate_request(r, lim);
+    ADD_FAILURE() << "max_variants 4 over a ceiling of 3 was accepted";
+  } catch (const RequestError& e) {
+    EXPECT_EQ(e.status, 400);
+    EXPECT_EQ(e.param, "fusion.options");
+    EXPECT_NE(std::string(e.what()).find("--max-variants"), std::string::npos) << e.what();
+  }
+  r.fusion.options.method_options = {{"max_variants", 3}};
+  EXPECT_NO_THROW(validate_request(r, lim));
+  EXPECT_EQ(plan_request(r, layout3(), request_order(3), lim, 7).fusion.method_options["max_variants"], 3);
+  r.fusion.options.method_options = nullptr;  // none asked: the default 5, lowered to 3
+  EXPECT_EQ(plan_request(r, layout3(), request_order(3), lim, 7).fusion.method_options["max_variants"], 3);
+  r.fusion.options.method_options = {{"alpha", 1.0}};
+  const RequestPlan p = plan_request(r, layout3(), request_order(3), lim, 7);
+  EXPECT_EQ(p.fusion.method_options["max_variants"], 3);
+  EXPECT_EQ(p.fusion.method_options["alpha"], 1.0);
+  lim.max_variants = 16;  // the default ceiling leaves the method's default alone
+  r.fusion.options.method_options = nullptr;
+  EXPECT_TRUE(plan_request(r, layout3(), request_order(3), lim, 7).fusion.method_options.is_null());
+  r.fusion.options.method_options = {{"max_variants", 16}};
+  EXPECT_NO_THROW(validate_request(r, lim));
+}
+
 TEST(RequestPlan, ValidationNamesTheParameter) {
   auto param_of = [](const CompletionRequest& r) {
     try {
