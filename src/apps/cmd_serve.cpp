@@ -157,6 +157,10 @@ void add_serve_command(CLI::App& app, CommandRunner& run) {
       ->check(CLI::Range(size_t{1}, size_t{256}))
       ->capture_default_str();
   cmd->add_option("--max-documents", a->engine.max_documents, "documents per request")->capture_default_str();
+  cmd->add_option("--max-chunk-texts", a->engine.max_chunk_texts,
+                  "texts one POST /v1/chunks may register (each is a prefill; more: 413)")
+      ->check(CLI::Range(size_t{1}, size_t{4096}))
+      ->capture_default_str();
   cmd->add_option("--max-variants", a->engine.max_variants,
                   "Cache-Craft variants per chunk a request may keep (fusion.options.max_variants above it: 400; "
                   "each is one more cache file per chunk, counted in --disk-budget; 0: none)")

@@ -303,6 +303,10 @@ CompletionResult Engine::complete(const CompletionRequest& req, const std::funct
 std::vector<ChunkInfo> Engine::register_chunks(const std::vector<std::string>& texts) {
   Impl& im = *impl_;
   if (texts.empty()) throw invalid_request("no texts to register", "input");
+  if (texts.size() > im.opt.max_chunk_texts)
+    throw invalid_request(std::to_string(texts.size()) + " texts; at most " + std::to_string(im.opt.max_chunk_texts) +
+                              " per request (serve --max-chunk-texts)",
+                          "input", 413);
   std::vector<RegisteredChunk> chunks;
   {
     const BusyGate::Slot slot = im.gate.enter();  // for the tokenizing, not the computing
@@ -315,13 +319,13 @@ std::vector<ChunkInfo> Engine::register_chunks(const std::vector<std::string>& t
                                " tokens, more than a prompt may hold", "input", 413);
     }
   }
-  // The caches need the forward pass, which the scheduler thread owns.
-  im.scheduler->call([&](Forward& fw) {
-    for (const auto& c : chunks) {
+  // The caches need the forward pass, which the scheduler thread owns: one call per chunk, so
+  // running streams decode between them instead of waiting for the whole list (issue 59).
+  for (const auto& c : chunks)
+    im.scheduler->call([&](Forward& fw) {
       ChunkKey key = im.key_of(c.tokens);
       im.store.get_or_compute(key, [&] { return compute_chunk_cache(fw, key); });
-    }
-  });
+    });
   std::vector<ChunkInfo> infos;
   for (const auto& c : chunks) infos.push_back({c.id, c.tokens.size(), true, c.text});
   im.registry.add(std::move(chunks));

@@ -49,6 +49,9 @@ struct EngineOptions {
   size_t tokenize_wait_ms = 2000;      // the wait for a tokenizing slot, then 503 server_busy
   size_t max_batch = 8;                // requests decoding together
   size_t max_documents = 64;
+  // Texts one POST /v1/chunks may register (serve --max-chunk-texts; each costs a prefill of
+  // its own, issue 59): more is 413 before any is tokenized.
+  size_t max_chunk_texts = 64;
   size_t max_variants = 16;            // Cache-Craft variants per chunk a request may keep (PlanLimits)
   // The fusion of requests that name none: serve --method, --ratio, --chunk-context (a
   // request's fusion fields override each; checked at start-up).

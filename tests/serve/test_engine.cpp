@@ -1,6 +1,7 @@
 // The serving engine against the real model: its answers equal the in-process building
 // blocks (Generator, FusionExecutor) on the same prompt, caches hit where they should,
 // batching and cancellation do not disturb other requests, bad requests get clear errors.
+#include "serve/chunk_registry.h"
 #include "serve/engine.h"
 #include "serve/fusion_trace.h"
 #include "serve/prompt_layout.h"
@@ -530,6 +531,27 @@ TEST(Engine, MetricsCountRequestsAndTtft) {
 // Issue 59: every connection thread tokenized its prompt at once (up to 256 of them) before the
 // queue was checked. Now whoever finds every tokenizing slot taken for the whole wait is
 // refused 503 server_busy, and a waiter gets in as soon as a slot frees.
+// Issue 59: POST /v1/chunks was unbounded (4,000 texts: about an hour of scheduler time in one
+// call). Over --max-chunk-texts it is 413 before anything is tokenized or stored.
+TEST(Engine, ChunkRegistrationIsBoundedInTexts) {
+  CF_REQUIRE_MODEL();
+  EngineOptions o = engine_options();
+  o.max_chunk_texts = 2;
+  Engine e(o);
+  try {
+    e.register_chunks({"first passage", "second passage", "third passage"});
+    ADD_FAILURE() << "3 texts registered under a bound of 2";
+  } catch (const RequestError& err) {
+    EXPECT_EQ(err.status, 413);
+    EXPECT_EQ(err.param, "input");
+    EXPECT_NE(std::string(err.what()).find("--max-chunk-texts"), std::string::npos) << err.what();
+  }
+  EXPECT_TRUE(e.registry().texts().empty());  // nothing registered
+  const auto two = e.register_chunks({"first passage", "second passage"});
+  ASSERT_EQ(two.size(), 2u);
+  EXPECT_TRUE(two[0].cached && two[1].cached);
+}
+
 TEST(Engine, TokenizingIsCappedAndTheRestWaitThen503ServerBusy) {
   CF_REQUIRE_MODEL();
   EngineOptions o = engine_options();
