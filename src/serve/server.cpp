@@ -8,6 +8,7 @@
 #include "serve/passage_matching.h"
 #include "serve/request_limits.h"
 #include "serve/route_wrappers.h"
+#include "serve/vllm_metrics.h"
 
 #include <httplib.h>
 #include <openssl/rand.h>
@@ -346,7 +347,10 @@ struct HttpServer::Impl {
   }
 
   void metrics(const Req&, Res& res) {
-    res.set_content(api::prometheus_text(engine.metrics(), counters_now(), !isolation.enabled()),
+    const EngineMetrics m = engine.metrics();
+    const bool cache_use = !isolation.enabled();
+    res.set_content(api::prometheus_text(m, counters_now(), cache_use) +
+                        vllm_metrics_text(m, engine.model_name(), cache_use),
                     "text/plain; version=0.0.4");
   }
 

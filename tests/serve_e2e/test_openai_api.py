@@ -261,6 +261,14 @@ class OpenAIApiTest(unittest.TestCase):
         self.assertEqual(m['chunkfuse_ttft_seconds_bucket{le="+Inf"}'], m["chunkfuse_ttft_seconds_count"])
         self.assertIn('chunkfuse_store_bytes{tier="memory"}', m)
         self.assertIn("chunkfuse_queue_length", m)
+        # vLLM's names (issue 58 item 5), labelled with the served model, equal to ours.
+        label = '{model_name="%s"}' % self.client.models.list().data[0].id
+        self.assertEqual(m["vllm:prompt_tokens_total" + label], m["chunkfuse_prompt_tokens_total"])
+        self.assertEqual(m["vllm:generation_tokens_total" + label], m["chunkfuse_completion_tokens_total"])
+        self.assertEqual(m["vllm:time_to_first_token_seconds_count" + label], m["chunkfuse_ttft_seconds_count"])
+        self.assertEqual(m["vllm:prefix_cache_hits_total" + label],
+                         m["chunkfuse_prompt_tokens_total"] - m["chunkfuse_prefilled_tokens_total"])
+        self.assertIn("vllm:num_requests_running" + label, m)
 
 
 if __name__ == "__main__":

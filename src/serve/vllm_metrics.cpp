@@ -1,0 +1,62 @@
+#include "serve/vllm_metrics.h"
+
+#include <sstream>
+
+namespace cf {
+namespace {
+
+// A label value in Prometheus' text format: backslash, quote and newline escaped.
+std::string label_value(const std::string& v) {
+  std::string out;
+  for (char c : v) {
+    if (c == '\\' || c == '"') out += '\\';
+    if (c == '\n') {
+      out += "\\n";
+      continue;
+    }
+    out += c;
+  }
+  return out;
+}
+
+std::string number(double x) {
+  std::ostringstream os;
+  os.precision(15);
+  os << x;
+  return os.str();
+}
+
+}  // namespace
+
+std::string vllm_metrics_text(const EngineMetrics& m, const std::string& model_name, bool cache_use) {
+  std::ostringstream os;
+  const std::string label = "model_name=\"" + label_value(model_name) + "\"";
+  auto series = [&](const char* name, const char* type, const char* help, double v) {
+    os << "# HELP " << name << ' ' << help << "\n# TYPE " << name << ' ' << type << '\n'
+       << name << '{' << label << "} " << number(v) << '\n';
+  };
+  series("vllm:num_requests_running", "gauge", "Requests prefilling or decoding.", static_cast<double>(m.running));
+  series("vllm:num_requests_waiting", "gauge", "Requests waiting to be scheduled.", static_cast<double>(m.queue_length));
+  series("vllm:prompt_tokens_total", "counter", "Prompt tokens of answered requests.", static_cast<double>(m.prompt_tokens));
+  series("vllm:generation_tokens_total", "counter", "Generated tokens.", static_cast<double>(m.completion_tokens));
+  if (cache_use) {
+    const uint64_t hits = m.prompt_tokens > m.prefilled_tokens ? m.prompt_tokens - m.prefilled_tokens : 0;
+    series("vllm:prefix_cache_queries_total", "counter", "Prompt tokens looked up in the caches.",
+           static_cast<double>(m.prompt_tokens));
+    series("vllm:prefix_cache_hits_total", "counter",
+           "Prompt tokens served from the prefix cache or a chunk cache (not prefilled).", static_cast<double>(hits));
+  }
+  const char* ttft = "vllm:time_to_first_token_seconds";
+  os << "# HELP " << ttft << " Time to first token, queueing included.\n# TYPE " << ttft << " histogram\n";
+  const size_t n_bounds = m.ttft_bucket_bounds_ms.size();
+  for (size_t i = 0; i < n_bounds && i < m.ttft_bucket_counts.size(); ++i)
+    os << ttft << "_bucket{" << label << ",le=\"" << number(m.ttft_bucket_bounds_ms[i] / 1000.0) << "\"} "
+       << m.ttft_bucket_counts[i] << '\n';
+  const uint64_t inf_count = m.ttft_bucket_counts.size() > n_bounds ? m.ttft_bucket_counts[n_bounds] : m.ttft_count;
+  os << ttft << "_bucket{" << label << ",le=\"+Inf\"} " << inf_count << '\n';
+  os << ttft << "_sum{" << label << "} " << number(m.ttft_sum_ms / 1000.0) << '\n';
+  os << ttft << "_count{" << label << "} " << m.ttft_count << '\n';
+  return os.str();
+}
+
+}  // namespace cf

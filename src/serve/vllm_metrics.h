@@ -1,0 +1,26 @@
+// The engine's counters under the names vLLM gives them (issue 58 item 5), so dashboards and
+// autoscalers that already scrape vLLM read chunkfuse unchanged: appended to GET /metrics
+// beside the chunkfuse_* series, each with vLLM's model_name label.
+//
+// Mapping (vLLM V1 names):
+//   vllm:num_requests_running / _waiting   EngineMetrics::running / queue_length
+//   vllm:prompt_tokens_total               prompt tokens of answered requests
+//   vllm:generation_tokens_total           generated tokens
+//   vllm:prefix_cache_queries_total        prompt tokens looked up (every prompt token)
+//   vllm:prefix_cache_hits_total           prompt tokens that did not go through the forward
+//                                          pass: prefix-cache hits and chunk caches served
+//                                          (usage.prompt_tokens_details.cached_tokens summed)
+//   vllm:time_to_first_token_seconds       the TTFT histogram, queueing included
+// Not yet: vllm:kv_cache_usage_perc (no KV budget in bytes yet) and
+// vllm:inter_token_latency_seconds (decode steps are not timed per request yet).
+#pragma once
+#include <string>
+
+#include "serve/request_metrics.h"
+
+namespace cf {
+
+// `cache_use` false (--isolate-keys): the prefix-cache series are left out, as chunkfuse's are.
+std::string vllm_metrics_text(const EngineMetrics& m, const std::string& model_name, bool cache_use);
+
+}  // namespace cf

@@ -1,0 +1,51 @@
+// GET /metrics under vLLM's names (serve/vllm_metrics.h, issue 58 item 5): what a vLLM
+// dashboard scrapes must be there, with the model label, and mean what vLLM means.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "serve/vllm_metrics.h"
+
+namespace cf {
+namespace {
+
+EngineMetrics sample() {
+  EngineMetrics m;
+  m.running = 3;
+  m.queue_length = 5;
+  m.prompt_tokens = 1000;
+  m.prefilled_tokens = 150;  // 850 came from the prefix cache or chunk caches
+  m.completion_tokens = 42;
+  m.ttft_bucket_bounds_ms = {100, 1000};
+  m.ttft_bucket_counts = {1, 3, 4};
+  m.ttft_sum_ms = 2500;
+  m.ttft_count = 4;
+  return m;
+}
+
+bool has(const std::string& text, const std::string& line) { return text.find(line + "\n") != std::string::npos; }
+
+TEST(VllmMetrics, NamesLabelsAndMeanings) {
+  const std::string t = vllm_metrics_text(sample(), "qwen", true);
+  EXPECT_TRUE(has(t, "vllm:num_requests_running{model_name=\"qwen\"} 3")) << t;
+  EXPECT_TRUE(has(t, "vllm:num_requests_waiting{model_name=\"qwen\"} 5")) << t;
+  EXPECT_TRUE(has(t, "vllm:prompt_tokens_total{model_name=\"qwen\"} 1000")) << t;
+  EXPECT_TRUE(has(t, "vllm:generation_tokens_total{model_name=\"qwen\"} 42")) << t;
+  EXPECT_TRUE(has(t, "vllm:prefix_cache_queries_total{model_name=\"qwen\"} 1000")) << t;
+  EXPECT_TRUE(has(t, "vllm:prefix_cache_hits_total{model_name=\"qwen\"} 850")) << t;
+  EXPECT_TRUE(has(t, "# TYPE vllm:time_to_first_token_seconds histogram")) << t;
+  EXPECT_TRUE(has(t, "vllm:time_to_first_token_seconds_bucket{model_name=\"qwen\",le=\"0.1\"} 1")) << t;
+  EXPECT_TRUE(has(t, "vllm:time_to_first_token_seconds_bucket{model_name=\"qwen\",le=\"1\"} 3")) << t;
+  EXPECT_TRUE(has(t, "vllm:time_to_first_token_seconds_bucket{model_name=\"qwen\",le=\"+Inf\"} 4")) << t;
+  EXPECT_TRUE(has(t, "vllm:time_to_first_token_seconds_sum{model_name=\"qwen\"} 2.5")) << t;
+  EXPECT_TRUE(has(t, "vllm:time_to_first_token_seconds_count{model_name=\"qwen\"} 4")) << t;
+}
+
+TEST(VllmMetrics, IsolatedKeysHideCacheUseAndLabelsAreEscaped) {
+  const std::string t = vllm_metrics_text(sample(), "a\"b\\c\nd", false);
+  EXPECT_EQ(t.find("prefix_cache"), std::string::npos) << t;  // cache use tells one key about another's
+  EXPECT_TRUE(has(t, "vllm:num_requests_running{model_name=\"a\\\"b\\\\c\\nd\"} 3")) << t;
+}
+
+}  // namespace
+}  // namespace cf
