@@ -1,4 +1,4 @@
-// exp on vectors: ggml's expf (runtime_kernels_impl.inc's exp_inline, the softmax's and
+// exp on vectors: ggml's expf (runtime_kernels_scalar.h's exp_inline, the softmax's and
 // SiLU's exp), the same float operations lane by lane, per ISA. Internal linkage: each
 // including file compiles it with its own flags.
 #pragma once
@@ -39,7 +39,7 @@ inline __m256 exp8(__m256 x) {
 #endif
 
 #if defined(__AVX512F__)
-// exp on 16 lanes: ggml's expf polynomial (runtime_kernels_impl.inc's exp_inline), the edges
+// exp on 16 lanes: ggml's expf polynomial (runtime_kernels_scalar.h's exp_inline), the edges
 // (|n| > 192, -inf) as 0 or infinity.
 inline __m512 exp16(__m512 x) {
   const __m512 shift = _mm512_set1_ps(0x1.8p23f);

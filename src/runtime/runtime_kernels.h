@@ -1,6 +1,7 @@
-// The runtime's hot loops (attention tiles, norms, activations, f16 conversions), compiled
-// once per instruction set from runtime_kernels_impl.inc and chosen at run time by the
-// same ISA switch as the matmul kernels (CHUNKFUSE_ISA caps both).
+// The runtime's hot loops (attention tiles, norms, activations, f16 conversions), one table
+// per instruction set (runtime_kernels_<isa>.cpp: runtime_kernels_table.h over that ISA's
+// hooks) chosen at run time by the same ISA switch as the matmul kernels (CHUNKFUSE_ISA
+// caps both).
 #pragma once
 #include <cstddef>
 #include <cstdint>

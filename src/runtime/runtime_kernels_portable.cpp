@@ -1,8 +1,14 @@
-// The runtime kernels compiled for portable (CMake adds the ISA flags by file name).
-#define CF_RK_NS portable_impl
-#define CF_RK_TABLE table
-#include "runtime/runtime_kernels_impl.inc"
+// The runtime kernels in their scalar form (no ISA flags: the baseline x86-64 build), every
+// hook ScalarOps' own.
+#include "runtime/runtime_kernels_table.h"
 
 namespace cf::rk {
-const RuntimeKernels& runtime_kernels_portable() { return portable_impl::table(); }
+namespace {
+
+struct PortableOps : ScalarOps<PortableOps> {};
+
+}  // namespace
+
+const RuntimeKernels& runtime_kernels_portable() { return runtime_kernels_table<PortableOps>(); }
+
 }  // namespace cf::rk
