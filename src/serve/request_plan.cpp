@@ -28,11 +28,14 @@ void validate_messages(const CompletionRequest& req) {
 // issue 59: each variant is one more cache file per chunk). The method's own parameter list
 // says whether it has the option and its default; nullopt: it has none.
 constexpr const char* kVariantsOption = "max_variants";
+// Read from the catalog, built once: no selector is constructed per request for it.
 std::optional<int64_t> option_default(const std::string& method, const char* option) {
-  const MethodEntry* e = find_method(method);
-  if (!e || e->kind != MethodKind::selector) return std::nullopt;
-  for (const MethodParam& p : e->make()->parameters())
-    if (p.name == option && p.default_value.is_number_integer()) return p.default_value.get<int64_t>();
+  static const nlohmann::json catalog = method_catalog();
+  for (const auto& m : catalog) {
+    if (m.at("id") != method) continue;
+    for (const auto& p : m.at("parameters"))
+      if (p.at("name") == option && p.at("default").is_number_integer()) return p.at("default").get<int64_t>();
+  }
   return std::nullopt;
 }
 
