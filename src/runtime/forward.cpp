@@ -48,33 +48,40 @@ void gather_rows(const float* src, size_t dim, std::span<const size_t> rows, std
 Forward::Forward(const Model& model, ThreadPool& pool) : model_(model), pool_(pool) {}
 
 ForwardOutput Forward::run(KvCache& cache, const ForwardInput& in, const ForwardHooks* hooks) {
-  if (!hooks && in.slots.empty() && in.tokens.size() > kMaxPassRows &&
+  const size_t pass_rows = splitting() ? std::min(split_.max_rows, kMaxPassRows) : kMaxPassRows;
+  if (!hooks && in.tokens.size() > pass_rows &&
       std::adjacent_find(in.positions.begin(), in.positions.end(), std::greater_equal<>()) == in.positions.end()) {
     check_input(model_.hparams(), cache, in);  // all of it, before a first pass touches the cache
-    return run_in_passes(cache, in);
+    return run_in_passes(cache, in, pass_rows);
   }
   const BatchSequence seq{&cache, in};
   return std::move(run_sequences(std::span<const BatchSequence>(&seq, 1), hooks).front());
 }
 
-// A long append with increasing positions (a prompt, a chunk) as consecutive passes of at
-// most kMaxPassRows rows, as llama.cpp's micro-batches (n_ubatch 512). Each row's result is
-// the same as in one pass: attention reads K/V from the cache, where every earlier row's
-// entry already is, and no row sees a later one (causal by position); the matrix kernels are
-// batch-invariant (a ByRowCount order is then decided per pass, as llama.cpp decides per
-// micro-batch). What it buys is bounded scratch memory: activations for kMaxPassRows rows
-// (about 100 MB less for a 2048-token prompt on Qwen2.5-0.5B).
-ForwardOutput Forward::run_in_passes(KvCache& cache, const ForwardInput& in) {
+// A long pass with increasing positions (a prompt, a chunk, a fused prefill's recomputed rows
+// and question) as consecutive passes of at most pass_rows rows, as llama.cpp's micro-batches
+// (n_ubatch 512). Each row's result is the same as in one pass: attention reads K/V from the
+// cache, where every earlier row's entry already is, and no row sees a later one (causal by
+// position); the matrix kernels are batch-invariant (a ByRowCount order is then decided per
+// pass, as llama.cpp decides per micro-batch). Rows written into given slots get their
+// positions first, as one pass gives them: a slot still waiting for its pass (a question row
+// appended with K/V zero at position 0) is then later than every row of the passes before it,
+// hence invisible to them, as in one pass. What passes buy is bounded scratch memory
+// (activations for 512 rows: about 100 MB less for a 2048-token prompt on Qwen2.5-0.5B) and,
+// with a PassSplit, room for other work between them.
+ForwardOutput Forward::run_in_passes(KvCache& cache, const ForwardInput& in, size_t pass_rows) {
   const size_t n = in.tokens.size();
   ForwardOutput out;
   out.vocab = static_cast<size_t>(model_.hparams().vocab_size);
   out.slots.reserve(n);
   out.logits.resize(in.logit_rows.size() * out.vocab);
-  for (size_t begin = 0; begin < n; begin += kMaxPassRows) {
-    const size_t end = std::min(n, begin + kMaxPassRows);
+  for (size_t i = 0; i < in.slots.size(); ++i) cache.set_position(in.slots[i], in.positions[i]);
+  for (size_t begin = 0; begin < n; begin += pass_rows) {
+    const size_t end = std::min(n, begin + pass_rows);
     ForwardInput part = in;
     part.tokens = in.tokens.subspan(begin, end - begin);
     part.positions = in.positions.subspan(begin, end - begin);
+    if (!in.slots.empty()) part.slots = in.slots.subspan(begin, end - begin);
     std::vector<size_t> rows, where;  // this pass's logit rows and their place in the output
     for (size_t i = 0; i < in.logit_rows.size(); ++i)
       if (in.logit_rows[i] >= begin && in.logit_rows[i] < end) {
@@ -87,6 +94,14 @@ ForwardOutput Forward::run_in_passes(KvCache& cache, const ForwardInput& in) {
     out.slots.insert(out.slots.end(), o.slots.begin(), o.slots.end());
     for (size_t i = 0; i < where.size(); ++i)
       std::copy_n(o.row_logits(i), out.vocab, out.logits.begin() + static_cast<std::ptrdiff_t>(where[i] * out.vocab));
+    if (end < n && splitting()) {
+      in_between_ = true;
+      struct Reset {
+        bool& flag;
+        ~Reset() { flag = false; }
+      } reset{in_between_};
+      split_.between();
+    }
   }
   return out;
 }

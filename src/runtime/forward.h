@@ -94,6 +94,19 @@ class Forward {
   // increasing positions and no hooks runs as several passes (same results, bounded memory).
   ForwardOutput run(KvCache& cache, const ForwardInput& in, const ForwardHooks* hooks = nullptr);
   static constexpr size_t kMaxPassRows = 512;
+
+  // Chunked prefill (issue 58 item 1): whoever owns this Forward (the server's scheduler) may
+  // cut every long pass run() makes into passes of at most `max_rows` rows and do other work
+  // between them, such as a decode step of other sequences. Applies to the passes run()
+  // already splits (no hooks, increasing positions), now also with explicit slots (a fused
+  // prefill's recomputed rows); each row's result is that of one pass (run_in_passes).
+  // `between` runs after every pass but the last; it may call run_batch (not split again).
+  // What it throws leaves run(), the cache holding the rows of the passes done.
+  struct PassSplit {
+    size_t max_rows = 0;  // 0 or no `between`: passes of kMaxPassRows, nothing between
+    std::function<void()> between;
+  };
+  void set_pass_split(PassSplit split) { split_ = std::move(split); }
   // Several independent sequences in one pass (continuous batching of decode steps): the
   // matrix products run over all rows together, attention per sequence over its own cache.
   // Each sequence's output equals what run() gives it alone (the kernels are batch-invariant).
@@ -104,9 +117,12 @@ class Forward {
 
  private:
   std::vector<ForwardOutput> run_sequences(std::span<const BatchSequence> sequences, const ForwardHooks* hooks);
-  ForwardOutput run_in_passes(KvCache& cache, const ForwardInput& in);
+  ForwardOutput run_in_passes(KvCache& cache, const ForwardInput& in, size_t pass_rows);
   const Model& model_;
   ThreadPool& pool_;
+  bool splitting() const { return split_.between && split_.max_rows > 0 && !in_between_; }
+  PassSplit split_;
+  bool in_between_ = false;  // inside split_.between: passes are not split again
 };
 
 }  // namespace cf

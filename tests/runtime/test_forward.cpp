@@ -105,6 +105,77 @@ TEST(Forward, LongAppendInPassesEqualsOnePass) {
   EXPECT_EQ(untouched.size(), 0u);
 }
 
+// Chunked prefill (issue 58 item 1): with a PassSplit, a long pass runs as passes of at most
+// max_rows rows with `between` after each but the last, and gives the bits of one pass: for an
+// append (a prompt) and for rows written into given slots of a stitched cache (a fused
+// prefill's recomputed rows and its question, appended as zero entries first: they must not be
+// seen by the earlier passes). A throw from `between` leaves run().
+TEST(Forward, SplitPassesGiveTheBitsOfOnePass) {
+  CF_REQUIRE_MODEL();
+  const auto& h = shared_model().hparams();
+  const auto ids = sample_tokens(80);
+  auto other = ids;
+  std::reverse(other.begin(), other.end());  // stale K/V: another text at the same positions
+  Forward fwd(shared_model(), shared_pool());
+  int betweens = 0;
+  fwd.set_pass_split({4, [&] { ++betweens; }});
+
+  // An append of 30 rows: passes of 4, 7 pauses.
+  KvCache split_append(h), one_append(h);
+  const auto pos30 = iota_positions(30);
+  const size_t last30 = 29;
+  const auto a = fwd.run(split_append, {std::span(ids).first(30), pos30, {}, std::span(&last30, 1)});
+  EXPECT_EQ(betweens, 7);
+  const BatchSequence seq_a{&one_append, {std::span(ids).first(30), pos30, {}, std::span(&last30, 1)}};
+  const auto b = fwd.run_batch(std::span(&seq_a, 1)).front();
+  EXPECT_EQ(0, std::memcmp(a.logits.data(), b.logits.data(), a.logits.size() * sizeof(float)));
+  for (int l : {0, h.n_layers - 1}) EXPECT_EQ(k_rows(split_append, l, 0, 30), k_rows(one_append, l, 0, 30));
+
+  // Recomputed rows in given slots of a stale cache, then 20 question rows in appended slots.
+  KvCache stale(h);
+  fwd.run(stale, {std::span(other).first(60), iota_positions(60), {}, {}});
+  std::vector<TokenId> rows;
+  std::vector<int32_t> pos;
+  std::vector<size_t> slots;
+  for (size_t s : {3, 10, 11, 25, 40, 59}) {
+    rows.push_back(ids[s]);
+    pos.push_back(static_cast<int32_t>(s));
+    slots.push_back(s);
+  }
+  const size_t first_new = stale.append(20);
+  for (size_t i = 0; i < 20; ++i) {
+    rows.push_back(ids[60 + i]);
+    pos.push_back(static_cast<int32_t>(60 + i));
+    slots.push_back(first_new + i);
+  }
+  const std::vector<size_t> logit_rows = {rows.size() - 1, 2};
+  KvCache split_fused = stale, one_fused = stale;
+  betweens = 0;
+  const auto c = fwd.run(split_fused, {rows, pos, slots, logit_rows});
+  EXPECT_EQ(betweens, 6);  // 26 rows in passes of 4
+  const BatchSequence seq_c{&one_fused, {rows, pos, slots, logit_rows}};
+  const auto d = fwd.run_batch(std::span(&seq_c, 1)).front();
+  EXPECT_EQ(0, std::memcmp(c.logits.data(), d.logits.data(), c.logits.size() * sizeof(float)));
+  EXPECT_EQ(split_fused.positions(), one_fused.positions());
+  for (int l = 0; l < h.n_layers; ++l) {
+    EXPECT_EQ(k_rows(split_fused, l, 0, 80), k_rows(one_fused, l, 0, 80)) << "layer " << l;
+    EXPECT_EQ(v_rows(split_fused, l, 0, 80), v_rows(one_fused, l, 0, 80)) << "layer " << l;
+  }
+
+  // The pause may stop the pass (a cancelled request); a pass inside the pause is not split.
+  fwd.set_pass_split({4, [&] {
+                        ++betweens;
+                        KvCache inner(h);
+                        fwd.run(inner, {std::span(ids).first(9), iota_positions(9), {}, {}});
+                        throw std::runtime_error("client gone");
+                      }});
+  betweens = 0;
+  KvCache stopped(h);
+  EXPECT_THROW(fwd.run(stopped, {std::span(ids).first(30), pos30, {}, {}}), std::runtime_error);
+  EXPECT_EQ(betweens, 1);
+  EXPECT_EQ(stopped.size(), 4u);
+}
+
 // Rows in any order: the mask is by position, not by row order. Sums over entries then run
 // in another order, and the 8-bit quantization of activations turns those last-bit
 // differences into visible ones (llama.cpp itself differs by up to 0.69 between its batched
