@@ -156,6 +156,11 @@ void add_serve_command(CLI::App& app, CommandRunner& run) {
   cmd->add_option("--max-batch", a->engine.max_batch, "requests decoding together")
       ->check(CLI::Range(size_t{1}, size_t{256}))
       ->capture_default_str();
+  cmd->add_option("--prefill-chunk", a->engine.prefill_chunk,
+                  "prompt rows prefilled between two decode steps of the running requests, so that long "
+                  "prompts do not stall answers being streamed (chunked prefill); 0: whole prefills")
+      ->check(CLI::Range(size_t{0}, size_t{1} << 20))
+      ->capture_default_str();
   cmd->add_option("--max-documents", a->engine.max_documents, "documents per request")->capture_default_str();
   cmd->add_option("--max-chunk-texts", a->engine.max_chunk_texts,
                   "texts one POST /v1/chunks may register (each is a prefill; more: 413)")

@@ -469,6 +469,10 @@ std::string prometheus_text(const EngineMetrics& m, const HttpCounters& h, bool 
   counter("chunkfuse_completion_tokens_total", "Generated tokens.", m.completion_tokens);
   gauge("chunkfuse_queue_length", "Requests waiting to be scheduled.", static_cast<double>(m.queue_length));
   gauge("chunkfuse_running_requests", "Requests prefilling or decoding.", static_cast<double>(m.running));
+  counter("chunkfuse_decode_steps_total", "Batched decode passes.", m.decode_steps);
+  counter("chunkfuse_prefill_pieces_total",
+          "Pauses of long forward passes for the running requests' decode steps (serve --prefill-chunk).",
+          m.prefill_pieces);
   if (cache_use) {  // left out under --isolate-keys (server.h)
     counter("chunkfuse_prefilled_tokens_total", "Prompt tokens that went through the forward pass.", m.prefilled_tokens);
     counter("chunkfuse_prefix_hit_tokens_total", "Prompt tokens served from the prefix cache.", m.prefix_hit_tokens);

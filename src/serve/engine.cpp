@@ -37,6 +37,7 @@ namespace cf {
 namespace {
 
 using OnText = std::function<bool(std::string_view)>;
+using ClientGone = std::function<bool()>;
 
 // The prefix source of a fused request that opts out of the prefix cache: S computed for
 // this request and dropped after it.
@@ -96,7 +97,7 @@ struct Engine::Impl {
         name(model_name_of(*model, opt.model_path)) {
     const auto ctx = static_cast<size_t>(model->hparams().context_length);
     if (opt.max_prompt_tokens == 0 || opt.max_prompt_tokens > ctx) opt.max_prompt_tokens = ctx;
-    scheduler = std::make_unique<Scheduler>(fwd, SchedulerOptions{opt.max_queue, opt.max_batch});
+    scheduler = std::make_unique<Scheduler>(fwd, SchedulerOptions{opt.max_queue, opt.max_batch, opt.prefill_chunk});
   }
 
   ChunkStoreOptions store_options() {
@@ -228,7 +229,7 @@ struct Engine::Impl {
     return r;
   }
 
-  CompletionResult complete(const CompletionRequest& req, const OnText& on_text);
+  CompletionResult complete(const CompletionRequest& req, const OnText& on_text, const ClientGone& client_gone);
 
   EngineOptions opt;
   std::unique_ptr<Model> model;
@@ -248,7 +249,8 @@ struct Engine::Impl {
 
 // A request's story: validate, lay out, order (CRAFT), plan; then queue the plan, prefetch its
 // chunks and promote CRAFT's prefix while it waits; then report what it did.
-CompletionResult Engine::Impl::complete(const CompletionRequest& req, const OnText& on_text) {
+CompletionResult Engine::Impl::complete(const CompletionRequest& req, const OnText& on_text,
+                                       const ClientGone& client_gone) {
   const auto arrival = SteadyClock::now();
   const PlanLimits lim = limits();
   validate_request(req, lim);
@@ -270,26 +272,31 @@ CompletionResult Engine::Impl::complete(const CompletionRequest& req, const OnTe
   // (on the store's worker; a get of a key being loaded waits for that load).
   if (plan.fetches_chunks()) FusionExecutor::prefetch(store, model->fingerprint(), plan.rag, plan.fusion);
   try {
-    scheduler->wait(run.job);
+    scheduler->wait(run.job, client_gone);
   } catch (...) {
     if (plan.conversation) conversations.forget(plan.conversation_id);
     throw;
   }
   CompletionResult result = result_of(plan, run, arrival);
   metrics.record(result);
+  metrics.record_token_gaps(run.job.token_gaps_ms);
   return result;
 }
 
 Engine::Engine(EngineOptions opt) : impl_(std::make_unique<Impl>(std::move(opt))) {}
 Engine::~Engine() = default;
 
-CompletionResult Engine::complete(const CompletionRequest& req, const std::function<bool(std::string_view)>& on_text) {
+CompletionResult Engine::complete(const CompletionRequest& req, const std::function<bool(std::string_view)>& on_text,
+                                  const std::function<bool()>& client_gone) {
   try {
-    CompletionResult r = impl_->complete(req, on_text);
+    CompletionResult r = impl_->complete(req, on_text, client_gone);
     if (req.inline_passages) r.passages = passages_report(*req.inline_passages, r);
     return r;
-  } catch (const RequestError&) {
-    impl_->metrics.record_error();
+  } catch (const RequestError& e) {
+    if (e.status == client_gone_error().status)
+      impl_->metrics.record_cancelled();
+    else
+      impl_->metrics.record_error();
     throw;
   } catch (const std::invalid_argument& e) {  // anything the layers below refuse
     impl_->metrics.record_error();
@@ -300,7 +307,8 @@ CompletionResult Engine::complete(const CompletionRequest& req, const std::funct
   }
 }
 
-std::vector<ChunkInfo> Engine::register_chunks(const std::vector<std::string>& texts) {
+std::vector<ChunkInfo> Engine::register_chunks(const std::vector<std::string>& texts,
+                                               const std::function<bool()>& client_gone) {
   Impl& im = *impl_;
   if (texts.empty()) throw invalid_request("no texts to register", "input");
   if (texts.size() > im.opt.max_chunk_texts)
@@ -321,11 +329,13 @@ std::vector<ChunkInfo> Engine::register_chunks(const std::vector<std::string>& t
   }
   // The caches need the forward pass, which the scheduler thread owns: one call per chunk, so
   // running streams decode between them instead of waiting for the whole list (issue 59).
-  for (const auto& c : chunks)
+  for (const auto& c : chunks) {
+    if (client_gone && client_gone()) throw client_gone_error();
     im.scheduler->call([&](Forward& fw) {
       ChunkKey key = im.key_of(c.tokens);
       im.store.get_or_compute(key, [&] { return compute_chunk_cache(fw, key); });
     });
+  }
   std::vector<ChunkInfo> infos;
   for (const auto& c : chunks) infos.push_back({c.id, c.tokens.size(), true, c.text});
   im.registry.add(std::move(chunks));
@@ -355,6 +365,7 @@ EngineMetrics Engine::metrics() const {
   m.running = impl_->scheduler->running();
   m.decode_steps = impl_->scheduler->decode_steps();
   m.decode_rows = impl_->scheduler->decode_rows();
+  m.prefill_pieces = impl_->scheduler->prefill_pieces();
   m.background_tasks = impl_->scheduler->idle_tasks_run();
   const ChunkStoreStats s = impl_->store.stats();
   m.store_memory_bytes = s.memory_bytes;

@@ -24,6 +24,7 @@
 #include "serve/disk_budget.h"
 #include "serve/request.h"
 #include "serve/request_metrics.h"
+#include "serve/scheduler.h"
 
 namespace cf {
 
@@ -48,6 +49,9 @@ struct EngineOptions {
   size_t max_tokenizing = 0;           // requests tokenizing at once (0: 2 x hardware threads)
   size_t tokenize_wait_ms = 2000;      // the wait for a tokenizing slot, then 503 server_busy
   size_t max_batch = 8;                // requests decoding together
+  // Prefill rows between two decode steps of the running requests (serve --prefill-chunk;
+  // 0: whole prefills; issue 58 item 1).
+  size_t prefill_chunk = SchedulerOptions::kDefaultPrefillChunk;
   size_t max_documents = 64;
   // Texts one POST /v1/chunks may register (serve --max-chunk-texts; each costs a prefill of
   // its own, issue 59): more is 413 before any is tokenized.
@@ -67,11 +71,18 @@ class Engine {
   // Validates, queues, runs; blocks the calling thread until done. on_text streams the
   // answer as it becomes final; returning false cancels (client gone): the request's slot
   // is freed at the next step and RequestError is not thrown, the partial result returned.
+  // client_gone (optional) is asked on the calling thread while the request waits, prefills
+  // or decodes (every Scheduler::kCancelPollMs); once it answers true the work stops within
+  // one step and RequestError 499 is thrown (issue 58 item 4).
   CompletionResult complete(const CompletionRequest& req,
-                            const std::function<bool(std::string_view)>& on_text = {});
+                            const std::function<bool(std::string_view)>& on_text = {},
+                            const std::function<bool()>& client_gone = {});
 
   // Registers passages (tokenized alone, cache precomputed into the store); returns ids.
-  std::vector<ChunkInfo> register_chunks(const std::vector<std::string>& texts);
+  // client_gone (optional) is asked between texts: once true, RequestError 499 and the rest
+  // are not computed (those done stay in the store, unregistered).
+  std::vector<ChunkInfo> register_chunks(const std::vector<std::string>& texts,
+                                         const std::function<bool()>& client_gone = {});
   std::optional<ChunkInfo> chunk(const std::string& id) const;
   bool remove_chunk(const std::string& id);
   const ChunkStore& chunk_store() const;  // for listings (serve/chunk_cache_state.h)

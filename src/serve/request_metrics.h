@@ -20,9 +20,14 @@ struct EngineMetrics {
   std::vector<uint64_t> ttft_bucket_counts;   // cumulative, Prometheus style; last = +Inf
   double ttft_sum_ms = 0;
   uint64_t ttft_count = 0;
+  std::vector<double> itl_bucket_bounds_ms;  // inter-token latency: the gap before each token after the first
+  std::vector<uint64_t> itl_bucket_counts;   // cumulative; last = +Inf
+  double itl_sum_ms = 0;
+  uint64_t itl_count = 0;
   uint64_t prompt_tokens = 0, completion_tokens = 0, prefilled_tokens = 0, prefix_hit_tokens = 0;
   uint64_t chunk_hits = 0, chunk_misses = 0;
   uint64_t decode_steps = 0, decode_rows = 0;  // batched decode passes and the sequences in them
+  uint64_t prefill_pieces = 0;  // pauses of split passes (chunked prefill, Scheduler::prefill_pieces)
   uint64_t background_tasks = 0;  // idle-time work done (CRAFT prefixes promoted under fusion)
   size_t store_memory_bytes = 0, store_disk_bytes = 0, prefix_cache_bytes = 0;
   size_t conversations = 0, conversation_bytes = 0;  // kept turns and their accounted bytes
@@ -34,6 +39,8 @@ class RequestMetrics {
   RequestMetrics();
   void record(const CompletionResult& r);  // a completion answered (cancelled ones included)
   void record_error();                     // a completion refused or failed
+  void record_cancelled();                 // a completion stopped because its client went away
+  void record_token_gaps(const std::vector<float>& gaps_ms);  // one completion's inter-token gaps
   void set_prefix_cache_bytes(size_t bytes);
   EngineMetrics snapshot() const;          // counters, histogram and prefix_cache_bytes
 

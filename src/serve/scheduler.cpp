@@ -4,8 +4,11 @@
 
 namespace cf {
 
+RequestError client_gone_error() { return RequestError(499, "cancelled", "the client closed the connection"); }
+
 Scheduler::Scheduler(Forward& fwd, SchedulerOptions opt) : fwd_(fwd), opt_(opt) {
   if (opt_.max_batch == 0) opt_.max_batch = 1;
+  fwd_.set_pass_split({opt_.prefill_chunk, [this] { between_passes(); }});
   thread_ = std::thread([this] { loop(); });
 }
 
@@ -16,6 +19,7 @@ Scheduler::~Scheduler() {
   }
   work_cv_.notify_all();
   thread_.join();
+  fwd_.set_pass_split({});
 }
 
 void Scheduler::submit(SchedulerJob& job) {
@@ -32,9 +36,18 @@ void Scheduler::submit(SchedulerJob& job) {
   work_cv_.notify_all();
 }
 
-void Scheduler::wait(SchedulerJob& job) {
+void Scheduler::wait(SchedulerJob& job, const std::function<bool()>& client_gone) {
   std::unique_lock<std::mutex> lock(mu_);
-  done_cv_.wait(lock, [&] { return job.done; });
+  while (!done_cv_.wait_for(lock, std::chrono::milliseconds(kCancelPollMs), [&] { return job.done; })) {
+    if (!client_gone || job.cancel) continue;
+    lock.unlock();  // the probe may take a moment (a poll on a socket)
+    const bool gone = client_gone();
+    lock.lock();
+    if (gone) {
+      job.cancel = true;
+      work_cv_.notify_all();
+    }
+  }
   if (job.error) std::rethrow_exception(job.error);
 }
 
@@ -70,17 +83,38 @@ size_t Scheduler::running() const {
   return n_running_;
 }
 
+// Jobs of `jobs` whose cancel is set, taken out (caller holds mu_).
+std::vector<SchedulerJob*> Scheduler::take_cancelled(std::deque<SchedulerJob*>& jobs) {
+  std::vector<SchedulerJob*> out;
+  for (auto it = jobs.begin(); it != jobs.end();)
+    if ((*it)->cancel) {
+      out.push_back(*it);
+      it = jobs.erase(it);
+    } else {
+      ++it;
+    }
+  return out;
+}
+
+void Scheduler::finish_cancelled(SchedulerJob& job) {
+  ++cancelled_jobs_;
+  job.error = std::make_exception_ptr(client_gone_error());
+  finish(job);
+}
+
 void Scheduler::loop() {
   for (;;) {
     std::deque<Task*> tasks;
     SchedulerJob* next = nullptr;
     std::function<void(Forward&)> idle;
+    std::vector<SchedulerJob*> cancelled;
     {
       std::unique_lock<std::mutex> lock(mu_);
       work_cv_.wait(lock, [&] {
         return stopping_ || !tasks_.empty() || !waiting_.empty() || !running_.empty() || !idle_tasks_.empty();
       });
       if (stopping_) break;
+      cancelled = take_cancelled(waiting_);  // never prefilled: their clients are gone
       tasks.swap(tasks_);
       if (running_.size() < opt_.max_batch && !waiting_.empty()) {
         next = waiting_.front();
@@ -93,6 +127,7 @@ void Scheduler::loop() {
         idle_tasks_.pop_front();
       }
     }
+    for (SchedulerJob* j : cancelled) finish_cancelled(*j);
     if (idle) {
       try {
         idle(fwd_);
@@ -121,13 +156,19 @@ void Scheduler::loop() {
 void Scheduler::start_one(SchedulerJob& job) {
   job.started = SchedulerJob::Clock::now();
   try {
+    prefilling_ = &job;
+    struct Done {
+      SchedulerJob*& p;
+      ~Done() { p = nullptr; }
+    } done{prefilling_};
     PrefillOutput p = job.prefill(fwd_);
     job.cache.emplace(std::move(p.cache));
     job.next_position = p.next_position;
     job.session.emplace(fwd_.model().tokenizer(), job.generate, job.history);
     if (!job.session->finished()) job.session->step(p.logits.data(), p.logits.size());
-    job.first_token = SchedulerJob::Clock::now();
+    job.first_token = job.last_token = SchedulerJob::Clock::now();
   } catch (...) {
+    if (job.cancel) ++cancelled_jobs_;
     job.error = std::current_exception();
     finish(job);
     return;
@@ -141,7 +182,28 @@ void Scheduler::start_one(SchedulerJob& job) {
   n_running_ = running_.size();
 }
 
+// Between two pieces of a split pass (Forward::PassSplit): a prefilling job whose client is
+// gone stops here; otherwise every running request decodes one token.
+void Scheduler::between_passes() {
+  ++prefill_pieces_;
+  if (prefilling_ && prefilling_->cancel) throw client_gone_error();
+  if (!running_.empty()) decode_step();
+}
+
 void Scheduler::decode_step() {
+  {
+    std::vector<SchedulerJob*> live, gone;
+    for (SchedulerJob* j : running_) (j->cancel ? gone : live).push_back(j);
+    if (!gone.empty()) {
+      running_.swap(live);
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        n_running_ = running_.size();
+      }
+      for (SchedulerJob* j : gone) finish_cancelled(*j);
+      if (running_.empty()) return;
+    }
+  }
   std::vector<BatchSequence> seqs(running_.size());
   std::vector<TokenId> tokens(running_.size());
   std::vector<int32_t> positions(running_.size());
@@ -175,9 +237,12 @@ void Scheduler::decode_step() {
     return;
   }
   std::vector<SchedulerJob*> still, ended;
+  const auto now = SchedulerJob::Clock::now();
   for (size_t i = 0; i < running_.size(); ++i) {
     SchedulerJob& j = *running_[i];
     bool more = false;
+    j.token_gaps_ms.push_back(std::chrono::duration<float, std::milli>(now - j.last_token).count());
+    j.last_token = now;
     try {
       more = j.session->step(outs[i].logits.data(), outs[i].vocab);
     } catch (...) {

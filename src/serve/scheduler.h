@@ -5,6 +5,18 @@
 // joins the batch as soon as its prefill is done, a finished one leaves it at once).
 // Decode steps go through Forward::run_batch, whose rows are batch-invariant, so a greedy
 // answer does not depend on which requests it was batched with.
+//
+// Chunked prefill (issue 58 item 1, as Sarathi-Serve and vLLM V1 do): a prefill, a task or an
+// idle task runs its forward passes in pieces of at most `prefill_chunk` rows
+// (Forward::PassSplit), and every running request decodes one token between two pieces, so a
+// long prompt no longer stalls every stream for its whole prefill. Splitting at row
+// boundaries is exact (Forward::run_in_passes). Deviation from those systems: a step's decode
+// rows and prefill rows run as two passes, not one mixed batch, and one request prefills at
+// a time. Passes with hooks (a selector's probes) are not split.
+//
+// Cancellation (issue 58 item 4): a waiter whose client is gone sets the job's `cancel`; a
+// waiting job then leaves the queue unprefilled, a prefilling one stops at its next piece and
+// a running one at its next decode step, each failing with RequestError 499.
 #pragma once
 #include <atomic>
 #include <chrono>
@@ -21,6 +33,7 @@
 
 #include "runtime/forward.h"
 #include "runtime/generate.h"
+#include "serve/request.h"
 
 namespace cf {
 
@@ -45,13 +58,24 @@ struct SchedulerJob {
   int32_t next_position = 0;
   std::exception_ptr error;  // prefill or decode failed (the job is done)
   Clock::time_point arrival, started, first_token, finished;
+  Clock::time_point last_token;      // the latest decode step's token
+  std::vector<float> token_gaps_ms;  // between consecutive tokens after the first (inter-token latency)
   bool done = false;         // guarded by the scheduler's mutex
+  std::atomic<bool> cancel{false};  // set by its waiter (wait()'s client_gone), or by anyone
 };
 
 struct SchedulerOptions {
   size_t max_queue = 64;  // waiting jobs; submit() refuses more
   size_t max_batch = 8;   // jobs decoding together
+  // Rows of a prefill between two decode steps of the running requests (0: whole prefills).
+  // The default is measured (BENCHMARKS.md "Serving under load"): TTFT against inter-token
+  // latency on 2 cores.
+  size_t prefill_chunk = kDefaultPrefillChunk;
+  static constexpr size_t kDefaultPrefillChunk = 256;
 };
+
+// What a cancelled job fails with (499, nginx's "client closed request"; nobody reads it).
+RequestError client_gone_error();
 
 class Scheduler {
  public:
@@ -63,8 +87,10 @@ class Scheduler {
   // Queues the job (arrival time stamped here); throws RequestError 503 when the queue is
   // full or the scheduler is stopping. The job must stay alive until wait() returns.
   void submit(SchedulerJob& job);
-  // Blocks until the job is done; rethrows its error.
-  void wait(SchedulerJob& job);
+  // Blocks until the job is done; rethrows its error. client_gone (optional) is asked on the
+  // waiting thread every kCancelPollMs; once it says yes the job is cancelled.
+  void wait(SchedulerJob& job, const std::function<bool()>& client_gone = {});
+  static constexpr int kCancelPollMs = 50;
 
   // Runs fn on the scheduler thread between steps (work that needs the Forward pass, such as
   // computing a chunk cache) and waits for it; rethrows what it throws.
@@ -82,12 +108,17 @@ class Scheduler {
   size_t running() const;
   uint64_t decode_steps() const { return decode_steps_.load(); }  // batched passes so far
   uint64_t decode_rows() const { return decode_rows_.load(); }    // sequences in them, summed
+  uint64_t prefill_pieces() const { return prefill_pieces_.load(); }  // pauses of a split pass
+  uint64_t cancelled_jobs() const { return cancelled_jobs_.load(); }  // left because cancel was set
 
  private:
   void loop();
   void start_one(SchedulerJob& job);
+  void between_passes();
   void decode_step();
   void finish(SchedulerJob& job);
+  void finish_cancelled(SchedulerJob& job);
+  std::vector<SchedulerJob*> take_cancelled(std::deque<SchedulerJob*>& jobs);
   void fail_all(std::exception_ptr e);
 
   Forward& fwd_;
@@ -104,9 +135,10 @@ class Scheduler {
   std::deque<std::function<void(Forward&)>> idle_tasks_;
   std::atomic<uint64_t> idle_tasks_run_{0};
   std::vector<SchedulerJob*> running_;  // scheduler thread only (size mirrored in n_running_)
+  SchedulerJob* prefilling_ = nullptr;  // scheduler thread only: the job in job.prefill
   size_t n_running_ = 0;                // guarded by mu_
   bool stopping_ = false;
-  std::atomic<uint64_t> decode_steps_{0}, decode_rows_{0};
+  std::atomic<uint64_t> decode_steps_{0}, decode_rows_{0}, prefill_pieces_{0}, cancelled_jobs_{0};
   std::thread thread_;
 };
 

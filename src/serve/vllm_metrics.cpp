@@ -46,16 +46,20 @@ std::string vllm_metrics_text(const EngineMetrics& m, const std::string& model_n
     series("vllm:prefix_cache_hits_total", "counter",
            "Prompt tokens served from the prefix cache or a chunk cache (not prefilled).", static_cast<double>(hits));
   }
-  const char* ttft = "vllm:time_to_first_token_seconds";
-  os << "# HELP " << ttft << " Time to first token, queueing included.\n# TYPE " << ttft << " histogram\n";
-  const size_t n_bounds = m.ttft_bucket_bounds_ms.size();
-  for (size_t i = 0; i < n_bounds && i < m.ttft_bucket_counts.size(); ++i)
-    os << ttft << "_bucket{" << label << ",le=\"" << number(m.ttft_bucket_bounds_ms[i] / 1000.0) << "\"} "
-       << m.ttft_bucket_counts[i] << '\n';
-  const uint64_t inf_count = m.ttft_bucket_counts.size() > n_bounds ? m.ttft_bucket_counts[n_bounds] : m.ttft_count;
-  os << ttft << "_bucket{" << label << ",le=\"+Inf\"} " << inf_count << '\n';
-  os << ttft << "_sum{" << label << "} " << number(m.ttft_sum_ms / 1000.0) << '\n';
-  os << ttft << "_count{" << label << "} " << m.ttft_count << '\n';
+  auto histogram = [&](const char* name, const char* help, const std::vector<double>& bounds_ms,
+                       const std::vector<uint64_t>& counts, double sum_ms, uint64_t count) {
+    os << "# HELP " << name << ' ' << help << "\n# TYPE " << name << " histogram\n";
+    for (size_t i = 0; i < bounds_ms.size() && i < counts.size(); ++i)
+      os << name << "_bucket{" << label << ",le=\"" << number(bounds_ms[i] / 1000.0) << "\"} " << counts[i] << '\n';
+    const uint64_t inf_count = counts.size() > bounds_ms.size() ? counts[bounds_ms.size()] : count;
+    os << name << "_bucket{" << label << ",le=\"+Inf\"} " << inf_count << '\n';
+    os << name << "_sum{" << label << "} " << number(sum_ms / 1000.0) << '\n';
+    os << name << "_count{" << label << "} " << count << '\n';
+  };
+  histogram("vllm:time_to_first_token_seconds", "Time to first token, queueing included.", m.ttft_bucket_bounds_ms,
+            m.ttft_bucket_counts, m.ttft_sum_ms, m.ttft_count);
+  histogram("vllm:inter_token_latency_seconds", "Time between two consecutive generated tokens of a request.",
+            m.itl_bucket_bounds_ms, m.itl_bucket_counts, m.itl_sum_ms, m.itl_count);
   return os.str();
 }
 

@@ -1,0 +1,178 @@
+// The serving loop on the real model (issue 58): a long prefill runs in pieces with the
+// running requests decoding between them (chunked prefill), and a cancelled job stops where
+// it is: unprefilled in the queue, at its next piece in a prefill, at its next decode step.
+#include "serve/scheduler.h"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstring>
+#include <future>
+#include <thread>
+
+#include "../runtime/model_fixture.h"
+#include "runtime/forward.h"
+
+namespace cf {
+namespace {
+
+using test::shared_model;
+using test::shared_pool;
+
+std::vector<TokenId> prompt_tokens(size_t n) {
+  std::string text;
+  std::vector<TokenId> ids;
+  while (ids.size() < n) {
+    text += "Count with me from one to one hundred: 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, ";
+    ids = shared_model().tokenizer().encode(text, true, false);
+  }
+  ids.resize(n);
+  return ids;
+}
+
+// A job whose prefill is a plain prefill of `tokens` (what the engine's full method does).
+void plain_job(SchedulerJob& job, std::vector<TokenId> tokens, int max_tokens) {
+  job.history = tokens;
+  job.generate.max_tokens = max_tokens;
+  job.generate.sampling.temperature = 0;
+  job.prefill = [tokens](Forward& fw) {
+    PrefillOutput out{{}, KvCache(fw.model().hparams(), tokens.size() + 64), static_cast<int32_t>(tokens.size())};
+    std::vector<int32_t> pos(tokens.size());
+    for (size_t i = 0; i < pos.size(); ++i) pos[i] = static_cast<int32_t>(i);
+    const size_t last = tokens.size() - 1;
+    out.logits = fw.run(out.cache, {tokens, pos, {}, std::span(&last, 1)}).logits;
+    return out;
+  };
+}
+
+// While request A decodes, request B (100 prompt rows) prefills in pieces of 16 with one decode
+// step of A after each piece but the last; with prefill_chunk 0 it prefills whole, A waits.
+// B's first-token logits are the same bits either way.
+void run_beside_a_decode(size_t prefill_chunk, uint64_t& steps_during_b, std::vector<float>& b_logits) {
+  Forward fwd(shared_model(), shared_pool());
+  Scheduler sched(fwd, SchedulerOptions{8, 8, prefill_chunk});
+  SchedulerJob a, b;
+  plain_job(a, prompt_tokens(12), 40);
+  std::promise<void> a_running;
+  bool signalled = false;
+  a.generate.on_text = [&](std::string_view) {
+    if (!signalled) a_running.set_value();
+    signalled = true;
+    return true;
+  };
+  plain_job(b, prompt_tokens(100), 1);
+  auto b_prefill = b.prefill;
+  b.prefill = [&](Forward& fw) {
+    const uint64_t before = sched.decode_steps();
+    PrefillOutput out = b_prefill(fw);
+    steps_during_b = sched.decode_steps() - before;
+    b_logits = out.logits;
+    return out;
+  };
+  sched.submit(a);
+  a_running.get_future().wait();
+  sched.submit(b);
+  sched.wait(b);
+  sched.wait(a);
+  EXPECT_GE(a.session->tokens().size(), 10u) << "A must still decode while B prefills";
+}
+
+TEST(Scheduler, ChunkedPrefillDecodesTheRunningRequestsBetweenPieces) {
+  CF_REQUIRE_MODEL();
+  uint64_t chunked_steps = 0, whole_steps = 0;
+  std::vector<float> chunked_logits, whole_logits;
+  run_beside_a_decode(16, chunked_steps, chunked_logits);
+  run_beside_a_decode(0, whole_steps, whole_logits);
+  EXPECT_EQ(chunked_steps, 6u);  // 100 rows in pieces of 16: 7 pieces, 6 pauses
+  EXPECT_EQ(whole_steps, 0u);
+  ASSERT_EQ(chunked_logits.size(), whole_logits.size());
+  EXPECT_EQ(0, std::memcmp(chunked_logits.data(), whole_logits.data(), chunked_logits.size() * sizeof(float)));
+}
+
+void expect_client_gone(Scheduler& sched, SchedulerJob& job) {
+  try {
+    sched.wait(job);
+    ADD_FAILURE() << "a cancelled job finished";
+  } catch (const RequestError& e) {
+    EXPECT_EQ(e.status, 499);
+  }
+}
+
+TEST(Scheduler, CancelledJobsStopWhereTheyAre) {
+  CF_REQUIRE_MODEL();
+  Forward fwd(shared_model(), shared_pool());
+  Scheduler sched(fwd, SchedulerOptions{8, 8, 16});
+
+  // Waiting: the scheduler thread is held by a prefill that waits for a latch; the job behind
+  // it is cancelled, then the latch opens: its prefill never runs.
+  SchedulerJob holder, queued;
+  std::promise<void> release;
+  std::shared_future<void> released = release.get_future().share();
+  plain_job(holder, prompt_tokens(8), 1);
+  auto holder_prefill = holder.prefill;
+  holder.prefill = [&, released](Forward& fw) {
+    released.wait();
+    return holder_prefill(fw);
+  };
+  bool queued_prefilled = false;
+  plain_job(queued, prompt_tokens(8), 4);
+  queued.prefill = [&](Forward&) -> PrefillOutput {
+    queued_prefilled = true;
+    throw std::logic_error("never");
+  };
+  sched.submit(holder);
+  sched.submit(queued);
+  queued.cancel = true;
+  release.set_value();
+  sched.wait(holder);
+  expect_client_gone(sched, queued);
+  EXPECT_FALSE(queued_prefilled);
+
+  // Prefilling: the client leaves as the prefill starts; it stops after its first piece.
+  SchedulerJob prefilling;
+  plain_job(prefilling, prompt_tokens(100), 4);
+  auto prefill = prefilling.prefill;
+  prefilling.prefill = [&](Forward& fw) {
+    prefilling.cancel = true;
+    return prefill(fw);
+  };
+  const uint64_t pieces_before = sched.prefill_pieces();
+  sched.submit(prefilling);
+  expect_client_gone(sched, prefilling);
+  EXPECT_EQ(sched.prefill_pieces() - pieces_before, 1u);
+
+  // Running: cancelled after its third token, it leaves at the next decode step.
+  SchedulerJob running;
+  plain_job(running, prompt_tokens(12), 40);
+  size_t pieces = 0, tokens_at_cancel = 0;
+  running.generate.on_text = [&](std::string_view) {
+    if (++pieces == 3) {
+      running.cancel = true;
+      tokens_at_cancel = running.session->tokens().size();
+    }
+    return true;
+  };
+  sched.submit(running);
+  expect_client_gone(sched, running);
+  ASSERT_GT(tokens_at_cancel, 0u);
+  EXPECT_LE(running.session->tokens().size(), tokens_at_cancel + 1);
+  EXPECT_EQ(sched.running(), 0u);
+
+  // The waiter's probe cancels: asked while the job runs, it says the client left.
+  SchedulerJob probed;
+  plain_job(probed, prompt_tokens(12), 400);
+  sched.submit(probed);
+  int asked = 0;
+  try {
+    sched.wait(probed, [&] { return ++asked >= 2; });
+    ADD_FAILURE() << "the probed job finished";
+  } catch (const RequestError& e) {
+    EXPECT_EQ(e.status, 499);
+  }
+  EXPECT_GE(asked, 2);
+  EXPECT_LT(probed.session->tokens().size(), 400u);
+  EXPECT_EQ(sched.cancelled_jobs(), 4u);
+}
+
+}  // namespace
+}  // namespace cf
