@@ -135,6 +135,17 @@ bool GuardedServer::process_and_close_socket(socket_t sock) {
   return ok;
 }
 
+bool GuardedServer::client_gone() {
+  const Conn* c = current_;
+  if (!c || c->watch_fd < 0) return false;
+  pollfd p{c->watch_fd, POLLIN | POLLRDHUP, 0};
+  if (::poll(&p, 1, 0) <= 0) return false;
+  if (p.revents & (POLLERR | POLLHUP)) return true;
+  char byte;
+  const ssize_t n = ::recv(c->watch_fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+  return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+}
+
 void GuardedServer::watchdog() {
   std::unique_lock lk(mu_);
   while (!stopping_) {

@@ -63,6 +63,10 @@ class GuardedServer : public httplib::Server {
   static void request_read();
   static void response_done();
   static void close_after_response();
+  // Called on a connection's thread while its request is handled: whether the client has
+  // closed the connection (end of stream or an error on the socket, seen without reading
+  // anything; issue 58 item 4). A client that pipelined its next request is not gone.
+  static bool client_gone();
 
   // After bind: a listen backlog of max_connections (httplib's is 5).
   void widen_backlog();

@@ -60,15 +60,18 @@ struct StreamJob {
       std::string fail;
       CompletionResult r;
       try {
-        r = engine.complete(req, [this](std::string_view text) {
-          if (client_gone) return false;
-          if (!text.empty()) {
-            std::lock_guard lk(mu);
-            pieces.emplace_back(text);
-          }
-          cv.notify_all();
-          return true;
-        });
+        r = engine.complete(
+            req,
+            [this](std::string_view text) {
+              if (client_gone) return false;
+              if (!text.empty()) {
+                std::lock_guard lk(mu);
+                pieces.emplace_back(text);
+              }
+              cv.notify_all();
+              return true;
+            },
+            [this] { return client_gone.load(); });
       } catch (const RequestError& e) {
         rerr = e;
       } catch (const std::exception& e) {
@@ -284,7 +287,7 @@ struct HttpServer::Impl {
     check_chunk_texts_size(texts, input);
     json data = json::array();
     std::vector<std::string> ids;
-    for (const auto& c : engine.register_chunks(texts)) {
+    for (const auto& c : engine.register_chunks(texts, GuardedServer::client_gone)) {
       data.push_back(api::chunk_json(c, false));
       ids.push_back(c.id);
     }
@@ -397,7 +400,7 @@ struct HttpServer::Impl {
   void completion(const Req& req, const std::string& body, Res& res, bool chat) {
     PreparedCompletion p = prepare_completion(req, body, chat);
     if (p.parsed.stream) return stream_completion(std::move(p), res);
-    const CompletionResult r = engine.complete(p.parsed.request);
+    const CompletionResult r = engine.complete(p.parsed.request, {}, GuardedServer::client_gone);
     json reply = api::completion_response(p.meta, r);
     knowledge.after_completion(p.meta.id, p.caller, p.parsed.request, r, p.retrieved, &reply);
     if (isolation.enabled()) KeyIsolation::redact(reply);
@@ -410,8 +413,12 @@ struct HttpServer::Impl {
     auto job = std::make_shared<StreamJob>();
     job->run(engine, p.parsed.request);
     {
+      // The connection's own thread waits out the prefill, watching its client: one that
+      // leaves now cancels the request before its first token (issue 58 item 4).
       std::unique_lock lk(job->mu);
-      job->cv.wait(lk, [&] { return !job->pieces.empty() || job->done; });
+      while (!job->cv.wait_for(lk, std::chrono::milliseconds(Scheduler::kCancelPollMs),
+                               [&] { return !job->pieces.empty() || job->done; }))
+        if (GuardedServer::client_gone()) job->client_gone = true;
       if (job->done && job->pieces.empty()) {
         if (job->request_error) throw RequestError(*job->request_error);
         if (!job->failure.empty()) throw std::runtime_error(job->failure);
