@@ -20,6 +20,32 @@ struct ModelOptions {
 // Adds -m/--model (defaulting to the setup script's model) and -t/--threads.
 void add_model_options(CLI::App& cmd, ModelOptions& opt);
 
+// A subcommand that runs a model: its options live in a shared Args (with a ModelOptions
+// `model`, given -m/-t here); the caller adds the rest to `cmd`.
+template <class Args>
+struct ModelCommand {
+  std::shared_ptr<Args> args;
+  CLI::App* cmd;
+};
+
+// Adds subcommand `name` of `parent` with the model options.
+template <class Args>
+ModelCommand<Args> add_model_subcommand(CLI::App& parent, const std::string& name, const std::string& description) {
+  auto args = std::make_shared<Args>();
+  CLI::App* cmd = parent.add_subcommand(name, description);
+  add_model_options(*cmd, args->model);
+  return {args, cmd};
+}
+
+// The same, and when the subcommand is chosen, `run` becomes body(args) (body: int(const Args&)).
+template <class Args, class Body>
+ModelCommand<Args> add_model_command(CLI::App& parent, CommandRunner& run, const std::string& name,
+                                     const std::string& description, Body body) {
+  ModelCommand<Args> c = add_model_subcommand<Args>(parent, name, description);
+  c.cmd->callback([&run, args = c.args, body] { run = [args, body] { return body(*args); }; });
+  return c;
+}
+
 // Adds --system and --question-cue: the RAG layout's words (fusion/rag_prompt.h), for trying
 // another layout; the defaults are the measured one (docs/benchmarks-history.md, "The RAG prompt").
 void add_prompt_options(CLI::App& cmd, RagPromptOptions& opt);

@@ -157,9 +157,8 @@ int run_ask(const AskArgs& a) {
 }  // namespace
 
 void add_ask_command(CLI::App& app, CommandRunner& run) {
-  auto a = std::make_shared<AskArgs>();
-  CLI::App* cmd = app.add_subcommand("ask", "answer a question over passages (JSON Lines, one chunk per passage)");
-  add_model_options(*cmd, a->model);
+  auto [a, cmd] = add_model_command<AskArgs>(
+      app, run, "ask", "answer a question over passages (JSON Lines, one chunk per passage)", run_ask);
   cmd->add_option("--passages", a->passages_file, "JSON Lines file, one {\"title\":..., \"text\":...} per line")
       ->required()
       ->check(CLI::ExistingFile);
@@ -178,7 +177,6 @@ void add_ask_command(CLI::App& app, CommandRunner& run) {
   add_prompt_options(*cmd, a->prompt);
   cmd->add_flag("--json", a->json, "print one JSON object");
   cmd->add_flag("!--no-tokens", a->show_tokens, "do not print the recomputed tokens");
-  cmd->callback([&run, a] { run = [a] { return run_ask(*a); }; });
 }
 
 }  // namespace cf::apps

@@ -219,9 +219,8 @@ int run_bench(const BenchArgs& a) {
 }  // namespace
 
 void add_bench_command(CLI::App& app, CommandRunner& run) {
-  auto a = std::make_shared<BenchArgs>();
-  CLI::App* cmd = app.add_subcommand("bench", "quality and speed of fusion methods on a QA dataset (resumable)");
-  add_model_options(*cmd, a->model);
+  auto [a, cmd] = add_model_command<BenchArgs>(
+      app, run, "bench", "quality and speed of fusion methods on a QA dataset (resumable)", run_bench);
   cmd->add_option("--data", a->data,
                   "dataset: musique_s, hotpotqa, nq_open_oracle (gold + 9 seeded distractors), kv_retrieval (5 "
                   "pairs a chunk), rgb_en_fact, ruler:TASK:LENGTH (generated; TASK niah_single, niah_multikey, "
@@ -302,7 +301,6 @@ void add_bench_command(CLI::App& app, CommandRunner& run) {
       "Outputs in --out: results.jsonl (one row per example x method x ratio, resumable), prompts.jsonl (each "
       "example's prompt ids, for the llama.cpp peer), peer.jsonl (with --peer), bench_command.txt, report.md, "
       "summary.csv, *.png. Reproduction commands: bench/README.md.");
-  cmd->callback([&run, a] { run = [a] { return run_bench(*a); }; });
 }
 
 }  // namespace cf::apps

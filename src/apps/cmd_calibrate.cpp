@@ -173,9 +173,8 @@ int run_calibrate(const CalibrateArgs& a) {
 }  // namespace
 
 void add_calibrate_command(CLI::App& app, CommandRunner& run) {
-  auto a = std::make_shared<CalibrateArgs>();
-  auto* cmd = app.add_subcommand("calibrate", "calibrate the auto policy (\"method\": \"auto\", \"quality\": q) on a model, or evaluate it");
-  add_model_options(*cmd, a->model);
+  auto [a, cmd] = add_model_subcommand<CalibrateArgs>(
+      app, "calibrate", "calibrate the auto policy (\"method\": \"auto\", \"quality\": q) on a model, or evaluate it");
   cmd->add_option("--dataset", a->dataset, "dataset name or file (as `bench`)")->capture_default_str();
   cmd->add_option("--data-dir", a->data_dir, "folder of the named datasets (default: ../shared/datasets)");
   cmd->add_option("--first", a->first, "first example of the split")->capture_default_str();
@@ -210,7 +209,7 @@ void add_calibrate_command(CLI::App& app, CommandRunner& run) {
       ->check(CLI::Range(2, 1000));
   cmd->add_option("--report", a->report, "with --evaluate: write the JSON report here");
   cmd->add_option("--targets", a->targets, "with --evaluate: quality targets")->capture_default_str();
-  cmd->callback([&run, a, cmd] {
+  cmd->callback([&run, a = a, cmd = cmd] {
     a->ladder_given = cmd->count("--ladder") > 0;
     run = [a] { return run_calibrate(*a); };
   });

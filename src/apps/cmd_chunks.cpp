@@ -278,9 +278,8 @@ void add_chunks_command(CLI::App& app, CommandRunner& run) {
   CLI::App* chunks = app.add_subcommand("chunks", "manage the chunk-cache store (precompute, ls, rm, verify)");
   chunks->require_subcommand(1);
 
-  auto p = std::make_shared<PrecomputeArgs>();
-  CLI::App* pre = chunks->add_subcommand("precompute", "compute and store the chunk cache of every passage");
-  add_model_options(*pre, p->model);
+  auto [p, pre] = add_model_command<PrecomputeArgs>(
+      *chunks, run, "precompute", "compute and store the chunk cache of every passage", run_precompute);
   pre->add_option("--passages", p->passages_file, "JSON Lines file, one {\"title\":..., \"text\":...} per line")
       ->required()
       ->check(CLI::ExistingFile);
@@ -294,12 +293,10 @@ void add_chunks_command(CLI::App& app, CommandRunner& run) {
   pre->add_option("--chunk-context,--chunk-variant", p->chunk_context, context_help)
       ->check(CLI::IsMember({"alone", "prefixed"}))
       ->capture_default_str();
-  pre->callback([&run, p] { run = [p] { return run_precompute(*p); }; });
 
-  auto e = std::make_shared<EnrichArgs>();
-  CLI::App* enr = chunks->add_subcommand(
-      "enrich", "FusionRAG offline stage: PIC caches and each passage's cache enriched by its top-n similar passages");
-  add_model_options(*enr, e->model);
+  auto [e, enr] = add_model_command<EnrichArgs>(
+      *chunks, run, "enrich", "FusionRAG offline stage: PIC caches and each passage's cache enriched by its top-n similar passages",
+      run_enrich);
   enr->add_option("--passages", e->passages_file,
                   "the corpus: JSON Lines of {\"title\", \"text\"}, or a JSON array of passages or of examples with "
                   "\"ctxs\" (musique_s.json)")
@@ -318,7 +315,6 @@ void add_chunks_command(CLI::App& app, CommandRunner& run) {
                       "; the paper's eq. 10 is prefixed")
       ->check(CLI::IsMember({"alone", "prefixed"}))
       ->capture_default_str();
-  enr->callback([&run, e] { run = [e] { return run_enrich(*e); }; });
 
   auto s = std::make_shared<StoreArgs>();
   auto add_store = [&](CLI::App* c) { c->add_option("--store", s->store_dir, "store directory")->capture_default_str(); };

@@ -58,10 +58,9 @@ int run_deviation_command(const DeviationArgs& a) {
 }  // namespace
 
 void add_deviation_command(CLI::App& app, CommandRunner& run) {
-  auto a = std::make_shared<DeviationArgs>();
-  CLI::App* cmd = app.add_subcommand(
-      "deviation", "per-layer relative L2 distance of K and V from full prefill, per method and chunk context");
-  add_model_options(*cmd, a->model);
+  auto [a, cmd] = add_model_command<DeviationArgs>(
+      app, run, "deviation", "per-layer relative L2 distance of K and V from full prefill, per method and chunk context",
+      run_deviation_command);
   cmd->add_option("--data", a->data, "dataset (as `bench --data`: hotpotqa, musique_s, a file, ...)")->required();
   cmd->add_option("--data-dir", a->data_dir, "folder of the named datasets (as bench)");
   cmd->add_option("--methods", a->methods, "comma-separated selectors (reuse runs at ratio 0 only)")
@@ -76,7 +75,6 @@ void add_deviation_command(CLI::App& app, CommandRunner& run) {
       ->required();
   cmd->add_option("--python", a->python, "Python with matplotlib for the report (default: <repo>/.venv/bin/python)");
   cmd->add_flag("--no-report", a->no_report, "do not run tools/deviation_report.py");
-  cmd->callback([&run, a] { run = [a] { return run_deviation_command(*a); }; });
 }
 
 }  // namespace cf::apps

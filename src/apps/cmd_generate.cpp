@@ -72,9 +72,8 @@ int run_generate(const GenerateArgs& a) {
 }  // namespace
 
 void add_generate_command(CLI::App& app, CommandRunner& run) {
-  auto a = std::make_shared<GenerateArgs>();
-  CLI::App* cmd = app.add_subcommand("generate", "generate text from a prompt (full prefill, then decoding)");
-  add_model_options(*cmd, a->model);
+  auto [a, cmd] = add_model_command<GenerateArgs>(
+      app, run, "generate", "generate text from a prompt (full prefill, then decoding)", run_generate);
   auto* p = cmd->add_option("-p,--prompt", a->prompt, "prompt text");
   cmd->add_option("-f,--file", a->prompt_file, "read the prompt from a file")->excludes(p)->check(CLI::ExistingFile);
   cmd->add_flag("--chat", a->chat, "wrap the prompt as a user message in the model's chat template");
@@ -89,7 +88,6 @@ void add_generate_command(CLI::App& app, CommandRunner& run) {
   cmd->add_option("--seed", a->sampling.seed, "random seed")->capture_default_str();
   cmd->add_option("--stop", a->stop, "stop string (repeatable)");
   cmd->add_flag("!--no-timings", a->timings, "do not print timings to standard error");
-  cmd->callback([&run, a] { run = [a] { return run_generate(*a); }; });
 }
 
 }  // namespace cf::apps

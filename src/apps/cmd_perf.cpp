@@ -212,9 +212,7 @@ int run_perf(const PerfArgs& a) {
 }  // namespace
 
 void add_perf_command(CLI::App& app, CommandRunner& run) {
-  auto a = std::make_shared<PerfArgs>();
-  CLI::App* cmd = app.add_subcommand("perf", "measure prefill and decode speed");
-  add_model_options(*cmd, a->model);
+  auto [a, cmd] = add_model_command<PerfArgs>(app, run, "perf", "measure prefill and decode speed", run_perf);
   cmd->add_option("--tokens-file", a->tokens_file, "JSON list of token ids to use as the prompt (default: built-in text)")
       ->check(CLI::ExistingFile);
   cmd->add_option("--prompt-tokens", a->prompt_tokens, "prefill lengths to time")->delimiter(',')->capture_default_str();
@@ -227,7 +225,6 @@ void add_perf_command(CLI::App& app, CommandRunner& run) {
                 "matrices per weight type, as a fraction of it");
   cmd->add_option("--peak-rows", a->peak_rows, "activation rows of the --peak GEMM runs")
       ->check(CLI::Range(1, 8192))->capture_default_str();
-  cmd->callback([&run, a] { run = [a] { return run_perf(*a); }; });
 }
 
 }  // namespace cf::apps

@@ -110,9 +110,8 @@ int run_profile(const ProfileArgs& a) {
 }  // namespace
 
 void add_profile_command(CLI::App& app, CommandRunner& run) {
-  auto a = std::make_shared<ProfileArgs>();
-  auto* cmd = app.add_subcommand("profile-layers", "QCFuse: profile the critical layers of a model (offline, once)");
-  add_model_options(*cmd, a->model);
+  auto [a, cmd] = add_model_command<ProfileArgs>(
+      app, run, "profile-layers", "QCFuse: profile the critical layers of a model (offline, once)", run_profile);
   cmd->add_option("--data-dir", a->data_dir, "folder with nq_open_oracle.jsonl.gz and hotpotqa_dev200.jsonl (and --data's named datasets)")
       ->capture_default_str();
   cmd->add_option("--data", a->data,
@@ -140,7 +139,6 @@ void add_profile_command(CLI::App& app, CommandRunner& run) {
       ->capture_default_str();
   cmd->add_option("--anchor-sinks", a->anchor_sinks, "system-prefix sink keys in the KVzip softmax (true/false)")
       ->capture_default_str();
-  cmd->callback([&run, a] { run = [a] { return run_profile(*a); }; });
 }
 
 }  // namespace cf::apps
