@@ -76,18 +76,23 @@ void Bm25Index::remove(size_t doc, const std::vector<std::string>& terms) {
   update_average();
 }
 
+template <class Add>
+void Bm25Index::add_term_scores(const std::vector<std::string>& query, Add add) const {
+  if (avgdl_ <= 0) return;
+  for (const auto& term : distinct(query)) {
+    auto it = postings_.find(term);
+    if (it == postings_.end()) continue;
+    const double w = idf_of_df(it->second.size());
+    for (const Posting& post : it->second) {
+      const double norm = p_.k1 * (1 - p_.b + p_.b * doc_len_[post.doc] / avgdl_);
+      add(post.doc, w * post.tf * (p_.k1 + 1) / (post.tf + norm));
+    }
+  }
+}
+
 std::vector<std::pair<size_t, double>> Bm25Index::positive_scores(const std::vector<std::string>& query) const {
   std::unordered_map<size_t, double> s;
-  if (avgdl_ > 0)
-    for (const auto& term : distinct(query)) {
-      auto it = postings_.find(term);
-      if (it == postings_.end()) continue;
-      const double w = idf_of_df(it->second.size());
-      for (const Posting& post : it->second) {
-        const double norm = p_.k1 * (1 - p_.b + p_.b * doc_len_[post.doc] / avgdl_);
-        s[post.doc] += w * post.tf * (p_.k1 + 1) / (post.tf + norm);
-      }
-    }
+  add_term_scores(query, [&](size_t doc, double v) { s[doc] += v; });
   std::vector<std::pair<size_t, double>> out;
   for (const auto& [d, v] : s)
     if (v > 0) out.emplace_back(d, v);
@@ -106,16 +111,7 @@ double Bm25Index::idf(const std::string& term) const {
 
 std::vector<double> Bm25Index::scores(const std::vector<std::string>& query) const {
   std::vector<double> s(slots(), 0.0);
-  if (avgdl_ <= 0) return s;
-  for (const auto& term : distinct(query)) {
-    auto it = postings_.find(term);
-    if (it == postings_.end()) continue;
-    const double w = idf_of_df(it->second.size());
-    for (const Posting& post : it->second) {
-      const double norm = p_.k1 * (1 - p_.b + p_.b * doc_len_[post.doc] / avgdl_);
-      s[post.doc] += w * post.tf * (p_.k1 + 1) / (post.tf + norm);
-    }
-  }
+  add_term_scores(query, [&](size_t doc, double v) { s[doc] += v; });
   return s;
 }
 

@@ -63,6 +63,10 @@ class Bm25Index {
     double tf;
   };
   double idf_of_df(size_t df) const;
+  // Calls add(doc, term score) for each distinct query term and each document that has it:
+  // the one BM25 sum behind scores() and positive_scores().
+  template <class Add>
+  void add_term_scores(const std::vector<std::string>& query, Add add) const;
   Bm25Params p_;
   void update_average();
   std::unordered_map<std::string, std::vector<Posting>> postings_;
