@@ -7,13 +7,16 @@
 #include <string_view>
 #include <utility>
 
+#include "base/enum_names.h"
 #include "model/tokenizer.h"
 
 namespace cf::eval {
 namespace {
 
-constexpr RulerTask kTasks[] = {RulerTask::niah_single, RulerTask::niah_multikey, RulerTask::niah_multivalue,
-                                RulerTask::variable_tracking};
+constexpr EnumName<RulerTask> kTaskNames[] = {{RulerTask::niah_single, "niah_single"},
+                                              {RulerTask::niah_multikey, "niah_multikey"},
+                                              {RulerTask::niah_multivalue, "niah_multivalue"},
+                                              {RulerTask::variable_tracking, "variable_tracking"}};
 constexpr size_t kMinLength = 256;
 
 // Word lists of the filler. No digits and no "VAR": the needles are the only numbers.
@@ -201,19 +204,11 @@ QaExample make_example(const Tokenizer& tok, const RulerOptions& opt, size_t ind
 
 }  // namespace
 
-const char* ruler_task_name(RulerTask task) {
-  switch (task) {
-    case RulerTask::niah_single: return "niah_single";
-    case RulerTask::niah_multikey: return "niah_multikey";
-    case RulerTask::niah_multivalue: return "niah_multivalue";
-    case RulerTask::variable_tracking: return "variable_tracking";
-  }
-  return "?";
-}
+const char* ruler_task_name(RulerTask task) { return enum_name(kTaskNames, task); }
 
 RulerOptions parse_ruler_name(const std::string& name) {
   std::string tasks;
-  for (RulerTask t : kTasks) tasks += (tasks.empty() ? "" : ", ") + std::string(ruler_task_name(t));
+  for (const auto& t : kTaskNames) tasks += (tasks.empty() ? "" : ", ") + std::string(t.name);
   const std::string usage = "expected ruler:TASK:LENGTH with TASK one of " + tasks + " and LENGTH in tokens (>= " +
                             std::to_string(kMinLength) + "), e.g. ruler:niah_single:4096";
   const size_t first = name.find(':'), second = name.find(':', first + 1);
@@ -221,10 +216,8 @@ RulerOptions parse_ruler_name(const std::string& name) {
     throw std::invalid_argument("'" + name + "': " + usage);
   const std::string task = name.substr(first + 1, second - first - 1), length = name.substr(second + 1);
   RulerOptions opt;
-  bool found = false;
-  for (RulerTask t : kTasks)
-    if (task == ruler_task_name(t)) opt.task = t, found = true;
-  if (!found) throw std::invalid_argument("'" + name + "': unknown task '" + task + "'; " + usage);
+  if (!parse_enum_name(kTaskNames, task, opt.task))
+    throw std::invalid_argument("'" + name + "': unknown task '" + task + "'; " + usage);
   size_t used = 0;
   unsigned long n = 0;
   try {

@@ -12,6 +12,7 @@
 #include <filesystem>
 
 #include "base/bounded_json.h"
+#include "base/enum_names.h"
 #include "kv/entry_auth.h"
 #include "kv/store_paths.h"
 #include "model/kernels.h"
@@ -183,23 +184,11 @@ KeyContext meta_variant(const nlohmann::json& meta, const std::string& path) {
 
 }  // namespace
 
-const char* dtype_name(KvDtype d) {
-  switch (d) {
-    case KvDtype::f32: return "f32";
-    case KvDtype::f16: return "f16";
-    case KvDtype::bf16: return "bf16";
-  }
-  return "?";
-}
+constexpr EnumName<KvDtype> kDtypeNames[] = {{KvDtype::f32, "f32"}, {KvDtype::f16, "f16"}, {KvDtype::bf16, "bf16"}};
 
-bool parse_dtype(std::string_view s, KvDtype& out) {
-  for (KvDtype d : {KvDtype::f32, KvDtype::f16, KvDtype::bf16})
-    if (s == dtype_name(d)) {
-      out = d;
-      return true;
-    }
-  return false;
-}
+const char* dtype_name(KvDtype d) { return enum_name(kDtypeNames, d); }
+
+bool parse_dtype(std::string_view s, KvDtype& out) { return parse_enum_name(kDtypeNames, s, out); }
 
 size_t dtype_size(KvDtype d) { return d == KvDtype::f32 ? 4 : 2; }
 

@@ -5,6 +5,8 @@
 #include <cstdio>
 #include <cstring>
 
+#include "base/enum_names.h"
+
 namespace cf {
 namespace {
 
@@ -37,32 +39,18 @@ Hash128 hash128(const std::vector<uint8_t>& bytes) {
 
 }  // namespace
 
-const char* context_kind_name(ContextKind k) {
-  switch (k) {
-    case ContextKind::pic: return "pic";
-    case ContextKind::after_prefix: return "after_prefix";
-    case ContextKind::neighbours: return "neighbours";
-  }
-  return "?";
-}
+constexpr EnumName<ContextKind> kContextKindNames[] = {
+    {ContextKind::pic, "pic"}, {ContextKind::after_prefix, "after_prefix"}, {ContextKind::neighbours, "neighbours"}};
+constexpr EnumName<ChunkContext> kChunkContextNames[] = {{ChunkContext::alone, "alone"},
+                                                         {ChunkContext::prefixed, "prefixed"}};
 
-bool parse_context_kind(std::string_view s, ContextKind& out) {
-  for (ContextKind k : {ContextKind::pic, ContextKind::after_prefix, ContextKind::neighbours})
-    if (s == context_kind_name(k)) {
-      out = k;
-      return true;
-    }
-  return false;
-}
+const char* context_kind_name(ContextKind k) { return enum_name(kContextKindNames, k); }
 
-const char* chunk_context_name(ChunkContext v) { return v == ChunkContext::prefixed ? "prefixed" : "alone"; }
+bool parse_context_kind(std::string_view s, ContextKind& out) { return parse_enum_name(kContextKindNames, s, out); }
 
-bool parse_chunk_context(std::string_view s, ChunkContext& out) {
-  if (s == "alone") out = ChunkContext::alone;
-  else if (s == "prefixed") out = ChunkContext::prefixed;
-  else return false;
-  return true;
-}
+const char* chunk_context_name(ChunkContext v) { return enum_name(kChunkContextNames, v); }
+
+bool parse_chunk_context(std::string_view s, ChunkContext& out) { return parse_enum_name(kChunkContextNames, s, out); }
 
 std::string hash128_hex(const Hash128& h) {
   static const char* digits = "0123456789abcdef";

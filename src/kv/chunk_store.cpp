@@ -10,6 +10,7 @@
 #include <tuple>
 
 #include "base/clock.h"
+#include "base/enum_names.h"
 #include "kv/disk_tier.h"
 #include "kv/remote_store_tier.h"
 #include "kv/store_paths.h"
@@ -30,13 +31,13 @@ std::vector<std::unique_ptr<StoreTier>> make_tiers(ChunkStoreOptions& opt) {
 
 }  // namespace
 
-const char* eviction_policy_name(EvictionPolicy p) { return p == EvictionPolicy::cachecraft ? "cachecraft" : "lru"; }
+constexpr EnumName<EvictionPolicy> kEvictionPolicyNames[] = {{EvictionPolicy::lru, "lru"},
+                                                               {EvictionPolicy::cachecraft, "cachecraft"}};
+
+const char* eviction_policy_name(EvictionPolicy p) { return enum_name(kEvictionPolicyNames, p); }
 
 bool parse_eviction_policy(std::string_view s, EvictionPolicy& out) {
-  if (s == "lru") out = EvictionPolicy::lru;
-  else if (s == "cachecraft") out = EvictionPolicy::cachecraft;
-  else return false;
-  return true;
+  return parse_enum_name(kEvictionPolicyNames, s, out);
 }
 
 int preload_layers(int n_layers, double t_prefill, double t_load) {
