@@ -50,25 +50,30 @@ Reply next_reply(redisContext* c) {
   return Reply(p);
 }
 
+// A command's arguments as hiredis's argv/argvlen arrays (binary-safe: lengths, not NULs);
+// `args` must outlive it.
+struct Argv {
+  explicit Argv(const std::vector<std::string>& args) {
+    for (const auto& a : args) {
+      ptrs.push_back(a.data());
+      lens.push_back(a.size());
+    }
+  }
+  int count() const { return static_cast<int>(ptrs.size()); }
+  std::vector<const char*> ptrs;
+  std::vector<size_t> lens;
+};
+
 // Sends one command and reads its reply; a null reply (connection/timeout) leaves c->err set.
 Reply command(redisContext* c, const std::vector<std::string>& args) {
-  std::vector<const char*> argv;
-  std::vector<size_t> lens;
-  for (const auto& a : args) {
-    argv.push_back(a.data());
-    lens.push_back(a.size());
-  }
-  return Reply(redisCommandArgv(c, static_cast<int>(argv.size()), argv.data(), lens.data()));
+  Argv a(args);
+  return Reply(redisCommandArgv(c, a.count(), a.ptrs.data(), a.lens.data()));
 }
 
+// Queues one command for pipelining; its reply is read later with next_reply.
 void append(redisContext* c, const std::vector<std::string>& args) {
-  std::vector<const char*> argv;
-  std::vector<size_t> lens;
-  for (const auto& a : args) {
-    argv.push_back(a.data());
-    lens.push_back(a.size());
-  }
-  redisAppendCommandArgv(c, static_cast<int>(argv.size()), argv.data(), lens.data());
+  Argv a(args);
+  redisAppendCommandArgv(c, a.count(), a.ptrs.data(), a.lens.data());
 }
 
 }  // namespace
