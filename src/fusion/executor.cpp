@@ -117,6 +117,7 @@ FusionResult FusionExecutor::prefill(const RagRequest& req, const FusionOptions&
                  .context_tokens = req.context_tokens(),
                  .chunk_hits = 0,
                  .chunk_misses = 0,
+                 .chunk_hit = {},
                  .prefix_hit = false,
                  .prefix_hit_tokens = 0,
                  .timings = {},
@@ -156,6 +157,7 @@ FusionResult FusionExecutor::prefill(const RagRequest& req, const FusionOptions&
     const ChunkKey key = chunk_key(fwd_.model().fingerprint(), req, opt, i);
     auto c = selector->lookup_chunk(fwd_, store_, key, req, i);
     if (!c) c = store_.get(key);
+    r.chunk_hit.push_back(c != nullptr);
     if (c) {
       ++r.chunk_hits;
     } else {

@@ -48,6 +48,7 @@ struct FusionResult {
   std::vector<size_t> recomputed; // context slots recomputed (ascending)
   size_t context_tokens = 0;
   size_t chunk_hits = 0, chunk_misses = 0;
+  std::vector<bool> chunk_hit;     // per chunk: its cache came from the store (false: computed now); empty: none looked up
   bool prefix_hit = false;         // S came (at least partly) from the prefix cache
   size_t prefix_hit_tokens = 0;
   FusionTimings timings;

@@ -345,12 +345,11 @@ json error_body(const RequestError& e) {
 }
 
 json usage_json(const CompletionResult& r) {
-  // Every prompt token not run through the model came from a cache (prefix or chunk).
-  const size_t cached = r.prompt_tokens > r.prefilled_tokens ? r.prompt_tokens - r.prefilled_tokens : 0;
+  // cached_tokens: the prompt tokens whose K/V was reused (token_accounting.h), never more than the prompt.
   return json{{"prompt_tokens", r.prompt_tokens},
               {"completion_tokens", r.completion_tokens},
               {"total_tokens", r.prompt_tokens + r.completion_tokens},
-              {"prompt_tokens_details", {{"cached_tokens", cached}}}};
+              {"prompt_tokens_details", {{"cached_tokens", std::min(r.cached_tokens, r.prompt_tokens)}}}};
 }
 
 namespace {
@@ -476,6 +475,9 @@ std::string prometheus_text(const EngineMetrics& m, const HttpCounters& h, bool 
   if (cache_use) {  // left out under --isolate-keys (server.h)
     counter("chunkfuse_prefilled_tokens_total", "Prompt tokens that went through the forward pass.", m.prefilled_tokens);
     counter("chunkfuse_prefix_hit_tokens_total", "Prompt tokens served from the prefix cache.", m.prefix_hit_tokens);
+    counter("chunkfuse_cached_tokens_total",
+            "Prompt tokens whose K/V was reused: prefix-cache hits and stored chunk tokens not recomputed.",
+            m.cached_tokens);
     counter("chunkfuse_chunk_hits_total", "Chunks whose cache was found in the store.", m.chunk_hits);
     counter("chunkfuse_chunk_misses_total", "Chunks whose cache had to be computed.", m.chunk_misses);
     const uint64_t chunks = m.chunk_hits + m.chunk_misses;

@@ -35,6 +35,7 @@ void RequestMetrics::record(const CompletionResult& r) {
   m_.completion_tokens += r.completion_tokens;
   m_.prefilled_tokens += r.prefilled_tokens;
   m_.prefix_hit_tokens += r.prefix_hit_tokens;
+  m_.cached_tokens += r.cached_tokens;
   m_.chunk_hits += r.chunk_hits;
   m_.chunk_misses += r.chunk_misses;
 }

@@ -25,6 +25,7 @@ struct EngineMetrics {
   double itl_sum_ms = 0;
   uint64_t itl_count = 0;
   uint64_t prompt_tokens = 0, completion_tokens = 0, prefilled_tokens = 0, prefix_hit_tokens = 0;
+  uint64_t cached_tokens = 0;  // usage.prompt_tokens_details.cached_tokens summed (token_accounting.h)
   uint64_t chunk_hits = 0, chunk_misses = 0;
   uint64_t decode_steps = 0, decode_rows = 0;  // batched decode passes and the sequences in them
   uint64_t prefill_pieces = 0;  // pauses of split passes (chunked prefill, Scheduler::prefill_pieces)

@@ -40,11 +40,11 @@ std::string vllm_metrics_text(const EngineMetrics& m, const std::string& model_n
   series("vllm:prompt_tokens_total", "counter", "Prompt tokens of answered requests.", static_cast<double>(m.prompt_tokens));
   series("vllm:generation_tokens_total", "counter", "Generated tokens.", static_cast<double>(m.completion_tokens));
   if (cache_use) {
-    const uint64_t hits = m.prompt_tokens > m.prefilled_tokens ? m.prompt_tokens - m.prefilled_tokens : 0;
     series("vllm:prefix_cache_queries_total", "counter", "Prompt tokens looked up in the caches.",
            static_cast<double>(m.prompt_tokens));
     series("vllm:prefix_cache_hits_total", "counter",
-           "Prompt tokens served from the prefix cache or a chunk cache (not prefilled).", static_cast<double>(hits));
+           "Prompt tokens whose K/V was reused: prefix-cache hits and stored chunk tokens not recomputed.",
+           static_cast<double>(m.cached_tokens));
   }
   auto histogram = [&](const char* name, const char* help, const std::vector<double>& bounds_ms,
                        const std::vector<uint64_t>& counts, double sum_ms, uint64_t count) {

@@ -7,8 +7,8 @@
 //   vllm:prompt_tokens_total               prompt tokens of answered requests
 //   vllm:generation_tokens_total           generated tokens
 //   vllm:prefix_cache_queries_total        prompt tokens looked up (every prompt token)
-//   vllm:prefix_cache_hits_total           prompt tokens that did not go through the forward
-//                                          pass: prefix-cache hits and chunk caches served
+//   vllm:prefix_cache_hits_total           prompt tokens whose K/V was reused: prefix-cache
+//                                          hits and stored chunks' tokens not recomputed
 //                                          (usage.prompt_tokens_details.cached_tokens summed)
 //   vllm:time_to_first_token_seconds       the TTFT histogram, queueing included
 // Not yet: vllm:kv_cache_usage_perc (no KV budget in bytes yet) and

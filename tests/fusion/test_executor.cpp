@@ -172,7 +172,9 @@ TEST_F(Fusion, PrefetchThenPrefillHitsEveryChunk) {
     fo.chunk_context = variant;
     {
       ChunkStore writer(o);  // the caches on disk
-      FusionExecutor(fwd, writer).prefill(req, fo);
+      const FusionResult first = FusionExecutor(fwd, writer).prefill(req, fo);
+      // Per chunk, whether its cache came from the store: none did, each was computed now.
+      EXPECT_EQ(first.chunk_hit, std::vector<bool>(req.chunks.size(), false)) << chunk_context_name(variant);
     }
     ChunkStore store(o);  // a fresh memory tier over the same files
     FusionExecutor::prefetch(store, m.fingerprint(), req, fo);
@@ -182,6 +184,7 @@ TEST_F(Fusion, PrefetchThenPrefillHitsEveryChunk) {
     EXPECT_EQ(s.prefetches, req.chunks.size()) << chunk_context_name(variant);
     EXPECT_EQ(s.prefetch_hits, req.chunks.size()) << chunk_context_name(variant);
     EXPECT_EQ(r.chunk_hits, req.chunks.size()) << chunk_context_name(variant);
+    EXPECT_EQ(r.chunk_hit, std::vector<bool>(req.chunks.size(), true)) << chunk_context_name(variant);
     EXPECT_EQ(s.computes, 0u) << chunk_context_name(variant);
   }
   fs::remove_all(dir);

@@ -135,7 +135,7 @@ TEST(HostileInput, MetricsWithoutCacheUseSeries) {
   const std::string full = api::prometheus_text(m, api::HttpCounters{});
   const std::string isolated = api::prometheus_text(m, api::HttpCounters{}, /*cache_use=*/false);
   for (const char* series : {"chunkfuse_chunk_hits_total", "chunkfuse_prefilled_tokens_total",
-                             "chunkfuse_prefix_hit_tokens_total", "chunkfuse_store_bytes", "chunkfuse_store_hits_total",
+                             "chunkfuse_prefix_hit_tokens_total", "chunkfuse_cached_tokens_total", "chunkfuse_store_bytes", "chunkfuse_store_hits_total",
                              "chunkfuse_remote_hits_total", "chunkfuse_prefix_cache_bytes"}) {
     EXPECT_NE(full.find(series), std::string::npos) << series;
     EXPECT_EQ(isolated.find(series), std::string::npos) << series;

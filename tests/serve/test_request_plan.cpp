@@ -237,6 +237,9 @@ TEST(TokenAccounting, ExactChunksHitAsFarAsThePrefixCacheCovered) {
   EXPECT_EQ(n.chunk_misses, 2u);
   EXPECT_EQ(n.recomputed_tokens, 2u + 1u);
   EXPECT_EQ(n.prefilled_tokens, 9u - 5u);
+  EXPECT_EQ(n.cached_tokens, 5u);  // a plain prefill reuses the prefix hit alone
+  fr.prefix_hit_tokens = 0;        // cold: everything computed, nothing cached
+  EXPECT_EQ(count_tokens(p, fr).cached_tokens, 0u);
 }
 
 TEST(TokenAccounting, FusedRequestsAddTheExecutorsCounts) {
@@ -245,12 +248,19 @@ TEST(TokenAccounting, FusedRequestsAddTheExecutorsCounts) {
   fr.prefix_hit_tokens = 2;
   fr.chunk_hits = 2;
   fr.chunk_misses = 1;
+  fr.chunk_hit = {true, false, true};  // b (slots 4..6) was computed for this request
   fr.recomputed = {3, 5};
   const TokenCounts n = count_tokens(p, fr);
   EXPECT_EQ(n.chunk_hits, 2u);
   EXPECT_EQ(n.chunk_misses, 1u);
   EXPECT_EQ(n.recomputed_tokens, 2u);
   EXPECT_EQ(n.prefilled_tokens, 0u + 2u + 1u);  // S past the hit, P, U
+  // Cached: S's 2 hit tokens, a (slots 2-3) less its recomputed slot 3, and c (slot 7); not b,
+  // computed now, though the prompt's forward pass skipped 2 of its 3 tokens.
+  EXPECT_EQ(n.cached_tokens, 2u + 1u + 1u);
+  fr.chunk_hit = {false, false, false};  // cold: S and every chunk computed by this request
+  fr.prefix_hit_tokens = 0;
+  EXPECT_EQ(count_tokens(p, fr).cached_tokens, 0u);
   // A plain prefill after S' misses every chunk it prefills.
   const RequestPlan full = plan_request(request("full", false), layout3(), request_order(3), limits(), 7);
   fr = empty_result();

@@ -329,6 +329,7 @@ CompletionResult sample_result() {
   r.chunk_hits = 2;
   r.chunk_misses = 1;
   r.recomputed_tokens = 12;
+  r.cached_tokens = 58;  // 32 from the prefix cache, 26 of the two stored chunks (the missed one was computed)
   r.chunk_order = {"c1", "c2", "c3"};
   r.timings.ttft_ms = 42.5;
   return r;
@@ -362,8 +363,9 @@ TEST(ServerApi, ChatResponseHasOpenAIShapeAndTheExtension) {
   EXPECT_EQ(j["usage"]["prompt_tokens"], 100);
   EXPECT_EQ(j["usage"]["completion_tokens"], 3);
   EXPECT_EQ(j["usage"]["total_tokens"], 103);
-  // Everything not run through the model came from a cache.
-  EXPECT_EQ(j["usage"]["prompt_tokens_details"]["cached_tokens"], 70);
+  // The tokens whose K/V was reused (token_accounting.h), not every token the prompt's forward
+  // pass skipped (100 - 30 = 70: the missed chunk's 12 tokens were computed for this request).
+  EXPECT_EQ(j["usage"]["prompt_tokens_details"]["cached_tokens"], 58);
   EXPECT_EQ(j["chunkfuse"]["recomputed_tokens"], 12);
   EXPECT_EQ(j["chunkfuse"]["chunk_order"], json({"c1", "c2", "c3"}));
   EXPECT_DOUBLE_EQ(j["chunkfuse"]["timings_ms"]["ttft"].get<double>(), 42.5);
@@ -392,6 +394,7 @@ TEST(ServerApi, StreamChunksFollowOpenAI) {
   const json usage = api::stream_usage_chunk(meta, sample_result());
   EXPECT_TRUE(usage["choices"].empty());
   EXPECT_EQ(usage["usage"]["total_tokens"], 103);
+  EXPECT_EQ(usage["usage"]["prompt_tokens_details"]["cached_tokens"], 58);  // the same usage object as the response's
 
   const api::ResponseMeta text_meta{"cmpl-2", 1, "smol", false};
   EXPECT_EQ(api::stream_text_chunk(text_meta, "x")["object"], "text_completion");

@@ -14,7 +14,8 @@ EngineMetrics sample() {
   m.running = 3;
   m.queue_length = 5;
   m.prompt_tokens = 1000;
-  m.prefilled_tokens = 150;  // 850 came from the prefix cache or chunk caches
+  m.prefilled_tokens = 150;
+  m.cached_tokens = 800;  // reused K/V; the other 50 not prefilled were chunks computed for their request
   m.completion_tokens = 42;
   m.ttft_bucket_bounds_ms = {100, 1000};
   m.ttft_bucket_counts = {1, 3, 4};
@@ -32,7 +33,7 @@ TEST(VllmMetrics, NamesLabelsAndMeanings) {
   EXPECT_TRUE(has(t, "vllm:prompt_tokens_total{model_name=\"qwen\"} 1000")) << t;
   EXPECT_TRUE(has(t, "vllm:generation_tokens_total{model_name=\"qwen\"} 42")) << t;
   EXPECT_TRUE(has(t, "vllm:prefix_cache_queries_total{model_name=\"qwen\"} 1000")) << t;
-  EXPECT_TRUE(has(t, "vllm:prefix_cache_hits_total{model_name=\"qwen\"} 850")) << t;
+  EXPECT_TRUE(has(t, "vllm:prefix_cache_hits_total{model_name=\"qwen\"} 800")) << t;
   EXPECT_TRUE(has(t, "# TYPE vllm:time_to_first_token_seconds histogram")) << t;
   EXPECT_TRUE(has(t, "vllm:time_to_first_token_seconds_bucket{model_name=\"qwen\",le=\"0.1\"} 1")) << t;
   EXPECT_TRUE(has(t, "vllm:time_to_first_token_seconds_bucket{model_name=\"qwen\",le=\"1\"} 3")) << t;

@@ -75,6 +75,13 @@ class OpenAIApiTest(unittest.TestCase):
         ext = r.model_extra["chunkfuse"]
         self.assertEqual(ext["prompt_tokens"], u.prompt_tokens)
         self.assertGreater(ext["timings_ms"]["ttft"], 0)
+        # cached_tokens (issue 58 item 5): what a full prefill reused is its prefix hit ...
+        self.assertEqual(u.prompt_tokens_details.cached_tokens, ext["prefix_hit_tokens"])
+        # ... and a cold one, with the prefix cache off, reused nothing.
+        cold = self.chat([{"role": "user", "content": "What is the capital of France?"}], max_tokens=4,
+                         extra_body={"fusion": {"method": "full", "prefix_cache": False}})
+        self.assertEqual(cold.usage.prompt_tokens_details.cached_tokens, 0)
+        self.assertEqual(cold.model_extra["chunkfuse"]["prefilled_tokens"], cold.usage.prompt_tokens)
 
     def test_same_greedy_request_twice_is_identical_and_hits_the_prefix_cache(self):
         msgs = [{"role": "system", "content": "You are a terse assistant who answers in one short sentence."},
@@ -85,6 +92,7 @@ class OpenAIApiTest(unittest.TestCase):
         self.assertEqual(a.usage.prompt_tokens, b.usage.prompt_tokens)
         self.assertGreater(b.usage.prompt_tokens_details.cached_tokens, 0)
         self.assertGreater(b.model_extra["chunkfuse"]["prefix_hit_tokens"], 0)
+        self.assertEqual(b.usage.prompt_tokens_details.cached_tokens, b.model_extra["chunkfuse"]["prefix_hit_tokens"])
 
     def test_completion(self):
         r = self.client.completions.create(model=self.model, prompt="The capital of France is", max_tokens=8,
@@ -107,6 +115,7 @@ class OpenAIApiTest(unittest.TestCase):
         self.assertEqual(chunks[-1].choices, [])  # include_usage: the last chunk carries the usage
         self.assertEqual(chunks[-1].usage.completion_tokens, whole.usage.completion_tokens)
         self.assertEqual(chunks[-1].usage.prompt_tokens, whole.usage.prompt_tokens)
+        self.assertGreaterEqual(chunks[-1].usage.prompt_tokens_details.cached_tokens, 0)  # present in the usage chunk
         self.assertEqual(len({c.id for c in chunks}), 1)
 
     def test_completion_stream_equals_the_non_streamed_answer(self):
@@ -166,6 +175,11 @@ class OpenAIApiTest(unittest.TestCase):
                                                       "fusion": {"method": "reuse", "ratio": 0}})
         self.assertEqual(reuse.model_extra["chunkfuse"]["chunk_hits"], 2)
         self.assertEqual(reuse.model_extra["chunkfuse"]["chunk_misses"], 0)
+        # Both chunks came from the store and none was recomputed: every prompt token the fused
+        # prefill did not run is cached, at least the first chunk's.
+        cached = reuse.usage.prompt_tokens_details.cached_tokens
+        self.assertEqual(cached, reuse.usage.prompt_tokens - reuse.model_extra["chunkfuse"]["prefilled_tokens"])
+        self.assertGreaterEqual(cached, info["n_tokens"])
 
         status, gone = self.server.request("DELETE", "/v1/chunks/" + ids[1])
         self.assertEqual((status, gone["deleted"]), (200, True))
@@ -266,8 +280,11 @@ class OpenAIApiTest(unittest.TestCase):
         self.assertEqual(m["vllm:prompt_tokens_total" + label], m["chunkfuse_prompt_tokens_total"])
         self.assertEqual(m["vllm:generation_tokens_total" + label], m["chunkfuse_completion_tokens_total"])
         self.assertEqual(m["vllm:time_to_first_token_seconds_count" + label], m["chunkfuse_ttft_seconds_count"])
-        self.assertEqual(m["vllm:prefix_cache_hits_total" + label],
-                         m["chunkfuse_prompt_tokens_total"] - m["chunkfuse_prefilled_tokens_total"])
+        # The usage's cached_tokens summed: reused K/V only, so at most what was not prefilled
+        # (a chunk computed for its request skips the prompt's forward pass but is not a hit).
+        self.assertEqual(m["vllm:prefix_cache_hits_total" + label], m["chunkfuse_cached_tokens_total"])
+        self.assertLessEqual(m["chunkfuse_cached_tokens_total"],
+                             m["chunkfuse_prompt_tokens_total"] - m["chunkfuse_prefilled_tokens_total"])
         self.assertIn("vllm:num_requests_running" + label, m)
 
 
