@@ -161,6 +161,14 @@ void add_serve_command(CLI::App& app, CommandRunner& run) {
                   "prompts do not stall answers being streamed (chunked prefill); 0: whole prefills")
       ->check(CLI::Range(size_t{0}, size_t{1} << 20))
       ->capture_default_str();
+  cmd->add_option("--schedule", a->engine.schedule,
+                  "which waiting request prefills next: fifo (arrival), priority (a request's \"priority\", "
+                  "lower first) or shortest (least prefill work first: fused before full)")
+      ->check(CLI::IsMember({"fifo", "priority", "shortest"}))
+      ->capture_default_str();
+  cmd->add_option("--max-wait-ms", a->engine.max_wait_ms,
+                  "under priority or shortest, a request that has waited this long goes first (no starvation)")
+      ->capture_default_str();
   cmd->add_option("--max-documents", a->engine.max_documents, "documents per request")->capture_default_str();
   cmd->add_option("--max-chunk-texts", a->engine.max_chunk_texts,
                   "texts one POST /v1/chunks may register (each is a prefill; more: 413)")

@@ -289,6 +289,9 @@ ParsedCompletion parse_completion(const json& body, bool chat, const FusionOptio
     r.top_p = get_number(*x, "top_p", 0.0, 1.0);
     if (r.top_p <= 0.0) throw invalid_request("'top_p' must be greater than 0", "top_p");
   }
+  if (const json* x = field(body, "priority"))
+    r.priority = static_cast<int>(get_int(*x, "priority", std::numeric_limits<int32_t>::min(),
+                                          std::numeric_limits<int32_t>::max()));
   if (const json* x = field(body, "seed"))
     r.seed = static_cast<uint64_t>(
         get_int(*x, "seed", std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max()));

@@ -97,7 +97,11 @@ struct Engine::Impl {
         name(model_name_of(*model, opt.model_path)) {
     const auto ctx = static_cast<size_t>(model->hparams().context_length);
     if (opt.max_prompt_tokens == 0 || opt.max_prompt_tokens > ctx) opt.max_prompt_tokens = ctx;
-    scheduler = std::make_unique<Scheduler>(fwd, SchedulerOptions{opt.max_queue, opt.max_batch, opt.prefill_chunk});
+    SchedulerOptions so{opt.max_queue, opt.max_batch, opt.prefill_chunk};
+    if (!parse_scheduler_order(opt.schedule, so.order))
+      throw std::runtime_error("unknown schedule \"" + opt.schedule + "\" (fifo, priority, shortest)");
+    so.max_wait_ms = opt.max_wait_ms;
+    scheduler = std::make_unique<Scheduler>(fwd, so);
   }
 
   ChunkStoreOptions store_options() {
@@ -159,6 +163,8 @@ struct Engine::Impl {
         return !run.cancelled;
       };
     job.history = plan.rag.flatten();
+    job.priority = req.priority;
+    job.work = expected_prefill_rows(plan);
     job.prefill = [this, &run, &plan](Forward& fw) {
       PrefixSource* source = plan.prefix_cache ? static_cast<PrefixSource*>(&prefixes) : (plan.fused ? &uncached : nullptr);
       FusionResult fr = FusionExecutor(fw, store, source).prefill(plan.rag, plan.fusion);

@@ -52,6 +52,10 @@ struct EngineOptions {
   // Prefill rows between two decode steps of the running requests (serve --prefill-chunk;
   // 0: whole prefills; issue 58 item 1).
   size_t prefill_chunk = SchedulerOptions::kDefaultPrefillChunk;
+  // Which waiting request prefills next (serve --schedule: fifo | priority | shortest) and the
+  // wait after which one goes first whatever the order (serve --max-wait-ms; issue 58 item 2).
+  std::string schedule = "fifo";
+  size_t max_wait_ms = 30000;
   size_t max_documents = 64;
   // Texts one POST /v1/chunks may register (serve --max-chunk-texts; each costs a prefill of
   // its own, issue 59): more is 413 before any is tokenized.

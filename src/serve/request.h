@@ -75,6 +75,7 @@ struct CompletionRequest {
   double temperature = 0.0;  // 0: greedy
   double top_p = 1.0;
   std::optional<uint64_t> seed;
+  int priority = 0;  // serve --schedule priority: lower is served first (vLLM's "priority")
   std::vector<std::string> stop;
   std::string model;  // echoed back
   std::optional<InlinePassages> inline_passages;  // never from the API: set by passage matching

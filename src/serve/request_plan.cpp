@@ -161,4 +161,13 @@ RequestPlan plan_request(const CompletionRequest& req, const PromptLayout& l, co
   return p;
 }
 
+size_t expected_prefill_rows(const RequestPlan& plan) {
+  const RagRequest& r = plan.rag;
+  const size_t context = r.context_tokens();
+  if (!plan.fused) return r.system.size() + context + r.suffix.size();
+  const size_t s = plan.prefix_cache ? 0 : r.system.size();
+  if (plan.fusion.automatic()) return s + context + r.suffix.size();
+  return s + static_cast<size_t>(std::ceil(plan.fusion.ratio * static_cast<double>(context))) + r.suffix.size();
+}
+
 }  // namespace cf

@@ -79,4 +79,10 @@ CraftPlan request_order(size_t chunks);
 RequestPlan plan_request(const CompletionRequest& req, const PromptLayout& layout, const CraftPlan& craft,
                          const PlanLimits& limits, uint64_t seed_if_none);
 
+// The prefill rows a plan is expected to cost (serve --schedule shortest, issue 58 item 2): a
+// fused request its recomputed share of the chunks plus U (auto: all of the chunks, which its
+// ladder may reach; S too without the prefix cache), a plain one every token (what a prefix
+// hit saves is not known before the prefill).
+size_t expected_prefill_rows(const RequestPlan& plan);
+
 }  // namespace cf

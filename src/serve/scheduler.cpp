@@ -2,7 +2,17 @@
 
 #include "serve/request.h"
 
+#include <algorithm>
+
 namespace cf {
+
+bool parse_scheduler_order(const std::string& name, SchedulerOrder& out) {
+  if (name == "fifo") out = SchedulerOrder::fifo;
+  else if (name == "priority") out = SchedulerOrder::priority;
+  else if (name == "shortest") out = SchedulerOrder::shortest;
+  else return false;
+  return true;
+}
 
 RequestError client_gone_error() { return RequestError(499, "cancelled", "the client closed the connection"); }
 
@@ -96,6 +106,18 @@ std::vector<SchedulerJob*> Scheduler::take_cancelled(std::deque<SchedulerJob*>& 
   return out;
 }
 
+// The job to prefill next (caller holds mu_; waiting_ is not empty): the oldest one past the age
+// bound, else the first in the order (waiting_ is in arrival order, so ties go to the oldest).
+std::deque<SchedulerJob*>::iterator Scheduler::next_waiting() {
+  if (opt_.order == SchedulerOrder::fifo) return waiting_.begin();
+  const auto now = SchedulerJob::Clock::now();
+  if (now - waiting_.front()->arrival >= std::chrono::milliseconds(opt_.max_wait_ms)) return waiting_.begin();
+  auto before = [&](const SchedulerJob* a, const SchedulerJob* b) {
+    return opt_.order == SchedulerOrder::priority ? a->priority < b->priority : a->work < b->work;
+  };
+  return std::min_element(waiting_.begin(), waiting_.end(), before);
+}
+
 void Scheduler::finish_cancelled(SchedulerJob& job) {
   ++cancelled_jobs_;
   job.error = std::make_exception_ptr(client_gone_error());
@@ -117,8 +139,9 @@ void Scheduler::loop() {
       cancelled = take_cancelled(waiting_);  // never prefilled: their clients are gone
       tasks.swap(tasks_);
       if (running_.size() < opt_.max_batch && !waiting_.empty()) {
-        next = waiting_.front();
-        waiting_.pop_front();
+        auto it = next_waiting();
+        next = *it;
+        waiting_.erase(it);
       }
       // No request waits: background work delays only the running requests' next decode
       // step, as admitting a new request would.

@@ -14,6 +14,11 @@
 // rows and prefill rows run as two passes, not one mixed batch, and one request prefills at
 // a time. Passes with hooks (a selector's probes) are not split.
 //
+// Order (issue 58 item 2): FIFO by default. `priority` serves the lowest SchedulerJob::priority
+// first (vLLM's convention), `shortest` the least prefill work (SchedulerJob::work: fused
+// requests are ~5x cheaper than full ones); ties in arrival order. No job starves: one that has
+// waited `max_wait_ms` goes before every younger one, whatever the order.
+//
 // Cancellation (issue 58 item 4): a waiter whose client is gone sets the job's `cancel`; a
 // waiting job then leaves the queue unprefilled, a prefilling one stops at its next piece and
 // a running one at its next decode step, each failing with RequestError 499.
@@ -28,6 +33,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -51,6 +57,8 @@ struct SchedulerJob {
   std::function<void(SchedulerJob&)> on_finish;  // after the last step (optional): cache, session are final
   GenerateOptions generate;                       // on_text returning false cancels
   std::vector<TokenId> history;                   // the prompt (repetition penalty)
+  int priority = 0;   // SchedulerOrder::priority: lower goes first
+  size_t work = 0;    // SchedulerOrder::shortest: prefill rows it is expected to cost
 
   // Filled by the scheduler.
   std::optional<KvCache> cache;
@@ -64,6 +72,10 @@ struct SchedulerJob {
   std::atomic<bool> cancel{false};  // set by its waiter (wait()'s client_gone), or by anyone
 };
 
+enum class SchedulerOrder { fifo, priority, shortest };
+// "fifo" | "priority" | "shortest"; false on anything else.
+bool parse_scheduler_order(const std::string& name, SchedulerOrder& out);
+
 struct SchedulerOptions {
   size_t max_queue = 64;  // waiting jobs; submit() refuses more
   size_t max_batch = 8;   // jobs decoding together
@@ -72,6 +84,8 @@ struct SchedulerOptions {
   // latency on 2 cores.
   size_t prefill_chunk = kDefaultPrefillChunk;
   static constexpr size_t kDefaultPrefillChunk = 256;
+  SchedulerOrder order = SchedulerOrder::fifo;
+  size_t max_wait_ms = 30000;  // the age bound of a non-FIFO order
 };
 
 // What a cancelled job fails with (499, nginx's "client closed request"; nobody reads it).
@@ -119,6 +133,7 @@ class Scheduler {
   void finish(SchedulerJob& job);
   void finish_cancelled(SchedulerJob& job);
   std::vector<SchedulerJob*> take_cancelled(std::deque<SchedulerJob*>& jobs);
+  std::deque<SchedulerJob*>::iterator next_waiting();
   void fail_all(std::exception_ptr e);
 
   Forward& fwd_;

@@ -93,6 +93,17 @@ TEST(RequestPlan, FusedRequestFetchesEveryChunkWithItsOptions) {
   EXPECT_EQ(plan_request(r, layout3(), request_order(3), limits(), 7).fusion.chunk_context, ChunkContext::prefixed);
 }
 
+// serve --schedule shortest orders by this: a fused request costs its recomputed rows and U,
+// a plain one every token, with or without the prefix cache.
+TEST(RequestPlan, ExpectedPrefillRowsPriceFusedBelowFull) {
+  EXPECT_EQ(expected_prefill_rows(plan_request(request("full", false), layout3(), request_order(3), limits(), 7)), 9u);
+  EXPECT_EQ(expected_prefill_rows(plan_request(request("full"), layout3(), request_order(3), limits(), 7)), 9u);
+  // 6 chunk tokens at ratio 0.3: 2 recomputed, plus U (1); S too without the prefix cache.
+  EXPECT_EQ(expected_prefill_rows(plan_request(request("epic"), layout3(), request_order(3), limits(), 7)), 3u);
+  EXPECT_EQ(expected_prefill_rows(plan_request(request("epic", false), layout3(), request_order(3), limits(), 7)), 5u);
+  EXPECT_EQ(expected_prefill_rows(plan_request(request("auto"), layout3(), request_order(3), limits(), 7)), 7u);
+}
+
 TEST(RequestPlan, CraftWithFusionKeepsTheHeldPrefixAndPromotesTheRest) {
   // CRAFT order c, a, b; it keeps two chunks of which the CP-Tree held one before.
   const RequestPlan p = plan_request(request("epic", true, true), layout3(), craft_plan({2, 0, 1}, 2, 1), limits(), 7);

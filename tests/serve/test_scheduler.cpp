@@ -174,5 +174,62 @@ TEST(Scheduler, CancelledJobsStopWhereTheyAre) {
   EXPECT_EQ(sched.cancelled_jobs(), 4u);
 }
 
+// The order of prefills: three jobs queue behind one that holds the scheduler thread, each
+// with its own priority and work; FIFO, priority and shortest-first take them in their orders,
+// and under shortest-first a job that has waited past max_wait_ms goes first.
+std::vector<int> prefill_order(SchedulerOrder order, size_t max_wait_ms, int aged_first_ms) {
+  Forward fwd(shared_model(), shared_pool());
+  SchedulerOptions so{8, 8, 16};
+  so.order = order;
+  so.max_wait_ms = max_wait_ms;
+  Scheduler sched(fwd, so);
+  std::mutex mu;
+  std::vector<int> order_seen;
+  SchedulerJob holder, jobs[3];
+  std::promise<void> held, release;
+  std::shared_future<void> released = release.get_future().share();
+  plain_job(holder, prompt_tokens(4), 1);
+  auto holder_prefill = holder.prefill;
+  holder.prefill = [&, released](Forward& fw) {
+    held.set_value();
+    released.wait();
+    return holder_prefill(fw);
+  };
+  const int priority[3] = {1, 3, 2};
+  const size_t work[3] = {100, 10, 50};
+  sched.submit(holder);
+  held.get_future().wait();
+  for (int i = 0; i < 3; ++i) {
+    plain_job(jobs[i], prompt_tokens(4), 1);
+    jobs[i].priority = priority[i];
+    jobs[i].work = work[i];
+    auto inner = jobs[i].prefill;
+    jobs[i].prefill = [&, i, inner](Forward& fw) {
+      std::lock_guard lock(mu);
+      order_seen.push_back(i);
+      return inner(fw);
+    };
+    sched.submit(jobs[i]);
+    if (i == 0 && aged_first_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(aged_first_ms));
+  }
+  release.set_value();
+  sched.wait(holder);
+  for (auto& j : jobs) sched.wait(j);
+  return order_seen;
+}
+
+TEST(Scheduler, OrdersByArrivalPriorityOrWorkAndNoJobStarves) {
+  CF_REQUIRE_MODEL();
+  EXPECT_EQ(prefill_order(SchedulerOrder::fifo, 30000, 0), (std::vector<int>{0, 1, 2}));
+  EXPECT_EQ(prefill_order(SchedulerOrder::priority, 30000, 0), (std::vector<int>{0, 2, 1}));
+  EXPECT_EQ(prefill_order(SchedulerOrder::shortest, 30000, 0), (std::vector<int>{1, 2, 0}));
+  // Job 0 (the most work) waited 300 ms, past the bound of 150: it goes first, the rest by work.
+  EXPECT_EQ(prefill_order(SchedulerOrder::shortest, 150, 300), (std::vector<int>{0, 1, 2}));
+  SchedulerOrder o;
+  EXPECT_TRUE(parse_scheduler_order("shortest", o));
+  EXPECT_EQ(o, SchedulerOrder::shortest);
+  EXPECT_FALSE(parse_scheduler_order("lifo", o));
+}
+
 }  // namespace
 }  // namespace cf

@@ -45,6 +45,7 @@ TEST(ServerApi, ChatBodyWithAllKnownFieldsParses) {
   b["temperature"] = 0.5;
   b["top_p"] = 0.9;
   b["seed"] = 42;
+  b["priority"] = -3;
   b["stop"] = json::array({"\n", "END"});
   b["stream"] = true;
   b["stream_options"] = {{"include_usage", true}};
@@ -65,6 +66,7 @@ TEST(ServerApi, ChatBodyWithAllKnownFieldsParses) {
   EXPECT_DOUBLE_EQ(r.top_p, 0.9);
   ASSERT_TRUE(r.seed.has_value());
   EXPECT_EQ(*r.seed, 42u);
+  EXPECT_EQ(r.priority, -3);
   EXPECT_EQ(r.stop, (std::vector<std::string>{"\n", "END"}));
   EXPECT_TRUE(pc.stream);
   EXPECT_TRUE(pc.include_usage);
@@ -158,6 +160,8 @@ TEST(ServerApi, WrongTypesAndValuesAre400NamingTheField) {
       {"top_p", 0.0, "top_p"},
       {"top_p", 1.5, "top_p"},
       {"seed", "s", "seed"},
+      {"priority", 1.5, "priority"},
+      {"priority", "high", "priority"},
       {"stop", 5, "stop"},
       {"stop", json::array({"a", 1}), "stop[1]"},
       {"stop", "", "stop"},

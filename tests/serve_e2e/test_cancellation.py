@@ -70,6 +70,8 @@ class CancellationTest(unittest.TestCase):
                 self.assertGreater(m["chunkfuse_requests_cancelled_total"],
                                    before["chunkfuse_requests_cancelled_total"], self.server.log_text()[-2000:])
                 pieces = m["chunkfuse_prefill_pieces_total"] - before["chunkfuse_prefill_pieces_total"]
+                print("RELIABILITY client left mid-prefill (stream=%s): %d of the whole prefill's %d pieces run"
+                      % (stream, pieces, whole), file=sys.stderr)
                 self.assertLess(pieces, whole / 2, "the cancelled prefill stopped early")
                 self.assertEqual(m["chunkfuse_completion_tokens_total"], before["chunkfuse_completion_tokens_total"])
                 self.assertEqual(self.wait_metrics(lambda m: m["chunkfuse_running_requests"] == 0)
