@@ -135,6 +135,11 @@ void add_serve_command(CLI::App& app, CommandRunner& run) {
       ->transform(CLI::AsSizeValue(false))
       ->default_str("half the free space on the store's file system at start-up plus the store's own files, "
                     "16MiB to 10GiB");
+  cmd->add_option("--kv-budget", a->engine.kv_budget_bytes,
+                  "K/V bytes the running requests may reserve together, prompt + max_tokens each, e.g. 4GiB: past "
+                  "it a request waits in the queue, one larger than all of it gets 413 (0: unbounded)")
+      ->transform(CLI::AsSizeValue(false))
+      ->default_str("a quarter of the machine's memory");
   cmd->add_option("--prefix-cache-budget", a->engine.prefix_cache_bytes, "K/V bytes of the exact prefix cache")
       ->transform(CLI::AsSizeValue(false))
       ->capture_default_str();

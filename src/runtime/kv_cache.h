@@ -63,6 +63,10 @@ class KvCache {
   size_t append_from(const KvCache& src, size_t begin, size_t end, int32_t delta);
 
   size_t bytes() const;  // memory held by K/V storage
+  // K/V bytes of one entry of a model of this shape (what a token costs in a cache).
+  static size_t bytes_per_entry(const ModelHparams& h) {
+    return 2 * static_cast<size_t>(h.n_layers) * static_cast<size_t>(h.kv_dim()) * kValueBytes;
+  }
 
  private:
   ModelHparams h_;

@@ -472,6 +472,9 @@ std::string prometheus_text(const EngineMetrics& m, const HttpCounters& h, bool 
   gauge("chunkfuse_queue_length", "Requests waiting to be scheduled.", static_cast<double>(m.queue_length));
   gauge("chunkfuse_running_requests", "Requests prefilling or decoding.", static_cast<double>(m.running));
   counter("chunkfuse_decode_steps_total", "Batched decode passes.", m.decode_steps);
+  gauge("chunkfuse_kv_reserved_bytes", "K/V reserved by running requests (prompt + max_tokens each).",
+        static_cast<double>(m.kv_reserved_bytes));
+  gauge("chunkfuse_kv_budget_bytes", "serve --kv-budget (0: unbounded).", static_cast<double>(m.kv_budget_bytes));
   counter("chunkfuse_prefill_pieces_total",
           "Pauses of long forward passes for the running requests' decode steps (serve --prefill-chunk).",
           m.prefill_pieces);

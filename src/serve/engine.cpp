@@ -6,6 +6,8 @@
 // reports are serve/token_accounting.h's; registered chunks are serve/chunk_registry.h's.
 #include "serve/engine.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
@@ -74,6 +76,14 @@ std::string model_name_of(const Model& model, const std::string& path) {
   return std::filesystem::path(path).stem().string();
 }
 
+// A quarter of the machine's memory (at least 256 MiB): the K/V of running requests beside
+// the model, the prefix cache and the chunk store's memory tier.
+size_t default_kv_budget() {
+  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGE_SIZE);
+  const size_t total = pages > 0 && page > 0 ? static_cast<size_t>(pages) * static_cast<size_t>(page) : 0;
+  return std::max(total / 4, size_t{256} << 20);
+}
+
 }  // namespace
 
 struct Engine::Impl {
@@ -101,6 +111,8 @@ struct Engine::Impl {
     if (!parse_scheduler_order(opt.schedule, so.order))
       throw std::runtime_error("unknown schedule \"" + opt.schedule + "\" (fifo, priority, shortest)");
     so.max_wait_ms = opt.max_wait_ms;
+    if (opt.kv_budget_bytes == EngineOptions::kKvBudgetDefault) opt.kv_budget_bytes = default_kv_budget();
+    so.kv_budget_bytes = opt.kv_budget_bytes;
     scheduler = std::make_unique<Scheduler>(fwd, so);
   }
 
@@ -165,6 +177,8 @@ struct Engine::Impl {
     job.history = plan.rag.flatten();
     job.priority = req.priority;
     job.work = expected_prefill_rows(plan);
+    job.kv_bytes = (plan.prompt_tokens + static_cast<size_t>(std::max(0, plan.generate.max_tokens))) *
+                   KvCache::bytes_per_entry(model->hparams());
     job.prefill = [this, &run, &plan](Forward& fw) {
       PrefixSource* source = plan.prefix_cache ? static_cast<PrefixSource*>(&prefixes) : (plan.fused ? &uncached : nullptr);
       FusionResult fr = FusionExecutor(fw, store, source).prefill(plan.rag, plan.fusion);
@@ -372,6 +386,8 @@ EngineMetrics Engine::metrics() const {
   m.decode_steps = impl_->scheduler->decode_steps();
   m.decode_rows = impl_->scheduler->decode_rows();
   m.prefill_pieces = impl_->scheduler->prefill_pieces();
+  m.kv_reserved_bytes = impl_->scheduler->kv_reserved_bytes();
+  m.kv_budget_bytes = impl_->scheduler->kv_budget_bytes();
   m.background_tasks = impl_->scheduler->idle_tasks_run();
   const ChunkStoreStats s = impl_->store.stats();
   m.store_memory_bytes = s.memory_bytes;

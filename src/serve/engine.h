@@ -56,6 +56,11 @@ struct EngineOptions {
   // wait after which one goes first whatever the order (serve --max-wait-ms; issue 58 item 2).
   std::string schedule = "fifo";
   size_t max_wait_ms = 30000;
+  // K/V the running requests may reserve together, prompt + max_tokens each (serve --kv-budget;
+  // issue 58 item 3): past it a request waits in the queue. kKvBudgetDefault: a quarter of the
+  // machine's memory, resolved at start-up; 0: unbounded.
+  size_t kv_budget_bytes = kKvBudgetDefault;
+  static constexpr size_t kKvBudgetDefault = SIZE_MAX;
   size_t max_documents = 64;
   // Texts one POST /v1/chunks may register (serve --max-chunk-texts; each costs a prefill of
   // its own, issue 59): more is 413 before any is tokenized.

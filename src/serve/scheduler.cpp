@@ -34,6 +34,12 @@ Scheduler::~Scheduler() {
 
 void Scheduler::submit(SchedulerJob& job) {
   job.arrival = SchedulerJob::Clock::now();
+  if (opt_.kv_budget_bytes && job.kv_bytes > opt_.kv_budget_bytes)
+    throw RequestError(413, "invalid_request_error",
+                       "the request needs " + std::to_string(job.kv_bytes >> 20) + " MiB of K/V (prompt + max_tokens), " +
+                           "more than this server's " + std::to_string(opt_.kv_budget_bytes >> 20) +
+                           " MiB (serve --kv-budget); ask for fewer max_tokens or send a shorter prompt",
+                       "max_tokens");
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (stopping_) throw RequestError(503, "server_error", "the engine is shutting down");
@@ -88,6 +94,11 @@ size_t Scheduler::queue_length() const {
   return waiting_.size();
 }
 
+size_t Scheduler::kv_reserved_bytes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return kv_reserved_;
+}
+
 size_t Scheduler::running() const {
   std::lock_guard<std::mutex> lock(mu_);
   return n_running_;
@@ -140,8 +151,14 @@ void Scheduler::loop() {
       tasks.swap(tasks_);
       if (running_.size() < opt_.max_batch && !waiting_.empty()) {
         auto it = next_waiting();
-        next = *it;
-        waiting_.erase(it);
+        // Without room for its K/V it keeps its place until a running job finishes (with
+        // nothing running every job fits: submit refused the ones larger than the budget).
+        if (!opt_.kv_budget_bytes || kv_reserved_ + (*it)->kv_bytes <= opt_.kv_budget_bytes || running_.empty()) {
+          next = *it;
+          waiting_.erase(it);
+          next->kv_reserved = true;
+          kv_reserved_ += next->kv_bytes;
+        }
       }
       // No request waits: background work delays only the running requests' next decode
       // step, as admitting a new request would.
@@ -292,6 +309,8 @@ void Scheduler::finish(SchedulerJob& job) {
     }
   }
   std::lock_guard<std::mutex> lock(mu_);
+  if (job.kv_reserved) kv_reserved_ -= job.kv_bytes;
+  job.kv_reserved = false;
   job.done = true;
   done_cv_.notify_all();
 }
@@ -314,6 +333,7 @@ void Scheduler::fail_all(std::exception_ptr e) {
   waiting_.clear();
   tasks_.clear();
   n_running_ = 0;
+  kv_reserved_ = 0;
   done_cv_.notify_all();
 }
 

@@ -231,5 +231,46 @@ TEST(Scheduler, OrdersByArrivalPriorityOrWorkAndNoJobStarves) {
   EXPECT_FALSE(parse_scheduler_order("lifo", o));
 }
 
+// K/V in bytes: two jobs whose reservations do not fit together run one after the other, the
+// second keeping its place in the queue (never failing); one larger than the budget is 413.
+TEST(Scheduler, AJobWaitsForRoomInTheKvBudget) {
+  CF_REQUIRE_MODEL();
+  Forward fwd(shared_model(), shared_pool());
+  SchedulerOptions so{8, 8, 16};
+  so.kv_budget_bytes = 1000;
+  Scheduler sched(fwd, so);
+  SchedulerJob first, second, small, huge;
+  plain_job(first, prompt_tokens(12), 12);
+  plain_job(second, prompt_tokens(12), 4);
+  plain_job(small, prompt_tokens(12), 4);
+  first.kv_bytes = 600;
+  second.kv_bytes = 600;
+  small.kv_bytes = 300;  // fits beside the first: joins it, but after the second (FIFO)
+  size_t reserved_seen = 0;
+  first.generate.on_text = [&](std::string_view) {
+    reserved_seen = std::max(reserved_seen, sched.kv_reserved_bytes());
+    return true;
+  };
+  sched.submit(first);
+  sched.submit(second);
+  sched.submit(small);
+  sched.wait(first);
+  sched.wait(second);
+  sched.wait(small);
+  EXPECT_GE(second.started, first.finished);  // waited for room, did not fail
+  EXPECT_GE(small.started, second.started);   // kept behind the second
+  EXPECT_LE(reserved_seen, 1000u);
+  EXPECT_EQ(sched.kv_reserved_bytes(), 0u);
+  huge.kv_bytes = 1001;
+  plain_job(huge, prompt_tokens(4), 1);
+  try {
+    sched.submit(huge);
+    ADD_FAILURE() << "a job over the whole budget was queued";
+  } catch (const RequestError& e) {
+    EXPECT_EQ(e.status, 413);
+    EXPECT_EQ(e.param, "max_tokens");
+  }
+}
+
 }  // namespace
 }  // namespace cf
