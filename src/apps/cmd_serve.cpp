@@ -29,7 +29,31 @@ struct ServeArgs {
   RemoteArgs remote;
   std::string chunk_context = "alone";
   bool method_given = false;
+  double quality = 0;  // serve --quality: the auto policy for requests that name no method
+  bool quality_given = false;
 };
+
+// serve --quality q makes the auto policy (fusion/auto_quality.h) the default at target q;
+// checked here so that a bad value stops the server before the model loads.
+void apply_default_quality(const ServeArgs& a, FusionOptions& fusion) {
+  if (!a.quality_given) {
+    if (fusion.automatic())
+      throw std::invalid_argument("--method " + auto_method_name() + " needs --quality q (the share in (0, 1] of "
+                                  "answers identical to full prefill's)");
+    return;
+  }
+  if (!(a.quality > 0 && a.quality <= 1)) {
+    char got[32];
+    std::snprintf(got, sizeof got, "%g", a.quality);
+    throw std::invalid_argument(std::string("--quality must be in (0, 1] (the share of answers identical to full "
+                                            "prefill's), got ") + got);
+  }
+  if (a.method_given && !fusion.automatic())
+    throw std::invalid_argument("--quality is the target of the auto policy: give --method " + auto_method_name() +
+                                " or no --method, not --method " + fusion.method);
+  fusion.method = auto_method_name();
+  fusion.quality = a.quality;
+}
 
 int run_serve(ServeArgs a) {
   a.engine.model_path = a.model.model_path;
@@ -38,6 +62,7 @@ int run_serve(ServeArgs a) {
   a.engine.threads = a.model.threads;
   a.engine.remote = remote_tier_options(a.remote);
   FusionOptions& fusion = a.engine.default_fusion;
+  apply_default_quality(a, fusion);
   if (a.http.match_chunks && fusion.full()) {
     if (a.method_given)
       throw std::invalid_argument("--match-chunks needs a fusion method: --method full would recompute every passage");
@@ -200,6 +225,11 @@ void add_serve_command(CLI::App& app, CommandRunner& run) {
                   "fusion ratio (share of context tokens recomputed) of requests that name none")
       ->check(CLI::Range(0.0, 1.0))
       ->capture_default_str();
+  CLI::Option* quality =
+      cmd->add_option("--quality", a->quality,
+                      "auto policy for requests that name no fusion method: the share in (0, 1] of answers identical "
+                      "to full prefill's (as calibrated for the model); the engine picks method and ratio per request "
+                      "and reports its choice (chunkfuse.auto). Implies --method auto");
   cmd->add_flag("--match-chunks", a->http.match_chunks,
                 "find passages (blank-line-separated paragraphs, registered chunks) inside plain messages and "
                 "prompts and serve them from chunk caches with the fusion method's recomputation (approximate; off "
@@ -225,8 +255,9 @@ void add_serve_command(CLI::App& app, CommandRunner& run) {
   add_remote_options(*cmd, a->remote);
   cmd->add_option("--web-dir", a->http.web_dir,
                   "folder of the built web page served at /ui/ (default: found beside the binary or in web/dist)");
-  cmd->callback([&run, a, method] {
+  cmd->callback([&run, a, method, quality] {
     a->method_given = method->count() > 0;
+    a->quality_given = quality->count() > 0;
     run = [a] { return run_serve(*a); };
   });
 }

@@ -173,6 +173,9 @@ FusionSpec parse_fusion(const json* v, const FusionOptions& defaults) {
   if (const json* x = field(*v, "method")) o.method = get_string(*x, "fusion.method");
   if (const json* x = field(*v, "ratio")) o.ratio = get_number(*x, "fusion.ratio", 0.0, 1.0);
   if (const json* x = field(*v, "quality")) o.quality = get_number(*x, "fusion.quality", 0.0, 1.0);
+  // serve --quality's target belongs to its default method, auto: a request naming another
+  // method without a quality of its own does not inherit it.
+  else if (field(*v, "method") && !o.automatic()) o.quality = 0;
   if (o.automatic() && field(*v, "ratio"))
     throw invalid_request("fusion method '" + o.method + "' chooses the ratio itself: give fusion.quality, not fusion.ratio", "fusion.ratio");
   if (const json* x = field(*v, "reorder")) f.reorder = get_bool(*x, "fusion.reorder");
@@ -397,14 +400,16 @@ json stream_text_chunk(const ResponseMeta& m, std::string_view text) {
   return j;
 }
 
-json stream_finish_chunk(const ResponseMeta& m, const std::string& finish_reason) {
+json stream_finish_chunk(const ResponseMeta& m, const CompletionResult& r) {
   json j = base_object(m, chunk_object(m));
-  json choice{{"index", 0}, {"logprobs", nullptr}, {"finish_reason", finish_reason}};
+  json choice{{"index", 0}, {"logprobs", nullptr}, {"finish_reason", r.finish_reason}};
   if (m.chat)
     choice["delta"] = json::object();
   else
     choice["text"] = "";
   j["choices"] = json::array({choice});
+  // The auto policy's choice in every stream, not only with stream_options.include_usage.
+  if (!r.auto_choice.is_null()) j["chunkfuse"] = {{"auto", r.auto_choice}};
   return j;
 }
 

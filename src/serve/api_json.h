@@ -29,8 +29,9 @@ nlohmann::json parse_body(const std::string& body);
 // fields are ignored, as OpenAI does; a known field of the wrong type or out of range throws
 // RequestError 400 naming the field, and so does an OpenAI field that would change the answer
 // and is not implemented (logprobs, echo, logit_bias, tools, response_format, n > 1, ...)
-// unless it is null or "off". `defaults` (serve --method, --ratio, --chunk-context) fill the
-// fusion fields a request does not give. The fusion settings are checked by validate_request.
+// unless it is null or "off". `defaults` (serve --method, --ratio, --quality, --chunk-context)
+// fill the fusion fields a request does not give; a request naming a method other than auto
+// does not inherit the default quality. The fusion settings are checked by validate_request.
 ParsedCompletion parse_completion(const nlohmann::json& body, bool chat, const FusionOptions& defaults = {});
 
 // POST /v1/chunks: {"texts": [str...]} or {"documents": [str | {"text": str}...]}.
@@ -52,10 +53,11 @@ struct ResponseMeta {
 nlohmann::json usage_json(const CompletionResult& r);
 nlohmann::json completion_response(const ResponseMeta& m, const CompletionResult& r);
 // Streaming chunks: the first (chat: delta with the role), one per piece of text, the last
-// (finish_reason), and with include_usage one with empty choices and the usage.
+// (finish_reason; with method auto also chunkfuse.auto, the choice), and with include_usage one
+// with empty choices, the usage and the whole chunkfuse object.
 nlohmann::json stream_role_chunk(const ResponseMeta& m);
 nlohmann::json stream_text_chunk(const ResponseMeta& m, std::string_view text);
-nlohmann::json stream_finish_chunk(const ResponseMeta& m, const std::string& finish_reason);
+nlohmann::json stream_finish_chunk(const ResponseMeta& m, const CompletionResult& r);
 nlohmann::json stream_usage_chunk(const ResponseMeta& m, const CompletionResult& r);
 // One server-sent event: "data: <json>\n\n".
 std::string sse_event(const nlohmann::json& j);

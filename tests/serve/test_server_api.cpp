@@ -351,6 +351,32 @@ TEST(ServerApi, AutoTakesAQualityAndReportsItsChoice) {
   EXPECT_FALSE(api::completion_response({"c", 1, "m", true}, res)["chunkfuse"].contains("auto"));
   res.auto_choice = {{"method", "prophet"}, {"ratio", 0.15}, {"predicted_quality", 0.97}, {"decision_ms", 3.0}};
   EXPECT_EQ(api::completion_response({"c", 1, "m", true}, res)["chunkfuse"]["auto"]["method"], "prophet");
+  // A stream's last chunk carries the choice whether or not usage was asked for (issue 60 item 4).
+  EXPECT_EQ(api::stream_finish_chunk({"c", 1, "m", true}, res)["chunkfuse"]["auto"]["method"], "prophet");
+  EXPECT_FALSE(api::stream_finish_chunk({"c", 1, "m", true}, sample_result()).contains("chunkfuse"));
+}
+
+// serve --quality (issue 60 item 4): a request without fusion fields gets the auto policy at the
+// server's target; one naming another method drops that target, so it is not refused for it;
+// one naming auto with a quality of its own keeps its own.
+TEST(ServerApi, ServerQualityIsTheDefaultOfRequestsThatNameNoMethod) {
+  const FusionOptions server{.method = "auto", .ratio = 0.15, .quality = 0.8};
+  json b = basic_chat();
+  const CompletionRequest plain = api::parse_completion(b, true, server).request;
+  EXPECT_EQ(plain.fusion.options.method, "auto");
+  EXPECT_DOUBLE_EQ(plain.fusion.options.quality, 0.8);
+  PlanLimits limits;
+  limits.context_length = limits.max_prompt_tokens = 1024;
+  EXPECT_NO_THROW(validate_request(plain, limits));
+  b["fusion"] = {{"method", "epic"}};
+  const CompletionRequest epic = api::parse_completion(b, true, server).request;
+  EXPECT_EQ(epic.fusion.options.method, "epic");
+  EXPECT_DOUBLE_EQ(epic.fusion.options.quality, 0.0);
+  EXPECT_NO_THROW(validate_request(epic, limits));
+  b["fusion"] = {{"method", "auto"}, {"quality", 0.6}};
+  EXPECT_DOUBLE_EQ(api::parse_completion(b, true, server).request.fusion.options.quality, 0.6);
+  b["fusion"] = {{"reorder", true}};  // fusion fields that name no method keep the default
+  EXPECT_DOUBLE_EQ(api::parse_completion(b, true, server).request.fusion.options.quality, 0.8);
 }
 
 TEST(ServerApi, ChatResponseHasOpenAIShapeAndTheExtension) {
@@ -392,7 +418,9 @@ TEST(ServerApi, StreamChunksFollowOpenAI) {
   const json piece = api::stream_text_chunk(meta, " Par");
   EXPECT_EQ(piece["choices"][0]["delta"]["content"], " Par");
   EXPECT_FALSE(piece["choices"][0]["delta"].contains("role"));
-  const json last = api::stream_finish_chunk(meta, "length");
+  CompletionResult stopped = sample_result();
+  stopped.finish_reason = "length";
+  const json last = api::stream_finish_chunk(meta, stopped);
   EXPECT_EQ(last["choices"][0]["finish_reason"], "length");
   EXPECT_TRUE(last["choices"][0]["delta"].empty());
   const json usage = api::stream_usage_chunk(meta, sample_result());

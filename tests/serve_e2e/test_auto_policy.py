@@ -1,0 +1,102 @@
+"""End-to-end: the auto policy as a server-wide default (issue 60). `serve --quality q` gives
+requests that name no fusion method the auto policy, and its choice is in every response: the
+JSON body and, in a stream, the final chunk, whether or not usage was asked for.
+Run: python3 -m unittest tests.serve_e2e.test_auto_policy (only the standard library is used).
+"""
+import json
+import os
+import subprocess
+import sys
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import serve_helpers as h  # noqa: E402
+
+DOCS = [
+    "Title: Lake Orta\nLake Orta is a lake in northern Italy. The island of San Giulio lies in its centre.",
+    "Title: Monte Rosa\nMonte Rosa is a mountain massif in the Alps whose meltwater feeds several lakes of Piedmont.",
+]
+# SmolLM2's shipped calibration runs a ladder step up to about 0.87 (data/auto_calibrations/).
+QUALITY = 0.5
+
+
+def chat_body(question, **extra):
+    body = {"messages": [{"role": "user", "content": "Question: " + question}], "max_tokens": 8, "temperature": 0,
+            "documents": DOCS}
+    body.update(extra)
+    return body
+
+
+def sse_chunks(text):
+    events = [e for e in text.split("\n\n") if e.strip()]
+    assert events and events[-1] == "data: [DONE]", events
+    return [json.loads(e[len("data: "):]) for e in events[:-1]]
+
+
+class AutoPolicyDefaultTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.server = h.Server("--quality", str(QUALITY))
+
+    @classmethod
+    def tearDownClass(cls):
+        code, log = cls.server.stop()
+        if code != 0:
+            raise AssertionError("server exited with %s on SIGTERM:\n%s" % (code, log))
+
+    def assert_choice(self, choice):
+        for key in ("method", "ratio", "predicted_quality", "quality", "threshold", "steps_run", "calibrated", "trace"):
+            self.assertIn(key, choice)
+        self.assertEqual(choice["quality"], QUALITY)  # the server's target
+        self.assertTrue(choice["calibrated"], choice)
+
+    def test_a_plain_request_gets_the_policy_and_its_choice(self):
+        status, r = self.server.post("/v1/chat/completions", chat_body("Which island lies in Lake Orta?"))
+        self.assertEqual(status, 200, r)
+        self.assert_choice(r["chunkfuse"]["auto"])
+
+    def test_a_stream_reports_the_choice_in_its_final_chunk_without_usage(self):
+        status, text = self.server.post("/v1/chat/completions", chat_body("What feeds the lakes of Piedmont?",
+                                                                          stream=True))
+        self.assertEqual(status, 200, text)
+        chunks = sse_chunks(text)
+        self.assertFalse(any("usage" in c for c in chunks))  # not asked for
+        last = chunks[-1]
+        self.assertIsNotNone(last["choices"][0]["finish_reason"])
+        self.assert_choice(last["chunkfuse"]["auto"])
+        # With usage asked for, the usage chunk carries it too.
+        status, text = self.server.post("/v1/chat/completions", chat_body(
+            "What feeds the lakes of Piedmont?", stream=True, stream_options={"include_usage": True}))
+        self.assertEqual(status, 200, text)
+        chunks = sse_chunks(text)
+        self.assert_choice(chunks[-2]["chunkfuse"]["auto"])  # the finish chunk
+        self.assert_choice(chunks[-1]["chunkfuse"]["auto"])  # the usage chunk
+
+    def test_a_request_naming_a_method_overrides_the_default(self):
+        status, r = self.server.post("/v1/chat/completions", chat_body("Which island lies in Lake Orta?",
+                                                                       fusion={"method": "epic", "ratio": 0.2}))
+        self.assertEqual(status, 200, r)
+        self.assertNotIn("auto", r["chunkfuse"])
+
+
+class ServeQualityFlagTest(unittest.TestCase):
+    def refused(self, *args):
+        out = subprocess.run([h.binary_path(), "serve", "-m", h.model_path(), "--port", "0", *args],
+                             capture_output=True, text=True, timeout=60)
+        self.assertNotEqual(out.returncode, 0, out.stderr)
+        return out.stderr
+
+    def test_bad_values_stop_the_server_at_start_with_a_clear_error(self):
+        for q in ("0", "1.5", "-0.2", "nan"):
+            self.assertIn("--quality must be in (0, 1]", self.refused("--quality", q))
+        self.assertIn("--quality is the target of the auto policy", self.refused("--method", "epic", "--quality", "0.9"))
+        self.assertIn("--method auto needs --quality", self.refused("--method", "auto"))
+
+    def test_help_shows_the_flag(self):
+        out = subprocess.run([h.binary_path(), "serve", "--help"], capture_output=True, text=True, timeout=60)
+        self.assertEqual(out.returncode, 0, out.stderr)
+        self.assertIn("--quality", out.stdout)
+
+
+if __name__ == "__main__":
+    unittest.main()
