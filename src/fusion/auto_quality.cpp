@@ -375,11 +375,31 @@ void check_quality(double quality) {
     throw std::invalid_argument("fusion.quality must be a number in (0, 1] (the share of answers identical to full prefill's)");
 }
 
+ColdPrice price_cold_chunks(const AutoCalibration& cal, const AutoPolicy& policy, size_t context_tokens,
+                            size_t suffix_tokens, size_t cold_tokens) {
+  if (policy.steps.empty()) throw std::invalid_argument("price_cold_chunks: a policy without steps runs no ladder");
+  ColdPrice p;
+  p.full_rows = static_cast<double>(context_tokens + suffix_tokens);
+  p.all_cold = cold_tokens >= context_tokens;
+  const AutoStep& first = cal.steps.at(policy.steps.front());
+  const double share = policy.ttft_share > 0 ? policy.ttft_share
+                                             : (first.ratio * static_cast<double>(context_tokens) +
+                                                static_cast<double>(suffix_tokens)) / std::max(p.full_rows, 1.0);
+  p.ladder_rows = static_cast<double>(cold_tokens) + share * p.full_rows;
+  return p;
+}
+
 json AutoDecision::to_json() const {
-  return {{"method", method},       {"ratio", ratio},     {"predicted_quality", predicted_quality},
-          {"quality", quality},     {"threshold", threshold}, {"size_class", size_class},
-          {"decision_ms", decision_ms}, {"steps_run", steps_run},
-          {"calibrated", calibrated}, {"trace", trace}};
+  json j = {{"method", method},       {"ratio", ratio},     {"predicted_quality", predicted_quality},
+            {"quality", quality},     {"threshold", threshold}, {"size_class", size_class},
+            {"decision_ms", decision_ms}, {"steps_run", steps_run},
+            {"calibrated", calibrated}, {"reason", reason}, {"trace", trace}};
+  if (cold_chunks) {
+    j["cold_chunks"] = cold_chunks;
+    j["cold_tokens"] = cold_tokens;
+  }
+  if (cold_price) j["price_rows"] = {{"full", cold_price->full_rows}, {"ladder", cold_price->ladder_rows}};
+  return j;
 }
 
 FusionResult prefill(FusionExecutor& executor, const RagRequest& request, const FusionOptions& base,
@@ -390,12 +410,31 @@ FusionResult prefill(FusionExecutor& executor, const RagRequest& request, const 
   decision.calibrated = cal != nullptr;
   FusionOptions opt = base;
   double wasted_ms = 0;
-  if (cal) {
+  std::vector<ChunkFill> cold;
+  decision.reason = cal ? kReasonTarget : kReasonUncalibrated;
+  if (cal && request.context_tokens() == 0) decision.reason = kReasonNoContext;
+  if (cal && request.context_tokens() > 0) {
     const size_t tokens = request.context_tokens();
     const AutoPolicy& policy = cal->policy_for(quality, tokens);
     decision.threshold = policy.threshold;
     decision.size_class = cal->size_class(tokens).min_context_tokens;
-    for (size_t k : policy.steps) {
+    bool run_ladder = !policy.steps.empty();
+    if (run_ladder) {
+      const auto t0 = SteadyClock::now();
+      FusionOptions first = base;  // the caches the ladder's steps look up
+      first.method = cal->steps.at(policy.steps.front()).method;
+      cold = executor.missing_chunks(request, first);  // none under ColdChunks::offline
+      for (const ChunkFill& c : cold) decision.cold_tokens += c.key.tokens().size();
+      decision.cold_chunks = cold.size();
+      if (!cold.empty()) {
+        decision.cold_price = price_cold_chunks(*cal, policy, tokens, request.suffix.size(), decision.cold_tokens);
+        run_ladder = decision.cold_price->ladder();
+        if (!run_ladder) decision.reason = kReasonColdChunks;
+      }
+      wasted_ms += ms_since(t0);
+    }
+    static const std::vector<size_t> kNoSteps;
+    for (size_t k : run_ladder ? policy.steps : kNoSteps) {
       const AutoStep& step = cal->steps.at(k);
       opt.method = step.method;
       opt.ratio = step.ratio;
@@ -407,6 +446,7 @@ FusionResult prefill(FusionExecutor& executor, const RagRequest& request, const 
       ++decision.steps_run;
       decision.trace.push_back({{"method", step.method}, {"ratio", step.ratio}, {"predicted", p}, {"ttft_ms", r.timings.ttft_ms}});
       if (accepts(policy, p)) {
+        decision.reason = kReasonAccepted;
         decision.method = step.method;
         decision.ratio = step.ratio;
         decision.predicted_quality = p;
@@ -415,6 +455,7 @@ FusionResult prefill(FusionExecutor& executor, const RagRequest& request, const 
         return r;
       }
       wasted_ms += r.timings.ttft_ms + predict_ms;
+      decision.reason = kReasonEscalated;
     }
   }
   opt.method = full_method_name();
@@ -428,6 +469,9 @@ FusionResult prefill(FusionExecutor& executor, const RagRequest& request, const 
   decision.predicted_quality = 1.0;
   decision.decision_ms = wasted_ms;
   r.timings.ttft_ms += wasted_ms;
+  // Full prefill answered without the cold caches: the caller computes them off this request's
+  // path. (After a ladder step the step computed them.)
+  if (decision.reason == kReasonColdChunks) r.chunks_to_fill = std::move(cold);
   return r;
 }
 

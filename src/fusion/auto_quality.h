@@ -16,6 +16,24 @@
 // of. No paper proposes this; the ladder's steps are the papers' selectors (selector.h), run
 // unchanged.
 //
+// Cold chunk caches (issue 60 item 2). A ladder step reuses chunk caches; one the store lacks
+// is computed first, a prefill of that chunk on the request's path, before any step starts.
+// Under ColdChunks::priced (executor.h: the server) the policy prices that before it runs a
+// step, in rows of the forward pass (price_cold_chunks):
+//   full prefill = context + suffix tokens (S is reused by both),
+//   the ladder   = cold tokens + the policy's expected share of full prefill x full prefill
+//                  (AutoPolicy::ttft_share, its rejected steps included; a file without it:
+//                  the first step's rows, ρ x context + suffix).
+// The ladder runs only when it is the cheaper (it then computes the cold caches inline, once
+// for all its steps); a request whose chunks are all cold never runs it (computing every chunk
+// costs the context part of full prefill already, and each step adds to it). Otherwise full
+// prefill answers at once (reason "cold_chunks" in the decision) and the caches it did not
+// compute come back in FusionResult::chunks_to_fill; the server computes them when idle, after
+// the answer, so the next request finds them warm. A cache on disk or in the remote tier counts
+// as warm: its load is prefetched while the request waits and costs milliseconds against a
+// prefill's hundreds. Under ColdChunks::offline (the bench, `ask`) nothing changes: cold caches
+// are computed inside the step and timed apart, as for every fixed method.
+//
 // Calibrations are per model (the fingerprint is checked, another model's file is refused):
 // <cache_root>/calibrations/<fingerprint>.auto.json written by `chunkfuse calibrate`, else one
 // shipped in data/auto_calibrations/ (compiled in, like the QCFuse profiles).
@@ -143,6 +161,26 @@ void check_quality(double quality);
 // planner and the replay all decide with it).
 bool accepts(const AutoPolicy& policy, double p);
 
+// The cold-chunk rule above, pure: the two prices in forward-pass rows for a request of
+// `context_tokens` (of which `cold_tokens` in chunks the store lacks) and `suffix_tokens`,
+// under `policy` (non-empty steps) of `cal`.
+struct ColdPrice {
+  double full_rows = 0;
+  double ladder_rows = 0;
+  bool all_cold = false;
+  bool ladder() const { return !all_cold && ladder_rows < full_rows; }
+};
+ColdPrice price_cold_chunks(const AutoCalibration& cal, const AutoPolicy& policy, size_t context_tokens,
+                            size_t suffix_tokens, size_t cold_tokens);
+
+// Why the decision is what it is (AutoDecision::reason).
+inline constexpr const char* kReasonAccepted = "accepted";        // a step's p reached the threshold
+inline constexpr const char* kReasonEscalated = "escalated";      // every step run was rejected
+inline constexpr const char* kReasonTarget = "target";            // the target's policy runs no step
+inline constexpr const char* kReasonColdChunks = "cold_chunks";   // computing the cold caches first costs more
+inline constexpr const char* kReasonNoContext = "no_context";     // no chunk to reuse
+inline constexpr const char* kReasonUncalibrated = "uncalibrated";  // no calibration for this model
+
 // What the auto policy chose, reported in the response (chunkfuse.auto).
 struct AutoDecision {
   std::string method;  // the chosen step's selector, or "full"
@@ -154,12 +192,16 @@ struct AutoDecision {
   double decision_ms = 0;      // steps run and discarded + the predictor's own time
   size_t steps_run = 0;
   bool calibrated = true;      // false: no calibration for this model, full prefill answered
+  std::string reason;          // kReason*
+  size_t cold_chunks = 0, cold_tokens = 0;  // ColdChunks::priced: chunk caches the store lacked
+  std::optional<ColdPrice> cold_price;      // priced when some were cold
   nlohmann::json trace = nlohmann::json::array();  // per step run: method, ratio, predicted, ttft_ms
   nlohmann::json to_json() const;
 };
 
 // Runs the ladder for `request` (base: seed, chunk variant; method and ratio are the
 // policy's). Without a calibration (`cal` null) it answers with full prefill and says so.
+// Under the executor's ColdChunks::priced, cold chunk caches are priced first (above).
 FusionResult prefill(FusionExecutor& executor, const RagRequest& request, const FusionOptions& base,
                      const AutoCalibration* cal, double quality, AutoDecision& decision);
 

@@ -65,8 +65,27 @@ void FusionExecutor::prefetch(ChunkStore& store, uint64_t model_fingerprint, con
   if (!keys.empty()) store.prefetch(keys);
 }
 
-FusionExecutor::FusionExecutor(Forward& fwd, ChunkStore& store, PrefixSource* prefixes)
-    : fwd_(fwd), store_(store), external_prefixes_(prefixes) {}
+FusionExecutor::FusionExecutor(Forward& fwd, ChunkStore& store, PrefixSource* prefixes, ColdChunks cold)
+    : fwd_(fwd), store_(store), external_prefixes_(prefixes), cold_(cold) {}
+
+std::vector<ChunkFill> FusionExecutor::missing_chunks(const RagRequest& req, const FusionOptions& opt) const {
+  std::vector<ChunkFill> missing;
+  if (cold_ != ColdChunks::priced) return missing;
+  for (ChunkKey& key : chunk_keys(fwd_.model().fingerprint(), req, opt)) {
+    if (store_.contains(key) || store_.tiers(key.id()).remote.value_or(false)) continue;
+    const auto prefix = base_chunk_prefix(opt.chunk_context, req.system);
+    missing.push_back({std::move(key), std::vector<TokenId>(prefix.begin(), prefix.end())});
+  }
+  return missing;
+}
+
+std::shared_ptr<const ChunkCache> FusionExecutor::compute_missing(const ChunkFill& c) {
+  return store_.get_or_compute(c.key, [&] { return compute_chunk_cache(fwd_, c.key, c.prefix); });
+}
+
+void FusionExecutor::fill(std::span<const ChunkFill> chunks) {
+  for (const ChunkFill& c : chunks) compute_missing(c);
+}
 
 // Method "auto": the escalation ladder of the model's calibration (auto_quality.h), each
 // step an ordinary prefill of this executor; without a calibration, full prefill, stated.
@@ -124,7 +143,8 @@ FusionResult FusionExecutor::prefill(const RagRequest& req, const FusionOptions&
                  .selection_details = {},
                  .token_scores = {},
                  .score_kind = {},
-                 .auto_decision = {}};
+                 .auto_decision = {},
+                 .chunks_to_fill = {}};
 
   if (opt.full()) {  // the reference: one plain prefill of the whole request
     size_t start = 0;          // with a prefix source, S comes from it (exact K/V)
@@ -163,8 +183,8 @@ FusionResult FusionExecutor::prefill(const RagRequest& req, const FusionOptions&
     } else {
       ++r.chunk_misses;
       const auto tc = SteadyClock::now();
-      c = store_.get_or_compute(
-          key, [&] { return compute_chunk_cache(fwd_, key, base_chunk_prefix(opt.chunk_context, req.system)); });
+      const auto prefix = base_chunk_prefix(opt.chunk_context, req.system);
+      c = compute_missing({key, std::vector<TokenId>(prefix.begin(), prefix.end())});
       offline += ms_since(tc);
     }
     // The method's offline metadata, when this chunk does not carry it yet.

@@ -8,6 +8,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -41,6 +42,21 @@ struct FusionTimings {
   double offline_ms = 0;    // chunk caches computed during this request (missing from the store)
 };
 
+// A chunk cache a prefill needed and did not compute: its key and the tokens it is computed
+// after (base_chunk_prefix: none for alone, S for prefixed).
+struct ChunkFill {
+  ChunkKey key;
+  std::vector<TokenId> prefix;
+};
+
+// What the auto policy makes of chunk caches the store lacks (auto_quality.h, issue 60 item 2).
+//  offline: a prefill computes them and times them apart (FusionTimings::offline_ms), as every
+//           fixed method does: the bench and `ask` measure TTFT over warm caches.
+//  priced:  they are part of the request's cost, as in the server, whose TTFT is the client's
+//           wait: the policy prices them, and the caches it did not compute come back in
+//           FusionResult::chunks_to_fill for the caller to compute off the request's path.
+enum class ColdChunks { offline, priced };
+
 struct FusionResult {
   std::vector<float> logits;      // first output token
   KvCache cache;                  // S c1..cm U, ready for decoding
@@ -56,6 +72,7 @@ struct FusionResult {
   std::vector<double> token_scores;  // Selection::scores (per context token; empty: none)
   std::string score_kind;            // Selection::score_kind
   nlohmann::json auto_decision;      // method "auto": what the policy chose (AutoDecision::to_json); else null
+  std::vector<ChunkFill> chunks_to_fill;  // ColdChunks::priced: caches left cold (fill() computes them)
 };
 
 class FusionExecutor {
@@ -63,9 +80,19 @@ class FusionExecutor {
   // `prefixes` (optional, not owned) replaces the built-in exact-match map for S. With one,
   // full prefill also takes S from it (and prefills chunks and U after it); without, full prefill is
   // one plain prefill of the whole request, the reference every benchmark compares with.
-  FusionExecutor(Forward& fwd, ChunkStore& store, PrefixSource* prefixes = nullptr);
+  FusionExecutor(Forward& fwd, ChunkStore& store, PrefixSource* prefixes = nullptr,
+                 ColdChunks cold = ColdChunks::offline);
   // Throws std::invalid_argument on an unknown method or a ratio outside [0, 1].
   FusionResult prefill(const RagRequest& request, const FusionOptions& opt);
+
+  // ColdChunks::priced: the base caches of `request` (chunk_keys) that no tier holds, which a
+  // fused prefill would compute on the request's path (a cache on disk or in the remote tier
+  // counts as held: its load, prefetched while the request waits, is small against computing
+  // it). Empty under ColdChunks::offline and for full prefill.
+  std::vector<ChunkFill> missing_chunks(const RagRequest& request, const FusionOptions& opt) const;
+  // Computes and stores caches a prefill handed back (get_or_compute: one stored since is kept).
+  // The one place a missing chunk cache is computed, inside a prefill or after it.
+  void fill(std::span<const ChunkFill> chunks);
 
   // The store key prefill() looks chunk i of `request` up by (its base cache: PIC or prefixed,
   // kv/chunk_key.h), and all of them in chunk order (none for full prefill, which looks none up).
@@ -81,9 +108,11 @@ class FusionExecutor {
  private:
   std::shared_ptr<const KvCache> prefix_cache(const std::vector<TokenId>& system, size_t& hit_tokens);
   FusionResult prefill_auto(const RagRequest& request, const FusionOptions& opt);
+  std::shared_ptr<const ChunkCache> compute_missing(const ChunkFill& chunk);  // get_or_compute
   Forward& fwd_;
   ChunkStore& store_;
   PrefixSource* external_prefixes_ = nullptr;
+  ColdChunks cold_ = ColdChunks::offline;
   std::mutex prefix_mu_;
   std::map<std::vector<TokenId>, std::shared_ptr<const KvCache>> prefixes_;  // exact match
 };

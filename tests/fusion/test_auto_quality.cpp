@@ -253,6 +253,7 @@ TEST(AutoPrefill, RunsThePolicyOfTheTarget) {
   autoq::AutoDecision d;
   FusionResult r = autoq::prefill(ex, req, base, &c, 0.9, d);
   EXPECT_EQ(d.method, "prophet");
+  EXPECT_EQ(d.reason, autoq::kReasonAccepted);
   EXPECT_DOUBLE_EQ(d.ratio, 0.05);
   EXPECT_EQ(d.steps_run, 1u);
   EXPECT_NEAR(d.predicted_quality, 0.6, 1e-9);
@@ -267,6 +268,7 @@ TEST(AutoPrefill, RunsThePolicyOfTheTarget) {
 
   r = autoq::prefill(ex, req, base, &c, 0.95, d);  // no policy serves 0.95: full prefill, no step run
   EXPECT_EQ(d.method, "full");
+  EXPECT_EQ(d.reason, autoq::kReasonTarget);
   EXPECT_EQ(d.steps_run, 1u);
   EXPECT_EQ(d.trace.size(), 1u);
   FusionOptions full = base;
@@ -281,6 +283,7 @@ TEST(AutoPrefill, RunsThePolicyOfTheTarget) {
   EXPECT_EQ(d.trace[0]["method"], "prophet");
   EXPECT_DOUBLE_EQ(d.trace[1]["ratio"].get<double>(), 0.3);
   EXPECT_EQ(d.trace[2]["method"], "full");
+  EXPECT_EQ(d.reason, autoq::kReasonEscalated);
 
   // A size class that holds this request (from 1 context token): its policy, not the first
   // class's, runs, and the decision names the class.
@@ -298,7 +301,102 @@ TEST(AutoPrefill, RunsThePolicyOfTheTarget) {
   r = autoq::prefill(ex, req, base, nullptr, 0.9, d);
   EXPECT_FALSE(d.calibrated);
   EXPECT_EQ(d.method, "full");
+  EXPECT_EQ(d.reason, autoq::kReasonUncalibrated);
   EXPECT_THROW(autoq::prefill(ex, req, base, &c, 0.0, d), std::invalid_argument);
+}
+
+// The cold-chunk rule (issue 60 item 2), on fixed numbers: the ladder costs the cold tokens
+// plus the policy's share of full prefill's rows (context + suffix); all cold never runs it.
+TEST(AutoColdChunks, PriceIsTheColdTokensPlusThePolicysShare) {
+  const autoq::AutoCalibration c = autoq::AutoCalibration::parse(calibration_json("aa", 0.0), "t");
+  const autoq::AutoPolicy& policy = c.policy_for(0.9, 1000);  // ttft_share 0.4
+  autoq::ColdPrice p = autoq::price_cold_chunks(c, policy, 1000, 50, 500);
+  EXPECT_DOUBLE_EQ(p.full_rows, 1050);
+  EXPECT_DOUBLE_EQ(p.ladder_rows, 500 + 0.4 * 1050);
+  EXPECT_TRUE(p.ladder());
+  EXPECT_FALSE(autoq::price_cold_chunks(c, policy, 1000, 50, 700).ladder());  // 700 + 420 > 1050
+  // Rows alone would run it here (50 + 0.4 x 150 < 150), but every chunk is cold.
+  p = autoq::price_cold_chunks(c, policy, 50, 100, 50);
+  EXPECT_LT(p.ladder_rows, p.full_rows);
+  EXPECT_FALSE(p.ladder());
+  // A policy file without ttft_share: the first step's rows (ρ 0.05 x 1000 + 50 = 100 rows).
+  autoq::AutoPolicy unpriced = policy;
+  unpriced.ttft_share = 0;
+  EXPECT_DOUBLE_EQ(autoq::price_cold_chunks(c, unpriced, 1000, 50, 500).ladder_rows, 600);
+  EXPECT_THROW(autoq::price_cold_chunks(c, autoq::AutoPolicy{}, 1000, 50, 500), std::invalid_argument);
+}
+
+// On the real model, an executor that prices cold chunks (the server's): a request whose
+// chunks are all cold answers with full prefill at once, computes no chunk cache on its path
+// and hands the caches back; once filled, the same request runs the ladder on them. Partly
+// cold, the price decides: a small cold chunk beside a long warm one runs the ladder, the long
+// one cold does not. The bench's executor (offline) runs the ladder on cold chunks, as before.
+TEST(AutoPrefill, ColdChunksTakeFullPrefillAndAreFilledForTheNextRequest) {
+  CF_REQUIRE_MODEL();
+  test::FusionRig rig(test::shared_model());
+  auto& [m, fwd, store, ex] = rig;
+  FusionExecutor priced(fwd, store, nullptr, ColdChunks::priced);
+  std::string long_text;
+  for (int i = 0; i < 12; ++i) long_text += "The old lighthouse of Carrow stands on a cliff above the harbour. ";
+  const RagRequest req =
+      build_rag_request(m, {{"Carrow", long_text}, {"Paris", "Paris is in France."}}, "Where is the lighthouse?");
+  FusionOptions base;
+  const autoq::AutoCalibration c =
+      autoq::AutoCalibration::parse(calibration_json(m.fingerprint_hex(), std::log(0.6 / 0.4), 0.5), "t");
+  FusionOptions step = base;
+  step.method = "prophet";
+  const std::vector<ChunkKey> keys = FusionExecutor::chunk_keys(m.fingerprint(), req, step);
+  ASSERT_EQ(keys.size(), 2u);
+  ASSERT_GT(req.chunks[0].size(), 8 * req.chunks[1].size());
+
+  autoq::AutoDecision d;
+  FusionResult r = autoq::prefill(priced, req, base, &c, 0.9, d);
+  EXPECT_EQ(d.method, "full");
+  EXPECT_EQ(d.reason, autoq::kReasonColdChunks);
+  EXPECT_EQ(d.steps_run, 1u);
+  EXPECT_EQ(d.cold_chunks, 2u);
+  EXPECT_EQ(d.cold_tokens, req.context_tokens());
+  EXPECT_EQ(d.to_json()["reason"], "cold_chunks");
+  FusionOptions full = base;
+  full.method = "full";
+  EXPECT_EQ(test::max_diff(r.logits, ex.prefill(req, full).logits), 0.0f);
+  for (const ChunkKey& k : keys) EXPECT_FALSE(store.contains(k)) << "computed on the request's path";
+  ASSERT_EQ(r.chunks_to_fill.size(), 2u);
+
+  priced.fill(r.chunks_to_fill);
+  for (const ChunkKey& k : keys) EXPECT_TRUE(store.contains(k));
+  r = autoq::prefill(priced, req, base, &c, 0.9, d);
+  EXPECT_EQ(d.method, "prophet");
+  EXPECT_EQ(d.reason, autoq::kReasonAccepted);
+  EXPECT_EQ(d.cold_chunks, 0u);
+  EXPECT_EQ(r.chunk_hits, 2u);
+  EXPECT_TRUE(r.chunks_to_fill.empty());
+  EXPECT_FALSE(d.to_json().contains("cold_chunks"));
+
+  store.remove(keys[1].id());  // the short chunk cold: cheaper than full prefill, the ladder runs
+  r = autoq::prefill(priced, req, base, &c, 0.9, d);
+  EXPECT_EQ(d.cold_chunks, 1u);
+  ASSERT_TRUE(d.cold_price.has_value());
+  EXPECT_TRUE(d.cold_price->ladder());
+  EXPECT_EQ(d.method, "prophet");
+  EXPECT_TRUE(r.chunks_to_fill.empty());  // the step computed it
+  EXPECT_TRUE(store.contains(keys[1]));
+  store.remove(keys[0].id());  // the long chunk cold: full prefill
+  r = autoq::prefill(priced, req, base, &c, 0.9, d);
+  EXPECT_EQ(d.reason, autoq::kReasonColdChunks);
+  ASSERT_EQ(r.chunks_to_fill.size(), 1u);
+  EXPECT_EQ(r.chunks_to_fill[0].key.id(), keys[0].id());
+
+  store.remove(keys[1].id());
+  r = autoq::prefill(ex, req, base, &c, 0.9, d);  // offline: the step computes them, as before
+  EXPECT_EQ(d.method, "prophet");
+  EXPECT_TRUE(r.chunks_to_fill.empty());
+  EXPECT_GT(r.timings.offline_ms, 0.0);
+
+  // No chunk at all: nothing to reuse, full prefill without running a step.
+  r = autoq::prefill(priced, build_rag_request(m, {}, "Where is the lighthouse?"), base, &c, 0.9, d);
+  EXPECT_EQ(d.reason, autoq::kReasonNoContext);
+  EXPECT_EQ(d.steps_run, 1u);
 }
 
 }  // namespace
