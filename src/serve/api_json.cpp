@@ -474,6 +474,9 @@ std::string prometheus_text(const EngineMetrics& m, const HttpCounters& h, bool 
   counter("chunkfuse_requests_cancelled_total", "Requests cancelled because the client went away.", m.cancelled);
   counter("chunkfuse_prompt_tokens_total", "Prompt tokens of all requests.", m.prompt_tokens);
   counter("chunkfuse_completion_tokens_total", "Generated tokens.", m.completion_tokens);
+  counter("chunkfuse_background_tasks_total",
+          "Idle-time work done: CRAFT prefixes promoted, chunk caches a request left cold filled (one each).",
+          m.background_tasks);
   gauge("chunkfuse_queue_length", "Requests waiting to be scheduled.", static_cast<double>(m.queue_length));
   gauge("chunkfuse_running_requests", "Requests prefilling or decoding.", static_cast<double>(m.running));
   counter("chunkfuse_decode_steps_total", "Batched decode passes.", m.decode_steps);

@@ -181,12 +181,28 @@ struct Engine::Impl {
                    KvCache::bytes_per_entry(model->hparams());
     job.prefill = [this, &run, &plan](Forward& fw) {
       PrefixSource* source = plan.prefix_cache ? static_cast<PrefixSource*>(&prefixes) : (plan.fused ? &uncached : nullptr);
-      FusionResult fr = FusionExecutor(fw, store, source).prefill(plan.rag, plan.fusion);
+      // Priced: the client waits for cold chunk caches (fusion/auto_quality.h).
+      FusionResult fr = FusionExecutor(fw, store, source, ColdChunks::priced).prefill(plan.rag, plan.fusion);
       PrefillOutput out{std::move(fr.logits), std::move(fr.cache), fr.next_position};
       run.fusion.emplace(std::move(fr));
       return out;
     };
-    job.on_finish = [this, &req, &plan](SchedulerJob& j) { end_turn(req, plan, j); };
+    job.on_finish = [this, &req, &plan, &run](SchedulerJob& j) {
+      end_turn(req, plan, j);
+      if (run.fusion && !run.fusion->chunks_to_fill.empty()) fill_when_idle(std::move(run.fusion->chunks_to_fill));
+    };
+  }
+
+  // The chunk caches a prefill left cold (the auto policy answered with full prefill rather
+  // than compute them first), computed after the answer when no request waits: one chunk per
+  // idle turn, so that a request arriving meanwhile waits for one chunk at most.
+  void fill_when_idle(std::vector<ChunkFill> fills) {
+    if (fills.empty()) return;
+    scheduler->post_idle([this, fills = std::move(fills)](Forward& fw) mutable {
+      FusionExecutor(fw, store).fill({&fills.front(), 1});
+      fills.erase(fills.begin());
+      fill_when_idle(std::move(fills));
+    });
   }
 
   // Scheduler thread, after the last step: the conversation's turn kept (or its dedup memory

@@ -63,6 +63,8 @@ void KeyIsolation::redact(nlohmann::json& response) {
     for (const char* k : {"hit", "computed"}) p->erase(k);  // --match-chunks: the store is shared
   if (auto t = ext->find("timings_ms"); t != ext->end() && t->is_object())
     for (const char* k : {"lookup", "load", "selection", "recompute"}) t->erase(k);
+  if (auto a = ext->find("auto"); a != ext->end() && a->is_object())  // what the shared store lacked
+    for (const char* k : {"cold_chunks", "cold_tokens", "price_rows"}) a->erase(k);
 }
 
 }  // namespace cf

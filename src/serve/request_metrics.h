@@ -30,7 +30,7 @@ struct EngineMetrics {
   uint64_t decode_steps = 0, decode_rows = 0;  // batched decode passes and the sequences in them
   uint64_t prefill_pieces = 0;  // pauses of split passes (chunked prefill, Scheduler::prefill_pieces)
   size_t kv_reserved_bytes = 0, kv_budget_bytes = 0;  // running requests' K/V reservations, their budget (0: none)
-  uint64_t background_tasks = 0;  // idle-time work done (CRAFT prefixes promoted under fusion)
+  uint64_t background_tasks = 0;  // idle-time work done (CRAFT prefixes promoted, cold chunk caches filled)
   size_t store_memory_bytes = 0, store_disk_bytes = 0, prefix_cache_bytes = 0;
   size_t conversations = 0, conversation_bytes = 0;  // kept turns and their accounted bytes
   ChunkStoreStats store;  // the chunk store's counters, remote tier included (store_metrics.h)

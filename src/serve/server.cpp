@@ -462,7 +462,9 @@ struct HttpServer::Impl {
       ok = send(api::sse_event(api::error_body(500, "server_error", job.failure)));
     } else {
       knowledge.after_completion(p.meta.id, p.caller, p.parsed.request, job.result, p.retrieved, nullptr);
-      ok = send(api::sse_event(api::stream_finish_chunk(p.meta, job.result)));
+      json finish = api::stream_finish_chunk(p.meta, job.result);
+      if (isolation.enabled()) KeyIsolation::redact(finish);
+      ok = send(api::sse_event(finish));
       if (ok && p.parsed.include_usage) {
         json usage = api::stream_usage_chunk(p.meta, job.result);
         if (isolation.enabled()) KeyIsolation::redact(usage);

@@ -148,6 +148,11 @@ TEST(KeyIsolation, OwnershipAndRedaction) {
   EXPECT_FALSE(r["chunkfuse"].contains("prefix_hit_tokens"));
   EXPECT_FALSE(r["chunkfuse"]["timings_ms"].contains("load"));
   EXPECT_EQ(r["chunkfuse"]["prompt_tokens"], 9);
+  // The auto policy's view of the shared store (issue 60 item 2) is a cache figure too.
+  nlohmann::json a = {{"chunkfuse", {{"auto", {{"method", "full"}, {"cold_chunks", 2}, {"cold_tokens", 90},
+                                               {"price_rows", {{"full", 100}, {"ladder", 120}}}}}}}};
+  KeyIsolation::redact(a);
+  EXPECT_EQ(a["chunkfuse"]["auto"], nlohmann::json({{"method", "full"}}));
 }
 
 TEST(AccessPolicy, MatchedKeyIsTheKeysIndex) {

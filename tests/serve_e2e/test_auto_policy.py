@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -77,6 +78,40 @@ class AutoPolicyDefaultTest(unittest.TestCase):
                                                                        fusion={"method": "epic", "ratio": 0.2}))
         self.assertEqual(status, 200, r)
         self.assertNotIn("auto", r["chunkfuse"])
+
+
+class ColdChunksTest(unittest.TestCase):
+    """Item 2: documents new to the server answer with full prefill at once (computing their chunk
+    caches first would cost more than it saves), their caches are computed after the answer, and
+    the same request then finds them warm and runs the ladder."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.server = h.Server("--quality", str(QUALITY))
+
+    @classmethod
+    def tearDownClass(cls):
+        code, log = cls.server.stop()
+        if code != 0:
+            raise AssertionError("server exited with %s on SIGTERM:\n%s" % (code, log))
+
+    def test_cold_documents_take_full_prefill_and_are_warm_for_the_next_request(self):
+        body = chat_body("Which island lies in Lake Orta?")
+        status, r = self.server.post("/v1/chat/completions", body)
+        self.assertEqual(status, 200, r)
+        choice = r["chunkfuse"]["auto"]
+        self.assertEqual((choice["method"], choice["reason"], choice["steps_run"]), ("full", "cold_chunks", 1), choice)
+        self.assertEqual(choice["cold_chunks"], len(DOCS))
+        deadline = time.time() + 60  # one idle task per chunk, after the answer
+        while self.server.metrics()["chunkfuse_background_tasks_total"] < len(DOCS):
+            self.assertLess(time.time(), deadline, "the cold chunk caches were not filled")
+            time.sleep(0.1)
+        status, r = self.server.post("/v1/chat/completions", body)
+        self.assertEqual(status, 200, r)
+        choice = r["chunkfuse"]["auto"]
+        self.assertNotIn("cold_chunks", choice)
+        self.assertIn(choice["reason"], ("accepted", "escalated"), choice)
+        self.assertEqual(r["chunkfuse"]["chunk_hits"], len(DOCS))
 
 
 class ServeQualityFlagTest(unittest.TestCase):
