@@ -399,69 +399,185 @@ json AutoDecision::to_json() const {
     j["cold_tokens"] = cold_tokens;
   }
   if (cold_price) j["price_rows"] = {{"full", cold_price->full_rows}, {"ladder", cold_price->ladder_rows}};
+  if (ttft_budget_ms > 0) {
+    j["ttft_budget_ms"] = ttft_budget_ms;
+    j["bound"] = bound;
+    j["predicted_ttft_ms"] = predicted_ttft_ms;
+    j["actual_ttft_ms"] = actual_ttft_ms;
+  }
   return j;
 }
 
+BudgetPlan plan_budget(const AutoCalibration& cal, const AutoPolicy* policy, const CostModel& cost,
+                       size_t context_tokens, size_t suffix_tokens, size_t cold_tokens, double budget_ms) {
+  if (!(budget_ms > 0) || !std::isfinite(budget_ms)) throw std::invalid_argument("plan_budget: the budget must be > 0 ms");
+  if (cal.steps.empty()) throw std::invalid_argument("plan_budget: a calibration without steps");
+  const double ctx = static_cast<double>(context_tokens), suffix = static_cast<double>(suffix_tokens);
+  const double full_ms = cost.predict_ms(ctx + suffix);
+  bool cold_paid = false;  // the first step run computes the cold caches, for every later one too
+  auto step_ms = [&](size_t k) {
+    return cost.predict_ms(cal.steps.at(k).ratio * ctx + suffix + (cold_paid ? 0.0 : static_cast<double>(cold_tokens)));
+  };
+  BudgetPlan plan;
+  double spent = 0;
+  // Cold caches priced as without a budget: when they make the target's walk dearer than full
+  // prefill, full prefill is its cheapest plan.
+  const bool walk = policy && !policy->steps.empty() &&
+                    (cold_tokens == 0 ||
+                     price_cold_chunks(cal, *policy, context_tokens, suffix_tokens, cold_tokens).ladder());
+  if (policy) {
+    for (size_t k : walk ? policy->steps : std::vector<size_t>{}) {
+      const double ms = step_ms(k);
+      if (spent + ms > budget_ms) break;
+      plan.steps.push_back(k);
+      spent += ms;
+      cold_paid = true;
+    }
+    if (plan.steps.size() == (walk ? policy->steps.size() : 0) && spent + full_ms <= budget_ms) {
+      plan.full = true;  // the quality plan fits whole, escalation to full prefill included
+      plan.bound = kBoundQuality;
+      plan.predicted_ms = spent + full_ms;
+      return plan;
+    }
+  }
+  // The budget binds: the best answer that fits what is left, full prefill first, then the
+  // ladder from its top down to just above the last step run.
+  const double left = budget_ms - spent;
+  plan.bound = policy ? kBoundTtft : kBoundNone;
+  if (full_ms <= left) {
+    plan.full = true;
+    plan.predicted_ms = spent + full_ms;
+    return plan;
+  }
+  plan.bound = kBoundTtft;
+  const size_t lowest = plan.steps.empty() ? 0 : plan.steps.back() + 1;
+  for (size_t k = cal.steps.size(); k-- > lowest;)
+    if (step_ms(k) <= left) {
+      plan.final_step = static_cast<int>(k);
+      plan.predicted_ms = spent + step_ms(k);
+      return plan;
+    }
+  if (!plan.steps.empty()) {  // nothing more fits: the last step run answers
+    plan.predicted_ms = spent;
+    return plan;
+  }
+  size_t cheapest = 0;  // nothing fits at all: the cheapest plan, and the decision says so
+  for (size_t k = 1; k < cal.steps.size(); ++k)
+    if (step_ms(k) < step_ms(cheapest)) cheapest = k;
+  plan.final_step = static_cast<int>(cheapest);
+  plan.bound = kBoundTtftUnmet;
+  plan.predicted_ms = step_ms(cheapest);
+  return plan;
+}
+
+namespace {
+// The forward-pass rows a prefill ran: its recomputed context rows, the suffix and the part of
+// S its prefix source lacked (what the cost model is refreshed with; cold caches are offline).
+double rows_run(const FusionResult& r, const RagRequest& req) {
+  const size_t s = req.system.size() > r.prefix_hit_tokens ? req.system.size() - r.prefix_hit_tokens : 0;
+  return static_cast<double>(r.recomputed.size() + req.suffix.size() + s);
+}
+}  // namespace
+
 FusionResult prefill(FusionExecutor& executor, const RagRequest& request, const FusionOptions& base,
-                     const AutoCalibration* cal, double quality, AutoDecision& decision) {
-  check_quality(quality);
+                     const AutoCalibration* cal, double quality, AutoDecision& decision, SharedCostModel* cost) {
+  const double budget = base.ttft_ms;
+  if (budget != 0 && !(budget > 0 && std::isfinite(budget)))
+    throw std::invalid_argument("fusion.ttft_ms must be a number of milliseconds > 0");
+  if (budget > 0 && !cost) throw std::invalid_argument("auto: a ttft_ms budget needs this machine's cost model");
+  if (budget == 0 || quality != 0) check_quality(quality);
   decision = AutoDecision{};
   decision.quality = quality;
+  decision.ttft_budget_ms = budget;
   decision.calibrated = cal != nullptr;
   FusionOptions opt = base;
   double wasted_ms = 0;
   std::vector<ChunkFill> cold;
+  BudgetPlan plan;  // without a calibration or a context: full prefill alone
+  plan.full = true;
+  const AutoPolicy* policy = nullptr;
   decision.reason = cal ? kReasonTarget : kReasonUncalibrated;
   if (cal && request.context_tokens() == 0) decision.reason = kReasonNoContext;
   if (cal && request.context_tokens() > 0) {
     const size_t tokens = request.context_tokens();
-    const AutoPolicy& policy = cal->policy_for(quality, tokens);
-    decision.threshold = policy.threshold;
+    if (quality > 0) policy = &cal->policy_for(quality, tokens);
+    if (policy) decision.threshold = policy->threshold;
     decision.size_class = cal->size_class(tokens).min_context_tokens;
-    bool run_ladder = !policy.steps.empty();
-    if (run_ladder) {
+    if (budget > 0 || !policy->steps.empty()) {
       const auto t0 = SteadyClock::now();
       FusionOptions first = base;  // the caches the ladder's steps look up
-      first.method = cal->steps.at(policy.steps.front()).method;
+      first.method = cal->steps.at(policy && !policy->steps.empty() ? policy->steps.front() : 0).method;
       cold = executor.missing_chunks(request, first);  // none under ColdChunks::offline
       for (const ChunkFill& c : cold) decision.cold_tokens += c.key.tokens().size();
       decision.cold_chunks = cold.size();
-      if (!cold.empty()) {
-        decision.cold_price = price_cold_chunks(*cal, policy, tokens, request.suffix.size(), decision.cold_tokens);
-        run_ladder = decision.cold_price->ladder();
-        if (!run_ladder) decision.reason = kReasonColdChunks;
+      if (budget > 0) {  // the budget's plan prices the cold caches itself
+        plan = plan_budget(*cal, policy, cost->get(), tokens, request.suffix.size(), decision.cold_tokens, budget);
+        decision.bound = plan.bound;
+        decision.predicted_ttft_ms = plan.predicted_ms;
+        if (!policy) decision.reason = kReasonBudget;  // a walk's steps say more
+        else if (!policy->steps.empty() && plan.steps.empty() && plan.full && !cold.empty())
+          decision.reason = kReasonColdChunks;
+      } else {
+        plan.steps = policy->steps;
+        if (!cold.empty()) {
+          decision.cold_price = price_cold_chunks(*cal, *policy, tokens, request.suffix.size(), decision.cold_tokens);
+          if (!decision.cold_price->ladder()) {
+            plan.steps.clear();
+            decision.reason = kReasonColdChunks;
+          }
+        }
       }
       wasted_ms += ms_since(t0);
     }
-    static const std::vector<size_t> kNoSteps;
-    for (size_t k : run_ladder ? policy.steps : kNoSteps) {
-      const AutoStep& step = cal->steps.at(k);
-      opt.method = step.method;
-      opt.ratio = step.ratio;
-      opt.method_options = step.options;
-      FusionResult r = executor.prefill(request, opt);
-      const auto t0 = SteadyClock::now();
-      const double p = cal->predict(k, first_token_signals(r.logits));
-      const double predict_ms = ms_since(t0);
-      ++decision.steps_run;
-      decision.trace.push_back({{"method", step.method}, {"ratio", step.ratio}, {"predicted", p}, {"ttft_ms", r.timings.ttft_ms}});
-      if (accepts(policy, p)) {
-        decision.reason = kReasonAccepted;
-        decision.method = step.method;
-        decision.ratio = step.ratio;
-        decision.predicted_quality = p;
-        decision.decision_ms = wasted_ms + predict_ms;
-        r.timings.ttft_ms += wasted_ms + predict_ms;
-        return r;
-      }
-      wasted_ms += r.timings.ttft_ms + predict_ms;
-      decision.reason = kReasonEscalated;
-    }
+  }
+  // One ladder step's prefill, its prediction and its trace entry.
+  struct Ran {
+    FusionResult r;
+    size_t step = 0;
+    double p = 0, cost_ms = 0;  // cost_ms: its TTFT plus the predictor's time
+  };
+  auto run_step = [&](size_t k) {
+    const AutoStep& step = cal->steps.at(k);
+    opt.method = step.method;
+    opt.ratio = step.ratio;
+    opt.method_options = step.options;
+    Ran ran{executor.prefill(request, opt), k, 0, 0};
+    if (cost) cost->observe(rows_run(ran.r, request), ran.r.timings.ttft_ms);
+    const auto t0 = SteadyClock::now();
+    ran.p = cal->predict(k, first_token_signals(ran.r.logits));
+    ran.cost_ms = ran.r.timings.ttft_ms + ms_since(t0);
+    ++decision.steps_run;
+    decision.trace.push_back({{"method", step.method}, {"ratio", step.ratio}, {"predicted", ran.p}, {"ttft_ms", ran.r.timings.ttft_ms}});
+    return ran;
+  };
+  auto answer = [&](Ran ran, const char* reason) {
+    decision.reason = reason;
+    decision.method = cal->steps.at(ran.step).method;
+    decision.ratio = cal->steps.at(ran.step).ratio;
+    decision.predicted_quality = ran.p;
+    decision.decision_ms = wasted_ms + (ran.cost_ms - ran.r.timings.ttft_ms);
+    ran.r.timings.ttft_ms += decision.decision_ms;
+    decision.actual_ttft_ms = ran.r.timings.ttft_ms;
+    return std::move(ran.r);
+  };
+  std::optional<Ran> last;
+  for (size_t k : plan.steps) {
+    Ran ran = run_step(k);
+    if (policy && accepts(*policy, ran.p)) return answer(std::move(ran), kReasonAccepted);
+    wasted_ms += ran.cost_ms;
+    decision.reason = kReasonEscalated;
+    last = std::move(ran);
+  }
+  if (plan.final_step >= 0) return answer(run_step(static_cast<size_t>(plan.final_step)), kReasonBudget);
+  if (!plan.full && last) {  // the budget ends the walk: the last step run answers
+    wasted_ms -= last->cost_ms;
+    return answer(std::move(*last), kReasonBudget);
   }
   opt.method = full_method_name();
   opt.ratio = 1.0;
   opt.method_options = json::object();
   FusionResult r = executor.prefill(request, opt);
+  if (cost) cost->observe(rows_run(r, request), r.timings.ttft_ms);
   ++decision.steps_run;
   decision.trace.push_back({{"method", opt.method}, {"ratio", 1.0}, {"predicted", 1.0}, {"ttft_ms", r.timings.ttft_ms}});
   decision.method = opt.method;
@@ -469,9 +585,10 @@ FusionResult prefill(FusionExecutor& executor, const RagRequest& request, const 
   decision.predicted_quality = 1.0;
   decision.decision_ms = wasted_ms;
   r.timings.ttft_ms += wasted_ms;
-  // Full prefill answered without the cold caches: the caller computes them off this request's
-  // path. (After a ladder step the step computed them.)
-  if (decision.reason == kReasonColdChunks) r.chunks_to_fill = std::move(cold);
+  decision.actual_ttft_ms = r.timings.ttft_ms;
+  // Full prefill answered and no step computed the cold caches: the caller computes them off
+  // this request's path.
+  if (plan.steps.empty()) r.chunks_to_fill = std::move(cold);
   return r;
 }
 

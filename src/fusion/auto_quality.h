@@ -45,6 +45,7 @@
 #include <string>
 #include <vector>
 
+#include "fusion/cost_model.h"
 #include "fusion/executor.h"
 
 namespace cf::autoq {
@@ -180,6 +181,35 @@ inline constexpr const char* kReasonTarget = "target";            // the target'
 inline constexpr const char* kReasonColdChunks = "cold_chunks";   // computing the cold caches first costs more
 inline constexpr const char* kReasonNoContext = "no_context";     // no chunk to reuse
 inline constexpr const char* kReasonUncalibrated = "uncalibrated";  // no calibration for this model
+inline constexpr const char* kReasonBudget = "budget";            // the ttft_ms budget chose the answer
+
+// A first-token budget (fusion.ttft_ms, issue 60 item 1). The ladder is cheapest first and, as
+// calibrated, better further up; full prefill is the best. Each plan's time is predicted by
+// this machine's cost model (cost_model.h) from its rows: a step's ρ x context + suffix (the
+// first step run also computes the cold caches), full prefill's context + suffix.
+//  - ttft_ms alone: the best plan that fits, accepted whatever its prediction (full prefill,
+//    else the highest step that fits).
+//  - quality and ttft_ms: the quality target's policy (the cheapest plan meeting it; full
+//    prefill when cold caches make its walk dearer, the rule above), its steps run while they fit; if the whole walk, escalation to full prefill included, fits, the
+//    target binds; otherwise the budget does, and the walk ends with the best answer that fits
+//    what is left (full prefill, else the highest step above those run, else the last step run).
+//  - nothing fits: the cheapest step answers (bound "ttft_unmet").
+// Between steps the walk does not re-time itself: predicted and actual TTFT are both reported,
+// and each prefill refreshes the cost model.
+inline constexpr const char* kBoundQuality = "quality";        // the target's plan fits the budget whole
+inline constexpr const char* kBoundTtft = "ttft";              // the budget cut the plan short
+inline constexpr const char* kBoundTtftUnmet = "ttft_unmet";   // even the cheapest plan is over the budget
+inline constexpr const char* kBoundNone = "none";              // ttft_ms alone, and full prefill fits
+struct BudgetPlan {
+  std::vector<size_t> steps;  // ladder steps run in order, each answering if the policy accepts it
+  int final_step = -1;        // then this step answers, whatever its prediction
+  bool full = false;          // else full prefill (false, no final step: the last step run answers)
+  std::string bound = kBoundNone;
+  double predicted_ms = 0;    // the walk's longest path
+};
+// `policy` null: ttft_ms alone. Pure; throws std::invalid_argument on a budget <= 0.
+BudgetPlan plan_budget(const AutoCalibration& cal, const AutoPolicy* policy, const CostModel& cost,
+                       size_t context_tokens, size_t suffix_tokens, size_t cold_tokens, double budget_ms);
 
 // What the auto policy chose, reported in the response (chunkfuse.auto).
 struct AutoDecision {
@@ -195,14 +225,21 @@ struct AutoDecision {
   std::string reason;          // kReason*
   size_t cold_chunks = 0, cold_tokens = 0;  // ColdChunks::priced: chunk caches the store lacked
   std::optional<ColdPrice> cold_price;      // priced when some were cold
+  double ttft_budget_ms = 0;                // fusion.ttft_ms (0: none; then the next three are not reported)
+  std::string bound;                        // kBound*
+  double predicted_ttft_ms = 0;             // the plan's, by the cost model
+  double actual_ttft_ms = 0;                // the prefill's, steps run and discarded included
   nlohmann::json trace = nlohmann::json::array();  // per step run: method, ratio, predicted, ttft_ms
   nlohmann::json to_json() const;
 };
 
 // Runs the ladder for `request` (base: seed, chunk variant; method and ratio are the
 // policy's). Without a calibration (`cal` null) it answers with full prefill and says so.
-// Under the executor's ColdChunks::priced, cold chunk caches are priced first (above).
+// Under the executor's ColdChunks::priced, cold chunk caches are priced first (above). With
+// base.ttft_ms the budget's plan runs (above; `cost` required, refreshed by every prefill run);
+// quality may then be 0 (no target).
 FusionResult prefill(FusionExecutor& executor, const RagRequest& request, const FusionOptions& base,
-                     const AutoCalibration* cal, double quality, AutoDecision& decision);
+                     const AutoCalibration* cal, double quality, AutoDecision& decision,
+                     SharedCostModel* cost = nullptr);
 
 }  // namespace cf::autoq

@@ -92,7 +92,7 @@ void FusionExecutor::fill(std::span<const ChunkFill> chunks) {
 FusionResult FusionExecutor::prefill_auto(const RagRequest& req, const FusionOptions& opt) {
   autoq::AutoDecision decision;
   FusionResult r = autoq::prefill(*this, req, opt, autoq::shared_calibration(fwd_.model().fingerprint_hex()),
-                                  opt.quality, decision);
+                                  opt.quality, decision, opt.ttft_ms > 0 ? &autoq::shared_cost_model(fwd_) : nullptr);
   r.auto_decision = decision.to_json();
   return r;
 }

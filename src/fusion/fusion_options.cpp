@@ -37,11 +37,18 @@ void validate_fusion_options(const FusionOptions& o, OptionsSource source) {
     throw FusionOptionsError("fusion.method",
                              "unknown fusion method \"" + o.method + "\" (known: " + known_methods_text() + ")");
   const std::string name(e->name);
-  if (e->kind == MethodKind::automatic) {
+  if (o.ttft_ms != 0 && !(o.ttft_ms > 0 && std::isfinite(o.ttft_ms)))
+    throw FusionOptionsError("fusion.ttft_ms", "fusion.ttft_ms must be a number of milliseconds > 0");
+  if (e->kind != MethodKind::automatic && o.ttft_ms != 0)
+    throw FusionOptionsError("fusion.ttft_ms", "fusion.ttft_ms applies to fusion method \"" + auto_method_name() +
+                                                   "\" only");
+  if (e->kind == MethodKind::automatic && o.quality == 0 && o.ttft_ms > 0) {
+    // a budget alone: the best plan that fits it
+  } else if (e->kind == MethodKind::automatic) {
     if (!(o.quality > 0 && o.quality <= 1))
       throw FusionOptionsError("fusion.quality", "fusion method '" + name +
-                                                     "' needs fusion.quality in (0, 1]: the share of answers "
-                                                     "identical to full prefill's");
+                                                     "' needs fusion.quality in (0, 1] (the share of answers "
+                                                     "identical to full prefill's) or fusion.ttft_ms > 0");
   } else if (o.quality != 0) {
     throw FusionOptionsError("fusion.quality", "fusion.quality applies to fusion method \"" + auto_method_name() +
                                                    "\" only");

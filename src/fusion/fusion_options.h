@@ -23,6 +23,10 @@ struct FusionOptions {
   // method "auto" (fusion/auto_quality.h): the probability, in (0, 1], of an answer identical
   // to full prefill's that the request asks for; the policy picks the method and the ratio.
   double quality = 0;
+  // method "auto": the first-token budget in ms (issue 60 item 1; auto_quality.h); 0: none.
+  // With it, quality may be 0 (the best plan that fits) or a target (the cheapest meeting it
+  // within the budget).
+  double ttft_ms = 0;
 
   // The method's kind in the registry (false for an unknown name: validate first).
   bool full() const;       // plain prefill, no fusion
@@ -41,8 +45,8 @@ struct FusionOptionsError : std::invalid_argument {
   std::string param;
 };
 
-// The one check: the method is in the registry; auto has a quality in (0, 1] and no options;
-// quality is for auto only; full takes no options; a selector accepts its options (it judges
+// The one check: the method is in the registry; auto has a quality in (0, 1], a ttft_ms > 0 or
+// both, and no options; quality and ttft_ms are for auto only; full takes no options; a selector accepts its options (it judges
 // them itself: Selector::configure); the ratio is in [0, 1].
 void validate_fusion_options(const FusionOptions& o, OptionsSource source);
 

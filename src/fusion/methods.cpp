@@ -106,6 +106,10 @@ nlohmann::json method_catalog() {
       entry["fields"] = {MethodParam{"quality", "number", 0.9, {},
                                      "share in (0, 1] of answers identical to full prefill's (as calibrated); "
                                      "the policy picks method and ratio per request (fusion.quality, not fusion.ratio)"}
+                             .to_json(),
+                         MethodParam{"ttft_ms", "number", 0, {},
+                                     "first-token budget in ms (0: none): the best plan whose predicted time fits it, "
+                                     "or with quality the cheapest meeting it within the budget"}
                              .to_json()};
     out.push_back(std::move(entry));
   }

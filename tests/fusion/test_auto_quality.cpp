@@ -2,6 +2,7 @@
 // calibration files (another model's is refused), and its escalation over the real executor.
 #include "fusion/auto_quality.h"
 #include "fusion/bundled_files.h"
+#include "base/clock.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -399,5 +400,135 @@ TEST(AutoPrefill, ColdChunksTakeFullPrefillAndAreFilledForTheNextRequest) {
   EXPECT_EQ(d.steps_run, 1u);
 }
 
+
+// A four-step ladder (reuse, EPIC at 0.05, 0.15, 0.3) and a quality policy running steps 0, 1.
+autoq::AutoCalibration four_step_calibration() {
+  json j = calibration_json("aa", 0.0);
+  j["steps"] = {{{"method", "reuse"}, {"ratio", 0.0}, {"weights", {0.0, 0.0, 0.0}}},
+                {{"method", "epic"}, {"ratio", 0.05}, {"weights", {0.0, 0.0, 0.0}}},
+                {{"method", "epic"}, {"ratio", 0.15}, {"weights", {0.0, 0.0, 0.0}}},
+                {{"method", "epic"}, {"ratio", 0.3}, {"weights", {0.0, 0.0, 0.0}}}};
+  j["policies"] = {{{"quality", 0.9}, {"steps", {0, 1}}, {"threshold", 0.5}, {"ttft_share", 0.4}}};
+  return autoq::AutoCalibration::parse(j, "t");
+}
+
+// The latency budget's choice (issue 60 item 1) on a cost model with fixed numbers: 0.1 ms a
+// row, one layer, no fixed cost; 1000 context tokens and 100 of suffix, so full prefill costs
+// 110 ms and the steps 10, 15, 25 and 40 ms.
+TEST(AutoBudget, PicksTheBestPlanThatFitsAndSaysWhichConstraintBound) {
+  const autoq::AutoCalibration c = four_step_calibration();
+  autoq::CostModel cost;
+  cost.ms_per_row_layer = 0.1;
+  auto plan = [&](const autoq::AutoPolicy* policy, double budget, size_t cold = 0) {
+    return autoq::plan_budget(c, policy, cost, 1000, 100, cold, budget);
+  };
+  // ttft_ms alone: the best plan that fits, whatever it predicts.
+  autoq::BudgetPlan p = plan(nullptr, 200);
+  EXPECT_TRUE(p.full);
+  EXPECT_TRUE(p.steps.empty());
+  EXPECT_EQ(p.bound, autoq::kBoundNone);
+  EXPECT_DOUBLE_EQ(p.predicted_ms, 110);
+  p = plan(nullptr, 50);  // full does not fit; EPIC 0.3 (40 ms) is the best that does
+  EXPECT_FALSE(p.full);
+  EXPECT_EQ(p.final_step, 3);
+  EXPECT_EQ(p.bound, autoq::kBoundTtft);
+  EXPECT_DOUBLE_EQ(p.predicted_ms, 40);
+  EXPECT_EQ(plan(nullptr, 20).final_step, 1);  // 15 ms
+  p = plan(nullptr, 5);  // nothing fits: the cheapest plan, and it says so
+  EXPECT_EQ(p.final_step, 0);
+  EXPECT_EQ(p.bound, autoq::kBoundTtftUnmet);
+  EXPECT_DOUBLE_EQ(p.predicted_ms, 10);
+  // Cold chunks: the first step run pays their 500 rows; only reuse fits 60 ms then (60).
+  EXPECT_EQ(plan(nullptr, 60, 500).final_step, 0);
+  EXPECT_EQ(plan(nullptr, 59, 500).bound, autoq::kBoundTtftUnmet);
+
+  // Quality and ttft_ms: the target's policy (steps 0, 1, then full prefill).
+  const autoq::AutoPolicy& policy = c.policy_for(0.9, 1000);
+  p = plan(&policy, 200);  // 10 + 15 + 110 fits: the target binds
+  EXPECT_EQ(p.steps, (std::vector<size_t>{0, 1}));
+  EXPECT_TRUE(p.full);
+  EXPECT_EQ(p.bound, autoq::kBoundQuality);
+  EXPECT_DOUBLE_EQ(p.predicted_ms, 135);
+  p = plan(&policy, 60);  // both steps fit (25), full does not: the best above them in 35 is EPIC 0.15
+  EXPECT_EQ(p.steps, (std::vector<size_t>{0, 1}));
+  EXPECT_FALSE(p.full);
+  EXPECT_EQ(p.final_step, 2);
+  EXPECT_EQ(p.bound, autoq::kBoundTtft);
+  EXPECT_DOUBLE_EQ(p.predicted_ms, 50);
+  p = plan(&policy, 12);  // only reuse fits, and nothing after it: reuse answers
+  EXPECT_EQ(p.steps, (std::vector<size_t>{0}));
+  EXPECT_FALSE(p.full);
+  EXPECT_EQ(p.final_step, -1);
+  EXPECT_EQ(p.bound, autoq::kBoundTtft);
+  EXPECT_DOUBLE_EQ(p.predicted_ms, 10);
+  EXPECT_EQ(plan(&policy, 5).bound, autoq::kBoundTtftUnmet);
+  // Every chunk cold: the walk would cost more than full prefill, which meets the target too.
+  p = plan(&policy, 200, 1000);
+  EXPECT_TRUE(p.steps.empty());
+  EXPECT_TRUE(p.full);
+  EXPECT_EQ(p.bound, autoq::kBoundQuality);
+  EXPECT_DOUBLE_EQ(p.predicted_ms, 110);
+  EXPECT_THROW(plan(nullptr, 0), std::invalid_argument);
+}
+
+TEST(AutoBudget, TheCostModelIsRefreshedByAnExponentialAverage) {
+  autoq::CostModel m;
+  m.fixed_ms = 1;
+  m.ms_per_row_layer = 0.01;
+  m.layers = 2;
+  EXPECT_DOUBLE_EQ(m.predict_ms(100), 3);
+  m.observe(100, 5);  // (5 - 1) / (100 x 2) = 0.02 a row and layer
+  EXPECT_DOUBLE_EQ(m.ms_per_row_layer, 0.8 * 0.01 + 0.2 * 0.02);
+  EXPECT_EQ(m.observations, 1u);
+  m.observe(0, 5);  // nothing to learn from
+  EXPECT_EQ(m.observations, 1u);
+}
+
+// On the real model: the start-up measurement is short and positive, and the walk follows the
+// plan: a budget nothing meets answers with the cheapest step and says so; a free machine
+// (zero cost) gives ttft_ms alone full prefill; each prefill refreshes the model.
+TEST(AutoPrefill, ABudgetRunsItsPlanAndReportsPredictedAndActualTtft) {
+  CF_REQUIRE_MODEL();
+  test::FusionRig rig(test::shared_model());
+  auto& [m, fwd, store, ex] = rig;
+  const auto t0 = SteadyClock::now();
+  const autoq::CostModel measured = autoq::measure_cost_model(fwd);
+  EXPECT_LT(ms_since(t0), 2000.0);
+  EXPECT_GT(measured.ms_per_row_layer, 0.0);
+  EXPECT_EQ(measured.layers, static_cast<size_t>(m.hparams().n_layers));
+
+  const RagRequest req = build_rag_request(
+      m, {{"Warsaw", "Warsaw is the capital of Poland. Marie Curie was born there."}, {"Paris", "Paris is in France."}},
+      "Where was Marie Curie born?");
+  const autoq::AutoCalibration c =
+      autoq::AutoCalibration::parse(calibration_json(m.fingerprint_hex(), std::log(0.6 / 0.4), 0.5), "t");
+  FusionOptions base;
+  base.ttft_ms = 1e-3;
+  autoq::CostModel slow;
+  slow.fixed_ms = 1000;
+  autoq::SharedCostModel slow_machine(slow);
+  autoq::AutoDecision d;
+  FusionResult r = autoq::prefill(ex, req, base, &c, 0.0, d, &slow_machine);
+  EXPECT_EQ(d.bound, autoq::kBoundTtftUnmet);
+  EXPECT_EQ(d.reason, autoq::kReasonBudget);
+  EXPECT_EQ(d.method, "prophet");
+  EXPECT_DOUBLE_EQ(d.ratio, 0.05);
+  EXPECT_EQ(d.steps_run, 1u);
+  EXPECT_DOUBLE_EQ(d.predicted_ttft_ms, 1000);
+  EXPECT_GT(d.actual_ttft_ms, 0.0);
+  EXPECT_DOUBLE_EQ(d.to_json()["ttft_budget_ms"].get<double>(), 1e-3);
+  EXPECT_EQ(slow_machine.get().observations, 1u);
+
+  autoq::SharedCostModel free_machine(autoq::CostModel{});
+  base.ttft_ms = 100;
+  r = autoq::prefill(ex, req, base, &c, 0.0, d, &free_machine);
+  EXPECT_EQ(d.method, "full");
+  EXPECT_EQ(d.bound, autoq::kBoundNone);
+  r = autoq::prefill(ex, req, base, &c, 0.9, d, &free_machine);  // the target's walk fits: as without a budget
+  EXPECT_EQ(d.bound, autoq::kBoundQuality);
+  EXPECT_EQ(d.method, "prophet");
+  EXPECT_EQ(d.reason, autoq::kReasonAccepted);
+  EXPECT_THROW(autoq::prefill(ex, req, base, &c, 0.0, d), std::invalid_argument);  // a budget needs a cost model
+}
 }  // namespace
 }  // namespace cf
