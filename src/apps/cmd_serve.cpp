@@ -4,6 +4,7 @@
 #include <signal.h>
 
 #include <atomic>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <stdexcept>
@@ -31,28 +32,38 @@ struct ServeArgs {
   bool method_given = false;
   double quality = 0;  // serve --quality: the auto policy for requests that name no method
   bool quality_given = false;
+  double ttft_ms = 0;  // serve --ttft-ms: its first-token budget
+  bool ttft_given = false;
 };
 
-// serve --quality q makes the auto policy (fusion/auto_quality.h) the default at target q;
-// checked here so that a bad value stops the server before the model loads.
-void apply_default_quality(const ServeArgs& a, FusionOptions& fusion) {
-  if (!a.quality_given) {
+std::string number_text(double x) {
+  char s[32];
+  std::snprintf(s, sizeof s, "%g", x);
+  return s;
+}
+
+// serve --quality q and --ttft-ms T make the auto policy (fusion/auto_quality.h) the default,
+// at target q, within budget T, or both; checked here so that a bad value stops the server
+// before the model loads.
+void apply_default_auto(const ServeArgs& a, FusionOptions& fusion) {
+  if (!a.quality_given && !a.ttft_given) {
     if (fusion.automatic())
       throw std::invalid_argument("--method " + auto_method_name() + " needs --quality q (the share in (0, 1] of "
-                                  "answers identical to full prefill's)");
+                                  "answers identical to full prefill's) or --ttft-ms T");
     return;
   }
-  if (!(a.quality > 0 && a.quality <= 1)) {
-    char got[32];
-    std::snprintf(got, sizeof got, "%g", a.quality);
-    throw std::invalid_argument(std::string("--quality must be in (0, 1] (the share of answers identical to full "
-                                            "prefill's), got ") + got);
-  }
+  if (a.quality_given && !(a.quality > 0 && a.quality <= 1))
+    throw std::invalid_argument("--quality must be in (0, 1] (the share of answers identical to full prefill's), got " +
+                                number_text(a.quality));
+  if (a.ttft_given && !(a.ttft_ms > 0 && std::isfinite(a.ttft_ms)))
+    throw std::invalid_argument("--ttft-ms must be a number of milliseconds > 0, got " + number_text(a.ttft_ms));
   if (a.method_given && !fusion.automatic())
-    throw std::invalid_argument("--quality is the target of the auto policy: give --method " + auto_method_name() +
+    throw std::invalid_argument(std::string(a.quality_given ? "--quality" : "--ttft-ms") +
+                                " is a setting of the auto policy: give --method " + auto_method_name() +
                                 " or no --method, not --method " + fusion.method);
   fusion.method = auto_method_name();
-  fusion.quality = a.quality;
+  if (a.quality_given) fusion.quality = a.quality;
+  if (a.ttft_given) fusion.ttft_ms = a.ttft_ms;
 }
 
 int run_serve(ServeArgs a) {
@@ -62,7 +73,7 @@ int run_serve(ServeArgs a) {
   a.engine.threads = a.model.threads;
   a.engine.remote = remote_tier_options(a.remote);
   FusionOptions& fusion = a.engine.default_fusion;
-  apply_default_quality(a, fusion);
+  apply_default_auto(a, fusion);
   if (a.http.match_chunks && fusion.full()) {
     if (a.method_given)
       throw std::invalid_argument("--match-chunks needs a fusion method: --method full would recompute every passage");
@@ -230,6 +241,11 @@ void add_serve_command(CLI::App& app, CommandRunner& run) {
                       "auto policy for requests that name no fusion method: the share in (0, 1] of answers identical "
                       "to full prefill's (as calibrated for the model); the engine picks method and ratio per request "
                       "and reports its choice (chunkfuse.auto). Implies --method auto");
+  CLI::Option* ttft = cmd->add_option(
+      "--ttft-ms", a->ttft_ms,
+      "first-token budget in ms for requests that name no fusion method: the auto policy picks the best plan whose "
+      "predicted time (this machine's cost model, measured at start-up) fits it; with --quality, the cheapest plan "
+      "meeting the target within it. Implies --method auto");
   cmd->add_flag("--match-chunks", a->http.match_chunks,
                 "find passages (blank-line-separated paragraphs, registered chunks) inside plain messages and "
                 "prompts and serve them from chunk caches with the fusion method's recomputation (approximate; off "
@@ -255,9 +271,10 @@ void add_serve_command(CLI::App& app, CommandRunner& run) {
   add_remote_options(*cmd, a->remote);
   cmd->add_option("--web-dir", a->http.web_dir,
                   "folder of the built web page served at /ui/ (default: found beside the binary or in web/dist)");
-  cmd->callback([&run, a, method, quality] {
+  cmd->callback([&run, a, method, quality, ttft] {
     a->method_given = method->count() > 0;
     a->quality_given = quality->count() > 0;
+    a->ttft_given = ttft->count() > 0;
     run = [a] { return run_serve(*a); };
   });
 }

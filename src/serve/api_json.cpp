@@ -172,12 +172,15 @@ FusionSpec parse_fusion(const json* v, const FusionOptions& defaults) {
   if (!v->is_object()) throw invalid_request("'fusion' must be an object", "fusion");
   if (const json* x = field(*v, "method")) o.method = get_string(*x, "fusion.method");
   if (const json* x = field(*v, "ratio")) o.ratio = get_number(*x, "fusion.ratio", 0.0, 1.0);
+  // serve --quality's target and --ttft-ms's budget belong to their default method, auto: a
+  // request naming another method without its own does not inherit them.
+  const bool other_method = field(*v, "method") && !o.automatic();
   if (const json* x = field(*v, "quality")) o.quality = get_number(*x, "fusion.quality", 0.0, 1.0);
-  // serve --quality's target belongs to its default method, auto: a request naming another
-  // method without a quality of its own does not inherit it.
-  else if (field(*v, "method") && !o.automatic()) o.quality = 0;
+  else if (other_method) o.quality = 0;
+  if (const json* x = field(*v, "ttft_ms")) o.ttft_ms = get_number(*x, "fusion.ttft_ms", 0.0, 3.6e6);
+  else if (other_method) o.ttft_ms = 0;
   if (o.automatic() && field(*v, "ratio"))
-    throw invalid_request("fusion method '" + o.method + "' chooses the ratio itself: give fusion.quality, not fusion.ratio", "fusion.ratio");
+    throw invalid_request("fusion method '" + o.method + "' chooses the ratio itself: give fusion.quality or fusion.ttft_ms, not fusion.ratio", "fusion.ratio");
   if (const json* x = field(*v, "reorder")) f.reorder = get_bool(*x, "fusion.reorder");
   if (const json* x = field(*v, "conversation_id")) f.conversation_id = get_string(*x, "fusion.conversation_id");
   if (const json* x = field(*v, "prefix_cache")) f.prefix_cache = get_bool(*x, "fusion.prefix_cache");

@@ -17,6 +17,7 @@
 #include "base/paths.h"
 #include "base/progress.h"
 #include "base/thread_pool.h"
+#include "fusion/cost_model.h"
 #include "fusion/executor.h"
 #include "kv/chunk_cache.h"
 #include "kv/store_paths.h"
@@ -107,6 +108,12 @@ struct Engine::Impl {
         name(model_name_of(*model, opt.model_path)) {
     const auto ctx = static_cast<size_t>(model->hparams().context_length);
     if (opt.max_prompt_tokens == 0 || opt.max_prompt_tokens > ctx) opt.max_prompt_tokens = ctx;
+    // serve --ttft-ms: this machine's cost model is measured now, not on the first request.
+    if (opt.default_fusion.ttft_ms > 0) {
+      const autoq::CostModel c = autoq::shared_cost_model(fwd).get();
+      std::fprintf(stderr, "chunkfuse serve: cost model for --ttft-ms: %.2f ms a pass + %.4f ms a row and layer\n",
+                   c.fixed_ms, c.ms_per_row_layer);
+    }
     SchedulerOptions so{opt.max_queue, opt.max_batch, opt.prefill_chunk};
     if (!parse_scheduler_order(opt.schedule, so.order))
       throw std::runtime_error("unknown schedule \"" + opt.schedule + "\" (fifo, priority, shortest)");

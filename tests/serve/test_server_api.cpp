@@ -356,6 +356,37 @@ TEST(ServerApi, AutoTakesAQualityAndReportsItsChoice) {
   EXPECT_FALSE(api::stream_finish_chunk({"c", 1, "m", true}, sample_result()).contains("chunkfuse"));
 }
 
+// fusion.ttft_ms (issue 60 item 1): auto's first-token budget, alone or with a quality; for
+// auto only; a server's default budget is not inherited by a request naming another method.
+TEST(ServerApi, TtftBudgetIsAnAutoField) {
+  PlanLimits limits;
+  limits.context_length = limits.max_prompt_tokens = 1024;
+  json b = basic_chat();
+  b["fusion"] = {{"method", "auto"}, {"ttft_ms", 150}};
+  CompletionRequest r = chat(b).request;
+  EXPECT_DOUBLE_EQ(r.fusion.options.ttft_ms, 150);
+  EXPECT_DOUBLE_EQ(r.fusion.options.quality, 0);
+  EXPECT_NO_THROW(validate_request(r, limits));
+  b["fusion"]["quality"] = 0.9;
+  EXPECT_NO_THROW(validate_request(chat(b).request, limits));
+  b["fusion"] = {{"method", "epic"}, {"ttft_ms", 150}};
+  EXPECT_EQ(refusal(b).param, "fusion.ttft_ms");
+  b["fusion"] = {{"method", "auto"}, {"ttft_ms", -1}};
+  EXPECT_EQ(refusal(b).status, 400);
+  EXPECT_EQ(refusal(b).param, "fusion.ttft_ms");
+  b["fusion"] = {{"method", "auto"}, {"ttft_ms", "fast"}};
+  EXPECT_EQ(refusal(b).param, "fusion.ttft_ms");
+  b["fusion"] = {{"method", "auto"}, {"ttft_ms", 0}};  // neither a target nor a budget
+  EXPECT_EQ(refusal(b).param, "fusion.quality");
+  const FusionOptions server{.method = "auto", .ttft_ms = 200};
+  b.erase("fusion");
+  EXPECT_DOUBLE_EQ(api::parse_completion(b, true, server).request.fusion.options.ttft_ms, 200);
+  b["fusion"] = {{"method", "epic"}};
+  r = api::parse_completion(b, true, server).request;
+  EXPECT_DOUBLE_EQ(r.fusion.options.ttft_ms, 0);
+  EXPECT_NO_THROW(validate_request(r, limits));
+}
+
 // serve --quality (issue 60 item 4): a request without fusion fields gets the auto policy at the
 // server's target; one naming another method drops that target, so it is not refused for it;
 // one naming auto with a quality of its own keeps its own.

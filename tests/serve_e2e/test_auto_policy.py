@@ -1,6 +1,7 @@
-"""End-to-end: the auto policy as a server-wide default (issue 60). `serve --quality q` gives
-requests that name no fusion method the auto policy, and its choice is in every response: the
-JSON body and, in a stream, the final chunk, whether or not usage was asked for.
+"""End-to-end: the auto policy as a server-wide default (issue 60). `serve --quality q` (and
+`--ttft-ms T`) gives requests that name no fusion method the auto policy, and its choice is in
+every response: the JSON body and, in a stream, the final chunk, whether or not usage was asked
+for; documents new to the server are priced as cold chunk caches.
 Run: python3 -m unittest tests.serve_e2e.test_auto_policy (only the standard library is used).
 """
 import json
@@ -114,6 +115,42 @@ class ColdChunksTest(unittest.TestCase):
         self.assertEqual(r["chunkfuse"]["chunk_hits"], len(DOCS))
 
 
+class BudgetTest(unittest.TestCase):
+    """Item 1: `serve --ttft-ms` (and fusion.ttft_ms): the plan fits a first-token budget by this
+    machine's cost model, measured at start-up; the decision reports the budget, which
+    constraint bound, and the predicted and actual TTFT."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.server = h.Server("--ttft-ms", "100000")
+
+    @classmethod
+    def tearDownClass(cls):
+        code, log = cls.server.stop()
+        if code != 0:
+            raise AssertionError("server exited with %s on SIGTERM:\n%s" % (code, log))
+
+    def test_the_server_budget_and_a_request_budget(self):
+        self.assertIn("cost model for --ttft-ms", self.server.log_text())
+        status, r = self.server.post("/v1/chat/completions", chat_body("Which island lies in Lake Orta?"))
+        self.assertEqual(status, 200, r)
+        choice = r["chunkfuse"]["auto"]
+        # A budget nothing strains: full prefill, the best plan, and nothing bound.
+        self.assertEqual((choice["method"], choice["bound"], choice["ttft_budget_ms"]), ("full", "none", 100000), choice)
+        self.assertGreater(choice["predicted_ttft_ms"], 0)
+        self.assertGreater(choice["actual_ttft_ms"], 0)
+        # A request's own budget that no plan meets: the cheapest plan, and it says so.
+        status, r = self.server.post("/v1/chat/completions", chat_body(
+            "Which island lies in Lake Orta?", fusion={"method": "auto", "ttft_ms": 0.001}))
+        self.assertEqual(status, 200, r)
+        choice = r["chunkfuse"]["auto"]
+        self.assertEqual(choice["bound"], "ttft_unmet", choice)
+        self.assertNotEqual(choice["method"], "full")
+        status, err = self.server.post("/v1/chat/completions", chat_body(
+            "Which island lies in Lake Orta?", fusion={"method": "epic", "ttft_ms": 50}))
+        self.assertEqual((status, err["error"]["param"]), (400, "fusion.ttft_ms"), err)
+
+
 class ServeQualityFlagTest(unittest.TestCase):
     def refused(self, *args):
         out = subprocess.run([h.binary_path(), "serve", "-m", h.model_path(), "--port", "0", *args],
@@ -124,13 +161,17 @@ class ServeQualityFlagTest(unittest.TestCase):
     def test_bad_values_stop_the_server_at_start_with_a_clear_error(self):
         for q in ("0", "1.5", "-0.2", "nan"):
             self.assertIn("--quality must be in (0, 1]", self.refused("--quality", q))
-        self.assertIn("--quality is the target of the auto policy", self.refused("--method", "epic", "--quality", "0.9"))
+        self.assertIn("--quality is a setting of the auto policy", self.refused("--method", "epic", "--quality", "0.9"))
         self.assertIn("--method auto needs --quality", self.refused("--method", "auto"))
+        for t in ("0", "-5", "inf"):
+            self.assertIn("--ttft-ms must be a number of milliseconds > 0", self.refused("--ttft-ms", t))
+        self.assertIn("--ttft-ms is a setting of the auto policy", self.refused("--method", "epic", "--ttft-ms", "100"))
 
     def test_help_shows_the_flag(self):
         out = subprocess.run([h.binary_path(), "serve", "--help"], capture_output=True, text=True, timeout=60)
         self.assertEqual(out.returncode, 0, out.stderr)
         self.assertIn("--quality", out.stdout)
+        self.assertIn("--ttft-ms", out.stdout)
 
 
 if __name__ == "__main__":
