@@ -578,6 +578,7 @@ FusionResult prefill(FusionExecutor& executor, const RagRequest& request, const 
   opt.method_options = json::object();
   FusionResult r = executor.prefill(request, opt);
   if (cost) cost->observe(rows_run(r, request), r.timings.ttft_ms);
+  r.chunk_misses = request.chunks.size();  // the answer used no chunk cache: every chunk was prefilled
   ++decision.steps_run;
   decision.trace.push_back({{"method", opt.method}, {"ratio", 1.0}, {"predicted", 1.0}, {"ttft_ms", r.timings.ttft_ms}});
   decision.method = opt.method;

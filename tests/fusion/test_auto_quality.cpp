@@ -358,6 +358,8 @@ TEST(AutoPrefill, ColdChunksTakeFullPrefillAndAreFilledForTheNextRequest) {
   EXPECT_EQ(d.cold_chunks, 2u);
   EXPECT_EQ(d.cold_tokens, req.context_tokens());
   EXPECT_EQ(d.to_json()["reason"], "cold_chunks");
+  EXPECT_EQ(r.chunk_misses, 2u);  // prefilled in full, as the counts of a plain prefill say
+  EXPECT_EQ(r.chunk_hits, 0u);
   FusionOptions full = base;
   full.method = "full";
   EXPECT_EQ(test::max_diff(r.logits, ex.prefill(req, full).logits), 0.0f);

@@ -115,6 +115,48 @@ class ColdChunksTest(unittest.TestCase):
         self.assertEqual(r["chunkfuse"]["chunk_hits"], len(DOCS))
 
 
+class MatchChunksClientTest(unittest.TestCase):
+    """An unmodified client under --match-chunks (passages stuffed into a plain message, no
+    fusion field, no documents) gets the server's auto policy and its choice."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.server = h.Server("--match-chunks", "--quality", str(QUALITY))
+
+    @classmethod
+    def tearDownClass(cls):
+        code, log = cls.server.stop()
+        if code != 0:
+            raise AssertionError("server exited with %s on SIGTERM:\n%s" % (code, log))
+
+    # Paragraphs long enough to be passages (passage_matching.h: 128 bytes).
+    PASSAGES = [
+        "The Carrow Lighthouse stands on the northern cliffs of Port Elwen. It was designed by the engineer "
+        "Margaret Hale and first lit in 1868, after the wreck of the schooner Alba on the Elwen reefs.",
+        "Port Elwen is the main harbour of the island of Tresk. Its ferry to the mainland sails twice a day in "
+        "summer and once a day in winter, weather permitting, from the granite quay built in 1901.",
+    ]
+
+    def test_stuffed_passages_get_the_policy(self):
+        body = {"messages": [{"role": "user", "content": "Use the following context to answer.\n\n" +
+                              "\n\n".join(self.PASSAGES) + "\n\nQuestion: Who designed the lighthouse?"}],
+                "max_tokens": 8, "temperature": 0}
+        status, r = self.server.post("/v1/chat/completions", body)
+        self.assertEqual(status, 200, r)
+        self.assertEqual(r["chunkfuse"]["passages"]["matched"], len(self.PASSAGES))
+        self.assertEqual(r["chunkfuse"]["passages"]["computed"], len(self.PASSAGES))  # prefilled in full
+        choice = r["chunkfuse"]["auto"]
+        self.assertEqual((choice["quality"], choice["reason"]), (QUALITY, "cold_chunks"), choice)
+        deadline = time.time() + 60
+        while self.server.metrics()["chunkfuse_background_tasks_total"] < len(self.PASSAGES):
+            self.assertLess(time.time(), deadline, "the cold chunk caches were not filled")
+            time.sleep(0.1)
+        status, r = self.server.post("/v1/chat/completions", body)
+        self.assertEqual(status, 200, r)
+        self.assertIn(r["chunkfuse"]["auto"]["reason"], ("accepted", "escalated"), r["chunkfuse"])
+        self.assertEqual(r["chunkfuse"]["passages"]["hit"], len(self.PASSAGES))
+
+
 class BudgetTest(unittest.TestCase):
     """Item 1: `serve --ttft-ms` (and fusion.ttft_ms): the plan fits a first-token budget by this
     machine's cost model, measured at start-up; the decision reports the budget, which
