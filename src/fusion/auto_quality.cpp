@@ -530,6 +530,11 @@ FusionResult prefill(FusionExecutor& executor, const RagRequest& request, const 
       wasted_ms += ms_since(t0);
     }
   }
+  if (budget > 0 && decision.bound.empty()) {  // no ladder to plan (no calibration, no context)
+    decision.bound = kBoundNone;
+    decision.predicted_ttft_ms =
+        cost->get().predict_ms(static_cast<double>(request.context_tokens() + request.suffix.size()));
+  }
   // One ladder step's prefill, its prediction and its trace entry.
   struct Ran {
     FusionResult r;

@@ -531,6 +531,11 @@ TEST(AutoPrefill, ABudgetRunsItsPlanAndReportsPredictedAndActualTtft) {
   EXPECT_EQ(d.method, "prophet");
   EXPECT_EQ(d.reason, autoq::kReasonAccepted);
   EXPECT_THROW(autoq::prefill(ex, req, base, &c, 0.0, d), std::invalid_argument);  // a budget needs a cost model
+  r = autoq::prefill(ex, req, base, nullptr, 0.0, d, &slow_machine);  // no calibration: full prefill, priced
+  EXPECT_EQ(d.method, "full");
+  EXPECT_EQ(d.reason, autoq::kReasonUncalibrated);
+  EXPECT_EQ(d.bound, autoq::kBoundNone);
+  EXPECT_GE(d.predicted_ttft_ms, 1000.0);
 }
 }  // namespace
 }  // namespace cf
