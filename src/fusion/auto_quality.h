@@ -228,7 +228,8 @@ struct AutoDecision {
   double ttft_budget_ms = 0;                // fusion.ttft_ms (0: none; then the next three are not reported)
   std::string bound;                        // kBound*
   double predicted_ttft_ms = 0;             // the plan's, by the cost model
-  double actual_ttft_ms = 0;                // the prefill's, steps run and discarded included
+  double actual_ttft_ms = 0;                // the prefill's: steps run and discarded, and the chunk
+                                            // caches they computed (offline_ms, waited for on a server)
   nlohmann::json trace = nlohmann::json::array();  // per step run: method, ratio, predicted, ttft_ms
   nlohmann::json to_json() const;
 };
