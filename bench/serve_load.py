@@ -20,11 +20,14 @@ the time from sending to the first non-empty content delta. The server's residen
 (/proc/PID/status VmRSS) is sampled all along, to show it flat after warm-up.
 
 Reported per mode: errors, throughput, client TTFT p50/p90/p99 (after --warmup requests),
+inter-token latency p50/p99 (the gaps between a stream's content deltas, issue 58),
 the server's own TTFT, prefilled tokens per request, prefix-hit and chunk-hit rates (from the
 responses' `chunkfuse` objects and /metrics), RSS at 25/50/75/100 % of the run.
 
   .venv-serve/bin/python bench/serve_load.py --requests 300 --clients 16 --out bench/out/serve_load.json
   .venv-serve/bin/python bench/serve_load.py --requests 20 --clients 4 --modes prefix,craft   # quick check
+  # serve --prefill-chunk against whole prefills, alternated over two rounds (issue 58):
+  .venv-serve/bin/python bench/serve_load.py --modes fusion --prefill-chunks 0,256 --rounds 2 --docs 12 --pool 60
 
 Run it on a quiet machine for figures worth reporting; the server gets --threads compute
 threads, the clients are mostly idle waiting.
@@ -118,11 +121,12 @@ class RssSampler(threading.Thread):
             self.stop_flag.wait(self.interval)
 
 
-def run_mode(mode, args, passages, workload):
+def run_mode(mode, args, passages, workload, prefill_chunk=None):
     import openai
 
+    extra = ["--prefill-chunk", str(prefill_chunk)] if prefill_chunk is not None else []
     server = h.Server("--http-threads", str(max(32, 2 * args.clients)), "--max-queue", str(max(64, 4 * args.clients)),
-                      "--max-batch", str(args.max_batch), "--mem-budget", args.mem_budget,
+                      "--max-batch", str(args.max_batch), "--mem-budget", args.mem_budget, *extra,
                       binary=args.bin, model=args.model, n_threads=args.threads)
     try:
         sampler = RssSampler(server.proc.pid, args.rss_interval)
@@ -158,14 +162,17 @@ def run_mode(mode, args, passages, workload):
                                   {"role": "user", "content": "Question: " + question}],
                         extra_body={"documents": [{"id": ids[d]} for d in docs], "fusion": fusion})
                     first = None
+                    deltas = []  # arrival of each content delta: inter-token latency
                     for chunk in stream:
-                        if first is None and chunk.choices and chunk.choices[0].delta.content:
-                            first = time.monotonic()
+                        if chunk.choices and chunk.choices[0].delta.content:
+                            deltas.append(time.monotonic())
+                            first = first or deltas[0]
                         if chunk.usage is not None:
                             rec["usage"] = chunk.usage.model_dump()
                             rec["chunkfuse"] = (chunk.model_extra or {}).get("chunkfuse", {})
                     end = time.monotonic()
-                    rec.update(ok="usage" in rec, ttft_s=(first or end) - start, latency_s=end - start)
+                    rec.update(ok="usage" in rec, ttft_s=(first or end) - start, latency_s=end - start,
+                               itl_ms=[1000 * (b - a) for a, b in zip(deltas, deltas[1:])])
                 except Exception as e:  # noqa: BLE001 - every failure is counted and shown
                     rec["error"] = "%s: %s" % (type(e).__name__, e)
                 with lock:
@@ -186,7 +193,11 @@ def run_mode(mode, args, passages, workload):
         code, log = server.stop()
     if code != 0:
         print("warning: server exited with %s:\n%s" % (code, log[-2000:]), file=sys.stderr)
-    return summarize(mode, fusion, results, done_times, t_start, wall, register_s, metrics, sampler.samples, args)
+    row = summarize(mode, fusion, results, done_times, t_start, wall, register_s, metrics, sampler.samples, args)
+    row["prefill_chunk"] = prefill_chunk
+    if prefill_chunk is not None:
+        row["mode"] += " pc=%d" % prefill_chunk
+    return row
 
 
 def summarize(mode, fusion, results, done_times, t_start, wall, register_s, metrics, rss, args):
@@ -194,6 +205,7 @@ def summarize(mode, fusion, results, done_times, t_start, wall, register_s, metr
     errors = [r.get("error", "no usage chunk") for r in results if not (r and r["ok"])]
     timed = [r for r in results[args.warmup:] if r and r["ok"]]
     ttft_ms = [1000 * r["ttft_s"] for r in timed]
+    itl_ms = [g for r in timed for g in r.get("itl_ms", [])]
     server_ttft = [r["chunkfuse"].get("timings_ms", {}).get("ttft", float("nan")) for r in timed]
     ext = [r["chunkfuse"] for r in ok]
     prompt = sum(r["usage"]["prompt_tokens"] for r in ok)
@@ -217,6 +229,8 @@ def summarize(mode, fusion, results, done_times, t_start, wall, register_s, metr
         "completion_tok_s": completion / wall if wall else 0.0,
         "ttft_ms": {"p50": percentile(ttft_ms, 50), "p90": percentile(ttft_ms, 90), "p99": percentile(ttft_ms, 99),
                     "mean": statistics.fmean(ttft_ms) if ttft_ms else float("nan")},
+        "itl_ms": {"p50": percentile(itl_ms, 50), "p90": percentile(itl_ms, 90), "p99": percentile(itl_ms, 99),
+                   "max": max(itl_ms) if itl_ms else float("nan")},
         "server_ttft_ms_p50": percentile(server_ttft, 50),
         "prompt_tokens_per_req": prompt / len(ok) if ok else 0.0,
         "prefilled_tokens_per_req": prefilled / len(ok) if ok else 0.0,
@@ -230,8 +244,8 @@ def summarize(mode, fusion, results, done_times, t_start, wall, register_s, metr
 
 
 def print_table(rows):
-    cols = ["mode", "ok/err", "req/s", "TTFT p50", "p90", "p99", "srv p50", "prefilled/req", "prefix hit",
-            "chunk hit", "RSS MiB 25/50/75/100%"]
+    cols = ["mode", "ok/err", "req/s", "TTFT p50", "p90", "p99", "ITL p50", "p99", "srv p50", "prefilled/req",
+            "prefix hit", "chunk hit", "RSS MiB 25/50/75/100%"]
     print(" | ".join(cols))
     print(" | ".join("---" for _ in cols))
     for r in rows:
@@ -239,7 +253,7 @@ def print_table(rows):
         print(" | ".join([
             r["mode"], "%d/%d" % (r["ok"], r["errors"]), "%.2f" % r["throughput_req_s"],
             "%.0f" % r["ttft_ms"]["p50"], "%.0f" % r["ttft_ms"]["p90"], "%.0f" % r["ttft_ms"]["p99"],
-            "%.0f" % r["server_ttft_ms_p50"], "%.0f" % r["prefilled_tokens_per_req"],
+            "%.0f" % r["itl_ms"]["p50"], "%.0f" % r["itl_ms"]["p99"], "%.0f" % r["server_ttft_ms_p50"], "%.0f" % r["prefilled_tokens_per_req"],
             "%.0f%%" % (100 * r["prefix_hit_rate"]), "%.0f%%" % (100 * r["chunk_hit_rate"]),
             "/".join("%.0f" % rss.get("at_%d%%" % q, float("nan")) for q in (25, 50, 75, 100))]))
     base = next((r for r in rows if r["mode"] == "nocache"), None)
@@ -271,6 +285,10 @@ def main():
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--rss-interval", type=float, default=0.25, help="seconds between VmRSS samples")
     ap.add_argument("--out", help="write all results (with RSS samples) as JSON here")
+    ap.add_argument("--prefill-chunks", default="",
+                    help="comma list of serve --prefill-chunk values: each mode runs once per value, the values "
+                         "alternating over --rounds (default: the server's own default, once)")
+    ap.add_argument("--rounds", type=int, default=1, help="repeat the runs, reversing the order each round")
     args = ap.parse_args()
     if args.warmup is None:
         args.warmup = min(args.clients, args.requests // 2)
@@ -285,14 +303,18 @@ def main():
     print("workload: %d requests x %d docs over %d passages (Zipf s=%.2f, %d distinct used), %d clients, "
           "max_tokens %d, server threads %d" % (args.requests, args.docs, len(passages), args.zipf, distinct,
                                                 args.clients, args.max_tokens, args.threads), file=sys.stderr)
+    chunks = [int(v) for v in args.prefill_chunks.split(",") if v.strip()] or [None]
+    runs = [(m, c) for m in modes for c in chunks]
     rows = []
-    for mode in modes:
-        print("mode %s ..." % mode, file=sys.stderr)
-        rows.append(run_mode(mode, args, passages, workload))
-        r = rows[-1]
-        print("  %d ok, %d errors, %.1f s, TTFT p50 %.0f ms%s" % (
-            r["ok"], r["errors"], r["wall_s"], r["ttft_ms"]["p50"],
-            ("; e.g. " + r["error_examples"][0]) if r["errors"] else ""), file=sys.stderr)
+    for rnd in range(args.rounds):
+        for mode, chunk in (runs if rnd % 2 == 0 else runs[::-1]):
+            print("mode %s%s ..." % (mode, "" if chunk is None else " prefill-chunk %d" % chunk), file=sys.stderr)
+            rows.append(run_mode(mode, args, passages, workload, chunk))
+            rows[-1]["round"] = rnd
+            r = rows[-1]
+            print("  %d ok, %d errors, %.1f s, TTFT p50 %.0f ms, ITL p99 %.0f ms%s" % (
+                r["ok"], r["errors"], r["wall_s"], r["ttft_ms"]["p50"], r["itl_ms"]["p99"],
+                ("; e.g. " + r["error_examples"][0]) if r["errors"] else ""), file=sys.stderr)
     print_table(rows)
     if args.out:
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
