@@ -537,6 +537,7 @@ TEST(Engine, ChunkRegistrationIsBoundedInTexts) {
   CF_REQUIRE_MODEL();
   EngineOptions o = engine_options();
   o.max_chunk_texts = 2;
+  o.cache_dir = test_dir() + "/store-bounded-texts";  // its own registry: "nothing registered" is about this engine
   Engine e(o);
   try {
     e.register_chunks({"first passage", "second passage", "third passage"});
