@@ -440,10 +440,15 @@ json models_json(const std::string& model_name, int64_t created) {
                                          {"owned_by", "chunkfuse"}}})}};
 }
 
-json methods_json(const std::string& default_method) {
+json methods_json(const FusionOptions& defaults) {
   json data = method_catalog();
   for (auto& m : data) m["object"] = "method";
-  return json{{"object", "list"}, {"default", default_method}, {"data", std::move(data)}};
+  // What a request that names no fusion field gets (serve --method, --ratio, --quality,
+  // --ttft-ms): the page starts from it and sends none of them while it is unchanged.
+  json d{{"method", defaults.method}, {"ratio", defaults.ratio}};
+  if (defaults.quality > 0) d["quality"] = defaults.quality;
+  if (defaults.ttft_ms > 0) d["ttft_ms"] = defaults.ttft_ms;
+  return json{{"object", "list"}, {"default", defaults.method}, {"defaults", std::move(d)}, {"data", std::move(data)}};
 }
 
 namespace {

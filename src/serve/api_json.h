@@ -69,10 +69,11 @@ std::string dump(const nlohmann::json& j);
 
 nlohmann::json chunk_json(const ChunkInfo& c, bool with_text);
 nlohmann::json models_json(const std::string& model_name, int64_t created);
-// GET /v1/methods: {"object": "list", "default": serve --method, "data": [{"id", "object":
-// "method", "parameters": [{"name", "type", "default", "values"?, "help"}]}]}, from the selector
-// registry (fusion/selector.h method_catalog): what fusion.method and fusion.options accept.
-nlohmann::json methods_json(const std::string& default_method);
+// GET /v1/methods: {"object": "list", "default": serve --method, "defaults": {"method", "ratio",
+// "quality"?, "ttft_ms"?} (the server's fusion for requests naming none), "data": [{"id",
+// "object": "method", "parameters": [{"name", "type", "default", "values"?, "help"}]}]}, from the
+// method registry (fusion/methods.h method_catalog): what fusion.method and fusion.options accept.
+nlohmann::json methods_json(const FusionOptions& defaults);
 
 // Counters of the HTTP layer itself (requests the engine never saw, e.g. malformed JSON).
 struct HttpCounters {

@@ -339,7 +339,7 @@ struct HttpServer::Impl {
   }
 
   void list_methods(const Req&, Res& res) {
-    reply_json(res, 200, api::methods_json(engine.options().default_fusion.method));
+    reply_json(res, 200, api::methods_json(engine.options().default_fusion));
   }
 
   void health(const Req&, Res& res) {

@@ -511,9 +511,15 @@ std::optional<std::pair<std::string, std::string>> parse_prometheus_sample(const
 // GET /v1/methods (the web page's method list): every method a request may name, with its
 // parameters as the selector describes them, and serve --method as the default.
 TEST(ServerApi, MethodsListTheRegistryWithParameters) {
-  const json j = api::methods_json("qcfuse");
+  FusionOptions defaults;
+  defaults.method = "qcfuse";
+  const json j = api::methods_json(defaults);
   EXPECT_EQ(j["object"], "list");
   EXPECT_EQ(j["default"], "qcfuse");
+  EXPECT_EQ(j["defaults"], (json{{"method", "qcfuse"}, {"ratio", 0.15}}));
+  defaults.method = "auto";
+  defaults.quality = 0.8;
+  EXPECT_EQ(api::methods_json(defaults)["defaults"], (json{{"method", "auto"}, {"ratio", 0.15}, {"quality", 0.8}}));
   std::vector<std::string> ids;
   for (const auto& m : j["data"]) {
     ids.push_back(m["id"]);

@@ -8,6 +8,7 @@ as the server reports, runs compare mode, gets a clear message for an empty file
 the metrics; the page never requests anything outside the server. Screenshots of each step
 go to $CHUNKFUSE_ARTIFACTS (default build/e2e-artifacts).
 """
+import json
 import os
 import shutil
 import sys
@@ -196,6 +197,37 @@ class WebUiTest(unittest.TestCase):
         self.page.get_by_test_id("answer").last.scroll_into_view_if_needed()
         self.shot("6-phone", full_page=False)
 
+        self.assertEqual(self.outside, [], "the page requested something outside the server")
+
+
+class WebUiServerPolicyTest(WebUiTest):
+    """A server started with --quality 0.8 (issue 60 item 4): the page starts at the server's auto
+    policy, and while its controls stay there its requests name no fusion method, ratio or quality,
+    so they get the server's whole policy as any client that sends none; changed, they are sent."""
+    test_upload_ask_details_compare = None  # only the test below, on a server of its own
+
+    def start_server(self):
+        return h.Server("--quality", "0.8")
+
+    def test_the_page_starts_at_the_servers_policy(self):
+        p = self.page
+        sent = []
+        p.on("request", lambda r: sent.append(json.loads(r.post_data))
+             if r.url.endswith("/v1/chat/completions") and r.method == "POST" else None)
+        p.goto(self.server.url + "/")
+        expect(p.get_by_test_id("method")).to_have_value("auto")
+        expect(p.get_by_test_id("quality")).to_have_value("0.8")
+        self.ask("What is the capital of France?")
+        answer = p.locator('[data-testid=answer][data-done=true]').last
+        expect(answer).to_be_visible(timeout=90000)
+        expect(answer.get_by_test_id("auto-choice")).to_be_visible()  # the server's policy answered
+        self.assertEqual(len(sent), 1)
+        self.assertEqual(set(sent[0]["fusion"]), {"reorder"}, sent[0])
+        # Another quality is the user's choice: sent as such.
+        p.get_by_test_id("quality").fill("0.95")
+        self.ask("What is the capital of Spain?")
+        expect(p.locator('[data-testid=answer][data-done=true]')).to_have_count(2, timeout=90000)
+        self.assertEqual(sent[1]["fusion"], {"method": "auto", "quality": 0.95, "reorder": False}, sent[1])
         self.assertEqual(self.outside, [], "the page requested something outside the server")
 
 

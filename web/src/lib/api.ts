@@ -174,6 +174,7 @@ export interface ChatOptions {
   method: string;
   ratio: number;
   quality: number; // method "auto": the share of answers identical to full prefill's
+  serverDefault: boolean; // method, ratio and quality are the server's: send none of them
   reorder: boolean;
   k: number;
   maxTokens: number;
@@ -198,8 +199,11 @@ export async function streamChat(
       temperature: 0,
       retrieval: { k: o.k },
       // "auto" picks the ratio itself from the quality asked for (a ratio with it is a 400).
-      fusion:
-        o.method === "auto"
+      // Left at the server's defaults, the request names none, so the server's whole policy
+      // applies (its --ttft-ms too) as it does for any client that sends no fusion fields.
+      fusion: o.serverDefault
+        ? { reorder: o.reorder }
+        : o.method === "auto"
           ? { method: o.method, quality: o.quality, reorder: o.reorder }
           : { method: o.method, ratio: o.ratio, reorder: o.reorder },
     }),
@@ -255,8 +259,16 @@ export interface MethodInfo {
   parameters: MethodParam[];
   fields?: MethodParam[]; // fusion fields besides the options ("auto": quality)
 }
+// The server's fusion for requests that name none (serve --method, --ratio, --quality, --ttft-ms).
+export interface FusionDefaults {
+  method: string;
+  ratio: number;
+  quality?: number;
+  ttft_ms?: number;
+}
 export interface MethodList {
   default: string;
+  defaults?: FusionDefaults;
   data: MethodInfo[];
 }
 
