@@ -21,7 +21,7 @@ struct AskArgs {
   ModelOptions model;
   std::string passages_file;
   std::string question;
-  std::string method = "qcfuse";
+  std::string method = default_fusion_method_name();
   double ratio = 0.15;
   double quality = 0;  // --method auto: the target (fusion/auto_quality.h)
   int max_tokens = 64;

@@ -77,8 +77,9 @@ int run_serve(ServeArgs a) {
   if (a.http.match_chunks && fusion.full()) {
     if (a.method_given)
       throw std::invalid_argument("--match-chunks needs a fusion method: --method full would recompute every passage");
-    fusion.method = "qcfuse";  // the project's default fusion method (run.sh's)
-    std::fprintf(stderr, "chunkfuse serve: --match-chunks: fusion method qcfuse at ratio %.2f\n", fusion.ratio);
+    fusion.method = default_fusion_method_name();
+    std::fprintf(stderr, "chunkfuse serve: --match-chunks: fusion method %s at ratio %.2f\n", fusion.method.c_str(),
+                 fusion.ratio);
   }
   parse_chunk_context(a.chunk_context, fusion.chunk_context);  // CLI11 checked the name
   validate_fusion_options(fusion, OptionsSource::trusted);  // an unknown --method fails now

@@ -50,6 +50,11 @@ bool enriches_from_corpus(std::string_view name);
 // Names of the kind; "full, reuse, ..., auto" for messages and help texts.
 std::string full_method_name();  // the reference's name, for callers that build options
 std::string auto_method_name();
+// The fusion method a caller uses when it wants one and names none: `ask`, `serve
+// --match-chunks`, the web page on a server whose default is full prefill, scripts/run.sh.
+// QCFuse, by the papers; issue 60 item 5 asks for it to be chosen by measurement instead (the
+// held-out tables in BENCHMARKS.md put CacheBlend and EPIC level with or above it on Qwen 0.5B).
+std::string default_fusion_method_name();
 std::string known_methods_text();
 // The entry of a selector-kind method, or std::invalid_argument naming the selectors.
 const MethodEntry& selector_entry(std::string_view name);

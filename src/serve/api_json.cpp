@@ -445,7 +445,7 @@ json methods_json(const FusionOptions& defaults) {
   for (auto& m : data) m["object"] = "method";
   // What a request that names no fusion field gets (serve --method, --ratio, --quality,
   // --ttft-ms): the page starts from it and sends none of them while it is unchanged.
-  json d{{"method", defaults.method}, {"ratio", defaults.ratio}};
+  json d{{"method", defaults.method}, {"ratio", defaults.ratio}, {"fusion_method", default_fusion_method_name()}};
   if (defaults.quality > 0) d["quality"] = defaults.quality;
   if (defaults.ttft_ms > 0) d["ttft_ms"] = defaults.ttft_ms;
   return json{{"object", "list"}, {"default", defaults.method}, {"defaults", std::move(d)}, {"data", std::move(data)}};

@@ -70,7 +70,8 @@ std::string dump(const nlohmann::json& j);
 nlohmann::json chunk_json(const ChunkInfo& c, bool with_text);
 nlohmann::json models_json(const std::string& model_name, int64_t created);
 // GET /v1/methods: {"object": "list", "default": serve --method, "defaults": {"method", "ratio",
-// "quality"?, "ttft_ms"?} (the server's fusion for requests naming none), "data": [{"id",
+// "quality"?, "ttft_ms"?, "fusion_method"} (the server's fusion for requests naming none, and the
+// fusion method a client that wants one starts from), "data": [{"id",
 // "object": "method", "parameters": [{"name", "type", "default", "values"?, "help"}]}]}, from the
 // method registry (fusion/methods.h method_catalog): what fusion.method and fusion.options accept.
 nlohmann::json methods_json(const FusionOptions& defaults);

@@ -116,6 +116,9 @@ class WebUiTest(unittest.TestCase):
         ids = [m["id"] for m in methods["data"]]
         self.assertIn("qcfuse", ids)
         self.assertEqual([o.strip() for o in p.get_by_test_id("method").locator("option").all_inner_texts()], ids)
+        # A server whose default is full prefill: the page starts at the project's fusion method.
+        self.assertEqual(methods["defaults"]["method"], "full")
+        expect(p.get_by_test_id("method")).to_have_value(methods["defaults"]["fusion_method"])
 
         # Ask; the answer streams in.
         p.get_by_test_id("method").select_option("qcfuse")

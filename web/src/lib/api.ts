@@ -265,6 +265,7 @@ export interface FusionDefaults {
   ratio: number;
   quality?: number;
   ttft_ms?: number;
+  fusion_method?: string; // where the page starts when the server's default is full prefill
 }
 export interface MethodList {
   default: string;
