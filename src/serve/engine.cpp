@@ -336,7 +336,7 @@ CompletionResult Engine::complete(const CompletionRequest& req, const std::funct
     if (req.inline_passages) r.passages = passages_report(*req.inline_passages, r);
     return r;
   } catch (const RequestError& e) {
-    if (e.status == client_gone_error().status)
+    if (e.status == kClientGoneStatus)
       impl_->metrics.record_cancelled();
     else
       impl_->metrics.record_error();

@@ -4,17 +4,22 @@
 
 #include <algorithm>
 
+#include "base/enum_names.h"
+
 namespace cf {
 
+namespace {
+constexpr EnumName<SchedulerOrder> kOrderNames[] = {
+    {SchedulerOrder::fifo, "fifo"}, {SchedulerOrder::priority, "priority"}, {SchedulerOrder::shortest, "shortest"}};
+}  // namespace
+
 bool parse_scheduler_order(const std::string& name, SchedulerOrder& out) {
-  if (name == "fifo") out = SchedulerOrder::fifo;
-  else if (name == "priority") out = SchedulerOrder::priority;
-  else if (name == "shortest") out = SchedulerOrder::shortest;
-  else return false;
-  return true;
+  return parse_enum_name(kOrderNames, name, out);
 }
 
-RequestError client_gone_error() { return RequestError(499, "cancelled", "the client closed the connection"); }
+RequestError client_gone_error() {
+  return RequestError(kClientGoneStatus, "cancelled", "the client closed the connection");
+}
 
 Scheduler::Scheduler(Forward& fwd, SchedulerOptions opt) : fwd_(fwd), opt_(opt) {
   if (opt_.max_batch == 0) opt_.max_batch = 1;
@@ -231,18 +236,16 @@ void Scheduler::between_passes() {
 }
 
 void Scheduler::decode_step() {
-  {
+  if (std::any_of(running_.begin(), running_.end(), [](const SchedulerJob* j) { return j->cancel.load(); })) {
     std::vector<SchedulerJob*> live, gone;
     for (SchedulerJob* j : running_) (j->cancel ? gone : live).push_back(j);
-    if (!gone.empty()) {
-      running_.swap(live);
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        n_running_ = running_.size();
-      }
-      for (SchedulerJob* j : gone) finish_cancelled(*j);
-      if (running_.empty()) return;
+    running_.swap(live);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      n_running_ = running_.size();
     }
+    for (SchedulerJob* j : gone) finish_cancelled(*j);
+    if (running_.empty()) return;
   }
   std::vector<BatchSequence> seqs(running_.size());
   std::vector<TokenId> tokens(running_.size());

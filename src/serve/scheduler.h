@@ -99,6 +99,7 @@ struct SchedulerOptions {
 };
 
 // What a cancelled job fails with (499, nginx's "client closed request"; nobody reads it).
+constexpr int kClientGoneStatus = 499;
 RequestError client_gone_error();
 
 class Scheduler {
