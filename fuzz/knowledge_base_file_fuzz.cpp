@@ -14,11 +14,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string_view text(reinterpret_cast<const char*>(data), size);
   cf::SavedKnowledgeBase kb;
   try {
-    kb = cf::parse_knowledge_base_file(text, 1000, 20000);
+    kb = cf::parse_knowledge_base_file(text, cf::KnowledgeBaseLimits{});
   } catch (const std::runtime_error&) {
     return 0;
   }
-  const cf::SavedKnowledgeBase again = cf::parse_knowledge_base_file(cf::knowledge_base_file_text(kb), 1000, 20000);
+  const cf::SavedKnowledgeBase again = cf::parse_knowledge_base_file(cf::knowledge_base_file_text(kb), cf::KnowledgeBaseLimits{});
   if (again.documents.size() != kb.documents.size() || again.next_document != kb.next_document) std::abort();
   for (size_t i = 0; i < kb.documents.size(); ++i)
     if (again.documents[i].chunks.size() != kb.documents[i].chunks.size() || again.documents[i].id != kb.documents[i].id)

@@ -269,6 +269,18 @@ void add_serve_command(CLI::App& app, CommandRunner& run) {
                   "PDF uploads: pdftotext processes at once; another upload waits up to 10 s, then 503 server_busy")
       ->check(CLI::Range(size_t{1}, size_t{64}))
       ->capture_default_str();
+  cmd->add_option("--kb-max-documents", a->http.knowledge.max_documents,
+                  "knowledge base (the web page's uploads): documents it holds; another upload gets 409")
+      ->check(CLI::Range(size_t{1}, size_t{1000000}))
+      ->capture_default_str();
+  cmd->add_option("--kb-max-chunks", a->http.knowledge.max_chunks, "knowledge base: chunks of all its documents")
+      ->check(CLI::Range(size_t{1}, size_t{10000000}))
+      ->capture_default_str();
+  cmd->add_option("--kb-max-text", a->http.knowledge.max_text_bytes,
+                  "knowledge base: bytes of text of all its chunks, kept in memory and in knowledge-base.json (their "
+                  "caches count in --disk-budget)")
+      ->transform(CLI::AsSizeValue(false))
+      ->default_str("64MiB");
   add_remote_options(*cmd, a->remote);
   cmd->add_option("--web-dir", a->http.web_dir,
                   "folder of the built web page served at /ui/ (default: found beside the binary or in web/dist)");

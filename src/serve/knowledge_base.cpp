@@ -77,11 +77,10 @@ json KnowledgeBase::add_document(const std::string& name, const std::string& for
   }
   if (pieces.empty()) throw invalid_request("the document holds no text", "file");
 
+  size_t piece_bytes = 0;
+  for (const auto& p : pieces) piece_bytes += p.size();
   std::lock_guard lk(mu_);
-  if (documents_.size() >= opt_.max_documents)
-    throw invalid_request("the knowledge base is full (delete documents first)", "", 409);
-  if (chunks_.size() + pieces.size() > opt_.max_chunks)
-    throw invalid_request("the knowledge base is full (delete documents first)", "", 409);
+  check_room_locked(pieces.size(), piece_bytes);
   Document d;
   char id[32];
   std::snprintf(id, sizeof id, "doc-%06llu", static_cast<unsigned long long>(next_document_ + 1));
@@ -112,7 +111,7 @@ json KnowledgeBase::add_document(const std::string& name, const std::string& for
   next.documents.push_back(saved_document(d, [&](const std::string& cid) { return &fresh.at(cid); }));
   write_file(next);
   ++next_document_;
-  for (auto& [cid, c] : fresh) index_locked(chunks_.emplace(cid, std::move(c)).first->second);
+  for (auto& [cid, c] : fresh) add_chunk_locked(std::move(c));
   queue_.insert(queue_.end(), d.chunk_ids.begin(), d.chunk_ids.end());
   auto [it, _] = documents_.emplace(d.id, std::move(d));
   cv_.notify_all();
@@ -314,6 +313,7 @@ void KnowledgeBase::remove_chunks_locked(const std::vector<std::string>& ids) {
     const std::string cache_id = it->second.cache_id;
     auto d = documents_.find(it->second.document_id);
     unindex_locked(it->second);
+    text_bytes_ -= it->second.text.size();
     chunks_.erase(it);
     if (d != documents_.end()) {
       auto& left = d->second.chunk_ids;
@@ -339,6 +339,28 @@ bool KnowledgeBase::remove_chunk(const std::string& chunk_id) {
   if (!chunks_.count(chunk_id)) return false;
   remove_chunks_locked({chunk_id});
   return true;
+}
+
+void KnowledgeBase::check_room_locked(size_t n_chunks, size_t n_bytes) const {
+  const KnowledgeBaseLimits& l = opt_.limits;
+  auto full = [](const std::string& what, const char* flag) {
+    throw invalid_request("the knowledge base is full: " + what + " (serve " + flag + "; delete documents first)", "", 409);
+  };
+  if (documents_.size() >= l.max_documents) full(std::to_string(l.max_documents) + " documents", "--kb-max-documents");
+  if (chunks_.size() + n_chunks > l.max_chunks)
+    full(std::to_string(chunks_.size()) + " of " + std::to_string(l.max_chunks) + " chunks, this document adds " +
+             std::to_string(n_chunks),
+         "--kb-max-chunks");
+  if (text_bytes_ + n_bytes > l.max_text_bytes)
+    full(std::to_string(text_bytes_) + " of " + std::to_string(l.max_text_bytes) + " bytes of text, this document adds " +
+             std::to_string(n_bytes),
+         "--kb-max-text");
+}
+
+void KnowledgeBase::add_chunk_locked(Chunk c) {
+  text_bytes_ += c.text.size();
+  const std::string id = c.id;
+  index_locked(chunks_.emplace(id, std::move(c)).first->second);
 }
 
 void KnowledgeBase::index_locked(Chunk& c) {
@@ -455,7 +477,7 @@ void KnowledgeBase::load() {
     std::stringstream ss;
     ss << in.rdbuf();
     if (!in) throw std::runtime_error("cannot read it");
-    saved = parse_knowledge_base_file(ss.str(), opt_.max_documents, opt_.max_chunks);
+    saved = parse_knowledge_base_file(ss.str(), opt_.limits);
   } catch (const std::exception& e) {
     const std::string aside = path + ".damaged";
     std::filesystem::rename(path, aside, ec);  // renames a link itself, never its target
@@ -496,8 +518,7 @@ void KnowledgeBase::load() {
         ++requeued;
       }
       d.chunk_ids.push_back(c.id);
-      const std::string cid = c.id;
-      index_locked(chunks_.emplace(cid, std::move(c)).first->second);
+      add_chunk_locked(std::move(c));
     }
     documents_.emplace(d.id, std::move(d));
   }

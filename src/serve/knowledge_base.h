@@ -50,8 +50,7 @@ class Engine;
 struct KnowledgeBaseOptions {
   size_t default_chunk_tokens = 200;
   size_t max_chunk_tokens = 2048;
-  size_t max_documents = 1000;
-  size_t max_chunks = 20000;
+  KnowledgeBaseLimits limits;
   ExtractOptions extract;
   size_t max_pdf_jobs = 2;     // pdftotext processes at once; another upload waits pdf_wait_ms, then 503
   size_t pdf_wait_ms = 10000;
@@ -118,6 +117,10 @@ class KnowledgeBase {
     std::vector<std::string> chunk_ids;
   };
   nlohmann::json document_json_locked(const Document& d) const;
+  // RequestError 409 naming the limit and its serve flag when a document of n_chunks chunks
+  // and n_bytes of text would not fit (KnowledgeBaseLimits).
+  void check_room_locked(size_t n_chunks, size_t n_bytes) const;
+  void add_chunk_locked(Chunk c);  // into chunks_, the text count and the BM25 index
   std::string extract_text(const std::string& format, std::string_view bytes);  // PDFs through pdf_gate_
   std::string file_path() const;  // <store folder>/knowledge-base.json
   void load();                    // constructor: reads the file (if any)
@@ -142,6 +145,7 @@ class KnowledgeBase {
   std::condition_variable cv_;
   std::map<std::string, Document> documents_;  // by id (ids sort by upload order)
   std::map<std::string, Chunk> chunks_;
+  size_t text_bytes_ = 0;  // chunks_' texts together (KnowledgeBaseLimits::max_text_bytes)
   std::deque<std::string> queue_;  // chunk ids to precompute
   std::vector<std::string> retry_;  // refused by a full disk: back in the queue at retry_at_
   std::chrono::steady_clock::time_point retry_at_;

@@ -38,7 +38,7 @@ std::string knowledge_base_file_text(const SavedKnowledgeBase& kb) {
       -1, ' ', false, json::error_handler_t::replace);
 }
 
-SavedKnowledgeBase parse_knowledge_base_file(std::string_view text, size_t max_documents, size_t max_chunks) {
+SavedKnowledgeBase parse_knowledge_base_file(std::string_view text, const KnowledgeBaseLimits& limits) {
   SavedKnowledgeBase kb;
   try {
     const json j = parse_json_bounded(text);
@@ -71,12 +71,12 @@ SavedKnowledgeBase parse_knowledge_base_file(std::string_view text, size_t max_d
         c.error = cj.at("error").get<std::string>();
         c.uses = cj.at("uses").get<uint64_t>();
         if (c.id.empty() || !chunk_ids.insert(c.id).second) throw std::runtime_error("chunk id '" + c.id + "' empty or repeated");
-        if (++n_chunks > max_chunks) throw std::runtime_error("more chunks than this server's limit");
+        if (++n_chunks > limits.max_chunks) throw std::runtime_error("more chunks than this server's limit");
         d.chunks.push_back(std::move(c));
       }
       if (d.chunks.empty()) throw std::runtime_error("document " + d.id + " has no chunks");
       kb.documents.push_back(std::move(d));
-      if (kb.documents.size() > max_documents) throw std::runtime_error("more documents than this server's limit");
+      if (kb.documents.size() > limits.max_documents) throw std::runtime_error("more documents than this server's limit");
     }
   } catch (const json::exception& e) {
     throw std::runtime_error(e.what());

@@ -35,9 +35,19 @@ struct SavedKnowledgeBase {
 
 inline constexpr int kKnowledgeBaseFileVersion = 1;
 
+// What one knowledge base may hold (serve --kb-max-documents, --kb-max-chunks, --kb-max-text;
+// issue 59: every store has a budget a user can see): an upload past any of them is 409, and a
+// file with more documents or chunks than the first two is set aside at start-up. The text
+// bound also bounds knowledge-base.json, which a save rewrites whole.
+struct KnowledgeBaseLimits {
+  size_t max_documents = 1000;
+  size_t max_chunks = 20000;
+  size_t max_text_bytes = size_t{64} << 20;  // the chunks' texts together
+};
+
 std::string knowledge_base_file_text(const SavedKnowledgeBase& kb);
 // Throws std::runtime_error saying what is wrong: not JSON, another version, a missing or
 // mistyped field, a duplicate id, a document without chunks, more than the limits allow.
-SavedKnowledgeBase parse_knowledge_base_file(std::string_view text, size_t max_documents, size_t max_chunks);
+SavedKnowledgeBase parse_knowledge_base_file(std::string_view text, const KnowledgeBaseLimits& limits);
 
 }  // namespace cf

@@ -126,6 +126,7 @@ struct HttpServer::Impl {
     k.isolated = o.isolate_keys;
     k.kb.extract = o.extract;
     k.kb.max_pdf_jobs = o.pdf_jobs;
+    k.kb.limits = o.knowledge;
     return k;
   }
 

@@ -16,6 +16,7 @@
 #include "serve/document_text.h"
 #include "serve/http_access.h"
 #include "serve/http_guard.h"
+#include "serve/knowledge_base_file.h"
 
 namespace cf {
 
@@ -34,6 +35,7 @@ struct HttpServerOptions {
   bool match_chunks = false;                     // find passages in plain messages (passage_matching.h)
   ExtractOptions extract;                        // uploads: PDF reader limits (document_text.h)
   size_t pdf_jobs = 2;                           // pdftotext processes at once (knowledge_base.h)
+  KnowledgeBaseLimits knowledge;                 // documents, chunks, text bytes (knowledge_base_file.h)
 };
 
 class HttpServer {

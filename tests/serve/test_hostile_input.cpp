@@ -85,7 +85,7 @@ TEST(HostileInput, ByteBoundComesFromDecodedPiecesAndRefusesBeforeTokenizing) {
 }
 
 TEST(HostileInput, DeepKnowledgeBaseFileIsADamagedFile) {
-  EXPECT_THROW(parse_knowledge_base_file("{\"version\": " + nested(1000) + "}", 10, 10), std::runtime_error);
+  EXPECT_THROW(parse_knowledge_base_file("{\"version\": " + nested(1000) + "}", {10, 10}), std::runtime_error);
 }
 
 // Item 3: without keys, only IP literals, localhost and the listed names reach the server.

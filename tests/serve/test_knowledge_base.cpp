@@ -163,7 +163,7 @@ TEST(KnowledgeBaseFile, RoundTripsAndRefusesDamage) {
   kb.documents.push_back({"doc-000003", "a.txt", "txt", 12, 200, 1700000000, {}});
   kb.documents[0].chunks.push_back({"doc-000003-0", "Hello there.", "Hello there.", "0011", "abcd", "ready", "", 0, 3, 7});
   const std::string text = knowledge_base_file_text(kb);
-  const SavedKnowledgeBase back = parse_knowledge_base_file(text, 10, 10);
+  const SavedKnowledgeBase back = parse_knowledge_base_file(text, {10, 10});
   ASSERT_EQ(back.documents.size(), 1u);
   ASSERT_EQ(back.documents[0].chunks.size(), 1u);
   EXPECT_EQ(back.next_document, 3u);
@@ -173,7 +173,7 @@ TEST(KnowledgeBaseFile, RoundTripsAndRefusesDamage) {
 
   auto refused = [](const std::string& t, const std::string& why) {
     try {
-      parse_knowledge_base_file(t, 10, 10);
+      parse_knowledge_base_file(t, {10, 10});
       ADD_FAILURE() << "accepted: " << t;
     } catch (const std::runtime_error& e) {
       EXPECT_NE(std::string(e.what()).find(why), std::string::npos) << e.what();
@@ -187,8 +187,8 @@ TEST(KnowledgeBaseFile, RoundTripsAndRefusesDamage) {
   const std::string doc = text.substr(docs + 1, text.rfind("]") - docs - 1);
   twice.insert(text.rfind("]"), "," + doc);
   refused(twice, "repeated");
-  EXPECT_THROW(parse_knowledge_base_file(text, 0, 10), std::runtime_error);  // over the limits
-  EXPECT_THROW(parse_knowledge_base_file(text, 10, 0), std::runtime_error);
+  EXPECT_THROW(parse_knowledge_base_file(text, {0, 10}), std::runtime_error);  // over the limits
+  EXPECT_THROW(parse_knowledge_base_file(text, {10, 0}), std::runtime_error);
 }
 
 std::string store_dir() {
@@ -243,6 +243,48 @@ TEST(KnowledgeBaseSlow, PrecomputesRetrievesAndDeletes) {
   EXPECT_FALSE(kb.document(doc["id"]));
   EXPECT_FALSE(kb.remove_document(doc["id"]));
   EXPECT_TRUE(kb.retrieve("lighthouse", 3).empty());
+}
+
+// Issue 59: every store has a budget a user can see. The knowledge base's three (serve
+// --kb-max-documents, --kb-max-chunks, --kb-max-text) each refuse an upload with 409 naming
+// the flag, nothing changed; the text count follows deletions, so a delete makes room again.
+TEST(KnowledgeBaseSlow, EachLimitRefusesAnUploadAndADeleteMakesRoom) {
+  CF_REQUIRE_MODEL();
+  const std::string dir = store_dir() + "-limits";
+  fs::remove_all(dir);
+  EngineOptions eo;
+  eo.model_path = test::default_model_path();
+  eo.threads = 2;
+  eo.cache_dir = dir;
+  Engine e(eo);
+  KnowledgeBaseOptions o;
+  o.limits = {2, 3, 200};
+  KnowledgeBase kb(e, o);
+  auto refusal = [&](const std::string& text, size_t chunk_tokens) -> std::string {
+    try {
+      kb.add_document("x.md", "md", text, chunk_tokens);
+    } catch (const RequestError& err) {
+      EXPECT_EQ(err.status, 409) << err.what();
+      return err.what();
+    }
+    return "accepted";
+  };
+  const std::string a = "The Zorblat river flows through Quenton.";  // 40 bytes, one chunk
+  const std::string a_id = kb.add_document("a.md", "md", a, 0)["id"];
+  const std::string three_chunks =
+      "The Zorblat river flows through Quenton. It is purple.\n\n"
+      "Quenton exports copper wire every spring.\n\nThe Velmora lighthouse was built in 1887.";
+  EXPECT_NE(refusal(three_chunks, 16).find("--kb-max-chunks"), std::string::npos);  // 1 + 3 > 3
+  EXPECT_NE(refusal(std::string(170, 'w'), 2048).find("--kb-max-text"), std::string::npos);  // 40 + 170 > 200
+  kb.add_document("d.md", "md", "The Kestrel bridge is made of oak.", 0);
+  EXPECT_NE(refusal("Quenton exports copper wire.", 0).find("--kb-max-documents"), std::string::npos);
+  EXPECT_EQ(kb.list_documents()["data"].size(), 2u);  // the refusals changed nothing
+  ASSERT_TRUE(kb.remove_document(a_id));
+  EXPECT_EQ(refusal("Quenton exports copper wire.", 0), "accepted");
+  EXPECT_NE(refusal(std::string(140, 'w'), 2048).find("--kb-max-documents"), std::string::npos);
+  ASSERT_TRUE(kb.remove_document(kb.list_documents()["data"][0]["id"]));
+  EXPECT_EQ(refusal(std::string(130, 'w'), 2048), "accepted");  // 34 or 28 + 130: A's 40 bytes were given back
+  kb.wait_idle();
 }
 
 // Issue 59: a store write that fails (here the chunk index cannot be renamed into place: a
