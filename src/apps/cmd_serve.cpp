@@ -216,6 +216,11 @@ void add_serve_command(CLI::App& app, CommandRunner& run) {
                   "texts one POST /v1/chunks may register (each is a prefill; more: 413)")
       ->check(CLI::Range(size_t{1}, size_t{4096}))
       ->capture_default_str();
+  cmd->add_option("--registry-budget", a->engine.registry_budget_bytes,
+                  "registered chunks (POST /v1/chunks, the knowledge base's): bytes of their texts and tokens kept in "
+                  "memory together; a registration past it gets 409 (0: unbounded)")
+      ->transform(CLI::AsSizeValue(false))
+      ->default_str("512MiB");
   cmd->add_option("--max-variants", a->engine.max_variants,
                   "Cache-Craft variants per chunk a request may keep (fusion.options.max_variants above it: 400; "
                   "each is one more cache file per chunk, counted in --disk-budget; 0: none)")

@@ -70,8 +70,11 @@ void set_aside(const std::string& path, const std::string& why) {
 
 }  // namespace
 
-ChunkRegistry::ChunkRegistry(std::string index_path, ChunkOf chunk_of)
-    : path_(std::move(index_path)), chunk_of_(std::move(chunk_of)), journal_path_(path_ + ".journal") {
+ChunkRegistry::ChunkRegistry(std::string index_path, ChunkOf chunk_of, size_t budget_bytes)
+    : path_(std::move(index_path)),
+      chunk_of_(std::move(chunk_of)),
+      journal_path_(path_ + ".journal"),
+      budget_bytes_(budget_bytes) {
   std::error_code ec;
   if (fs::exists(fs::symlink_status(path_, ec))) {
     std::vector<std::string> texts;
@@ -83,7 +86,7 @@ ChunkRegistry::ChunkRegistry(std::string index_path, ChunkOf chunk_of)
     }
     for (const auto& text : texts) {
       RegisteredChunk c = chunk_of_(text);  // id recomputed: another model gives other ids
-      chunks_[c.id] = std::move(c);
+      keep_locked(std::move(c));
     }
   }
   read_journal();
@@ -109,7 +112,7 @@ void ChunkRegistry::read_journal() {
       const nlohmann::json j = parse_json_bounded(std::string_view(text).substr(at, nl - at));
       if (!j.is_string()) throw std::runtime_error("a journal line that is not a string");
       RegisteredChunk c = chunk_of_(j.get<std::string>());
-      chunks_[c.id] = std::move(c);
+      keep_locked(std::move(c));
       good = at = nl + 1;
     }
   } catch (const std::exception& e) {
@@ -168,6 +171,17 @@ void ChunkRegistry::add(std::vector<RegisteredChunk> chunks) {
   for (const auto& c : chunks)
     if (!chunks_.count(c.id) && fresh.emplace(c.id, &c.text).second) lines += nlohmann::json(c.text).dump() + "\n";
   if (fresh.empty()) return;  // all registered already: nothing changes, nothing is written
+  size_t more = 0;
+  auto is_new = [&](const RegisteredChunk& c) {  // each new id once: its first occurrence
+    auto it = fresh.find(c.id);
+    return it != fresh.end() && it->second == &c.text;
+  };
+  for (const auto& c : chunks)
+    if (is_new(c)) more += bytes_of(c);
+  if (budget_bytes_ && bytes_ + more > budget_bytes_)
+    throw invalid_request("the registered chunks would take " + std::to_string(bytes_ + more) + " bytes, over this server's " +
+                              std::to_string(budget_bytes_) + " (serve --registry-budget; DELETE /v1/chunks/{id} frees room)",
+                          "input", 409);
   bool appended = false;
   if (journal_bytes_ + lines.size() <= index_bytes_now_) {
     try {
@@ -181,7 +195,8 @@ void ChunkRegistry::add(std::vector<RegisteredChunk> chunks) {
     for (const auto& [id, c] : chunks_) next[id] = &c.text;
     save_locked(next);
   }
-  for (auto& c : chunks) chunks_[c.id] = std::move(c);
+  for (auto& c : chunks)
+    if (is_new(c)) keep_locked(std::move(c));
   ++version_;
 }
 
@@ -193,9 +208,22 @@ bool ChunkRegistry::remove(const std::string& id) {
   for (const auto& [other, c] : chunks_)
     if (other != id) next[other] = &c.text;
   save_locked(next);
+  bytes_ -= bytes_of(it->second);
   chunks_.erase(it);
   ++version_;
   return true;
+}
+
+void ChunkRegistry::keep_locked(RegisteredChunk c) {
+  auto [it, fresh] = chunks_.try_emplace(c.id);
+  if (!fresh) bytes_ -= bytes_of(it->second);
+  bytes_ += bytes_of(c);
+  it->second = std::move(c);
+}
+
+size_t ChunkRegistry::bytes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return bytes_;
 }
 
 std::vector<std::string> ChunkRegistry::texts() const {

@@ -38,7 +38,10 @@ class ChunkRegistry {
   // Reads the index at `index_path` when there is one. A damaged one (not a regular file, not
   // the index's JSON) is renamed to <index_path>.damaged-<UTC time> with a warning on stderr,
   // and the registry starts empty: a damaged index never stops the server (issue 59).
-  ChunkRegistry(std::string index_path, ChunkOf chunk_of);
+  // `budget_bytes` bounds what add() keeps in memory (texts and tokens, bytes_of()): a
+  // registration past it is RequestError 409 naming serve --registry-budget; an index read at
+  // start is kept whole even when it is larger (nothing stored is dropped). 0: unbounded.
+  ChunkRegistry(std::string index_path, ChunkOf chunk_of, size_t budget_bytes = 0);
 
   RegisteredChunk chunk_of(const std::string& text) const { return chunk_of_(text); }
   std::optional<RegisteredChunk> find(const std::string& id) const;
@@ -51,6 +54,8 @@ class ChunkRegistry {
   void add(std::vector<RegisteredChunk> chunks);
   bool remove(const std::string& id);  // false when unknown
   std::vector<std::string> texts() const;         // in id order
+  size_t bytes() const;                           // what the budget counts, all chunks together
+  static size_t bytes_of(const RegisteredChunk& c) { return c.text.size() + c.tokens.size() * sizeof(TokenId); }
   uint64_t version() const { return version_.load(); }  // changes whenever the chunks do
   // Bytes written to the index files, and writes (issue 59: counted for tests).
   uint64_t index_bytes_written() const { return index_bytes_.load(); }
@@ -60,11 +65,14 @@ class ChunkRegistry {
   void save_locked(const std::map<std::string, const std::string*>& texts_by_id);  // the index; throws
   void append_locked(const std::string& lines);  // to the journal, truncated back on failure; throws
   void read_journal();                           // constructor
+  void keep_locked(RegisteredChunk c);           // into chunks_, counted in bytes_
 
 
   const std::string path_;
   const ChunkOf chunk_of_;
   const std::string journal_path_;                  // <index>.journal
+  const size_t budget_bytes_;
+  size_t bytes_ = 0;                                // sum of bytes_of over chunks_
   size_t index_bytes_now_ = 0, journal_bytes_ = 0;  // the files' sizes as this registry left them
   mutable std::mutex mu_;
   std::map<std::string, RegisteredChunk> chunks_;

@@ -103,7 +103,8 @@ struct Engine::Impl {
         store(store_options()),
         prefixes(model->hparams(), PrefixCacheOptions{16, opt.prefix_cache_bytes}),
         conversations(craft, 10000, opt.conversation_bytes),
-        registry(opt.cache_dir + "/serve-chunks.json", [this](const std::string& text) { return chunk_of(text); }),
+        registry(opt.cache_dir + "/serve-chunks.json", [this](const std::string& text) { return chunk_of(text); },
+                 opt.registry_budget_bytes),
         gate(opt.max_tokenizing, std::chrono::milliseconds(opt.tokenize_wait_ms), "tokenizing their prompts"),
         name(model_name_of(*model, opt.model_path)) {
     const auto ctx = static_cast<size_t>(model->hparams().context_length);

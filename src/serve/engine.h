@@ -65,6 +65,9 @@ struct EngineOptions {
   // Texts one POST /v1/chunks may register (serve --max-chunk-texts; each costs a prefill of
   // its own, issue 59): more is 413 before any is tokenized.
   size_t max_chunk_texts = 64;
+  // Texts and tokens of the registered chunks together (serve --registry-budget, issue 59; the
+  // knowledge base registers its chunks too): a registration past it is 409. 0: unbounded.
+  size_t registry_budget_bytes = size_t{512} << 20;
   size_t max_variants = 16;            // Cache-Craft variants per chunk a request may keep (PlanLimits)
   // The fusion of requests that name none: serve --method, --ratio, --chunk-context (a
   // request's fusion fields override each; checked at start-up).

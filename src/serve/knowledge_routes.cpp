@@ -307,14 +307,18 @@ void KnowledgeService::add_routes(httplib::Server& svr) {
     reply_json(res, 200, json{{"object", "list"}, {"data", data}});
   }));
   svr.Get(R"(/v1/details/([^/]+))", guarded([this](const httplib::Request& req, httplib::Response& res) {
-    const int caller = caller_of_(req);
-    std::lock_guard lk(mu_);
-    // Another key's request reads as unknown (issue 29, item 4): details hold its texts.
-    for (const auto& d : details_)
-      if (d.id == req.matches[1] && d.caller == caller) return reply_json(res, 200, d.detail);
+    if (auto d = detail(req.matches[1], caller_of_(req))) return reply_json(res, 200, *d);
     throw RequestError(404, "not_found_error",
                        "no details for '" + std::string(req.matches[1]) + "' (only recent requests are kept)", "id");
   }));
+}
+
+std::optional<json> KnowledgeService::detail(const std::string& id, int caller) const {
+  std::lock_guard lk(mu_);
+  // Another key's request reads as unknown (issue 29, item 4): details hold its texts.
+  for (const auto& d : details_)
+    if (d.id == id && d.caller == caller) return d.detail;
+  return std::nullopt;
 }
 
 std::vector<RetrievedChunk> KnowledgeService::apply_retrieval(const json& body, CompletionRequest& req) {
@@ -349,9 +353,15 @@ void KnowledgeService::after_completion(const std::string& id, int caller, const
   }
   if (opt_.isolated) return;  // details hold cache-use figures and texts: not shared across keys
   json d = request_detail_json(id, req, r, retrieved, kb_.tokenizer());
+  // Bounded in bytes as well as in count: one detail holds a piece per prompt token.
+  const size_t bytes = d.dump().size();
   std::lock_guard lk(mu_);
-  details_.push_back({id, caller, std::move(d)});
-  while (details_.size() > opt_.kept_details) details_.pop_front();
+  details_.push_back({id, caller, std::move(d), bytes});
+  details_bytes_ += bytes;
+  while (details_.size() > opt_.kept_details || (details_.size() > 1 && details_bytes_ > opt_.kept_details_bytes)) {
+    details_bytes_ -= details_.front().bytes;
+    details_.pop_front();
+  }
 }
 
 }  // namespace cf

@@ -23,6 +23,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -36,6 +37,7 @@ struct KnowledgeServiceOptions {
   size_t max_body_bytes = 8 << 20;
   bool isolated = false;           // --isolate-keys
   size_t kept_details = 64;        // GET /v1/details keeps the last this many requests
+  size_t kept_details_bytes = size_t{32} << 20;  // and at most this much of their JSON (issue 59)
   KnowledgeBaseOptions kb;
 };
 
@@ -68,6 +70,9 @@ class KnowledgeService {
   void after_completion(const std::string& id, int caller, const CompletionRequest& req, const CompletionResult& r,
                         const std::vector<RetrievedChunk>& retrieved, nlohmann::json* response);
 
+  // The detail after_completion kept for request `id` of `caller`; nullopt when unknown,
+  // another key's, or no longer kept.
+  std::optional<nlohmann::json> detail(const std::string& id, int caller) const;
   KnowledgeBase& knowledge_base() { return kb_; }
   const KnowledgeBase& knowledge_base() const { return kb_; }
 
@@ -83,8 +88,10 @@ class KnowledgeService {
     std::string id;  // the response id: 128 random bits
     int caller;      // the key that made the request (-1: no keys); only it may read the detail
     nlohmann::json detail;
+    size_t bytes;    // its JSON's length
   };
   std::deque<Detail> details_;  // oldest first
+  size_t details_bytes_ = 0;
 };
 
 }  // namespace cf

@@ -287,6 +287,38 @@ TEST(KnowledgeBaseSlow, EachLimitRefusesAnUploadAndADeleteMakesRoom) {
   kb.wait_idle();
 }
 
+// Issue 59: the request details GET /v1/details/{id} serves are bounded in bytes as well
+// as in count (one holds a piece per prompt token): with room for about 2.5 of these 1 MiB
+// answers, the oldest are forgotten and the newest kept; one larger than all of it is still
+// kept, alone.
+TEST(KnowledgeBaseSlow, RequestDetailsStayWithinTheirByteBudget) {
+  CF_REQUIRE_MODEL();
+  const std::string dir = store_dir() + "-details";
+  fs::remove_all(dir);
+  EngineOptions eo;
+  eo.model_path = test::default_model_path();
+  eo.threads = 2;
+  eo.cache_dir = dir;
+  Engine e(eo);
+  KnowledgeServiceOptions o;
+  o.kept_details_bytes = (size_t{5} << 20) / 2;
+  KnowledgeService service(e, o, [](const httplib::Request&) { return -1; });
+  CompletionRequest req;
+  CompletionResult r;
+  r.text = std::string(size_t{1} << 20, 'x');
+  for (int i = 0; i < 5; ++i) service.after_completion("d" + std::to_string(i), -1, req, r, {}, nullptr);
+  EXPECT_FALSE(service.detail("d0", -1));
+  EXPECT_FALSE(service.detail("d2", -1));
+  EXPECT_TRUE(service.detail("d3", -1));
+  ASSERT_TRUE(service.detail("d4", -1));
+  EXPECT_EQ(service.detail("d4", -1)->at("answer"), r.text);
+  EXPECT_FALSE(service.detail("d4", 0)) << "another key's detail";
+  r.text = std::string(size_t{3} << 20, 'y');
+  service.after_completion("big", -1, req, r, {}, nullptr);
+  EXPECT_TRUE(service.detail("big", -1));
+  EXPECT_FALSE(service.detail("d4", -1));
+}
+
 // Issue 59: a store write that fails (here the chunk index cannot be renamed into place: a
 // folder holds its name) changes nothing in memory, and the knowledge base's worker survives
 // it, counts it and retries later instead of marking the chunk failed (or, for an exception

@@ -129,6 +129,42 @@ TEST(StoreStartup, RegisteringChunksOneByOneWritesTheIndexInLinearBytes) {
   EXPECT_TRUE(s.named("serve-chunks.json.damaged-").empty());
 }
 
+// Issue 59: the registered chunks are a store of their own, bounded in bytes (serve
+// --registry-budget). A registration past it is 409 with nothing written or kept; a text
+// already registered costs nothing; a removal gives its bytes back; an index read at start
+// is kept whole even over a smaller budget (nothing stored is dropped).
+TEST(StoreStartup, RegisteredChunksStayWithinTheirByteBudget) {
+  TempStore s;
+  const std::string index = (s.dir / "serve-chunks.json").string();
+  const RegisteredChunk a = chunk_of(std::string(100, 'a')), b = chunk_of(std::string(100, 'b'));
+  const size_t each = ChunkRegistry::bytes_of(a);
+  ASSERT_GE(each, 100u);
+  {
+    ChunkRegistry reg(index, chunk_of, 2 * each + each / 2);
+    reg.add({a, a});  // one id twice: counted once
+    EXPECT_EQ(reg.bytes(), each);
+    reg.add({b});
+    const uint64_t writes = reg.index_writes();
+    try {
+      reg.add({chunk_of(std::string(100, 'c'))});
+      ADD_FAILURE() << "a registration over the budget was accepted";
+    } catch (const RequestError& e) {
+      EXPECT_EQ(e.status, 409);
+      EXPECT_NE(std::string(e.what()).find("--registry-budget"), std::string::npos) << e.what();
+    }
+    EXPECT_EQ(reg.index_writes(), writes);  // nothing written
+    EXPECT_EQ(reg.texts().size(), 2u);
+    reg.add({a});  // already registered: fits whatever the budget
+    ASSERT_TRUE(reg.remove(a.id));
+    EXPECT_EQ(reg.bytes(), each);
+    reg.add({chunk_of(std::string(100, 'c'))});  // the removal made room
+    EXPECT_EQ(reg.texts().size(), 2u);
+  }
+  ChunkRegistry smaller(index, chunk_of, each);  // over its budget from the start
+  EXPECT_EQ(smaller.texts().size(), 2u);
+  EXPECT_THROW(smaller.add({a}), RequestError);
+}
+
 // Half of free space plus the store's own files (a restart does not shrink it), 16 MiB to 10 GiB.
 TEST(StoreStartup, DefaultDiskBudgetIsHalfTheRoomCapped) {
   constexpr uint64_t MiB = uint64_t{1} << 20, GiB = uint64_t{1} << 30;
