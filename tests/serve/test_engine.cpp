@@ -313,6 +313,37 @@ TEST(Engine, ConcurrentRequestsAnswerAsAlone) {
   EXPECT_GT(after.decode_rows - before.decode_rows, after.decode_steps - before.decode_steps);
 }
 
+// Issue 58: quality under load is quality unloaded. The same requests, full and fused, give
+// the same greedy answers alone one by one and all at once in the reverse order, with prefills
+// cut into pieces of 16 rows and decode steps between them (chunked prefill, batched decode).
+TEST(Engine, AnswersDoNotDependOnLoadOrArrivalOrder) {
+  CF_REQUIRE_MODEL();
+  EngineOptions o = engine_options();
+  o.cache_dir = test_dir() + "/store-arrival";
+  o.prefill_chunk = 16;
+  Engine e(o);
+  std::vector<CompletionRequest> reqs = {
+      chat("Where is the Eiffel Tower?", {kDocs[0], kDocs[1]}, "epic", 12),
+      chat("What is the highest mountain?", {kDocs[1], kDocs[3], kDocs[0]}, "cacheblend", 12),
+      chat("Name a color.", {}, "full", 12),
+      chat("Which river is the largest?", {kDocs[3], kDocs[2]}, "full", 12),
+      chat("What was built across China?", {kDocs[2], kDocs[0]}, "qcfuse", 12),
+      chat("Say hello in French.", {}, "full", 12)};
+  for (size_t i = 0; i < reqs.size(); ++i)
+    if (reqs[i].fusion.options.method != "full") reqs[i].fusion.options.ratio = 0.15;
+  std::vector<std::string> alone;
+  for (const auto& r : reqs) alone.push_back(e.complete(r).text);
+  const EngineMetrics before = e.metrics();
+  std::vector<std::future<std::string>> futures(reqs.size());
+  for (size_t i = reqs.size(); i-- > 0;)
+    futures[i] = std::async(std::launch::async, [&e, r = reqs[i]] { return e.complete(r).text; });
+  for (size_t i = 0; i < reqs.size(); ++i)
+    EXPECT_EQ(futures[i].get(), alone[i]) << reqs[i].fusion.options.method << ": " << reqs[i].messages.back().content;
+  const EngineMetrics after = e.metrics();
+  EXPECT_GT(after.decode_rows - before.decode_rows, after.decode_steps - before.decode_steps) << "no batched decode";
+  EXPECT_GT(after.prefill_pieces - before.prefill_pieces, 0u) << "no prefill was cut into pieces";
+}
+
 TEST(Engine, CompletionsWithDocumentsInEveryMode) {
   CF_REQUIRE_MODEL();
   Engine& e = shared_engine();
