@@ -4,10 +4,10 @@
 # passages' KV caches precomputed into the store first, as a RAG service would), and print
 # both answers and both times to first token side by side.
 #
-#   scripts/run.sh                          the example question: full vs qcfuse
+#   scripts/run.sh                          the example question: full vs epic
 #   scripts/run.sh --method cacheblend --question "Who designed the Carrow Lighthouse?"
 #
-# --question, --method (the fusion method set against full prefill; default qcfuse, the
+# --question, --method (the fusion method set against full prefill; default epic, the
 # default of `chunkfuse ask`) and --passages replace the defaults; other arguments are passed
 # to both `chunkfuse ask` runs as they are (e.g. -t 4, --ratio 0.3). Environment:
 # CHUNKFUSE_MODEL (default: Qwen2.5-Coder-0.5B-Instruct, README "Models"),
@@ -19,7 +19,7 @@ cd "$CF_REPO_ROOT"
 build_dir="${CHUNKFUSE_BUILD_DIR:-build}"
 
 question="Who designed the lighthouse near Port Elwen, and when was it first lit?"
-method=qcfuse
+method=epic
 passages=examples/passages.jsonl
 extra=()
 store_args=()  # the options of `ask` that `chunks precompute` shares

@@ -73,7 +73,7 @@ bool enriches_from_corpus(std::string_view name) {
 
 std::string full_method_name() { return std::string(first_of(MethodKind::full).name); }
 std::string auto_method_name() { return std::string(first_of(MethodKind::automatic).name); }
-std::string default_fusion_method_name() { return "qcfuse"; }
+std::string default_fusion_method_name() { return "epic"; }
 
 const MethodEntry& selector_entry(std::string_view name) {
   const MethodEntry* e = find_method(name);
