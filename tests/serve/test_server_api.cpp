@@ -516,11 +516,11 @@ TEST(ServerApi, MethodsListTheRegistryWithParameters) {
   const json j = api::methods_json(defaults);
   EXPECT_EQ(j["object"], "list");
   EXPECT_EQ(j["default"], "qcfuse");
-  EXPECT_EQ(j["defaults"], (json{{"method", "qcfuse"}, {"ratio", 0.15}, {"fusion_method", "qcfuse"}}));
+  EXPECT_EQ(j["defaults"], (json{{"method", "qcfuse"}, {"ratio", 0.15}, {"fusion_method", "epic"}}));
   defaults.method = "auto";
   defaults.quality = 0.8;
   EXPECT_EQ(api::methods_json(defaults)["defaults"],
-            (json{{"method", "auto"}, {"ratio", 0.15}, {"quality", 0.8}, {"fusion_method", "qcfuse"}}));
+            (json{{"method", "auto"}, {"ratio", 0.15}, {"quality", 0.8}, {"fusion_method", "epic"}}));
   std::vector<std::string> ids;
   for (const auto& m : j["data"]) {
     ids.push_back(m["id"]);
