@@ -34,7 +34,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests", "serve_e2e"))
 sys.path.insert(0, HERE)
 import serve_helpers as h  # noqa: E402
-from serve_load import RssSampler, load_pool  # noqa: E402
+from serve_load import RssSampler, load_pool, register_chunks  # noqa: E402
 
 SYSTEM = "You are a helpful assistant. Answer the question using the passages. Answer briefly."
 
@@ -90,12 +90,7 @@ def run_config(name, budget, args, chunks, questions, fusion, store):
     rss = RssSampler(server.proc.pid, args.rss_interval)
     gauges = GaugeSampler(server, ["chunkfuse_kv_reserved_bytes", "vllm:num_requests_running"], args.rss_interval)
     try:
-        t0 = time.monotonic()
-        status, reg = server.request("POST", "/v1/chunks", {"texts": chunks}, timeout=3600)
-        if status != 200:
-            raise RuntimeError("registering the chunks failed: %s %s" % (status, reg))
-        register_s = time.monotonic() - t0
-        ids = [c["id"] for c in reg["data"]]
+        ids, register_s = register_chunks(server, chunks)
         gauges.start()
         status, warm = server.request("POST", "/v1/chat/completions",
                                       body(ids, questions[0], fusion, args.max_tokens, -1), timeout=3600)

@@ -121,6 +121,15 @@ class RssSampler(threading.Thread):
             self.stop_flag.wait(self.interval)
 
 
+def register_chunks(server, texts):
+    """POST /v1/chunks: the chunks' ids and the seconds their caches took (offline work)."""
+    t0 = time.monotonic()
+    status, reg = server.request("POST", "/v1/chunks", {"texts": texts}, timeout=3600)
+    if status != 200:
+        raise RuntimeError("registering the chunks failed: %s %s" % (status, reg))
+    return [c["id"] for c in reg["data"]], time.monotonic() - t0
+
+
 def run_mode(mode, args, passages, workload, prefill_chunk=None):
     import openai
 
@@ -131,12 +140,7 @@ def run_mode(mode, args, passages, workload, prefill_chunk=None):
     try:
         sampler = RssSampler(server.proc.pid, args.rss_interval)
         sampler.start()
-        t0 = time.monotonic()
-        status, reg = server.request("POST", "/v1/chunks", {"texts": passages}, timeout=3600)
-        if status != 200:
-            raise RuntimeError("registering the pool failed: %s %s" % (status, reg))
-        register_s = time.monotonic() - t0
-        ids = [c["id"] for c in reg["data"]]
+        ids, register_s = register_chunks(server, passages)
         fusion = MODES[mode](args.method, args.ratio)
 
         results = [None] * len(workload)
