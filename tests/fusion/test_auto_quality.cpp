@@ -486,17 +486,19 @@ TEST(AutoBudget, TheCostModelIsRefreshedByAnExponentialAverage) {
   EXPECT_EQ(m.observations, 1u);
 }
 
-// On the real model: the start-up measurement is short and positive, and the walk follows the
+// On the real model: the start-up measurement is positive and grows with the rows, and the walk follows the
 // plan: a budget nothing meets answers with the cheapest step and says so; a free machine
 // (zero cost) gives ttft_ms alone full prefill; each prefill refreshes the model.
 TEST(AutoPrefill, ABudgetRunsItsPlanAndReportsPredictedAndActualTtft) {
   CF_REQUIRE_MODEL();
   test::FusionRig rig(test::shared_model());
   auto& [m, fwd, store, ex] = rig;
-  const auto t0 = SteadyClock::now();
+  // No wall-clock bound here: a unit test under ASan or on a loaded machine cannot hold one (CI
+  // failed on a 2 s bound under ASan); the measurement's size is the constant kMeasureRows.
   const autoq::CostModel measured = autoq::measure_cost_model(fwd);
-  EXPECT_LT(ms_since(t0), 2000.0);
   EXPECT_GT(measured.ms_per_row_layer, 0.0);
+  EXPECT_GE(measured.fixed_ms, 0.0);
+  EXPECT_GT(measured.predict_ms(autoq::kMeasureRows), measured.predict_ms(1));
   EXPECT_EQ(measured.layers, static_cast<size_t>(m.hparams().n_layers));
 
   const RagRequest req = build_rag_request(
