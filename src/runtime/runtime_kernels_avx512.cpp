@@ -8,6 +8,7 @@
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
 
+#include "runtime/exp_simd.h"
 #include "runtime/f16c_rows.h"
 #include "runtime/runtime_kernels_table.h"
 
@@ -39,6 +40,19 @@ inline __m256 reduce16_x8(const __m512 a[8]) {
 struct Avx512Ops : ScalarOps<Avx512Ops> {
   static size_t f16_to_f32_prefix(const uint16_t* x, float* y, size_t n) { return f16c_to_f32_prefix(x, y, n); }
   static size_t f32_to_f16_prefix(const float* x, uint16_t* y, size_t n) { return f32_to_f16c_prefix(x, y, n); }
+
+  // SwiGLU 16 lanes at a time (GCC ran the scalar form one value at a time: 6% of a 2048-token
+  // prefill of Qwen 0.5B under AMX, by perf). exp16 gives exp_inline's bits (one rounding of
+  // j 2^n either way), so the result is the scalar form's (AttentionOrder.SiluIsGgmlSwiglu).
+  static size_t silu_mul_prefix(float* gate, const float* up, size_t n) {
+    size_t i0 = 0;
+    for (; i0 + 16 <= n; i0 += 16) {
+      const __m512 g = _mm512_loadu_ps(gate + i0);
+      const __m512 e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), g));
+      _mm512_storeu_ps(gate + i0, _mm512_mul_ps(_mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.0f), e)), _mm512_loadu_ps(up + i0)));
+    }
+    return i0;
+  }
 
   static bool batched_tile(const TileArgs& a, std::vector<float>& scratch) { return attend_tile_flash_avx512(a, scratch); }
 
