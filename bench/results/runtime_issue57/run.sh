@@ -6,7 +6,10 @@
 #   bench/results/runtime_issue57/run.sh llama     # bench/runtime_bench.py per file (ours vs llama.cpp)
 #   BASE=c6099dd bench/results/runtime_issue57/run.sh ab   # this tree vs BASE (the llama.cpp-order
 #                                                  # kernels), built in a worktree, perf alternated
-# MODELS (default ~/.cache/chunkfuse/models), FILES (default: the four real files), REPS (3).
+# MODELS (default ~/.cache/chunkfuse/models), FILES (default: the four real files), REPS (3),
+# ISAS (peak: default "avx512 avx2"; on an AMX host "amx avx512"), SUFFIX (added to the result
+# files' names, e.g. _xeon, so that one CPU kind's results do not overwrite another's).
+SUFFIX=${SUFFIX:-}
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
 OUT=bench/results/runtime_issue57
@@ -15,16 +18,16 @@ FILES=${FILES:-"SmolLM2-135M-Instruct.Q4_1 gemma-3-270m-q4_k_m qwen2.5-coder-0.5
 REPS=${REPS:-3}
 case "${1:-}" in
   peak)
-    for f in $FILES; do for isa in avx512 avx2; do
+    for f in $FILES; do for isa in ${ISAS:-avx512 avx2}; do
       CHUNKFUSE_ISA=$isa build/chunkfuse perf -m "$MODELS/$f.gguf" --peak --prompt-tokens 512,2048 --gen-tokens 32 -t 2 --json \
-        > "$OUT/peak_${f}_$isa.json"
-      echo "$f $isa: $(python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(d['peak']['gemm'], [round(p['tok_per_s'],1) for p in d['prefill']])" "$OUT/peak_${f}_$isa.json")"
+        > "$OUT/peak_${f}_$isa$SUFFIX.json"
+      echo "$f $isa: $(python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(d['peak']['gemm'], [round(p['tok_per_s'],1) for p in d['prefill']])" "$OUT/peak_${f}_$isa$SUFFIX.json")"
     done; done ;;
   llama)
     for f in $FILES; do
-      .venv/bin/python bench/runtime_bench.py --model "$MODELS/$f.gguf" --reps "$REPS" --out "$OUT/llama_$f.json" \
-        > "$OUT/llama_$f.md"
-      cat "$OUT/llama_$f.md"
+      .venv/bin/python bench/runtime_bench.py --model "$MODELS/$f.gguf" --reps "$REPS" --out "$OUT/llama_$f$SUFFIX.json" \
+        > "$OUT/llama_$f$SUFFIX.md"
+      cat "$OUT/llama_$f$SUFFIX.md"
     done ;;
   ab)
     BASE=${BASE:-c6099dd}
