@@ -35,7 +35,7 @@ void attention(const AttentionShape& s, const float* q, const int32_t* row_pos, 
   check_kernel_region("attention entry_pos", entry_pos, n_entries * sizeof(int32_t));
   const rk::RuntimeKernels& k = rk::active();
   const size_t group = static_cast<size_t>(s.n_heads / s.n_kv_heads);
-  const size_t rows_per_task = std::max<size_t>(1, rk::kMaxQueries / group);
+  const size_t rows_per_task = std::max<size_t>(1, (n_rows == 1 ? rk::kMaxQueries : k.batched_task_queries) / group);
   const size_t row_tiles = (n_rows + rows_per_task - 1) / rows_per_task;
   const size_t n_tasks = row_tiles * static_cast<size_t>(s.n_kv_heads);
   pool.parallel_for(n_tasks, [&](size_t task, size_t) {

@@ -6,7 +6,7 @@ namespace cf::rk {
 
 const RuntimeKernels& runtime_kernels_for(Isa isa) {
   switch (isa) {
-    case Isa::Amx:  // AMX is the prefill GEMM's; attention runs AVX-512
+    case Isa::Amx: return runtime_kernels_amx();
     case Isa::Avx512: return runtime_kernels_avx512();
     case Isa::Avx2: return runtime_kernels_avx2();
     case Isa::Portable: break;

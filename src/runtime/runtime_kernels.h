@@ -43,6 +43,10 @@ struct RuntimeKernels {
   void (*f16_to_f32)(const uint16_t* x, float* y, size_t n);
   void (*f32_to_f16)(const float* x, uint16_t* y, size_t n);
   float (*exp)(float x);
+  // Query vectors per task of a batched call (rows x the heads of a KV group): kMaxQueries,
+  // or more where the batched tile takes any count and each task's per-block K/V conversion
+  // is worth sharing among more queries (AMX).
+  size_t batched_task_queries = kMaxQueries;
 };
 
 // The batched attention tiles of AVX-512 and AVX2 machines (attention_flash.h, one
@@ -52,11 +56,15 @@ struct RuntimeKernels {
 // where it does not, and the llama.cpp order runs.
 bool attend_tile_flash_avx512(const TileArgs& a, std::vector<float>& scratch);
 bool attend_tile_flash_avx2(const TileArgs& a, std::vector<float>& scratch);
+// The same on AMX BF16 tiles (attention_flash_amx.cpp), for head dims that are a multiple of
+// 32 up to 256; false for the others (AMX's table then takes the AVX-512 kernel).
+bool attend_tile_flash_amx(const TileArgs& a, std::vector<float>& scratch);
 
 const RuntimeKernels& runtime_kernels_portable();
 const RuntimeKernels& runtime_kernels_avx2();
 const RuntimeKernels& runtime_kernels_avx512();
-// The table an ISA runs (Amx: AVX-512's), as model/kernels_impl.h's isa_kernels_for: one
+const RuntimeKernels& runtime_kernels_amx();  // AVX-512's, with batched attention on AMX tiles
+// The table an ISA runs, as model/kernels_impl.h's isa_kernels_for: one
 // dispatch scheme, <table>_<isa>() per ISA file and <table>_for(Isa) to pick.
 const RuntimeKernels& runtime_kernels_for(Isa isa);
 const RuntimeKernels& active();  // runtime_kernels_for(cf::active_isa())

@@ -231,4 +231,18 @@ struct Avx512Ops : ScalarOps<Avx512Ops> {
 
 const RuntimeKernels& runtime_kernels_avx512() { return runtime_kernels_table<Avx512Ops>(); }
 
+namespace {
+// Under AMX: every hook AVX-512's, batched attention on tiles where the head dim allows.
+struct AmxOps : Avx512Ops {
+  // 16 groups of 16 lanes a task: each block's K/V split and V transpose is shared by them
+  // (at 48, the AVX-512 default, the AMX kernel was slower than AVX-512's on Qwen 0.5B).
+  static constexpr size_t kBatchedTaskQueries = 256;
+  static bool batched_tile(const TileArgs& a, std::vector<float>& scratch) {
+    return attend_tile_flash_amx(a, scratch) || attend_tile_flash_avx512(a, scratch);
+  }
+};
+}  // namespace
+
+const RuntimeKernels& runtime_kernels_amx() { return runtime_kernels_table<AmxOps>(); }
+
 }  // namespace cf::rk

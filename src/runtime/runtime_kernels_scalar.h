@@ -141,8 +141,10 @@ struct ScalarOps {
   static size_t f32_to_f16_prefix(const float*, uint16_t*, size_t) { return 0; }
   static size_t silu_mul_prefix(float*, const float*, size_t) { return 0; }
 
-  // The ISA's own batched tile (attention_flash.h), tried first for batched calls.
+  // The ISA's own batched tile (attention_flash.h), tried first for batched calls, and how
+  // many query vectors a batched task gives it (every batched path but AMX's: kMaxQueries).
   static bool batched_tile(const TileArgs&, std::vector<float>&) { return false; }
+  static constexpr size_t kBatchedTaskQueries = kMaxQueries;
 
   // Dot products over f16-exact values in the order of llama.cpp's CPU mul_mat (see
   // TileArgs::single_row_order): products of two f16 values are exact in float, so only

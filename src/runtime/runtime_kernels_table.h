@@ -56,7 +56,7 @@ template <class Ops>
 const RuntimeKernels& runtime_kernels_table() {
   static const RuntimeKernels k{attend_tile<Ops>, attention_probs_row<Ops>, rms_norm,       silu_mul<Ops>,
                                 add_inplace,      round_to_f16,             f16_to_f32<Ops>, f32_to_f16<Ops>,
-                                exp_scalar};
+                                exp_scalar,       Ops::kBatchedTaskQueries};
   return k;
 }
 

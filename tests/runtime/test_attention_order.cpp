@@ -130,6 +130,7 @@ std::vector<Isa> isas() {
   std::vector<Isa> v{Isa::Portable};
   if (detect_isa() >= Isa::Avx2) v.push_back(Isa::Avx2);
   if (detect_isa() >= Isa::Avx512) v.push_back(Isa::Avx512);
+  if (detect_isa() >= Isa::Amx) v.push_back(Isa::Amx);  // its own batched attention (AMX tiles)
   return v;
 }
 
@@ -271,6 +272,11 @@ TEST_P(AttentionOrderShapes, AttentionContractBatchWithinToleranceOnAvx2) {
 TEST_P(AttentionOrderShapes, AttentionContractBatchWithinToleranceOnAvx512) {
   if (detect_isa() < Isa::Avx512) GTEST_SKIP() << "AVX-512 absent on this CPU: its attention kernel was not compared";
   expect_contract(Isa::Avx512, GetParam());
+}
+
+TEST_P(AttentionOrderShapes, AttentionContractBatchWithinToleranceOnAmx) {
+  if (detect_isa() < Isa::Amx) GTEST_SKIP() << "AMX absent on this CPU (or its tile state not granted): its attention kernel was not compared";
+  expect_contract(Isa::Amx, GetParam());
 }
 
 // A batched row's result does not depend on the other rows of its call (tiles of other
