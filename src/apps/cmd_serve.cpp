@@ -34,6 +34,7 @@ struct ServeArgs {
   bool quality_given = false;
   double ttft_ms = 0;  // serve --ttft-ms: its first-token budget
   bool ttft_given = false;
+  double self_check = 0.2;  // serve --self-check: the share of fused answers checked when idle
 };
 
 std::string number_text(double x) {
@@ -74,6 +75,10 @@ int run_serve(ServeArgs a) {
   a.engine.remote = remote_tier_options(a.remote);
   FusionOptions& fusion = a.engine.default_fusion;
   apply_default_auto(a, fusion);
+  if (!(a.self_check >= 0 && a.self_check <= 1))
+    throw std::invalid_argument("--self-check must be a share in [0, 1] (of the served fused answers checked against "
+                                "full prefill when idle; 0: off), got " + number_text(a.self_check));
+  a.engine.self_check_share = a.self_check;
   if (a.http.match_chunks && fusion.full()) {
     if (a.method_given)
       throw std::invalid_argument("--match-chunks needs a fusion method: --method full would recompute every passage");
@@ -252,6 +257,12 @@ void add_serve_command(CLI::App& app, CommandRunner& run) {
       "first-token budget in ms for requests that name no fusion method: the auto policy picks the best plan whose "
       "predicted time (this machine's cost model, measured at start-up) fits it; with --quality, the cheapest plan "
       "meeting the target within it. Implies --method auto");
+  cmd->add_option("--self-check", a->self_check,
+                  "share in [0, 1] of the served fused answers that are run again with full prefill when the server "
+                  "is idle (never on a request's path) and compared, first token and answer; counts per plan with "
+                  "Wilson intervals in GET /v1/self_check and /metrics; an auto plan below its target (by the lower "
+                  "bound) is taken out of the policy. 0: off")
+      ->capture_default_str();
   cmd->add_flag("--match-chunks", a->http.match_chunks,
                 "find passages (blank-line-separated paragraphs, registered chunks) inside plain messages and "
                 "prompts and serve them from chunk caches with the fusion method's recomputation (approximate; off "

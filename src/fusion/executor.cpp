@@ -91,8 +91,10 @@ void FusionExecutor::fill(std::span<const ChunkFill> chunks) {
 // step an ordinary prefill of this executor; without a calibration, full prefill, stated.
 FusionResult FusionExecutor::prefill_auto(const RagRequest& req, const FusionOptions& opt) {
   autoq::AutoDecision decision;
-  FusionResult r = autoq::prefill(*this, req, opt, autoq::shared_calibration(fwd_.model().fingerprint_hex()),
-                                  opt.quality, decision, opt.ttft_ms > 0 ? &autoq::shared_cost_model(fwd_) : nullptr);
+  const autoq::AutoCalibration* cal =
+      calibration_ ? calibration_ : autoq::shared_calibration(fwd_.model().fingerprint_hex());
+  FusionResult r = autoq::prefill(*this, req, opt, cal, opt.quality, decision,
+                                  opt.ttft_ms > 0 ? &autoq::shared_cost_model(fwd_) : nullptr);
   r.auto_decision = decision.to_json();
   return r;
 }

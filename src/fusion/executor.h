@@ -75,6 +75,10 @@ struct FusionResult {
   std::vector<ChunkFill> chunks_to_fill;  // ColdChunks::priced: caches left cold (fill() computes them)
 };
 
+namespace autoq {
+struct AutoCalibration;
+}
+
 class FusionExecutor {
  public:
   // `prefixes` (optional, not owned) replaces the built-in exact-match map for S. With one,
@@ -105,6 +109,10 @@ class FusionExecutor {
   static void prefetch(ChunkStore& store, uint64_t model_fingerprint, const RagRequest& request,
                        const FusionOptions& opt);
 
+  // Method "auto" answers with this calibration (not owned) instead of the model's shared one:
+  // the server's, recalibrated by its self-check (serve/self_check.h). nullptr: the shared one.
+  void set_calibration(const autoq::AutoCalibration* cal) { calibration_ = cal; }
+
  private:
   std::shared_ptr<const KvCache> prefix_cache(const std::vector<TokenId>& system, size_t& hit_tokens);
   FusionResult prefill_auto(const RagRequest& request, const FusionOptions& opt);
@@ -113,6 +121,7 @@ class FusionExecutor {
   ChunkStore& store_;
   PrefixSource* external_prefixes_ = nullptr;
   ColdChunks cold_ = ColdChunks::offline;
+  const autoq::AutoCalibration* calibration_ = nullptr;
   std::mutex prefix_mu_;
   std::map<std::vector<TokenId>, std::shared_ptr<const KvCache>> prefixes_;  // exact match
 };

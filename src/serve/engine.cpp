@@ -34,6 +34,7 @@
 #include "serve/request_metrics.h"
 #include "serve/request_plan.h"
 #include "serve/scheduler.h"
+#include "serve/self_check.h"
 #include "serve/token_accounting.h"
 
 namespace cf {
@@ -85,6 +86,17 @@ size_t default_kv_budget() {
   return std::max(total / 4, size_t{256} << 20);
 }
 
+// The auto policy's calibration for the self-check to recalibrate (null: off, or none; a file
+// of another model is refused on the first auto request, as before).
+const autoq::AutoCalibration* calibration_to_check(const Model& model, double share) {
+  if (share <= 0) return nullptr;
+  try {
+    return autoq::shared_calibration(model.fingerprint_hex());
+  } catch (const std::exception&) {
+    return nullptr;
+  }
+}
+
 }  // namespace
 
 struct Engine::Impl {
@@ -93,6 +105,7 @@ struct Engine::Impl {
     SchedulerJob job;
     std::optional<FusionResult> fusion;  // the executor's facts (its logits and cache went to decoding)
     bool cancelled = false;              // on_text returned false
+    TokenId fused_first = -1;            // top-1 of the prefill's logits (the self-check's)
   };
 
   explicit Impl(EngineOptions o)
@@ -122,6 +135,9 @@ struct Engine::Impl {
     if (opt.kv_budget_bytes == EngineOptions::kKvBudgetDefault) opt.kv_budget_bytes = default_kv_budget();
     so.kv_budget_bytes = opt.kv_budget_bytes;
     scheduler = std::make_unique<Scheduler>(fwd, so);
+    self_check = std::make_unique<SelfCheck>(*scheduler, model->tokenizer(),
+                                             SelfCheckOptions{opt.self_check_share, 8, opt.prefill_chunk, {}},
+                                             calibration_to_check(*model, opt.self_check_share));
   }
 
   ChunkStoreOptions store_options() {
@@ -189,8 +205,14 @@ struct Engine::Impl {
                    KvCache::bytes_per_entry(model->hparams());
     job.prefill = [this, &run, &plan](Forward& fw) {
       PrefixSource* source = plan.prefix_cache ? static_cast<PrefixSource*>(&prefixes) : (plan.fused ? &uncached : nullptr);
-      // Priced: the client waits for cold chunk caches (fusion/auto_quality.h).
-      FusionResult fr = FusionExecutor(fw, store, source, ColdChunks::priced).prefill(plan.rag, plan.fusion);
+      // Priced: the client waits for cold chunk caches (fusion/auto_quality.h). The auto policy
+      // answers with the calibration as the self-check left it.
+      FusionExecutor ex(fw, store, source, ColdChunks::priced);
+      const auto cal = self_check->calibration();
+      ex.set_calibration(cal.get());
+      FusionResult fr = ex.prefill(plan.rag, plan.fusion);
+      if (self_check->enabled() && !fr.logits.empty())
+        run.fused_first = static_cast<TokenId>(std::max_element(fr.logits.begin(), fr.logits.end()) - fr.logits.begin());
       PrefillOutput out{std::move(fr.logits), std::move(fr.cache), fr.next_position};
       run.fusion.emplace(std::move(fr));
       return out;
@@ -198,6 +220,7 @@ struct Engine::Impl {
     job.on_finish = [this, &req, &plan, &run](SchedulerJob& j) {
       end_turn(req, plan, j);
       if (run.fusion && !run.fusion->chunks_to_fill.empty()) fill_when_idle(std::move(run.fusion->chunks_to_fill));
+      if (run.fusion) self_check->offer(plan, *run.fusion, *j.session, run.fused_first);
     };
   }
 
@@ -288,6 +311,7 @@ struct Engine::Impl {
   mutable BusyGate gate;             // caps the callers tokenizing at once
   RequestMetrics metrics;
   std::string name;
+  std::unique_ptr<SelfCheck> self_check;  // the scheduler's idle worker: outlives its thread
   std::unique_ptr<Scheduler> scheduler;  // last: destroyed first, its thread uses the rest
 };
 
@@ -419,6 +443,7 @@ EngineMetrics Engine::metrics() const {
   m.store = s;
   m.conversations = impl_->conversations.size();
   m.conversation_bytes = impl_->conversations.bytes();
+  m.self_check = impl_->self_check->snapshot();
   return m;
 }
 

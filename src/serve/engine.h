@@ -72,6 +72,9 @@ struct EngineOptions {
   // The fusion of requests that name none: serve --method, --ratio, --chunk-context (a
   // request's fusion fields override each; checked at start-up).
   FusionOptions default_fusion;
+  // The share of served fused answers checked against full prefill when idle (serve
+  // --self-check, whose default is 0.2; serve/self_check.h). 0: off, the engine's default.
+  double self_check_share = 0;
   std::optional<RemoteTierOptions> remote;  // shared chunk-cache tier on Redis (issue 13)
 };
 

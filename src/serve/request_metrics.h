@@ -9,6 +9,7 @@
 
 #include "kv/chunk_store.h"
 #include "serve/request.h"
+#include "serve/self_check_ledger.h"
 
 namespace cf {
 
@@ -34,6 +35,7 @@ struct EngineMetrics {
   size_t store_memory_bytes = 0, store_disk_bytes = 0, prefix_cache_bytes = 0;
   size_t conversations = 0, conversation_bytes = 0;  // kept turns and their accounted bytes
   ChunkStoreStats store;  // the chunk store's counters, remote tier included (store_metrics.h)
+  SelfCheckSnapshot self_check;  // serve --self-check's ledger (self_check.h)
 };
 
 class RequestMetrics {

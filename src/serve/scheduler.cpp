@@ -94,6 +94,19 @@ void Scheduler::post_idle(std::function<void(Forward&)> fn) {
   work_cv_.notify_all();
 }
 
+void Scheduler::set_idle_worker(std::function<bool(Forward&)> step) {
+  std::lock_guard<std::mutex> lock(mu_);
+  idle_worker_ = std::move(step);
+}
+
+void Scheduler::wake_idle_worker() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    idle_worker_ready_ = static_cast<bool>(idle_worker_);
+  }
+  work_cv_.notify_all();
+}
+
 size_t Scheduler::queue_length() const {
   std::lock_guard<std::mutex> lock(mu_);
   return waiting_.size();
@@ -146,10 +159,12 @@ void Scheduler::loop() {
     SchedulerJob* next = nullptr;
     std::function<void(Forward&)> idle;
     std::vector<SchedulerJob*> cancelled;
+    std::function<bool(Forward&)> worker;
     {
       std::unique_lock<std::mutex> lock(mu_);
       work_cv_.wait(lock, [&] {
-        return stopping_ || !tasks_.empty() || !waiting_.empty() || !running_.empty() || !idle_tasks_.empty();
+        return stopping_ || !tasks_.empty() || !waiting_.empty() || !running_.empty() || !idle_tasks_.empty() ||
+               idle_worker_ready_;
       });
       if (stopping_) break;
       cancelled = take_cancelled(waiting_);  // never prefilled: their clients are gone
@@ -171,6 +186,11 @@ void Scheduler::loop() {
         idle = std::move(idle_tasks_.front());
         idle_tasks_.pop_front();
       }
+      // Nothing else at all: one step of the idle worker.
+      if (tasks.empty() && !next && !idle && waiting_.empty() && running_.empty() && idle_worker_ready_) {
+        idle_worker_ready_ = false;
+        worker = idle_worker_;
+      }
     }
     for (SchedulerJob* j : cancelled) finish_cancelled(*j);
     if (idle) {
@@ -179,6 +199,18 @@ void Scheduler::loop() {
       } catch (...) {  // background work: a failure costs a later cache miss, nothing more
       }
       ++idle_tasks_run_;
+      continue;
+    }
+    if (worker) {
+      bool more = false;
+      try {
+        more = worker(fwd_);
+      } catch (...) {  // background work: the worker keeps its own account of what failed
+      }
+      if (more) {
+        std::lock_guard<std::mutex> lock(mu_);
+        idle_worker_ready_ = true;
+      }
       continue;
     }
     for (Task* t : tasks) {

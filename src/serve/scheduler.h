@@ -129,6 +129,13 @@ class Scheduler {
   static constexpr size_t kMaxIdleTasks = 16;
   uint64_t idle_tasks_run() const { return idle_tasks_run_.load(); }
 
+  // The idle worker (serve/self_check.h): `step` runs one bounded piece of background work when
+  // no request waits or runs and no task or idle task is queued, and returns whether more is
+  // left; wake_idle_worker() says there is work again. Stricter than post_idle (no running
+  // request is slowed either), and a request that arrives waits for the step in progress only.
+  void set_idle_worker(std::function<bool(Forward&)> step);
+  void wake_idle_worker();
+
   size_t queue_length() const;
   size_t running() const;
   uint64_t decode_steps() const { return decode_steps_.load(); }  // batched passes so far
@@ -162,6 +169,8 @@ class Scheduler {
   std::deque<Task*> tasks_;
   std::deque<std::function<void(Forward&)>> idle_tasks_;
   std::atomic<uint64_t> idle_tasks_run_{0};
+  std::function<bool(Forward&)> idle_worker_;  // guarded by mu_ (set before work arrives)
+  bool idle_worker_ready_ = false;             // guarded by mu_
   std::vector<SchedulerJob*> running_;  // scheduler thread only (size mirrored in n_running_)
   SchedulerJob* prefilling_ = nullptr;  // scheduler thread only: the job in job.prefill
   size_t n_running_ = 0;                // guarded by mu_

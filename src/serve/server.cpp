@@ -194,6 +194,7 @@ struct HttpServer::Impl {
       {"GET", "/v1/methods", &Impl::list_methods},
       {"GET", "/health", &Impl::health},
       {"GET", "/metrics", &Impl::metrics},
+      {"GET", "/v1/self_check", &Impl::self_check},
     };
     return kRoutes;
   }
@@ -353,10 +354,14 @@ struct HttpServer::Impl {
   void metrics(const Req&, Res& res) {
     const EngineMetrics m = engine.metrics();
     const bool cache_use = !isolation.enabled();
-    res.set_content(api::prometheus_text(m, counters_now(), cache_use) +
+    res.set_content(api::prometheus_text(m, counters_now(), cache_use) + self_check_prometheus(m.self_check) +
                         vllm_metrics_text(m, engine.model_name(), cache_use),
                     "text/plain; version=0.0.4");
   }
+
+  // serve --self-check's ledger (serve/self_check.h): per plan, answers checked against full
+  // prefill when idle, with Wilson intervals.
+  void self_check(const Req&, Res& res) { reply_json(res, 200, self_check_json(engine.metrics().self_check)); }
 
   api::HttpCounters counters_now() const {
     const ConnectionCounters c = svr.counters();
