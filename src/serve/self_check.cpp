@@ -83,18 +83,23 @@ SelfCheck::SelfCheck(Scheduler& scheduler, const Tokenizer& tokenizer, SelfCheck
   if (enabled()) scheduler_.set_idle_worker([this](Forward& fw) { return step(fw); });
 }
 
+SelfCheck::~SelfCheck() = default;
+
 void SelfCheck::offer(const RequestPlan& plan, const FusionResult& fusion, const DecodeSession& answer,
                       TokenId fused_first) {
   if (!enabled()) return;
   std::optional<SelfCheckCase> c = self_check_case(plan, fusion, answer, fused_first, calibration().get());
-  if (!c || !sampler_.next()) return;
+  if (c && sampler_.next()) submit(std::move(*c));
+}
+
+void SelfCheck::submit(SelfCheckCase c) {
   {
     std::lock_guard lock(mu_);
     if (queue_.size() >= opt_.max_pending) {
       queue_.pop_front();
       ++counters_.dropped;
     }
-    queue_.push_back(std::move(*c));
+    queue_.push_back(std::move(c));
     ++counters_.sampled;
   }
   scheduler_.wake_idle_worker();

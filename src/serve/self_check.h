@@ -77,10 +77,13 @@ class SelfCheck {
   // to recalibrate. Must outlive the scheduler's thread.
   SelfCheck(Scheduler& scheduler, const Tokenizer& tokenizer, SelfCheckOptions opt,
             const autoq::AutoCalibration* calibration);
+  ~SelfCheck();
   bool enabled() const { return opt_.share > 0; }
 
   // Scheduler thread, at the end of a request: samples it (deterministically) and queues its case.
   void offer(const RequestPlan& plan, const FusionResult& fusion, const DecodeSession& answer, TokenId fused_first);
+  // Queues a case as offer() does once sampled (any thread; the oldest dropped when full).
+  void submit(SelfCheckCase c);
   // The calibration the auto policy answers with now (recalibrated; null: none).
   std::shared_ptr<const autoq::AutoCalibration> calibration() const;
   SelfCheckSnapshot snapshot() const;
