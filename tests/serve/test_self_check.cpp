@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "../runtime/model_fixture.h"
+#include "fusion/methods.h"
 #include "serve/engine.h"
 
 namespace cf {
@@ -365,6 +366,38 @@ TEST(SelfCheck, AnAutoPlanBelowItsTargetIsTakenOutOfThePolicy) {
   ASSERT_TRUE(r);
   EXPECT_TRUE(r->recalibrated);
   EXPECT_EQ(r->identical, 0u);
+}
+
+// The recalibrated policy is the one the executor walks (FusionExecutor::set_calibration): with
+// step 1 taken out of the policy serving 0.9, auto runs epic@0.3 then full prefill, not
+// epic@0.15 first (the steps' predictions, 0.5, never reach the policy's threshold of 1).
+TEST(SelfCheck, TheExecutorWalksTheCalibrationItIsGiven) {
+  CF_REQUIRE_MODEL();
+  const Model& m = shared_model();
+  Forward fwd(m, shared_pool());
+  ChunkStoreOptions so;  // memory only
+  so.model = StoreModel{m.fingerprint(), m.hparams()};
+  ChunkStore store(so);
+  RagRequest rr;
+  rr.system = m.tokenizer().encode("Answer from the passages.", true, false);
+  rr.chunks = {m.tokenizer().encode("The mill stands by the river and grinds wheat.\n\n", false, false),
+               m.tokenizer().encode("The miller sells flour at the market on Fridays.\n\n", false, false)};
+  rr.suffix = m.tokenizer().encode("When does the miller sell flour?", false, false);
+  FusionOptions fo;
+  fo.method = auto_method_name();
+  fo.quality = 0.9;
+  auto walk = [&](const autoq::AutoCalibration& cal) {
+    FusionExecutor ex(fwd, store);
+    ex.set_calibration(&cal);
+    std::vector<std::string> steps;
+    const FusionResult r = ex.prefill(rr, fo);
+    for (const auto& t : r.auto_decision["trace"])
+      steps.push_back(t["method"].get<std::string>() + "@" + std::to_string(t["ratio"].get<double>()).substr(0, 4));
+    return steps;
+  };
+  const autoq::AutoCalibration cal = two_policy_calibration();
+  EXPECT_EQ(walk(cal), (std::vector<std::string>{"epic@0.15", "epic@0.30", full_method_name() + "@1.00"}));
+  EXPECT_EQ(walk(without_step(cal, 0.9, 1)), (std::vector<std::string>{"epic@0.30", full_method_name() + "@1.00"}));
 }
 
 // ---- the engine's sampling of served answers ----
