@@ -106,6 +106,7 @@ struct Engine::Impl {
     std::optional<FusionResult> fusion;  // the executor's facts (its logits and cache went to decoding)
     bool cancelled = false;              // on_text returned false
     TokenId fused_first = -1;            // top-1 of the prefill's logits (the self-check's)
+    nlohmann::json self_check;           // the self-check's note (CompletionResult::self_check)
   };
 
   explicit Impl(EngineOptions o)
@@ -220,7 +221,7 @@ struct Engine::Impl {
     job.on_finish = [this, &req, &plan, &run](SchedulerJob& j) {
       end_turn(req, plan, j);
       if (run.fusion && !run.fusion->chunks_to_fill.empty()) fill_when_idle(std::move(run.fusion->chunks_to_fill));
-      if (run.fusion) self_check->offer(plan, *run.fusion, *j.session, run.fused_first);
+      if (run.fusion) run.self_check = self_check->offer(plan, *run.fusion, *j.session, run.fused_first);
     };
   }
 
@@ -346,6 +347,7 @@ CompletionResult Engine::Impl::complete(const CompletionRequest& req, const OnTe
     throw;
   }
   CompletionResult result = result_of(plan, run, arrival);
+  result.self_check = std::move(run.self_check);
   metrics.record(result);
   metrics.record_token_gaps(run.job.token_gaps_ms);
   return result;

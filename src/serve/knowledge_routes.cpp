@@ -169,6 +169,7 @@ json request_detail_json(const std::string& id, const CompletionRequest& req, co
     j["auto"] = r.auto_choice;
     j["ratio"] = r.auto_choice.at("ratio");
   }
+  if (!r.self_check.is_null()) j["self_check"] = r.self_check;  // serve --self-check: its plan's record
   json ret = json::array();
   for (const auto& c : retrieved) {
     json x = c.to_json();

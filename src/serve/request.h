@@ -101,6 +101,9 @@ struct CompletionResult : TokenCounts {
   std::shared_ptr<const FusionTrace> trace;  // positions and selector facts, for the web page's details
   nlohmann::json passages;           // passage matching's report (null: not matched)
   nlohmann::json auto_choice;        // method auto: what the policy chose (AutoDecision::to_json); else null
+  // serve --self-check (serve/self_check.h): this answer's plan, whether it was sampled, the
+  // plan's record so far; null when off or the answer is not one it checks (GET /v1/details).
+  nlohmann::json self_check;
   nlohmann::json to_json() const;    // the "chunkfuse" extension object of a response
 };
 

@@ -85,11 +85,16 @@ SelfCheck::SelfCheck(Scheduler& scheduler, const Tokenizer& tokenizer, SelfCheck
 
 SelfCheck::~SelfCheck() = default;
 
-void SelfCheck::offer(const RequestPlan& plan, const FusionResult& fusion, const DecodeSession& answer,
-                      TokenId fused_first) {
-  if (!enabled()) return;
+nlohmann::json SelfCheck::offer(const RequestPlan& plan, const FusionResult& fusion, const DecodeSession& answer,
+                                TokenId fused_first) {
+  if (!enabled()) return nullptr;
   std::optional<SelfCheckCase> c = self_check_case(plan, fusion, answer, fused_first, calibration().get());
-  if (c && sampler_.next()) submit(std::move(*c));
+  if (!c) return nullptr;
+  const std::optional<PlanRecord> record = ledger_.find(c->plan, c->quality);
+  nlohmann::json note = {{"plan", c->plan}, {"sampled", sampler_.next()},
+                         {"record", record ? plan_record_json(*record) : nlohmann::json(nullptr)}};
+  if (note["sampled"]) submit(std::move(*c));
+  return note;
 }
 
 void SelfCheck::submit(SelfCheckCase c) {

@@ -80,8 +80,10 @@ class SelfCheck {
   ~SelfCheck();
   bool enabled() const { return opt_.share > 0; }
 
-  // Scheduler thread, at the end of a request: samples it (deterministically) and queues its case.
-  void offer(const RequestPlan& plan, const FusionResult& fusion, const DecodeSession& answer, TokenId fused_first);
+  // Scheduler thread, at the end of a request: samples it (deterministically) and queues its
+  // case. Returns the request's note (CompletionResult::self_check): its plan, whether it was
+  // sampled, the plan's record so far (null: off, or not an answer the self-check checks).
+  nlohmann::json offer(const RequestPlan& plan, const FusionResult& fusion, const DecodeSession& answer, TokenId fused_first);
   // Queues a case as offer() does once sampled (any thread; the oldest dropped when full).
   void submit(SelfCheckCase c);
   // The calibration the auto policy answers with now (recalibrated; null: none).

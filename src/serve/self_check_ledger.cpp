@@ -73,23 +73,32 @@ std::vector<PlanRecord> SelfCheckLedger::records() const {
   return out;
 }
 
+std::optional<PlanRecord> SelfCheckLedger::find(const std::string& plan, double quality) const {
+  std::lock_guard lock(mu_);
+  for (const PlanRecord& r : plans_)
+    if (r.plan == plan && r.quality == quality) return r;
+  return std::nullopt;
+}
+
+json plan_record_json(const PlanRecord& r) {
+  const ShareInterval id = r.identical_interval(), ft = r.first_token_interval();
+  json p = {{"plan", r.plan},
+            {"checked", r.checked},
+            {"first_token_agree", r.first_token_agree},
+            {"identical", r.identical},
+            {"first_token_interval", {ft.low, ft.high}},
+            {"identical_interval", {id.low, id.high}},
+            {"recalibrated", r.recalibrated}};
+  if (r.quality > 0) {
+    p["quality"] = r.quality;
+    p["min_checks"] = min_checks(r.quality);
+  }
+  return p;
+}
+
 json self_check_json(const SelfCheckSnapshot& s) {
   json plans = json::array();
-  for (const PlanRecord& r : s.plans) {
-    const ShareInterval id = r.identical_interval(), ft = r.first_token_interval();
-    json p = {{"plan", r.plan},
-              {"checked", r.checked},
-              {"first_token_agree", r.first_token_agree},
-              {"identical", r.identical},
-              {"first_token_interval", {ft.low, ft.high}},
-              {"identical_interval", {id.low, id.high}},
-              {"recalibrated", r.recalibrated}};
-    if (r.quality > 0) {
-      p["quality"] = r.quality;
-      p["min_checks"] = min_checks(r.quality);
-    }
-    plans.push_back(std::move(p));
-  }
+  for (const PlanRecord& r : s.plans) plans.push_back(plan_record_json(r));
   const SelfCheckCounters& c = s.counters;
   return {{"object", "self_check"}, {"share", c.share},         {"sampled", c.sampled}, {"dropped", c.dropped},
           {"completed", c.completed}, {"pending", c.pending}, {"interval", "wilson 95%"}, {"plans", plans}};

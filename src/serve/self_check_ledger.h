@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -86,6 +87,7 @@ struct SelfCheckSnapshot {
   SelfCheckCounters counters;
   std::vector<PlanRecord> plans;  // by plan name
 };
+nlohmann::json plan_record_json(const PlanRecord& r);               // one plan's counts and intervals
 nlohmann::json self_check_json(const SelfCheckSnapshot& s);        // GET /v1/self_check
 std::string self_check_prometheus(const SelfCheckSnapshot& s);     // GET /metrics' part
 
@@ -95,6 +97,7 @@ class SelfCheckLedger {
   // recalibration rule fire (once per plan): the caller makes the policy more conservative.
   bool record(const std::string& plan, double quality, CheckOutcome o);
   std::vector<PlanRecord> records() const;
+  std::optional<PlanRecord> find(const std::string& plan, double quality) const;
 
  private:
   mutable std::mutex mu_;

@@ -453,12 +453,19 @@ TEST(SelfCheckEngine, ServedFusedAnswersAreCheckedWhenIdle) {
   EXPECT_EQ(x->checked, 1u);
   EXPECT_EQ(x->first_token_agree, 1u);
   EXPECT_EQ(x->identical, 1u);
+  // Each answer's note (GET /v1/details): its plan, sampled, the plan's record when it was served.
+  EXPECT_TRUE(full.self_check.is_null());
+  EXPECT_EQ(reuse.self_check["plan"], "reuse@0");
+  EXPECT_EQ(reuse.self_check["sampled"], true);
+  EXPECT_TRUE(reuse.self_check["record"].is_null()) << "the first answer of its plan";
+  const CompletionResult again = e.complete(chat("reuse", 0));
+  EXPECT_EQ(again.self_check["record"]["checked"], 1);
 }
 
 TEST(SelfCheckEngine, ShareZeroChecksNothing) {
   CF_REQUIRE_MODEL();
   Engine e(engine_options(0, "off"));
-  e.complete(chat("reuse", 0));
+  EXPECT_TRUE(e.complete(chat("reuse", 0)).self_check.is_null());
   e.complete(chat("epic", 0.15));
   const SelfCheckSnapshot s = e.metrics().self_check;
   EXPECT_EQ(s.counters.sampled, 0u);

@@ -47,10 +47,17 @@ class SelfCheckTest(unittest.TestCase):
             raise AssertionError("server exited with %s on SIGTERM:\n%s" % (code, log))
 
     def test_served_fused_answers_are_checked_and_reported(self):
+        ids = []
         for fusion in ({"method": "epic", "ratio": 0.2}, {"method": "reuse"}, {"method": "full"}):
             status, r = self.server.post("/v1/chat/completions", chat_body(fusion))
             self.assertEqual(status, 200, r)
+            ids.append(r["id"])
         ledger = wait_for(self.server, 2)
+        status, detail = self.server.get("/v1/details/" + ids[0])
+        self.assertEqual(status, 200, detail)
+        self.assertEqual((detail["self_check"]["plan"], detail["self_check"]["sampled"]), ("epic@0.2", True))
+        status, detail = self.server.get("/v1/details/" + ids[2])
+        self.assertNotIn("self_check", detail)  # full prefill is not checked
         self.assertEqual(ledger["object"], "self_check")
         self.assertEqual(ledger["share"], 1)
         plans = {p["plan"]: p for p in ledger["plans"]}
