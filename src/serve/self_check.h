@@ -11,6 +11,8 @@
 // step at most. A step is one pass of at most `piece_rows` prompt rows of the reference
 // prefill (the prefill is split into passes over one cache, which gives the bits of one pass:
 // Forward::run_in_passes) or one decode token. The queue is bounded (oldest dropped, counted).
+// Deviation: the check's K/V (one prompt's, while it runs) is outside serve --kv-budget's
+// reservations; it is held only while no request runs, but a request admitted mid-check meets it.
 //
 // Recalibration (the auto policy): when the ledger's rule fires for "auto at target q,
 // answered by ladder step k" (lower bound of identical answers below q after min_checks(q)
