@@ -462,6 +462,43 @@ TEST(SelfCheckEngine, ServedFusedAnswersAreCheckedWhenIdle) {
   EXPECT_EQ(again.self_check["record"]["checked"], 1);
 }
 
+// The auto policy's answers (SmolLM2's shipped calibration runs prophet steps at q 0.1, which
+// accept these): one a step accepted is checked under the plan "auto@0.1:<step>", held to 0.1;
+// one full prefill answered (escalated) would not be checked.
+TEST(SelfCheckEngine, AutoAnswersAreCheckedUnderTheirStepAndTarget) {
+  CF_REQUIRE_MODEL();
+  Engine e(engine_options(1, "auto"));
+  e.complete(chat("reuse", 0));  // the chunk caches warm (cold ones make auto answer with full prefill)
+  ASSERT_TRUE(eventually([&] { return e.metrics().self_check.counters.completed >= 1; }));
+  size_t accepted = 0;
+  for (const char* q : {"When was the Eiffel Tower completed?", "Where is Mount Everest?",
+                        "What is the Great Wall of China?", "Which tower is in Paris?"}) {
+    CompletionRequest req = chat(auto_method_name(), 0);
+    req.messages.back().content = q;
+    req.fusion.options.quality = 0.1;
+    const CompletionResult r = e.complete(req);
+    ASSERT_FALSE(r.auto_choice.is_null());
+    const std::string method = r.auto_choice["method"];
+    if (r.auto_choice["reason"] != autoq::kReasonAccepted) {
+      EXPECT_TRUE(r.self_check.is_null()) << r.auto_choice.dump();
+      continue;
+    }
+    ++accepted;
+    char ratio[32];
+    std::snprintf(ratio, sizeof ratio, "%g", r.auto_choice["ratio"].get<double>());
+    EXPECT_EQ(r.self_check["plan"], "auto@0.1:" + method + "@" + ratio);
+  }
+  ASSERT_GT(accepted, 0u) << "no step accepted: the test needs a calibration that runs one at q 0.5";
+  ASSERT_TRUE(eventually([&] { return e.metrics().self_check.counters.completed >= accepted + 1; }));
+  uint64_t checked = 0;
+  for (const PlanRecord& r : e.metrics().self_check.plans) {
+    if (r.plan == "reuse@0") continue;
+    EXPECT_EQ(r.quality, 0.1) << r.plan;
+    checked += r.checked;
+  }
+  EXPECT_EQ(checked, accepted);
+}
+
 TEST(SelfCheckEngine, ShareZeroChecksNothing) {
   CF_REQUIRE_MODEL();
   Engine e(engine_options(0, "off"));
