@@ -86,17 +86,6 @@ size_t default_kv_budget() {
   return std::max(total / 4, size_t{256} << 20);
 }
 
-// The auto policy's calibration for the self-check to recalibrate (null: off, or none; a file
-// of another model is refused on the first auto request, as before).
-const autoq::AutoCalibration* calibration_to_check(const Model& model, double share) {
-  if (share <= 0) return nullptr;
-  try {
-    return autoq::shared_calibration(model.fingerprint_hex());
-  } catch (const std::exception&) {
-    return nullptr;
-  }
-}
-
 }  // namespace
 
 struct Engine::Impl {
@@ -138,7 +127,7 @@ struct Engine::Impl {
     scheduler = std::make_unique<Scheduler>(fwd, so);
     self_check = std::make_unique<SelfCheck>(*scheduler, model->tokenizer(),
                                              SelfCheckOptions{opt.self_check_share, 8, opt.prefill_chunk, {}},
-                                             calibration_to_check(*model, opt.self_check_share));
+                                             calibration_to_check(model->fingerprint_hex(), opt.self_check_share));
   }
 
   ChunkStoreOptions store_options() {
@@ -212,8 +201,7 @@ struct Engine::Impl {
       const auto cal = self_check->calibration();
       ex.set_calibration(cal.get());
       FusionResult fr = ex.prefill(plan.rag, plan.fusion);
-      if (self_check->enabled() && !fr.logits.empty())
-        run.fused_first = static_cast<TokenId>(std::max_element(fr.logits.begin(), fr.logits.end()) - fr.logits.begin());
+      if (self_check->enabled()) run.fused_first = top_token(fr.logits);
       PrefillOutput out{std::move(fr.logits), std::move(fr.cache), fr.next_position};
       run.fusion.emplace(std::move(fr));
       return out;

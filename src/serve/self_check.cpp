@@ -51,6 +51,20 @@ std::optional<SelfCheckCase> self_check_case(const RequestPlan& plan, const Fusi
   return c;
 }
 
+const autoq::AutoCalibration* calibration_to_check(const std::string& fingerprint_hex, double share) {
+  if (share <= 0) return nullptr;
+  try {
+    return autoq::shared_calibration(fingerprint_hex);
+  } catch (const std::exception&) {
+    return nullptr;
+  }
+}
+
+TokenId top_token(std::span<const float> logits) {
+  if (logits.empty()) return -1;
+  return static_cast<TokenId>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+}
+
 autoq::AutoCalibration without_step(const autoq::AutoCalibration& cal, double quality, size_t step) {
   autoq::AutoCalibration out = cal;
   for (autoq::SizeClass& sc : out.size_classes)
@@ -169,7 +183,7 @@ void SelfCheck::prefill_piece(Forward& fw, Active& a) {
                                         final ? std::span<const size_t>(&last, 1) : std::span<const size_t>()});
   a.prefilled = end;
   if (!final) return;
-  a.full_first = static_cast<TokenId>(std::max_element(out.logits.begin(), out.logits.end()) - out.logits.begin());
+  a.full_first = top_token(out.logits);
   a.generate.max_tokens = static_cast<int>(a.c.fused_answer.size() + (a.c.fused_eos ? 1 : 0));
   a.generate.sampling = a.c.sampling;  // no stop strings: tokens are compared, not text
   a.next_position = static_cast<int32_t>(n);

@@ -30,6 +30,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -69,6 +70,12 @@ struct SelfCheckCase {
 std::optional<SelfCheckCase> self_check_case(const RequestPlan& plan, const FusionResult& fusion,
                                              const DecodeSession& answer, TokenId fused_first,
                                              const autoq::AutoCalibration* cal);
+
+// The auto policy's calibration of the model, for a self-check of `share` to recalibrate (null:
+// off, or none; a file of another model is refused on the first auto request, as before).
+const autoq::AutoCalibration* calibration_to_check(const std::string& fingerprint_hex, double share);
+// The top-1 of a prefill's logits (-1: none).
+TokenId top_token(std::span<const float> logits);
 
 // The calibration with ladder step `step` out of the policy serving `quality` in every size class.
 autoq::AutoCalibration without_step(const autoq::AutoCalibration& cal, double quality, size_t step);
