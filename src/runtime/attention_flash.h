@@ -110,14 +110,7 @@ void flash_tile(const TileArgs& a, std::vector<float>& scratch) {
   for (size_t b = 0; b < n_blocks; ++b) {
     const size_t b0 = b * kEntries, bn = std::min(kEntries, a.n_entries - b0);
     alignas(64) int32_t epos[kEntries];
-    int32_t blk_min = std::numeric_limits<int32_t>::max(), blk_max = std::numeric_limits<int32_t>::min();
-    for (size_t e = 0; e < kEntries; ++e) {
-      epos[e] = e < bn ? a.entry_pos[b0 + e] : std::numeric_limits<int32_t>::max();  // padding: never visible
-      if (e < bn) {
-        blk_min = std::min(blk_min, epos[e]);
-        blk_max = std::max(blk_max, epos[e]);
-      }
-    }
+    const auto [blk_min, blk_max] = block_entry_positions(a.entry_pos, b0, bn, epos, kEntries);
     if (blk_min > max_pos || blk_max <= min_low) continue;  // no query of the task sees it
     const uint16_t* kb = a.K + b0 * kv_stride + static_cast<size_t>(a.kv_head) * hd;
     const uint16_t* vb = a.V + b0 * kv_stride + static_cast<size_t>(a.kv_head) * hd;

@@ -158,14 +158,7 @@ void amx_flash(const TileArgs& a, std::vector<float>& scratch) {
   for (size_t b = 0; b < n_blocks; ++b) {
     const size_t b0 = b * kE, bn = std::min(kE, a.n_entries - b0);
     alignas(64) int32_t epos[kE];
-    int32_t blk_min = std::numeric_limits<int32_t>::max(), blk_max = std::numeric_limits<int32_t>::min();
-    for (size_t e = 0; e < kE; ++e) {
-      epos[e] = e < bn ? a.entry_pos[b0 + e] : std::numeric_limits<int32_t>::max();  // padding: never visible
-      if (e < bn) {
-        blk_min = std::min(blk_min, epos[e]);
-        blk_max = std::max(blk_max, epos[e]);
-      }
-    }
+    const auto [blk_min, blk_max] = block_entry_positions(a.entry_pos, b0, bn, epos, kE);
     if (blk_min > max_pos || blk_max <= min_low) continue;  // no query of the task sees it
     // K (rows as stored) and V rows of the block as hi/lo BF16; V^T into A tiles.
     const uint16_t* kc = a.K + b0 * kv_stride + static_cast<size_t>(a.kv_head) * HD;

@@ -3,8 +3,11 @@
 // hooks) chosen at run time by the same ISA switch as the matmul kernels (CHUNKFUSE_ISA
 // caps both).
 #pragma once
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
+#include <utility>
 #include <vector>
 
 #include "model/kernels.h"  // Isa
@@ -48,6 +51,22 @@ struct RuntimeKernels {
   // is worth sharing among more queries (AMX).
   size_t batched_task_queries = kMaxQueries;
 };
+
+// A block of cache entries [b0, b0 + bn) for a batched tile: their positions into
+// epos[0, n) (n >= bn; the padding INT32_MAX, never visible) and the lowest and highest
+// position, so that a block no query of a task sees is skipped.
+inline std::pair<int32_t, int32_t> block_entry_positions(const int32_t* entry_pos, size_t b0, size_t bn, int32_t* epos,
+                                                         size_t n) {
+  int32_t lo = std::numeric_limits<int32_t>::max(), hi = std::numeric_limits<int32_t>::min();
+  for (size_t e = 0; e < n; ++e) {
+    epos[e] = e < bn ? entry_pos[b0 + e] : std::numeric_limits<int32_t>::max();
+    if (e < bn) {
+      lo = std::min(lo, epos[e]);
+      hi = std::max(hi, epos[e]);
+    }
+  }
+  return {lo, hi};
+}
 
 // The batched attention tiles of AVX-512 and AVX2 machines (attention_flash.h, one
 // algorithm per ISA file): online softmax, in an order of its own, held to the numerics
