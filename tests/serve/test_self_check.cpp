@@ -301,7 +301,9 @@ TEST(SelfCheck, AnArrivingRequestWaitsForOneCheckStepAtMost) {
                                                    "check step 2"};
   ASSERT_GE(events.size(), expected_start.size());
   EXPECT_EQ(std::vector<std::string>(events.begin(), events.begin() + 5), expected_start);
-  EXPECT_EQ(find_plan(w.snapshot(), "ordered")->identical, 1u) << "the check went on after the request";
+  const SelfCheckSnapshot after = w.snapshot();
+  ASSERT_TRUE(find_plan(after, "ordered"));
+  EXPECT_EQ(find_plan(after, "ordered")->identical, 1u) << "the check went on after the request";
 }
 
 // The queue keeps the newest `max_pending` cases: while the worker is held in its first step,
@@ -362,7 +364,8 @@ TEST(SelfCheck, AnAutoPlanBelowItsTargetIsTakenOutOfThePolicy) {
   ASSERT_TRUE(w.completed(35));
   EXPECT_EQ(w.check->calibration()->policy_for(0.9, 10).steps, (std::vector<size_t>{2}));
   EXPECT_EQ(w.check->calibration()->policy_for(0.8, 10).steps, (std::vector<size_t>{0, 1}));
-  const PlanRecord* r = find_plan(w.snapshot(), "auto@0.9:epic@0.15");
+  const SelfCheckSnapshot s = w.snapshot();  // kept: r points into it (ASan found a temporary here)
+  const PlanRecord* r = find_plan(s, "auto@0.9:epic@0.15");
   ASSERT_TRUE(r);
   EXPECT_TRUE(r->recalibrated);
   EXPECT_EQ(r->identical, 0u);
