@@ -5,6 +5,8 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "serve/vllm_metrics.h"
+
 namespace cf {
 
 using json = nlohmann::json;
@@ -104,26 +106,11 @@ json self_check_json(const SelfCheckSnapshot& s) {
           {"completed", c.completed}, {"pending", c.pending}, {"interval", "wilson 95%"}, {"plans", plans}};
 }
 
-namespace {
-std::string label(const std::string& v) {
-  std::string out;
-  for (char ch : v) {
-    if (ch == '\\' || ch == '"') out += '\\';
-    if (ch == '\n') {
-      out += "\\n";
-      continue;
-    }
-    out += ch;
-  }
-  return out;
-}
-}  // namespace
-
 std::string self_check_prometheus(const SelfCheckSnapshot& s) {
   std::ostringstream os;
   auto family = [&](const char* name, const char* type, const char* help, auto value) {
     os << "# HELP " << name << ' ' << help << "\n# TYPE " << name << ' ' << type << '\n';
-    for (const PlanRecord& r : s.plans) os << name << "{plan=\"" << label(r.plan) << "\"} " << value(r) << '\n';
+    for (const PlanRecord& r : s.plans) os << name << "{plan=\"" << prometheus_label_value(r.plan) << "\"} " << value(r) << '\n';
   };
   family("chunkfuse_self_check_checked_total", "counter", "Served fused answers checked against full prefill when idle.",
          [](const PlanRecord& r) { return r.checked; });

@@ -3,10 +3,7 @@
 #include <sstream>
 
 namespace cf {
-namespace {
-
-// A label value in Prometheus' text format: backslash, quote and newline escaped.
-std::string label_value(const std::string& v) {
+std::string prometheus_label_value(const std::string& v) {
   std::string out;
   for (char c : v) {
     if (c == '\\' || c == '"') out += '\\';
@@ -19,6 +16,8 @@ std::string label_value(const std::string& v) {
   return out;
 }
 
+namespace {
+
 std::string number(double x) {
   std::ostringstream os;
   os.precision(15);
@@ -30,7 +29,7 @@ std::string number(double x) {
 
 std::string vllm_metrics_text(const EngineMetrics& m, const std::string& model_name, bool cache_use) {
   std::ostringstream os;
-  const std::string label = "model_name=\"" + label_value(model_name) + "\"";
+  const std::string label = "model_name=\"" + prometheus_label_value(model_name) + "\"";
   auto series = [&](const char* name, const char* type, const char* help, double v) {
     os << "# HELP " << name << ' ' << help << "\n# TYPE " << name << ' ' << type << '\n'
        << name << '{' << label << "} " << number(v) << '\n';

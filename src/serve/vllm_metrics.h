@@ -22,5 +22,8 @@ namespace cf {
 
 // `cache_use` false (--isolate-keys): the prefix-cache series are left out, as chunkfuse's are.
 std::string vllm_metrics_text(const EngineMetrics& m, const std::string& model_name, bool cache_use);
+// A label value in Prometheus' text format: backslash, quote and newline escaped (every
+// labelled series of GET /metrics: these and the self-check's, serve/self_check_ledger.cpp).
+std::string prometheus_label_value(const std::string& v);
 
 }  // namespace cf
