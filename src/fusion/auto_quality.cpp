@@ -238,11 +238,17 @@ const SizeClass& AutoCalibration::size_class(size_t context_tokens) const {
   return *found;
 }
 
+size_t SizeClass::policy_index(double quality) const {
+  size_t i = 0;
+  while (i < policies.size() && policies[i].quality < quality - 1e-9) ++i;
+  return i;
+}
+
 const AutoPolicy& AutoCalibration::policy_for(double quality, size_t context_tokens) const {
   static const AutoPolicy full_prefill;
-  for (const auto& p : size_class(context_tokens).policies)
-    if (p.quality >= quality - 1e-9) return p;
-  return full_prefill;
+  const SizeClass& sc = size_class(context_tokens);
+  const size_t i = sc.policy_index(quality);
+  return i < sc.policies.size() ? sc.policies[i] : full_prefill;
 }
 
 bool accepts(const AutoPolicy& policy, double p) { return p >= policy.threshold; }

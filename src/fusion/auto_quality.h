@@ -98,6 +98,9 @@ struct SizeClass {
   // Ascending quality; each serves every target above the previous one's quality and up to
   // its own (runs of grid targets with the same choice are stored once).
   std::vector<AutoPolicy> policies;
+  // The index of the policy serving target `quality`: the first whose quality is at least it;
+  // policies.size() above every stored one (full prefill).
+  size_t policy_index(double quality) const;
 };
 
 struct AutoCalibration {

@@ -4,6 +4,7 @@
 #include <cstdio>
 
 #include "fusion/methods.h"
+#include "runtime/sampler.h"
 
 namespace cf {
 namespace {
@@ -60,19 +61,16 @@ const autoq::AutoCalibration* calibration_to_check(const std::string& fingerprin
   }
 }
 
-TokenId top_token(std::span<const float> logits) {
-  if (logits.empty()) return -1;
-  return static_cast<TokenId>(std::max_element(logits.begin(), logits.end()) - logits.begin());
-}
+TokenId top_token(std::span<const float> logits) { return logits.empty() ? -1 : argmax(logits.data(), logits.size()); }
 
 autoq::AutoCalibration without_step(const autoq::AutoCalibration& cal, double quality, size_t step) {
   autoq::AutoCalibration out = cal;
-  for (autoq::SizeClass& sc : out.size_classes)
-    for (autoq::AutoPolicy& p : sc.policies)
-      if (p.quality >= quality - 1e-9) {  // the one AutoCalibration::policy_for picks
-        p.steps.erase(std::remove(p.steps.begin(), p.steps.end(), step), p.steps.end());
-        break;
-      }
+  for (autoq::SizeClass& sc : out.size_classes) {
+    const size_t i = sc.policy_index(quality);  // the one AutoCalibration::policy_for picks
+    if (i == sc.policies.size()) continue;      // full prefill already
+    std::vector<size_t>& steps = sc.policies[i].steps;
+    steps.erase(std::remove(steps.begin(), steps.end(), step), steps.end());
+  }
   return out;
 }
 

@@ -74,7 +74,7 @@ std::optional<SelfCheckCase> self_check_case(const RequestPlan& plan, const Fusi
 // The auto policy's calibration of the model, for a self-check of `share` to recalibrate (null:
 // off, or none; a file of another model is refused on the first auto request, as before).
 const autoq::AutoCalibration* calibration_to_check(const std::string& fingerprint_hex, double share);
-// The top-1 of a prefill's logits (-1: none).
+// The top-1 of a prefill's logits (runtime/sampler.h's argmax: greedy's choice; -1: none).
 TokenId top_token(std::span<const float> logits);
 
 // The calibration with ladder step `step` out of the policy serving `quality` in every size class.
