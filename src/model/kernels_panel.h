@@ -247,23 +247,44 @@ inline void panel_unpack_tile(GgmlType type, const uint8_t* tile, size_t nb, uin
 // The PanelKernels::quantize of the row-major records (panel_act_row_stride).
 inline void row_major_quantize(const float* x, size_t cols, uint8_t* records, size_t r, size_t stride, PanelType type);
 
+// The per-block fields of a panel record (panel_act_row_stride) after block b's quants:
+// dx from its max |x|, s and the offset kinds' corrections from the halves' sums of q. One
+// definition for the portable loop and each ISA's vector quantizer, so they write the same bits.
+struct PanelRecordFields {
+  float* dx;
+  float* s;
+  int32_t* corr;
+  int32_t* corr_hi;
+  PanelRecordFields(uint8_t* out, size_t nb)
+      : dx(reinterpret_cast<float*>(out + nb * kQK)), s(dx + nb), corr(reinterpret_cast<int32_t*>(s + nb)),
+        corr_hi(corr + nb) {}
+  void set(size_t b, float amax, int32_t sum_lo, int32_t sum_hi, PanelType type) const {
+    dx[b] = amax / 127.0f;
+    s[b] = dx[b] * static_cast<float>(sum_lo + sum_hi);
+    const bool halves = type.kind == PanelKind::Sub16;
+    corr[b] = -type.offset * (halves ? sum_lo : sum_lo + sum_hi);
+    corr_hi[b] = halves ? -type.offset * sum_hi : 0;
+  }
+};
+
+// The quantization step of a block with max |x| amax: q = round-half-even(x * id).
+inline float panel_quant_factor(float amax) { return amax != 0.0f ? 127.0f / amax : 0.0f; }
+
 // One activation row into a panel record (panel_act_row_stride). Round half to even by
-// adding 1.5 * 2^23 (exact for |v| <= 127), so the loops vectorize.
+// adding 1.5 * 2^23 (exact for |v| <= 127). The definition each ISA's quantizer reproduces
+// bit for bit (kernels_panel_avx2.cpp, kernels_panel_avx512.cpp; the Multiply tests compare).
 inline void panel_quantize_row(const float* x, size_t cols, uint8_t* out, PanelType type) {
   const size_t nb = cols / kQK;
   int8_t* qs = reinterpret_cast<int8_t*>(out);
-  float* dx = reinterpret_cast<float*>(out + nb * kQK);
-  float* s = dx + nb;
-  int32_t* corr = reinterpret_cast<int32_t*>(s + nb);
-  int32_t* corr_hi = corr + nb;
+  const PanelRecordFields rec(out, nb);
   for (size_t b = 0; b < nb; ++b) {
     const float* xb = x + b * kQK;
     float amax = 0.0f;
-    for (size_t k = 0; k < kQK; ++k) {  // not std::fmax: a libm call that does not vectorize
+    for (size_t k = 0; k < kQK; ++k) {  // not std::fmax: a libm call
       const float v = std::fabs(xb[k]);
       amax = v > amax ? v : amax;
     }
-    const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+    const float id = panel_quant_factor(amax);
     int8_t* q = qs + b * kQK;
     int32_t sum[2] = {0, 0};  // elements 0..15 and 16..31
     for (size_t h = 0; h < 2; ++h)
@@ -275,11 +296,7 @@ inline void panel_quantize_row(const float* x, size_t cols, uint8_t* out, PanelT
         q[k] = static_cast<int8_t>(v);
         sum[h] += v;
       }
-    dx[b] = amax / 127.0f;
-    s[b] = dx[b] * static_cast<float>(sum[0] + sum[1]);
-    const bool halves = type.kind == PanelKind::Sub16;
-    corr[b] = -type.offset * (halves ? sum[0] : sum[0] + sum[1]);
-    corr_hi[b] = halves ? -type.offset * sum[1] : 0;
+    rec.set(b, amax, sum[0], sum[1], type);
   }
 }
 

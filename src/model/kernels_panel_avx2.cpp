@@ -122,6 +122,40 @@ void panel_tile(const uint8_t* tile, size_t nb, const ActView& a, size_t r0, siz
   }
 }
 
+// panel_quantize_row in 8 lanes, with the same bits (see avx512_quantize).
+inline int32_t sum8(__m256i v) {
+  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
+  return _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1)));
+}
+
+void avx2_quantize(const float* x, size_t cols, uint8_t* records, size_t r, size_t stride, PanelType type) {
+  const size_t nb = cols / kQK;
+  uint8_t* out = records + r * stride;
+  const PanelRecordFields rec(out, nb);
+  const __m256 sign_off = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  for (size_t b = 0; b < nb; ++b) {
+    __m256 v[4];
+    __m256 m = _mm256_setzero_ps();
+    for (int j = 0; j < 4; ++j) {
+      v[j] = _mm256_loadu_ps(x + b * kQK + 8 * j);
+      m = _mm256_max_ps(_mm256_and_ps(v[j], sign_off), m);
+    }
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    const float amax = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
+    const __m256 id = _mm256_set1_ps(panel_quant_factor(amax));
+    __m256i q[4];
+    for (int j = 0; j < 4; ++j)
+      q[j] = _mm256_cvttps_epi32(_mm256_round_ps(_mm256_mul_ps(v[j], id), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    // int32 -> int8 (all within +-127): the packs work per 128-bit lane, the permute restores order.
+    const __m256i w = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + b * kQK),
+                        _mm256_permutevar8x32_epi32(w, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+    rec.set(b, amax, sum8(_mm256_add_epi32(q[0], q[1])), sum8(_mm256_add_epi32(q[2], q[3])), type);
+  }
+}
+
 TileKernelFn avx2_tile(GgmlType t) {
   return panel_kernel_for(t, []<GgmlType T>() { return &panel_tile<T>; });
 }
@@ -129,7 +163,7 @@ TileKernelFn avx2_tile(GgmlType t) {
 }  // namespace
 
 const PanelKernels& panel_kernels_avx2() {
-  static const PanelKernels k{row_major_quantize, avx2_tile};
+  static const PanelKernels k{avx2_quantize, avx2_tile};
   return k;
 }
 

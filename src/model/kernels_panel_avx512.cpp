@@ -89,6 +89,29 @@ void panel_tile(const uint8_t* tile, size_t nb, const ActView& a, size_t r0, siz
   if (r < nr) panel_rows<T, 1>(panel, nb, a, r0 + r, y + r * y_stride, y_stride, mask);
 }
 
+// panel_quantize_row in 16 lanes (its scalar max was 5% of a 2048-token prefill). Same bits:
+// max is exact in any order and vmaxps(v, m) is the scalar's v > m ? v : m (a NaN is
+// skipped); the product is rounded before the rounding to an integer, as there.
+void avx512_quantize(const float* x, size_t cols, uint8_t* records, size_t r, size_t stride, PanelType type) {
+  const size_t nb = cols / kQK;
+  uint8_t* out = records + r * stride;
+  const PanelRecordFields rec(out, nb);
+  const __m512 sign_off = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
+  for (size_t b = 0; b < nb; ++b) {
+    const __m512 x0 = _mm512_loadu_ps(x + b * kQK), x1 = _mm512_loadu_ps(x + b * kQK + 16);
+    __m512 m = _mm512_max_ps(_mm512_and_ps(x0, sign_off), _mm512_setzero_ps());
+    m = _mm512_max_ps(_mm512_and_ps(x1, sign_off), m);
+    const float amax = _mm512_reduce_max_ps(m);
+    const __m512 id = _mm512_set1_ps(panel_quant_factor(amax));
+    constexpr int kRound = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+    const __m512i q0 = _mm512_cvt_roundps_epi32(_mm512_mul_ps(x0, id), kRound);
+    const __m512i q1 = _mm512_cvt_roundps_epi32(_mm512_mul_ps(x1, id), kRound);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + b * kQK), _mm512_cvtepi32_epi8(q0));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + b * kQK + 16), _mm512_cvtepi32_epi8(q1));
+    rec.set(b, amax, _mm512_reduce_add_epi32(q0), _mm512_reduce_add_epi32(q1), type);
+  }
+}
+
 TileKernelFn avx512_tile(GgmlType t) {
   return panel_kernel_for(t, []<GgmlType T>() { return &panel_tile<T>; });
 }
@@ -96,7 +119,7 @@ TileKernelFn avx512_tile(GgmlType t) {
 }  // namespace
 
 const PanelKernels& panel_kernels_avx512() {
-  static const PanelKernels k{row_major_quantize, avx512_tile};
+  static const PanelKernels k{avx512_quantize, avx512_tile};
   return k;
 }
 
