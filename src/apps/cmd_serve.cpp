@@ -79,6 +79,10 @@ int run_serve(ServeArgs a) {
     throw std::invalid_argument("--self-check must be a share in [0, 1] (of the served fused answers checked against "
                                 "full prefill when idle; 0: off), got " + number_text(a.self_check));
   a.engine.self_check_share = a.self_check;
+  if (a.http.max_key_chunk_texts > 0 && a.http.max_key_chunk_texts < a.engine.max_chunk_texts)
+    throw std::invalid_argument("--max-key-chunk-texts " + std::to_string(a.http.max_key_chunk_texts) +
+                                " is below --max-chunk-texts " + std::to_string(a.engine.max_chunk_texts) +
+                                ": a request of that many texts could never be registered");
   if (a.http.match_chunks && fusion.full()) {
     if (a.method_given)
       throw std::invalid_argument("--match-chunks needs a fusion method: --method full would recompute every passage");
@@ -221,6 +225,10 @@ void add_serve_command(CLI::App& app, CommandRunner& run) {
                   "texts one POST /v1/chunks may register (each is a prefill; more: 413)")
       ->check(CLI::Range(size_t{1}, size_t{4096}))
       ->capture_default_str();
+  cmd->add_option("--max-key-chunk-texts", a->http.max_key_chunk_texts,
+                  "texts one API key may have registering at once over all its POST /v1/chunks (a server without "
+                  "keys: all its clients together); a request past it: 429, retry later (default: --max-chunk-texts)")
+      ->check(CLI::Range(size_t{1}, size_t{1} << 20));
   cmd->add_option("--registry-budget", a->engine.registry_budget_bytes,
                   "registered chunks (POST /v1/chunks, the knowledge base's): bytes of their texts and tokens kept in "
                   "memory together; a registration past it gets 409 (0: unbounded)")

@@ -465,18 +465,53 @@ void metric(std::ostringstream& os, const char* name, const char* type, const ch
   os << "# HELP " << name << ' ' << help << "\n# TYPE " << name << ' ' << type << '\n';
 }
 
+// One unlabelled counter or gauge sample with its HELP and TYPE lines.
+struct SeriesWriter {
+  std::ostringstream& os;
+  void counter(const char* name, const char* help, uint64_t v) const {
+    metric(os, name, "counter", help);
+    os << name << ' ' << v << '\n';
+  }
+  void gauge(const char* name, const char* help, double v) const {
+    metric(os, name, "gauge", help);
+    os << name << ' ' << num(v) << '\n';
+  }
+};
+
+// The HTTP layer's series (HttpCounters).
+void http_series(std::ostringstream& os, const HttpCounters& h) {
+  const SeriesWriter w{os};
+  auto counter = [&](const char* name, const char* help, uint64_t v) { w.counter(name, help, v); };
+  auto gauge = [&](const char* name, const char* help, double v) { w.gauge(name, help, v); };
+  metric(os, "chunkfuse_http_responses_total", "counter", "HTTP responses by status class.");
+  os << "chunkfuse_http_responses_total{code=\"2xx\"} " << h.responses_2xx << '\n';
+  os << "chunkfuse_http_responses_total{code=\"4xx\"} " << h.responses_4xx << '\n';
+  os << "chunkfuse_http_responses_total{code=\"5xx\"} " << h.responses_5xx << '\n';
+  counter("chunkfuse_http_streams_cancelled_total", "Streams whose client disconnected mid-answer.", h.streams_cancelled);
+  counter("chunkfuse_http_unauthorized_total", "Requests refused 401 (missing or wrong API key).", h.unauthorized);
+  counter("chunkfuse_http_connections_refused_total", "Connections answered 503 at the open-connection cap.",
+          h.connections_refused);
+  counter("chunkfuse_http_connection_timeouts_total",
+          "Connections closed because a request did not arrive in time (or its headers grew past the budget).",
+          h.connection_timeouts);
+  gauge("chunkfuse_http_connections_open", "Open HTTP connections.", static_cast<double>(h.connections_open));
+  counter("chunkfuse_knowledge_background_failures_total",
+          "Knowledge-base saves, registrations and cache drops that failed in the background (logged; retried).",
+          h.knowledge_failures);
+  gauge("chunkfuse_chunk_texts_registering", "POST /v1/chunks texts in flight, every key together.",
+        static_cast<double>(h.chunk_texts_in_flight));
+  counter("chunkfuse_chunk_posts_refused_total",
+          "POST /v1/chunks answered 429: the key had --max-key-chunk-texts texts registering already.",
+          h.chunk_posts_refused);
+}
+
 }  // namespace
 
 std::string prometheus_text(const EngineMetrics& m, const HttpCounters& h, bool cache_use) {
   std::ostringstream os;
-  auto counter = [&](const char* name, const char* help, uint64_t v) {
-    metric(os, name, "counter", help);
-    os << name << ' ' << v << '\n';
-  };
-  auto gauge = [&](const char* name, const char* help, double v) {
-    metric(os, name, "gauge", help);
-    os << name << ' ' << num(v) << '\n';
-  };
+  const SeriesWriter w{os};
+  auto counter = [&](const char* name, const char* help, uint64_t v) { w.counter(name, help, v); };
+  auto gauge = [&](const char* name, const char* help, double v) { w.gauge(name, help, v); };
   counter("chunkfuse_requests_total", "Completion requests the engine accepted.", m.requests);
   counter("chunkfuse_request_errors_total", "Completion requests the engine refused or failed.", m.errors);
   counter("chunkfuse_requests_cancelled_total", "Requests cancelled because the client went away.", m.cancelled);
@@ -528,21 +563,7 @@ std::string prometheus_text(const EngineMetrics& m, const HttpCounters& h, bool 
   os << "chunkfuse_ttft_seconds_sum " << num(m.ttft_sum_ms / 1000.0) << '\n';
   os << "chunkfuse_ttft_seconds_count " << m.ttft_count << '\n';
 
-  metric(os, "chunkfuse_http_responses_total", "counter", "HTTP responses by status class.");
-  os << "chunkfuse_http_responses_total{code=\"2xx\"} " << h.responses_2xx << '\n';
-  os << "chunkfuse_http_responses_total{code=\"4xx\"} " << h.responses_4xx << '\n';
-  os << "chunkfuse_http_responses_total{code=\"5xx\"} " << h.responses_5xx << '\n';
-  counter("chunkfuse_http_streams_cancelled_total", "Streams whose client disconnected mid-answer.", h.streams_cancelled);
-  counter("chunkfuse_http_unauthorized_total", "Requests refused 401 (missing or wrong API key).", h.unauthorized);
-  counter("chunkfuse_http_connections_refused_total", "Connections answered 503 at the open-connection cap.",
-          h.connections_refused);
-  counter("chunkfuse_http_connection_timeouts_total",
-          "Connections closed because a request did not arrive in time (or its headers grew past the budget).",
-          h.connection_timeouts);
-  gauge("chunkfuse_http_connections_open", "Open HTTP connections.", static_cast<double>(h.connections_open));
-  counter("chunkfuse_knowledge_background_failures_total",
-          "Knowledge-base saves, registrations and cache drops that failed in the background (logged; retried).",
-          h.knowledge_failures);
+  http_series(os, h);
   return os.str();
 }
 

@@ -84,6 +84,7 @@ struct HttpCounters {
   uint64_t connections_refused = 0, connection_timeouts = 0;  // at the cap / past the deadline
   uint64_t connections_open = 0;
   uint64_t knowledge_failures = 0;  // KnowledgeBase::background_failures
+  uint64_t chunk_texts_in_flight = 0, chunk_posts_refused = 0;  // KeyQuota (POST /v1/chunks)
 };
 
 // GET /metrics in Prometheus text exposition format 0.0.4. `cache_use` false (under

@@ -4,6 +4,7 @@
 
 #include "serve/engine.h"
 #include "serve/key_isolation.h"
+#include "serve/key_quota.h"
 #include "serve/knowledge_routes.h"
 #include "serve/passage_matching.h"
 #include "serve/request_limits.h"
@@ -95,6 +96,7 @@ struct HttpServer::Impl {
   GuardedServer svr;
   AccessPolicy access;
   KeyIsolation isolation;
+  KeyQuota chunk_quota;  // POST /v1/chunks texts in flight per key (issue 58 item 4)
   const InputBound input;
   KnowledgeService knowledge;  // the web page, its knowledge base and request details (issue 12)
   std::unique_ptr<PassageMatcher> matcher;  // --match-chunks (issue 27); null when off
@@ -107,6 +109,7 @@ struct HttpServer::Impl {
         svr(opt.connections),
         access(opt.access),
         isolation(opt.isolate_keys),
+        chunk_quota(opt.max_key_chunk_texts > 0 ? opt.max_key_chunk_texts : e.options().max_chunk_texts),
         input(input_bound(e.tokenizer(), e.options().max_prompt_tokens)),
         knowledge(e, knowledge_options(opt), [this](const httplib::Request& req) { return access.matched_key(req); }) {
     if (opt.match_chunks) {
@@ -287,6 +290,7 @@ struct HttpServer::Impl {
   void post_chunks(const Req& req, Res& res, const std::string& body) {
     const auto texts = api::parse_chunk_texts(api::parse_body(body));
     check_chunk_texts_size(texts, input);
+    const KeyQuota::Hold hold = chunk_quota.acquire(access.matched_key(req), texts.size());
     json data = json::array();
     std::vector<std::string> ids;
     for (const auto& c : engine.register_chunks(texts, GuardedServer::client_gone)) {
@@ -371,6 +375,8 @@ struct HttpServer::Impl {
     h.connection_timeouts = c.timeouts + c.oversized_headers;
     h.connections_open = c.open;
     h.knowledge_failures = knowledge.knowledge_base().background_failures();
+    h.chunk_texts_in_flight = chunk_quota.in_flight();
+    h.chunk_posts_refused = chunk_quota.refused();
     return h;
   }
 

@@ -29,6 +29,8 @@ struct HttpServerOptions {
   size_t max_body_bytes = size_t{8} << 20;       // larger bodies get 413, in any transfer encoding
   AccessOptions access;                          // API keys, CORS (http_access.h)
   bool isolate_keys = false;                     // per-key chunk isolation (key_isolation.h); needs keys
+  size_t max_key_chunk_texts = 0;                // chunk texts a key may have registering at once (key_quota.h);
+                                                 // 0: the engine's max_chunk_texts
   int max_completion_tokens = 0;                 // a request's max_tokens is lowered to this; 0: no cap
   bool log_requests = false;                     // one line per request on stderr
   std::string web_dir;                           // the built page; empty: find_web_dir() (knowledge_routes.h)
