@@ -114,6 +114,13 @@ class Server:
                 out[name] = float(value)
         return out
 
+    def stop_cleanly(self):
+        """stop(), and an AssertionError with the server's log unless it exited 0 on SIGTERM."""
+        code, log = self.stop()
+        if code != 0:
+            raise AssertionError("server exited with %s on SIGTERM:\n%s" % (code, log))
+        return log
+
     def host_port(self):
         host, port = self.url[len("http://"):].split(":")
         return host, int(port)

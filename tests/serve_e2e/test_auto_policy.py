@@ -42,9 +42,7 @@ class AutoPolicyDefaultTest(unittest.TestCase):
 
     @classmethod
     def tearDownClass(cls):
-        code, log = cls.server.stop()
-        if code != 0:
-            raise AssertionError("server exited with %s on SIGTERM:\n%s" % (code, log))
+        cls.server.stop_cleanly()
 
     def assert_choice(self, choice):
         for key in ("method", "ratio", "predicted_quality", "quality", "threshold", "steps_run", "calibrated", "trace"):
@@ -92,9 +90,7 @@ class ColdChunksTest(unittest.TestCase):
 
     @classmethod
     def tearDownClass(cls):
-        code, log = cls.server.stop()
-        if code != 0:
-            raise AssertionError("server exited with %s on SIGTERM:\n%s" % (code, log))
+        cls.server.stop_cleanly()
 
     def test_cold_documents_take_full_prefill_and_are_warm_for_the_next_request(self):
         body = chat_body("Which island lies in Lake Orta?")
@@ -125,9 +121,7 @@ class MatchChunksClientTest(unittest.TestCase):
 
     @classmethod
     def tearDownClass(cls):
-        code, log = cls.server.stop()
-        if code != 0:
-            raise AssertionError("server exited with %s on SIGTERM:\n%s" % (code, log))
+        cls.server.stop_cleanly()
 
     # Paragraphs long enough to be passages (passage_matching.h: 128 bytes).
     PASSAGES = [
@@ -168,9 +162,7 @@ class BudgetTest(unittest.TestCase):
 
     @classmethod
     def tearDownClass(cls):
-        code, log = cls.server.stop()
-        if code != 0:
-            raise AssertionError("server exited with %s on SIGTERM:\n%s" % (code, log))
+        cls.server.stop_cleanly()
 
     def test_the_server_budget_and_a_request_budget(self):
         self.assertIn("cost model for --ttft-ms", self.server.log_text())

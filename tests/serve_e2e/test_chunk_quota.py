@@ -27,8 +27,7 @@ class ChunkQuotaTest(unittest.TestCase):
 
     @classmethod
     def tearDownClass(cls):
-        code, log = cls.server.stop()
-        assert code == 0, "server exited with %s:\n%s" % (code, log[-3000:])
+        cls.server.stop_cleanly()
 
     def post_chunks(self, key, texts):
         return self.server.request("POST", "/v1/chunks", {"texts": texts}, headers={"Authorization": "Bearer " + key})

@@ -38,9 +38,7 @@ class KnowledgeApiTest(unittest.TestCase):
 
     @classmethod
     def tearDownClass(cls):
-        code, log = cls.server.stop()
-        if code != 0:
-            raise AssertionError("server exited with %s on SIGTERM:\n%s" % (code, log))
+        cls.server.stop_cleanly()
 
     def upload(self, name, data, **kw):
         body = {"name": name, "content_base64": b64(data)}

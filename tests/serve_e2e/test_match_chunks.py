@@ -41,9 +41,7 @@ class MatchChunksTest(unittest.TestCase):
 
     @classmethod
     def tearDownClass(cls):
-        code, log = cls.server.stop()
-        if code != 0:
-            raise AssertionError("server exited with %s on SIGTERM:\n%s" % (code, log))
+        cls.server.stop_cleanly()
 
     def chat(self, user, **kw):
         raw = self.client.chat.completions.with_raw_response.create(
@@ -117,9 +115,7 @@ class IsolatedMatchTest(unittest.TestCase):
 
     @classmethod
     def tearDownClass(cls):
-        code, log = cls.server.stop()
-        if code != 0:
-            raise AssertionError("server exited with %s on SIGTERM:\n%s" % (code, log))
+        cls.server.stop_cleanly()
 
     def as_key(self, key, method, path, body=None):
         return self.server.request(method, path, body=body, headers={"Authorization": "Bearer " + key})

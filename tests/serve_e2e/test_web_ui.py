@@ -69,9 +69,7 @@ class WebUiTest(unittest.TestCase):
         self.browser.close()
         self.pw.stop()
         shutil.rmtree(self.files, ignore_errors=True)
-        code, log = self.server.stop()
-        if code != 0:
-            raise AssertionError("server exited with %s on SIGTERM:\n%s" % (code, log))
+        self.server.stop_cleanly()
 
     def shot(self, name, full_page=True):
         self.page.screenshot(path=os.path.join(ARTIFACTS, name + ".png"), full_page=full_page)
