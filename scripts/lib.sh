@@ -59,5 +59,24 @@ cf_build() {
   ninja -C "$dir" -j"$CF_JOBS" ${CF_TARGETS:-}
 }
 
+# ggml's CPU flags for a llama.cpp peer built on this machine (scripts/setup.sh --bench,
+# bench/build_llama_server.sh): GGML_NATIVE=ON (-march=native; repacking is on by default),
+# except on a CPU with AMX, whose ggml matmul crashes on our Xeon hosts (SIGILL in
+# tinygemm_kernel_amx, issue 57; bench/README.md, "The peer"): there every other extension of
+# the CPU is named and AMX is off.
+cf_ggml_cpu_flags() {
+  if ! grep -qw amx_tile /proc/cpuinfo 2>/dev/null; then
+    printf '%s' "-DGGML_NATIVE=ON"
+    return
+  fi
+  local flags="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON"
+  flags+=" -DGGML_AVX512=ON -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF"
+  local f
+  for f in avx512vbmi:VBMI avx512_vnni:VNNI avx512_bf16:BF16; do
+    if grep -qw "${f%%:*}" /proc/cpuinfo; then flags+=" -DGGML_AVX512_${f##*:}=ON"; fi
+  done
+  printf '%s' "$flags"
+}
+
 # Seconds since the epoch, for phase timings.
 cf_now() { date +%s; }

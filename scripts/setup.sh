@@ -286,11 +286,7 @@ if (( want_bench )); then
   # (e.g. a venv built before this rule) rebuild llama-cpp-python.
   peer_flags="${CMAKE_ARGS:-}"
   if [[ -z "$peer_flags" ]] && grep -qw amx_tile /proc/cpuinfo 2>/dev/null; then
-    peer_flags="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON"
-    peer_flags+=" -DGGML_AVX512=ON -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF"
-    for f in avx512vbmi:VBMI avx512_vnni:VNNI avx512_bf16:BF16; do
-      if grep -qw "${f%%:*}" /proc/cpuinfo; then peer_flags+=" -DGGML_AVX512_${f##*:}=ON"; fi
-    done
+    peer_flags="$(cf_ggml_cpu_flags)"
   fi
   peer_flags_file="$venv/chunkfuse-llama-cmake-args"
   if [[ -x "$venv/bin/python" ]] && [[ "$(cat "$peer_flags_file" 2>/dev/null)" == "$peer_flags" ]] &&
