@@ -54,6 +54,11 @@ MODES = {
 }
 
 
+def passage_text(title, sentences):
+    """One HotpotQA passage as the benches send it: "Title: t\n" + its sentences joined."""
+    return "Title: %s\n%s" % (title, "".join(sentences))
+
+
 def load_pool(path, pool_size):
     """Unique passages ("Title: t\\n" + sentences) and the questions of the examples they come from."""
     passages, questions, seen = [], [], set()
@@ -64,7 +69,7 @@ def load_pool(path, pool_size):
             for title, sentences in ex["context"]:
                 if title not in seen and len(passages) < pool_size:
                     seen.add(title)
-                    passages.append("Title: %s\n%s" % (title, "".join(sentences)))
+                    passages.append(passage_text(title, sentences))
             if len(passages) >= pool_size:
                 break
     if len(passages) < pool_size:
