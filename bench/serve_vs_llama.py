@@ -23,8 +23,9 @@ Workloads (--workloads), both built from HotpotQA dev (--passages):
 Load points per server mode and workload: closed-loop clients (--clients, default 1,4,8,16; each
 point sends max(requests, clients) requests) and open-loop Poisson arrivals at --rates x the
 mode's measured closed-loop capacity (its best req/s). Every point starts a fresh server
-process and sends it one untimed warm-up request (a prompt outside the measured ones). TTFT is from sending (open loop: from the scheduled arrival) to the first non-empty
-content delta; inter-token latency (ITL) is the gaps between a stream's content deltas.
+process and sends it one untimed warm-up request (a prompt outside the measured ones). TTFT
+is from sending (open loop: from the scheduled arrival) to the first non-empty content delta;
+inter-token latency (ITL) is the gaps between a stream's content deltas.
 
 Quality, in the same table: the share of answers identical to the same server's unloaded full
 prefill of the same prompt (the reference pass: one client, chunkfuse fusion.method full without
@@ -581,21 +582,26 @@ def table(rows, workload):
 
 
 def plot_series(rows):
-    """{workload: {mode: [(offered load, p99 TTFT s)]}}: closed points at their throughput,
-    open points at their arrival rate."""
+    """{workload: {mode: {"open": [(rate, p99 TTFT s)], "closed": [(achieved req/s, p99 TTFT s, clients)]}}}."""
     out = {}
     for r in rows:
         if r["reference"] or not r["ok"]:
             continue
-        x = r["throughput_req_s"] if r["kind"] == "closed" else r["load"]
-        out.setdefault(r["workload"], {}).setdefault(r["mode"], []).append((x, r["ttft_s"]["p99"]))
+        per = out.setdefault(r["workload"], {}).setdefault(r["mode"], {"open": [], "closed": []})
+        if r["kind"] == "closed":
+            per["closed"].append((r["throughput_req_s"], r["ttft_s"]["p99"], r["load"]))
+        else:
+            per["open"].append((r["load"], r["ttft_s"]["p99"]))
     for per_mode in out.values():
-        for pts in per_mode.values():
-            pts.sort()
+        for per in per_mode.values():
+            per["open"].sort()
+            per["closed"].sort(key=lambda p: p[2])
     return out
 
 
 def write_plot(rows, out_dir):
+    """p99 TTFT against offered load, one line per server and mode: open loop (solid) at its
+    arrival rate, closed loop (dashed, labelled with the clients) at its achieved req/s."""
     series = plot_series(rows)
     if not series:
         return None
@@ -605,17 +611,25 @@ def write_plot(rows, out_dir):
         import matplotlib.pyplot as plt
     except ImportError:
         return write_svg(series, os.path.join(out_dir, "p99_ttft.svg"))
-    fig, axes = plt.subplots(1, len(series), figsize=(6 * len(series), 4.5), squeeze=False)
+    fig, axes = plt.subplots(1, len(series), figsize=(6.5 * len(series), 4.8), squeeze=False)
     for ax, (workload, per_mode) in zip(axes[0], sorted(series.items())):
-        for mode, pts in sorted(per_mode.items()):
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=mode)
+        for j, (mode, per) in enumerate(sorted(per_mode.items())):
+            color = "C%d" % j
+            if per["open"]:
+                ax.plot([p[0] for p in per["open"]], [p[1] for p in per["open"]], "-^", color=color,
+                        label="%s, Poisson" % mode)
+            if per["closed"]:
+                ax.plot([p[0] for p in per["closed"]], [p[1] for p in per["closed"]], "--o", color=color, alpha=0.6,
+                        label="%s, closed loop" % mode)
+                for x, y, c in per["closed"]:
+                    ax.annotate("%d" % c, (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7, color=color)
         ax.set_xscale("log")
         ax.set_yscale("log")
-        ax.set_xlabel("offered load (req/s; closed loop: achieved)")
+        ax.set_xlabel("offered load, req/s (closed loop: achieved; labels: clients)")
         ax.set_ylabel("p99 TTFT (s)")
         ax.set_title("%s workload" % workload)
         ax.grid(True, which="both", alpha=0.3)
-        ax.legend()
+        ax.legend(fontsize=7)
     fig.tight_layout()
     path = os.path.join(out_dir, "p99_ttft.png")
     fig.savefig(path, dpi=110)
@@ -631,7 +645,7 @@ def write_svg(series, path):
     parts = ['<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" font-family="sans-serif" '
              'font-size="11">' % (w * len(series), hgt)]
     for k, (workload, per_mode) in enumerate(sorted(series.items())):
-        pts = [p for v in per_mode.values() for p in v if p[0] > 0 and p[1] > 0]
+        pts = [p[:2] for v in per_mode.values() for p in v["open"] + v["closed"] if p[0] > 0 and p[1] > 0]
         if not pts:
             continue
         lx = [math.log10(p[0]) for p in pts]
@@ -655,7 +669,7 @@ def write_svg(series, path):
             parts.append('<text x="%d" y="%.1f">%.3g</text>' % (ox + 5, sy(v), v))
         for j, (mode, mpts) in enumerate(sorted(per_mode.items())):
             c = colors[j % len(colors)]
-            good = [p for p in mpts if p[0] > 0 and p[1] > 0]
+            good = sorted(p[:2] for p in mpts["open"] + mpts["closed"] if p[0] > 0 and p[1] > 0)
             parts.append('<polyline fill="none" stroke="%s" stroke-width="2" points="%s"/>' % (
                 c, " ".join("%.1f,%.1f" % (sx(x), sy(y)) for x, y in good)))
             for x, y in good:
@@ -719,7 +733,13 @@ def main():
     ap.add_argument("--start-timeout", type=float, default=120, help="seconds for a server to become ready")
     ap.add_argument("--quick", action="store_true", help="clients 1,4, rate 0.8, 4 requests per point: a check")
     ap.add_argument("--out", default=os.path.join(REPO, "bench", "out", "serve_vs_llama"))
+    ap.add_argument("--replot", action="store_true", help="only write OUT's table and plot again from OUT/results.json")
     a = ap.parse_args()
+    if a.replot:
+        with open(os.path.join(a.out, "results.json")) as f:
+            rows = json.load(f)["rows"]
+        write_outputs(rows, sorted({r["workload"] for r in rows}, key=WORKLOADS.index), a.out)
+        return 0
     if a.quick:
         a.clients, a.rates, a.requests, a.llama_requests = "1,4", "0.8", 4, 4
     a.clients = [int(x) for x in a.clients.split(",") if x.strip()]
@@ -762,17 +782,22 @@ def main():
     finally:
         stop_all()
     save(rows, references)
-    plot = write_plot(rows, a.out)
+    write_outputs(rows, workloads, a.out)
+    return 1 if any(r["errors"] for r in rows) else 0
+
+
+def write_outputs(rows, workloads, out_dir):
+    """OUT/table.md (printed too) and the plot."""
     md = []
     for w in workloads:
         md += ["### %s workload" % w, "", table(rows, w), ""]
     text = "\n".join(md)
-    with open(os.path.join(a.out, "table.md"), "w") as f:
+    with open(os.path.join(out_dir, "table.md"), "w") as f:
         f.write(text)
     print(text)
+    plot = write_plot(rows, out_dir)
     if plot:
         log("plot: %s" % plot)
-    return 1 if any(r["errors"] for r in rows) else 0
 
 
 if __name__ == "__main__":
