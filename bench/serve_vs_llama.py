@@ -486,8 +486,11 @@ class Runner:
             # One untimed request first, a prompt outside the measured ones (the last item): the
             # steady state of a running service, not a cold start (the prefix workload's shared
             # prefix is then cached, as it would be on a server that has been up a while).
-            warm = stream_one(make_client(url, a.request_timeout), items[-1], a.max_tokens, self.extra(mode, reference))
-            if not warm.get("ok"):
+            warm = {}
+            if a.warmup == "extra":
+                warm = stream_one(make_client(url, a.request_timeout), items[-1], a.max_tokens,
+                                  self.extra(mode, reference))
+            if a.warmup == "extra" and not warm.get("ok"):
                 log("warning: %s warm-up request failed: %s" % (mode, warm.get("error")))
             if kind == "closed":
                 records, wall = run_closed(url, items, indices, load, a.max_tokens, self.extra(mode, reference),
@@ -731,6 +734,8 @@ def main():
     ap.add_argument("--request-timeout", type=float, default=300, help="seconds per request")
     ap.add_argument("--point-timeout", type=float, default=600, help="seconds per load point (no new requests after)")
     ap.add_argument("--start-timeout", type=float, default=120, help="seconds for a server to become ready")
+    ap.add_argument("--warmup", choices=("extra", "none"), default="extra",
+                    help="each point's untimed first request: one more prompt of the workload, or none")
     ap.add_argument("--quick", action="store_true", help="clients 1,4, rate 0.8, 4 requests per point: a check")
     ap.add_argument("--out", default=os.path.join(REPO, "bench", "out", "serve_vs_llama"))
     ap.add_argument("--replot", action="store_true", help="only write OUT's table and plot again from OUT/results.json")
