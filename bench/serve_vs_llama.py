@@ -616,8 +616,8 @@ def write_plot(rows, out_dir):
         return write_svg(series, os.path.join(out_dir, "p99_ttft.svg"))
     fig, axes = plt.subplots(1, len(series), figsize=(6.5 * len(series), 4.8), squeeze=False)
     for ax, (workload, per_mode) in zip(axes[0], sorted(series.items())):
-        for j, (mode, per) in enumerate(sorted(per_mode.items())):
-            color = "C%d" % j
+        for mode, per in sorted(per_mode.items()):
+            color = "C%d" % MODES.index(mode) if mode in MODES else "C9"  # one color per mode in every panel
             if per["open"]:
                 ax.plot([p[0] for p in per["open"]], [p[1] for p in per["open"]], "-^", color=color,
                         label="%s, Poisson" % mode)
