@@ -35,8 +35,8 @@ mean gold token F1 (SQuAD/LongBench normalisation, as src/eval/metrics.h).
 Sizes: llama-server prefills a ~2K-token prompt in several seconds on 2 threads, so its points
 send --llama-requests (default 4) requests, chunkfuse's --requests (default 8), each point at
 least as many as it has clients; the reference pass covers every prompt a point sends (16 with
-16 clients). The default run takes 30-45 minutes on a 2-core machine; --quick (clients 1,4, rate
-0.8, 4 requests a point) about 10.
+16 clients). The default run took 38 minutes on the 2-core machine; --quick (clients 1,4, rate
+0.8, 4 requests a point) 10-15.
 
   bench/build_llama_server.sh     # once: llama-server into the cache (bench/README.md)
   .venv-serve/bin/python bench/serve_vs_llama.py --out bench/out/serve_vs_llama
