@@ -354,8 +354,11 @@ void KnowledgeService::after_completion(const std::string& id, int caller, const
   }
   if (opt_.isolated) return;  // details hold cache-use figures and texts: not shared across keys
   json d = request_detail_json(id, req, r, retrieved, kb_.tokenizer());
-  // Bounded in bytes as well as in count: one detail holds a piece per prompt token.
-  const size_t bytes = d.dump().size();
+  // Bounded in bytes as well as in count: one detail holds a piece per prompt token. A piece
+  // may be part of a character (byte-level BPE splits a multi-byte one across tokens): counted
+  // as served, with api::dump's U+FFFD for it; a plain dump() threw there, a 500 for the
+  // answer and, on a stream, an uncaught exception that ended the process.
+  const size_t bytes = api::dump(d).size();
   std::lock_guard lk(mu_);
   details_.push_back({id, caller, std::move(d), bytes});
   details_bytes_ += bytes;

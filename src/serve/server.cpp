@@ -447,7 +447,20 @@ struct HttpServer::Impl {
         });
   }
 
+  // httplib's content provider: an exception escaping it would end the process (nothing
+  // above it catches), so whatever fails after the 200 travels as the stream's error event.
   bool send_stream(StreamJob& job, const PreparedCompletion& p, httplib::DataSink& sink) {
+    try {
+      return send_stream_events(job, p, sink);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "chunkfuse serve: stream %s failed after its first event: %s\n", p.meta.id.c_str(), e.what());
+      const std::string event = api::sse_event(api::error_body(500, "server_error", e.what()));
+      if (sink.write(event.data(), event.size())) sink.done();
+      return false;
+    }
+  }
+
+  bool send_stream_events(StreamJob& job, const PreparedCompletion& p, httplib::DataSink& sink) {
     auto send = [&](const std::string& s) {
       if (sink.write(s.data(), s.size())) return true;
       job.client_gone = true;  // the engine frees the slot at its next step

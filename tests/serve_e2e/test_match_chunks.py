@@ -84,6 +84,24 @@ class MatchChunksTest(unittest.TestCase):
             temperature=0, extra_body={"fusion": {"method": "full"}})
         self.assertNotIn("passages", json.loads(raw.text)["chunkfuse"])
 
+    def test_characters_split_across_tokens_are_answered_streamed_or_not(self):
+        # Byte-level BPE cuts these characters across tokens; the request's details hold a
+        # piece per prompt token. Counting their bytes threw (incomplete UTF-8): a 500 for the
+        # answer, and on a stream an uncaught exception that ended the whole process.
+        user = stuffed([0, 1, 2, 3], tag=" Ōfuji Noburō 𝔘𝔫𝔦𝔠𝔬𝔡𝔢 日本語の文章。")
+        body = {"messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": user}],
+                "max_tokens": 6, "temperature": 0}
+        status, reply = self.server.post("/v1/chat/completions", body)
+        self.assertEqual(status, 200, reply)
+        self.assertEqual(reply["chunkfuse"]["passages"]["matched"], 4)
+        status, detail = self.server.get("/v1/details/" + reply["id"])
+        self.assertEqual(status, 200, detail)
+        status, text = self.server.post("/v1/chat/completions", dict(body, stream=True))
+        self.assertEqual(status, 200, text)
+        self.assertTrue(text.rstrip().endswith("data: [DONE]"), text[-300:])
+        self.assertNotIn('"error"', text)
+        self.assertIsNone(self.server.proc.poll(), "the server died")
+
     def test_hostile_shapes_answer(self):
         tiny = "\n\n".join(["ab"] * 1000) + "\n\nQuestion: what?"
         _, cf = self.chat(tiny, max_tokens=2)
