@@ -201,7 +201,34 @@ bool PassageMatcher::apply(CompletionRequest& req, const KeyIsolation* isolation
     const ChatMessage& msg = req.messages[k];
     if (msg.role != "user" && msg.role != "system") continue;
     const TextMatch m = match_text(msg.content, *idx, opt, /*keep_last=*/k == last);
-    if (!m.chunks.empty()) return rewrite(msg.content, k, m);
+    if (m.chunks.empty()) continue;
+    if (k != last && seen_before(req, k, isolation ? tenant : 0)) return false;  // the prefix cache's
+    return rewrite(msg.content, k, m);
+  }
+  return false;
+}
+
+bool PassageMatcher::seen_before(const CompletionRequest& req, size_t k, size_t tenant) {
+  XXH3_state_t* st = XXH3_createState();
+  if (!st) return false;
+  XXH3_64bits_reset(st);
+  XXH3_64bits_update(st, &tenant, sizeof tenant);
+  for (size_t i = 0; i <= k; ++i) {  // role and content, each with its length (no ambiguity)
+    for (const std::string* part : {&req.messages[i].role, &req.messages[i].content}) {
+      const uint64_t n = part->size();
+      XXH3_64bits_update(st, &n, sizeof n);
+      XXH3_64bits_update(st, part->data(), part->size());
+    }
+  }
+  const uint64_t h = XXH3_64bits_digest(st);
+  XXH3_freeState(st);
+  std::lock_guard lk(mu_);
+  if (seen_.count(h)) return true;
+  seen_.insert(h);
+  seen_order_.push_back(h);
+  if (seen_order_.size() > kSeenPrefixes) {
+    seen_.erase(seen_order_.front());
+    seen_order_.pop_front();
   }
   return false;
 }

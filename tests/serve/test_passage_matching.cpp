@@ -297,6 +297,33 @@ TEST(PassageMatching, NotAppliedToFullPrefillDocumentsOrConversations) {
   EXPECT_FALSE(no_passages.inline_passages);
 }
 
+// Passages in an earlier message (here the system message) are fused the first time only: the
+// same prompt prefix again is left plain, for the exact prefix cache. The last message's
+// passages are matched every time, and another prefix is matched afresh.
+TEST(PassageMatching, ARepeatedPromptPrefixIsLeftToThePrefixCache) {
+  CF_REQUIRE_MODEL();
+  PassageMatcher matcher(engine().registry(), {});
+  auto with_system_passages = [](const std::string& system, const std::string& question) {
+    CompletionRequest r = plain_chat(question);
+    r.messages = {{"system", system}, {"user", question}};
+    return r;
+  };
+  const std::string shared = join({"Answer from these passages.", passage(31), passage(32)});
+  CompletionRequest first = with_system_passages(shared, "Q1?");
+  EXPECT_TRUE(matcher.apply(first));
+  ASSERT_TRUE(first.inline_passages);
+  EXPECT_EQ(first.inline_passages->message, 0u);
+  CompletionRequest again = with_system_passages(shared, "Q2?");
+  EXPECT_FALSE(matcher.apply(again));
+  EXPECT_FALSE(again.inline_passages);
+  CompletionRequest other = with_system_passages(join({"Answer from these passages.", passage(33), passage(31)}), "Q1?");
+  EXPECT_TRUE(matcher.apply(other));
+  const std::string user = join({passage(34), passage(35), "Q?"});
+  CompletionRequest last_a = plain_chat(user), last_b = plain_chat(user);
+  EXPECT_TRUE(matcher.apply(last_a));
+  EXPECT_TRUE(matcher.apply(last_b));
+}
+
 TEST(PassageMatching, RegisteredMultiParagraphChunkHitsItsOwnCache) {
   CF_REQUIRE_MODEL();
   const std::string reg = join({"Carrow notes", passage(31, 90), "Lit in 1868."});
