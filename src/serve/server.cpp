@@ -290,7 +290,11 @@ struct HttpServer::Impl {
   void post_chunks(const Req& req, Res& res, const std::string& body) {
     const auto texts = api::parse_chunk_texts(api::parse_body(body));
     check_chunk_texts_size(texts, input);
-    const KeyQuota::Hold hold = chunk_quota.acquire(access.matched_key(req), texts.size());
+    // A list the engine refuses whole (413, --max-chunk-texts, never registrable) takes no quota:
+    // a 429 "retry later" would be wrong for it.
+    std::optional<KeyQuota::Hold> hold;
+    if (texts.size() <= engine.options().max_chunk_texts)
+      hold.emplace(chunk_quota.acquire(access.matched_key(req), texts.size()));
     json data = json::array();
     std::vector<std::string> ids;
     for (const auto& c : engine.register_chunks(texts, GuardedServer::client_gone)) {

@@ -62,6 +62,12 @@ class ChunkQuotaTest(unittest.TestCase):
         status, body = self.post_chunks(KEYS[0], ["the key may register again"])
         self.assertEqual(status, 200, body)
 
+    def test_a_list_past_the_per_request_limit_is_413_not_429(self):
+        # 4 texts can never be registered (--max-chunk-texts 3): too large, not "retry later".
+        status, body = self.post_chunks(KEYS[0], ["text %d" % i for i in range(4)])
+        self.assertEqual(status, 413, body)
+        self.assertIn("--max-chunk-texts", body["error"]["message"])
+
     def test_a_bound_below_the_per_request_limit_is_refused_at_start(self):
         with self.assertRaises(RuntimeError) as cm:
             h.Server("--max-chunk-texts", "8", "--max-key-chunk-texts", "4")
