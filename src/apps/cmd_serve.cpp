@@ -35,7 +35,23 @@ struct ServeArgs {
   double ttft_ms = 0;  // serve --ttft-ms: its first-token budget
   bool ttft_given = false;
   double self_check = 0.2;  // serve --self-check: the share of fused answers checked when idle
+  std::string itl_target = "auto";  // serve --itl-target-ms: auto | 0 (off) | milliseconds
 };
+
+// serve --itl-target-ms: "auto" (3x a decode step), 0 (pieces of --prefill-chunk rows) or ms.
+double parse_itl_target(const std::string& text) {
+  if (text == "auto") return PrefillPieceSizer::kAuto;
+  size_t used = 0;
+  double ms = -1;
+  try {
+    ms = std::stod(text, &used);
+  } catch (const std::exception&) {
+  }
+  if (used != text.size() || !(ms >= 0 && ms <= 3.6e6))
+    throw std::invalid_argument("--itl-target-ms must be auto, 0 (off) or milliseconds in [0, 3600000], got \"" +
+                                text + "\"");
+  return ms;
+}
 
 std::string number_text(double x) {
   char s[32];
@@ -79,6 +95,7 @@ int run_serve(ServeArgs a) {
     throw std::invalid_argument("--self-check must be a share in [0, 1] (of the served fused answers checked against "
                                 "full prefill when idle; 0: off), got " + number_text(a.self_check));
   a.engine.self_check_share = a.self_check;
+  a.engine.itl_target_ms = parse_itl_target(a.itl_target);
   if (a.http.max_key_chunk_texts > 0 && a.http.max_key_chunk_texts < a.engine.max_chunk_texts)
     throw std::invalid_argument("--max-key-chunk-texts " + std::to_string(a.http.max_key_chunk_texts) +
                                 " is below --max-chunk-texts " + std::to_string(a.engine.max_chunk_texts) +
@@ -211,6 +228,11 @@ void add_serve_command(CLI::App& app, CommandRunner& run) {
                   "prompt rows prefilled between two decode steps of the running requests, so that long "
                   "prompts do not stall answers being streamed (chunked prefill); 0: whole prefills")
       ->check(CLI::Range(size_t{0}, size_t{1} << 20))
+      ->capture_default_str();
+  cmd->add_option("--itl-target-ms", a->itl_target,
+                  "while answers are streaming, size each prefill piece so that the gap between two of their "
+                  "tokens stays near this many ms (at most --prefill-chunk rows, at least 16); auto: 3x the time "
+                  "of a decode step; 0: every piece takes --prefill-chunk rows")
       ->capture_default_str();
   cmd->add_option("--schedule", a->engine.schedule,
                   "which waiting request prefills next: fifo (arrival), priority (a request's \"priority\", "

@@ -48,11 +48,14 @@ void gather_rows(const float* src, size_t dim, std::span<const size_t> rows, std
 Forward::Forward(const Model& model, ThreadPool& pool) : model_(model), pool_(pool) {}
 
 ForwardOutput Forward::run(KvCache& cache, const ForwardInput& in, const ForwardHooks* hooks) {
-  const size_t pass_rows = splitting() ? std::min(split_.max_rows, kMaxPassRows) : kMaxPassRows;
-  if (!hooks && in.tokens.size() > pass_rows &&
+  const size_t max_rows = splitting() ? std::clamp(split_.max_rows, kMinSplitRows, kMaxPassRows) : kMaxPassRows;
+  if (!hooks && in.tokens.size() > 1 &&
       std::adjacent_find(in.positions.begin(), in.positions.end(), std::greater_equal<>()) == in.positions.end()) {
-    check_input(model_.hparams(), cache, in);  // all of it, before a first pass touches the cache
-    return run_in_passes(cache, in, pass_rows);
+    const size_t first_end = end_of_pass(in.positions, 0, max_rows);
+    if (first_end < in.tokens.size()) {
+      check_input(model_.hparams(), cache, in);  // all of it, before a first pass touches the cache
+      return run_in_passes(cache, in, first_end, max_rows);
+    }
   }
   const BatchSequence seq{&cache, in};
   return std::move(run_sequences(std::span<const BatchSequence>(&seq, 1), hooks).front());
@@ -69,15 +72,15 @@ ForwardOutput Forward::run(KvCache& cache, const ForwardInput& in, const Forward
 // hence invisible to them, as in one pass. What passes buy is bounded scratch memory
 // (activations for 512 rows: about 100 MB less for a 2048-token prompt on Qwen2.5-0.5B) and,
 // with a PassSplit, room for other work between them.
-ForwardOutput Forward::run_in_passes(KvCache& cache, const ForwardInput& in, size_t pass_rows) {
+ForwardOutput Forward::run_in_passes(KvCache& cache, const ForwardInput& in, size_t first_end, size_t max_rows) {
   const size_t n = in.tokens.size();
   ForwardOutput out;
   out.vocab = static_cast<size_t>(model_.hparams().vocab_size);
   out.slots.reserve(n);
   out.logits.resize(in.logit_rows.size() * out.vocab);
   for (size_t i = 0; i < in.slots.size(); ++i) cache.set_position(in.slots[i], in.positions[i]);
-  for (size_t begin = 0; begin < n; begin += pass_rows) {
-    const size_t end = std::min(n, begin + pass_rows);
+  for (size_t begin = 0, end = 0; begin < n; begin = end) {
+    end = begin == 0 ? first_end : end_of_pass(in.positions, begin, max_rows);
     ForwardInput part = in;
     part.tokens = in.tokens.subspan(begin, end - begin);
     part.positions = in.positions.subspan(begin, end - begin);
@@ -104,6 +107,19 @@ ForwardOutput Forward::run_in_passes(KvCache& cache, const ForwardInput& in, siz
     }
   }
   return out;
+}
+
+// Where the pass that starts at row `begin` of a pass at `positions` ends: max_rows later, or what the
+// PassSplit's owner asks for within [2, max_rows] (max_rows >= kMinSplitRows). No pass is of a
+// single row when the whole has more: the attention of one row takes the decode path, another
+// summation order, and the rows would then differ from one pass's by a last bit.
+size_t Forward::end_of_pass(std::span<const int32_t> positions, size_t begin, size_t max_rows) const {
+  const size_t n = positions.size();
+  size_t rows = max_rows;
+  if (splitting() && split_.next_rows) rows = std::clamp<size_t>(split_.next_rows(positions.subspan(begin)), 2, max_rows);
+  if (n - begin <= rows) return n;
+  if (n - begin - rows == 1) rows = rows < max_rows ? rows + 1 : rows - 1;
+  return begin + rows;
 }
 
 std::vector<ForwardOutput> Forward::run_batch(std::span<const BatchSequence> sequences) {

@@ -94,6 +94,7 @@ class Forward {
   // increasing positions and no hooks runs as several passes (same results, bounded memory).
   ForwardOutput run(KvCache& cache, const ForwardInput& in, const ForwardHooks* hooks = nullptr);
   static constexpr size_t kMaxPassRows = 512;
+  static constexpr size_t kMinSplitRows = 4;  // a PassSplit's max_rows is raised to this
 
   // Chunked prefill (issue 58 item 1): whoever owns this Forward (the server's scheduler) may
   // cut every long pass run() makes into passes of at most `max_rows` rows and do other work
@@ -101,10 +102,15 @@ class Forward {
   // already splits (no hooks, increasing positions), now also with explicit slots (a fused
   // prefill's recomputed rows); each row's result is that of one pass (run_in_passes).
   // `between` runs after every pass but the last; it may call run_batch (not split again).
-  // What it throws leaves run(), the cache holding the rows of the passes done.
+  // What it throws leaves run(), the cache holding the rows of the passes done. `next_rows`
+  // (optional) is asked before each pass how many of the rows left, given their positions, it
+  // may take (clamped to [2, max_rows]; a
+  // pass of one row is never cut off, see end_of_pass), so that the owner can size a pass by the
+  // time it may take (serve --itl-target-ms).
   struct PassSplit {
     size_t max_rows = 0;  // 0 or no `between`: passes of kMaxPassRows, nothing between
     std::function<void()> between;
+    std::function<size_t(std::span<const int32_t> positions)> next_rows;  // of the rows left; unset: max_rows
   };
   void set_pass_split(PassSplit split) { split_ = std::move(split); }
   // Several independent sequences in one pass (continuous batching of decode steps): the
@@ -117,7 +123,8 @@ class Forward {
 
  private:
   std::vector<ForwardOutput> run_sequences(std::span<const BatchSequence> sequences, const ForwardHooks* hooks);
-  ForwardOutput run_in_passes(KvCache& cache, const ForwardInput& in, size_t pass_rows);
+  ForwardOutput run_in_passes(KvCache& cache, const ForwardInput& in, size_t first_end, size_t max_rows);
+  size_t end_of_pass(std::span<const int32_t> positions, size_t begin, size_t max_rows) const;
   const Model& model_;
   ThreadPool& pool_;
   bool splitting() const { return split_.between && split_.max_rows > 0 && !in_between_; }

@@ -122,6 +122,7 @@ struct Engine::Impl {
     if (!parse_scheduler_order(opt.schedule, so.order))
       throw std::runtime_error("unknown schedule \"" + opt.schedule + "\" (fifo, priority, shortest)");
     so.max_wait_ms = opt.max_wait_ms;
+    so.itl_target_ms = opt.itl_target_ms;
     if (opt.kv_budget_bytes == EngineOptions::kKvBudgetDefault) opt.kv_budget_bytes = default_kv_budget();
     so.kv_budget_bytes = opt.kv_budget_bytes;
     scheduler = std::make_unique<Scheduler>(fwd, so);
@@ -424,6 +425,7 @@ EngineMetrics Engine::metrics() const {
   m.decode_steps = impl_->scheduler->decode_steps();
   m.decode_rows = impl_->scheduler->decode_rows();
   m.prefill_pieces = impl_->scheduler->prefill_pieces();
+  m.prefill_piece_rows = impl_->scheduler->last_piece_rows();
   m.kv_reserved_bytes = impl_->scheduler->kv_reserved_bytes();
   m.kv_budget_bytes = impl_->scheduler->kv_budget_bytes();
   m.background_tasks = impl_->scheduler->idle_tasks_run();

@@ -52,6 +52,9 @@ struct EngineOptions {
   // Prefill rows between two decode steps of the running requests (serve --prefill-chunk;
   // 0: whole prefills; issue 58 item 1).
   size_t prefill_chunk = SchedulerOptions::kDefaultPrefillChunk;
+  // The gap between two tokens of a running answer that a prefill piece is sized for
+  // (serve --itl-target-ms; serve/piece_sizer.h): kAuto, 0 (off: pieces of prefill_chunk), ms.
+  double itl_target_ms = PrefillPieceSizer::kAuto;
   // Which waiting request prefills next (serve --schedule: fifo | priority | shortest) and the
   // wait after which one goes first whatever the order (serve --max-wait-ms; issue 58 item 2).
   std::string schedule = "fifo";

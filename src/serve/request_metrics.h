@@ -30,6 +30,7 @@ struct EngineMetrics {
   uint64_t chunk_hits = 0, chunk_misses = 0;
   uint64_t decode_steps = 0, decode_rows = 0;  // batched decode passes and the sequences in them
   uint64_t prefill_pieces = 0;  // pauses of split passes (chunked prefill, Scheduler::prefill_pieces)
+  size_t prefill_piece_rows = 0;  // rows of the latest piece asked for (Scheduler::last_piece_rows)
   size_t kv_reserved_bytes = 0, kv_budget_bytes = 0;  // running requests' K/V reservations, their budget (0: none)
   uint64_t background_tasks = 0;  // idle-time work done (CRAFT prefixes promoted, cold chunk caches filled)
   size_t store_memory_bytes = 0, store_disk_bytes = 0, prefix_cache_bytes = 0;

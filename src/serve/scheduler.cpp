@@ -3,7 +3,9 @@
 #include "serve/request.h"
 
 #include <algorithm>
+#include <numeric>
 
+#include "base/clock.h"
 #include "base/enum_names.h"
 
 namespace cf {
@@ -21,9 +23,10 @@ RequestError client_gone_error() {
   return RequestError(kClientGoneStatus, "cancelled", "the client closed the connection");
 }
 
-Scheduler::Scheduler(Forward& fwd, SchedulerOptions opt) : fwd_(fwd), opt_(opt) {
+Scheduler::Scheduler(Forward& fwd, SchedulerOptions opt)
+    : fwd_(fwd), opt_(opt), pieces_(opt.itl_target_ms, std::min(opt.prefill_chunk, Forward::kMaxPassRows)) {
   if (opt_.max_batch == 0) opt_.max_batch = 1;
-  fwd_.set_pass_split({opt_.prefill_chunk, [this] { between_passes(); }});
+  fwd_.set_pass_split({opt_.prefill_chunk, [this] { between_passes(); }, [this](std::span<const int32_t> p) { return next_piece_rows(p); }});
   thread_ = std::thread([this] { loop(); });
 }
 
@@ -254,6 +257,7 @@ void Scheduler::start_one(SchedulerJob& job) {
     finish(job);
     return;
   }
+  if (running_.empty()) last_token_at_ = job.first_token;  // the streams' gap clock starts
   running_.push_back(&job);
   std::lock_guard<std::mutex> lock(mu_);
   n_running_ = running_.size();
@@ -263,8 +267,25 @@ void Scheduler::start_one(SchedulerJob& job) {
 // gone stops here; otherwise every running request decodes one token.
 void Scheduler::between_passes() {
   ++prefill_pieces_;
+  if (piece_rows_) pieces_.record_piece(piece_rows_, piece_positions_, ms_since(piece_start_));
+  piece_rows_ = 0;
   if (prefilling_ && prefilling_->cancel) throw client_gone_error();
   if (!running_.empty()) decode_step();
+}
+
+// Asked by the Forward pass before each piece of a split pass (Forward::PassSplit::next_rows).
+size_t Scheduler::next_piece_rows(std::span<const int32_t> positions) {
+  size_t demand = running_.size() + 1;  // and the one prefilling
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    demand += waiting_.size();
+  }
+  piece_rows_ = pieces_.next_rows(positions, running_.size(), std::min(demand, opt_.max_batch), ms_since(last_token_at_));
+  const auto taken = positions.first(std::min(piece_rows_, positions.size()));
+  piece_positions_ = std::accumulate(taken.begin(), taken.end(), 0.0);
+  last_piece_rows_ = piece_rows_;
+  piece_start_ = SchedulerJob::Clock::now();
+  return piece_rows_;
 }
 
 void Scheduler::decode_step() {
@@ -295,7 +316,9 @@ void Scheduler::decode_step() {
   ++decode_steps_;
   decode_rows_ += seqs.size();
   try {
+    const auto t0 = SchedulerJob::Clock::now();
     outs = fwd_.run_batch(seqs);
+    pieces_.record_decode(seqs.size(), ms_since(t0));
   } catch (...) {
     // A failed pass leaves every running cache in doubt: fail them all.
     auto e = std::current_exception();
@@ -313,6 +336,7 @@ void Scheduler::decode_step() {
   }
   std::vector<SchedulerJob*> still, ended;
   const auto now = SchedulerJob::Clock::now();
+  last_token_at_ = now;
   for (size_t i = 0; i < running_.size(); ++i) {
     SchedulerJob& j = *running_[i];
     bool more = false;

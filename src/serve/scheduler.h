@@ -10,7 +10,9 @@
 // idle task runs its forward passes in pieces of at most `prefill_chunk` rows
 // (Forward::PassSplit), and every running request decodes one token between two pieces, so a
 // long prompt no longer stalls every stream for its whole prefill. Splitting at row
-// boundaries is exact (Forward::run_in_passes). Deviation from those systems: a step's decode
+// boundaries is exact (Forward::run_in_passes). While requests decode, a piece is sized by the
+// time it may take (serve/piece_sizer.h: the inter-token-latency target, by default 3x the decode
+// step of the batch the requests in the server would form), at most `prefill_chunk` rows. Deviation from those systems: a step's decode
 // rows and prefill rows run as two passes, not one mixed batch, and one request prefills at
 // a time. Passes with hooks (a selector's probes) are not split.
 //
@@ -46,6 +48,7 @@
 
 #include "runtime/forward.h"
 #include "runtime/generate.h"
+#include "serve/piece_sizer.h"
 #include "serve/request.h"
 
 namespace cf {
@@ -93,6 +96,9 @@ struct SchedulerOptions {
   // latency on 2 cores.
   size_t prefill_chunk = kDefaultPrefillChunk;
   static constexpr size_t kDefaultPrefillChunk = 256;
+  // The gap between two tokens of a running answer that a prefill piece is sized for
+  // (PrefillPieceSizer: kAuto, 0 off, or milliseconds).
+  double itl_target_ms = PrefillPieceSizer::kAuto;
   SchedulerOrder order = SchedulerOrder::fifo;
   size_t max_wait_ms = 30000;  // the age bound of a non-FIFO order
   size_t kv_budget_bytes = 0;  // K/V the admitted jobs may reserve together; 0: unbounded
@@ -141,6 +147,7 @@ class Scheduler {
   uint64_t decode_steps() const { return decode_steps_.load(); }  // batched passes so far
   uint64_t decode_rows() const { return decode_rows_.load(); }    // sequences in them, summed
   uint64_t prefill_pieces() const { return prefill_pieces_.load(); }  // pauses of a split pass
+  size_t last_piece_rows() const { return last_piece_rows_.load(); }  // rows of the latest piece asked for
   uint64_t cancelled_jobs() const { return cancelled_jobs_.load(); }  // left because cancel was set
   size_t kv_reserved_bytes() const;  // of the jobs prefilling or decoding
   size_t kv_budget_bytes() const { return opt_.kv_budget_bytes; }
@@ -149,6 +156,7 @@ class Scheduler {
   void loop();
   void start_one(SchedulerJob& job);
   void between_passes();
+  size_t next_piece_rows(std::span<const int32_t> positions);
   void decode_step();
   void finish(SchedulerJob& job);
   void finish_cancelled(SchedulerJob& job);
@@ -173,6 +181,12 @@ class Scheduler {
   bool idle_worker_ready_ = false;             // guarded by mu_
   std::vector<SchedulerJob*> running_;  // scheduler thread only (size mirrored in n_running_)
   SchedulerJob* prefilling_ = nullptr;  // scheduler thread only: the job in job.prefill
+  PrefillPieceSizer pieces_;            // scheduler thread only
+  SchedulerJob::Clock::time_point piece_start_;  // of the piece in progress (scheduler thread)
+  size_t piece_rows_ = 0;                        // its rows as asked (0: none in progress)
+  double piece_positions_ = 0;                   // the sum of their positions
+  SchedulerJob::Clock::time_point last_token_at_;  // the running requests' latest token (scheduler thread)
+  std::atomic<size_t> last_piece_rows_{0};
   size_t n_running_ = 0;                // guarded by mu_
   size_t kv_reserved_ = 0;              // guarded by mu_
   bool stopping_ = false;

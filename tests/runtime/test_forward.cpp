@@ -118,7 +118,7 @@ TEST(Forward, SplitPassesGiveTheBitsOfOnePass) {
   std::reverse(other.begin(), other.end());  // stale K/V: another text at the same positions
   Forward fwd(shared_model(), shared_pool());
   int betweens = 0;
-  fwd.set_pass_split({4, [&] { ++betweens; }});
+  fwd.set_pass_split({4, [&] { ++betweens; }, {}});
 
   // An append of 30 rows: passes of 4, 7 pauses.
   KvCache split_append(h), one_append(h);
@@ -168,12 +168,67 @@ TEST(Forward, SplitPassesGiveTheBitsOfOnePass) {
                         KvCache inner(h);
                         fwd.run(inner, {std::span(ids).first(9), iota_positions(9), {}, {}});
                         throw std::runtime_error("client gone");
-                      }});
+                      },
+                      {}});
   betweens = 0;
   KvCache stopped(h);
   EXPECT_THROW(fwd.run(stopped, {std::span(ids).first(30), pos30, {}, {}}), std::runtime_error);
   EXPECT_EQ(betweens, 1);
   EXPECT_EQ(stopped.size(), 4u);
+}
+
+// Pieces sized by their owner (serve --itl-target-ms): next_rows is asked before every pass, its
+// answer clamped to [1, max_rows]; the pieces differ in size and the result is still the bits
+// of one pass, for a prompt and for a fused prefill's recomputed rows.
+TEST(Forward, PiecesOfChangingSizesGiveTheBitsOfOnePass) {
+  CF_REQUIRE_MODEL();
+  const auto& h = shared_model().hparams();
+  const auto ids = sample_tokens(64);
+  Forward fwd(shared_model(), shared_pool());
+  const std::vector<size_t> asked = {5, 0, 40, 2, 9};  // 0 becomes 2, 40 becomes max_rows 12
+  std::vector<size_t> passes;                       // rows of each pass, as the cache grew
+  size_t calls = 0;
+  KvCache split(h), one(h);
+  std::vector<int32_t> first_positions;  // the first position of the rows left, at each question
+  fwd.set_pass_split({12, [&] { passes.push_back(split.size()); }, [&](std::span<const int32_t> left) {
+                        first_positions.push_back(left.front());
+                        return asked[std::min(calls++, asked.size() - 1)];
+                      }});
+  const auto pos = iota_positions(45);
+  const std::vector<size_t> logit_rows = {44, 5, 6};
+  const auto a = fwd.run(split, {std::span(ids).first(45), pos, {}, logit_rows});
+  // 5, 2, 12, 2, 9, then 9 per pass: 5 7 19 21 30 39 | 45 (no pause after the last).
+  EXPECT_EQ(passes, (std::vector<size_t>{5, 7, 19, 21, 30, 39}));
+  EXPECT_EQ(calls, 7u);  // one question per pass, none after the last
+  EXPECT_EQ(first_positions, (std::vector<int32_t>{0, 5, 7, 19, 21, 30, 39}));
+  fwd.set_pass_split({});
+  const auto b = fwd.run(one, {std::span(ids).first(45), pos, {}, logit_rows});
+  ASSERT_EQ(a.logits.size(), b.logits.size());
+  EXPECT_EQ(0, std::memcmp(a.logits.data(), b.logits.data(), a.logits.size() * sizeof(float)));
+  for (int l : {0, h.n_layers - 1}) EXPECT_EQ(k_rows(split, l, 0, 45), k_rows(one, l, 0, 45));
+
+  // No piece of one row (its attention would take the decode path, another order): 11-row
+  // pieces of 45 rows would leave 1 at the end; the last but one takes it instead.
+  calls = 0;
+  passes.clear();
+  KvCache no_single(h);
+  fwd.set_pass_split({12, [&] { passes.push_back(no_single.size()); },
+                      [&](std::span<const int32_t>) { return size_t{11}; }});
+  const auto c = fwd.run(no_single, {std::span(ids).first(45), pos, {}, logit_rows});
+  EXPECT_EQ(passes, (std::vector<size_t>{11, 22, 33}));
+  EXPECT_EQ(0, std::memcmp(c.logits.data(), b.logits.data(), c.logits.size() * sizeof(float)));
+
+  // A short pass fits its first piece: not split, one question asked.
+  calls = 0;
+  passes.clear();
+  fwd.set_pass_split({12, [&] { passes.push_back(0); }, [&](std::span<const int32_t>) {
+                        ++calls;
+                        return size_t{40};
+                      }});
+  KvCache short_pass(h);
+  fwd.run(short_pass, {std::span(ids).first(10), iota_positions(10), {}, {}});
+  EXPECT_TRUE(passes.empty());
+  EXPECT_EQ(calls, 1u);
 }
 
 // Rows in any order: the mask is by position, not by row order. Sums over entries then run

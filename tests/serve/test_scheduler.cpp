@@ -48,11 +48,12 @@ void plain_job(SchedulerJob& job, std::vector<TokenId> tokens, int max_tokens) {
 // While request A decodes, request B (100 prompt rows) prefills in pieces of 16 with one decode
 // step of A after each piece but the last; with prefill_chunk 0 it prefills whole, A waits.
 // B's first-token logits are the same bits either way.
-void run_beside_a_decode(size_t prefill_chunk, uint64_t& steps_during_b, std::vector<float>& b_logits) {
+void run_beside_a_decode(SchedulerOptions opt, size_t b_rows, uint64_t& steps_during_b, std::vector<float>& b_logits,
+                         size_t* last_piece = nullptr) {
   Forward fwd(shared_model(), shared_pool());
-  Scheduler sched(fwd, SchedulerOptions{8, 8, prefill_chunk});
+  Scheduler sched(fwd, opt);
   SchedulerJob a, b;
-  plain_job(a, prompt_tokens(12), 40);
+  plain_job(a, prompt_tokens(12), 64);
   std::promise<void> a_running;
   bool signalled = false;
   a.generate.on_text = [&](std::string_view) {
@@ -60,7 +61,7 @@ void run_beside_a_decode(size_t prefill_chunk, uint64_t& steps_during_b, std::ve
     signalled = true;
     return true;
   };
-  plain_job(b, prompt_tokens(100), 1);
+  plain_job(b, prompt_tokens(b_rows), 1);
   auto b_prefill = b.prefill;
   b.prefill = [&](Forward& fw) {
     const uint64_t before = sched.decode_steps();
@@ -69,10 +70,12 @@ void run_beside_a_decode(size_t prefill_chunk, uint64_t& steps_during_b, std::ve
     b_logits = out.logits;
     return out;
   };
+  b.generate.on_text = [&](std::string_view) { return true; };
   sched.submit(a);
   a_running.get_future().wait();
   sched.submit(b);
   sched.wait(b);
+  if (last_piece) *last_piece = sched.last_piece_rows();
   sched.wait(a);
   EXPECT_GE(a.session->tokens().size(), 10u) << "A must still decode while B prefills";
 }
@@ -81,12 +84,39 @@ TEST(Scheduler, ChunkedPrefillDecodesTheRunningRequestsBetweenPieces) {
   CF_REQUIRE_MODEL();
   uint64_t chunked_steps = 0, whole_steps = 0;
   std::vector<float> chunked_logits, whole_logits;
-  run_beside_a_decode(16, chunked_steps, chunked_logits);
-  run_beside_a_decode(0, whole_steps, whole_logits);
+  SchedulerOptions fixed{8, 8, 16};
+  fixed.itl_target_ms = 0;  // pieces of prefill_chunk rows, whatever they cost
+  run_beside_a_decode(fixed, 100, chunked_steps, chunked_logits);
+  fixed.prefill_chunk = 0;
+  run_beside_a_decode(fixed, 100, whole_steps, whole_logits);
   EXPECT_EQ(chunked_steps, 6u);  // 100 rows in pieces of 16: 7 pieces, 6 pauses
   EXPECT_EQ(whole_steps, 0u);
   ASSERT_EQ(chunked_logits.size(), whole_logits.size());
   EXPECT_EQ(0, std::memcmp(chunked_logits.data(), whole_logits.data(), chunked_logits.size() * sizeof(float)));
+}
+
+// The inter-token-latency target (serve --itl-target-ms, on auto by default): beside a running
+// answer, B's 300 rows go in pieces sized by their measured cost, far below the 256 rows that
+// fixed pieces would take (one pause), the first of kMinRows to measure; the bits are still
+// those of one pass.
+TEST(Scheduler, PiecesBesideARunningAnswerAreSizedByTheLatencyTarget) {
+  CF_REQUIRE_MODEL();
+  uint64_t sized_steps = 0, fixed_steps = 0;
+  std::vector<float> sized_logits, fixed_logits;
+  SchedulerOptions sized{8, 8, 256};
+  size_t last_piece = 0;
+  run_beside_a_decode(sized, 300, sized_steps, sized_logits, &last_piece);
+  SchedulerOptions fixed = sized;
+  fixed.itl_target_ms = 0;
+  run_beside_a_decode(fixed, 300, fixed_steps, fixed_logits);
+  EXPECT_EQ(fixed_steps, 1u);  // 300 rows: 256 + 44
+  // Auto aims at 3 decode steps of a one-row batch, so a piece gets the time of 2: a decode step
+  // reads every weight once, as a pass does, which buys tens of prefill rows, not 256.
+  EXPECT_GE(sized_steps, 4u);
+  EXPECT_LT(last_piece, 256u);
+  EXPECT_GE(last_piece, PrefillPieceSizer::kMinRows);
+  ASSERT_EQ(sized_logits.size(), fixed_logits.size());
+  EXPECT_EQ(0, std::memcmp(sized_logits.data(), fixed_logits.data(), sized_logits.size() * sizeof(float)));
 }
 
 void expect_client_gone(Scheduler& sched, SchedulerJob& job) {
