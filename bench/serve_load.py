@@ -135,10 +135,11 @@ def register_chunks(server, texts):
     return [c["id"] for c in reg["data"]], time.monotonic() - t0
 
 
-def run_mode(mode, args, passages, workload, prefill_chunk=None):
+def run_mode(mode, args, passages, workload, prefill_chunk=None, itl_target=None):
     import openai
 
     extra = ["--prefill-chunk", str(prefill_chunk)] if prefill_chunk is not None else []
+    extra += ["--itl-target-ms", itl_target] if itl_target is not None else []
     server = h.Server("--http-threads", str(max(32, 2 * args.clients)), "--max-queue", str(max(64, 4 * args.clients)),
                       "--max-batch", str(args.max_batch), "--mem-budget", args.mem_budget, *extra,
                       binary=args.bin, model=args.model, n_threads=args.threads)
@@ -203,9 +204,11 @@ def run_mode(mode, args, passages, workload, prefill_chunk=None):
     if code != 0:
         print("warning: server exited with %s:\n%s" % (code, log[-2000:]), file=sys.stderr)
     row = summarize(mode, fusion, results, done_times, t_start, wall, register_s, metrics, sampler.samples, args)
-    row["prefill_chunk"] = prefill_chunk
+    row["prefill_chunk"], row["itl_target_ms"] = prefill_chunk, itl_target
     if prefill_chunk is not None:
         row["mode"] += " pc=%d" % prefill_chunk
+    if itl_target is not None:
+        row["mode"] += " itl=%s" % itl_target
     return row
 
 
@@ -297,6 +300,9 @@ def main():
     ap.add_argument("--prefill-chunks", default="",
                     help="comma list of serve --prefill-chunk values: each mode runs once per value, the values "
                          "alternating over --rounds (default: the server's own default, once)")
+    ap.add_argument("--itl-targets", default="",
+                    help="comma list of serve --itl-target-ms values (auto, 0, ms): each mode runs once per value "
+                         "and --prefill-chunks value, alternating over --rounds (default: the server's own, once)")
     ap.add_argument("--rounds", type=int, default=1, help="repeat the runs, reversing the order each round")
     args = ap.parse_args()
     if args.warmup is None:
@@ -313,12 +319,14 @@ def main():
           "max_tokens %d, server threads %d" % (args.requests, args.docs, len(passages), args.zipf, distinct,
                                                 args.clients, args.max_tokens, args.threads), file=sys.stderr)
     chunks = [int(v) for v in args.prefill_chunks.split(",") if v.strip()] or [None]
-    runs = [(m, c) for m in modes for c in chunks]
+    targets = [v.strip() for v in args.itl_targets.split(",") if v.strip()] or [None]
+    runs = [(m, c, t) for m in modes for c in chunks for t in targets]
     rows = []
     for rnd in range(args.rounds):
-        for mode, chunk in (runs if rnd % 2 == 0 else runs[::-1]):
-            print("mode %s%s ..." % (mode, "" if chunk is None else " prefill-chunk %d" % chunk), file=sys.stderr)
-            rows.append(run_mode(mode, args, passages, workload, chunk))
+        for mode, chunk, target in (runs if rnd % 2 == 0 else runs[::-1]):
+            print("mode %s%s%s ..." % (mode, "" if chunk is None else " prefill-chunk %d" % chunk,
+                                       "" if target is None else " itl-target-ms %s" % target), file=sys.stderr)
+            rows.append(run_mode(mode, args, passages, workload, chunk, target))
             rows[-1]["round"] = rnd
             r = rows[-1]
             print("  %d ok, %d errors, %.1f s, TTFT p50 %.0f ms, ITL p99 %.0f ms%s" % (

@@ -54,6 +54,7 @@ import os
 import random
 import re
 import shutil
+import shlex
 import signal
 import socket
 import string
@@ -283,6 +284,7 @@ class ChunkfuseServer:
         extra = ["--max-connections", "64", "--max-queue", "256"]
         if mode == "cf-match":
             extra += ["--match-chunks", "--method", args.method, "--ratio", str(args.ratio)]
+        extra += shlex.split(args.cf_args)
         self.server = h.Server(*extra, binary=args.bin, model=args.model, n_threads=args.threads,
                                cache_dir=cache_dir)
         self.url, self.proc = self.server.url, self.server.proc
@@ -725,6 +727,8 @@ def main():
     ap.add_argument("--max-tokens", type=int, default=24)
     ap.add_argument("--method", default="qcfuse", help="cf-match's fusion method")
     ap.add_argument("--ratio", type=float, default=0.15, help="cf-match's recompute ratio")
+    ap.add_argument("--cf-args", default="", help="more `chunkfuse serve` flags for both chunkfuse modes, as one "
+                    "shell-quoted string (e.g. \"--itl-target-ms 0\")")
     ap.add_argument("--llama-parallel", type=int, default=8, help="cap of llama-server's -np (slots)")
     ap.add_argument("--slot-ctx", type=int, default=3072, help="llama-server context per slot (-c = np x this)")
     ap.add_argument("--passages", default=os.path.join(REPO, "..", "shared", "datasets", "hotpotqa_dev200.jsonl"))
