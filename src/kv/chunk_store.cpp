@@ -159,6 +159,7 @@ size_t ChunkStore::entry_count_locked() const {
 
 void ChunkStore::memory_erase_locked(MemList::iterator it) {
   memory_bytes_ -= it->bytes;
+  if (opt_.memory_account) opt_.memory_account->discharge(it->bytes);
   index_.erase(it->id);
   lru_.erase(it);
 }
@@ -188,19 +189,37 @@ void ChunkStore::memory_insert_locked(const std::string& id, std::shared_ptr<con
   if (bytes > opt_.memory_budget_bytes) return;  // would evict everything and still not fit
   // Without a local tier the entry budget bounds the memory tier.
   const size_t max_resident = !local_tier_ && opt_.max_entries ? opt_.max_entries : SIZE_MAX;
-  while ((memory_bytes_ + bytes > opt_.memory_budget_bytes || lru_.size() >= max_resident) && !lru_.empty()) {
-    auto victim = memory_victim_locked();
-    const std::string vid = victim->id;
-    memory_erase_locked(victim);
-    ++stats_.evictions;
-    auto m = meta_.find(vid);
-    if (m != meta_.end() && m->second.on_disk) ++stats_.demotions;
-    else if (m != meta_.end()) meta_.erase(m);  // no file: the entry is gone, and its f_r with it
+  while ((memory_bytes_ + bytes > opt_.memory_budget_bytes || lru_.size() >= max_resident) && !lru_.empty())
+    evict_one_locked();
+  // Under a shared K/V budget: room beside the reservations and the other caches, made from
+  // this tier's own entries only; none left, and the entry is not kept in memory.
+  while (opt_.memory_account && !opt_.memory_account->try_charge(bytes)) {
+    if (lru_.empty()) return;
+    evict_one_locked();
   }
   lru_.push_front({id, std::move(c), bytes, prefetched});
   index_[id] = lru_.begin();
   memory_bytes_ += bytes;
   meta_locked(id);
+}
+
+size_t ChunkStore::evict_one_locked() {
+  auto victim = memory_victim_locked();
+  const std::string vid = victim->id;
+  const size_t bytes = victim->bytes;
+  memory_erase_locked(victim);
+  ++stats_.evictions;
+  auto m = meta_.find(vid);
+  if (m != meta_.end() && m->second.on_disk) ++stats_.demotions;
+  else if (m != meta_.end()) meta_.erase(m);  // no file: the entry is gone, and its f_r with it
+  return bytes;
+}
+
+size_t ChunkStore::release_memory(size_t bytes) {
+  std::lock_guard lock(mu_);
+  size_t freed = 0;
+  while (freed < bytes && !lru_.empty()) freed += evict_one_locked();
+  return freed;
 }
 
 std::vector<std::string> ChunkStore::budget_victims_locked(const std::string& keep) {
@@ -548,6 +567,7 @@ size_t ChunkStore::remove_all() {
       it = it->second->queued ? loading_.erase(it) : std::next(it);
     }
     prefetch_queue_.clear();
+    if (opt_.memory_account) opt_.memory_account->discharge(memory_bytes_);
     lru_.clear();
     index_.clear();
     meta_.clear();
@@ -565,6 +585,7 @@ void ChunkStore::clear_memory() {
   std::lock_guard lock(mu_);
   for (const MemEntry& e : lru_)
     if (auto m = meta_.find(e.id); m != meta_.end() && !m->second.on_disk) meta_.erase(m);  // gone for good
+  if (opt_.memory_account) opt_.memory_account->discharge(memory_bytes_);
   lru_.clear();
   index_.clear();
   memory_bytes_ = 0;

@@ -34,6 +34,12 @@
 //    The budgets cover the files this store knows: those found in the directory when it was
 //    opened, those it wrote and those it loaded. Files another process writes meanwhile are
 //    counted when this store first loads them.
+//  - A shared K/V budget (options.memory_account, serve/kv_budget.h): each memory-tier entry is
+//    charged to it before it is kept, and discharged when it leaves; a charge refused evicts
+//    (demotes) the policy's victim and is tried again, and with the tier empty the entry is not
+//    kept in memory (a get still returns it; its file is written through as always).
+//    release_memory(n) is the budget's give-back: the policy's victims demoted until n bytes are
+//    freed. Demotion leaves the file, so what was written through is never lost.
 //  - f_r is kept per key id while its entry exists in either tier; deleting an entry drops it.
 //    Under the cachecraft policy it is also saved to <dir>/fr-scores.json (atomically, on
 //    save_scores() and in the destructor) and read back when a store opens the directory, so
@@ -82,6 +88,7 @@
 #include "kv/cache_file.h"
 #include "kv/chunk_cache.h"
 #include "kv/entry_auth.h"
+#include "kv/kv_account.h"
 #include "kv/remote_tier.h"
 #include "kv/store_tier.h"
 
@@ -130,6 +137,9 @@ struct ChunkStoreOptions {
   double cfo_floor = 0.01;
   // The shared remote tier below disk (url set) or none.
   std::optional<RemoteTierOptions> remote;
+  // The shared K/V budget the memory tier's bytes are charged to (must outlive the store); null:
+  // memory_budget_bytes alone bounds it.
+  KvAccount* memory_account = nullptr;
 };
 
 struct ChunkStoreStats {
@@ -234,6 +244,9 @@ class ChunkStore {
   bool remove(const std::string& id);  // memory entry, file and <file>.corrupt; true if any existed
   size_t remove_all();                 // every entry, .corrupt, temp and score file; returns cache files removed
   void clear_memory();                 // drops the memory tier (files and f_r stay; not counted)
+  // Evicts memory-tier entries in the policy's order (demoted: their files stay) until `bytes`
+  // are freed or the tier is empty; returns the bytes freed (the shared K/V budget's give-back).
+  size_t release_memory(size_t bytes);
 
   std::vector<ChunkListEntry> list() const;  // cache files on disk, sorted by id
   VerifyReport verify() const;                // validates every file fully; changes nothing
@@ -274,6 +287,7 @@ class ChunkStore {
   // All below: mu_ held.
   void memory_insert_locked(const std::string& id, std::shared_ptr<const ChunkCache> c, bool prefetched);
   MemList::iterator memory_victim_locked();
+  size_t evict_one_locked();  // the policy's victim out of memory (a demotion when its file stays); its bytes
   void memory_erase_locked(MemList::iterator it);
   EntryMeta& meta_locked(const std::string& id);  // creates a fresh entry (f_r = 1)
   void touch_locked(const std::string& id);
