@@ -93,15 +93,31 @@ struct PrefixCache::Impl {
     return best;
   }
 
+  void evict(Node* leaf) {  // caller holds mu; leaf has no children
+    leaf->parent->children.erase(leaf->key);
+    --st.blocks;
+    st.bytes -= block_bytes;
+    ++st.evicted_blocks;
+    if (opt.account) opt.account->discharge(block_bytes);
+  }
+
   void evict_to_budget() {  // caller holds mu
     while (st.bytes > opt.budget_bytes) {
       Node* leaf = lru_leaf();
       if (!leaf) break;
-      leaf->parent->children.erase(leaf->key);
-      --st.blocks;
-      st.bytes -= block_bytes;
-      ++st.evicted_blocks;
+      evict(leaf);
     }
+  }
+
+  // One more block charged to the shared budget (caller holds mu), evicting least recently used
+  // leaves older than this insert (`now`: its clock, which its path carries) until it fits.
+  bool charge_block(uint64_t now) {
+    while (opt.account && !opt.account->try_charge(block_bytes)) {
+      Node* leaf = lru_leaf();
+      if (!leaf || leaf->last_used >= now) return false;
+      evict(leaf);
+    }
+    return true;
   }
 };
 
@@ -168,6 +184,7 @@ void PrefixCache::insert(std::span<const TokenId> tokens, const KvCache& cache) 
     auto key = m.block(tokens, b);
     Impl::Node* c = m.child(n, key);
     if (!c) {
+      if (!m.charge_block(m.clock)) break;  // no room under the shared budget: the prefix so far stays
       // Evicted since phase 1 (b < present): its K/V is still in `cache`, copy it now.
       auto kv = b >= present ? fresh[b - present] : m.copy_block(cache, b * bt);
       auto node = std::make_unique<Impl::Node>();
@@ -206,8 +223,22 @@ PrefixCacheStats PrefixCache::stats() const {
 void PrefixCache::clear() {
   std::lock_guard<std::mutex> lock(impl_->mu);
   impl_->root.children.clear();
+  if (impl_->opt.account) impl_->opt.account->discharge(impl_->st.bytes);
   impl_->st.blocks = 0;
   impl_->st.bytes = 0;
+}
+
+size_t PrefixCache::release(size_t bytes) {
+  Impl& m = *impl_;
+  std::lock_guard<std::mutex> lock(m.mu);
+  size_t freed = 0;
+  while (freed < bytes) {
+    Impl::Node* leaf = m.lru_leaf();
+    if (!leaf) break;
+    m.evict(leaf);
+    freed += m.block_bytes;
+  }
+  return freed;
 }
 
 }  // namespace cf

@@ -10,6 +10,10 @@
 // never older than its children). A block's K/V is immutable and shared: a lookup takes
 // references under the lock and copies outside it, so a block evicted meanwhile is freed
 // only when that copy ends (stats.bytes counts what the tree holds).
+// Under a shared K/V budget (options.account, serve/kv_budget.h) each block is charged before it
+// is linked in; a charge refused evicts the least recently used leaf not on the path being
+// inserted and is tried again, and with none left the insert stops there (the blocks before it
+// stay). release(n) is the budget's give-back: LRU leaves dropped until n bytes are freed.
 // Thread-safe: one mutex around the tree; several lookups and inserts may run at once.
 #pragma once
 #include <cstddef>
@@ -19,6 +23,7 @@
 #include <vector>
 
 #include "fusion/executor.h"
+#include "kv/kv_account.h"
 #include "runtime/kv_cache.h"
 
 namespace cf {
@@ -26,6 +31,7 @@ namespace cf {
 struct PrefixCacheOptions {
   size_t block_tokens = 16;                     // granularity of sharing (vLLM APC uses 16)
   size_t budget_bytes = size_t{256} << 20;      // K/V bytes held at most
+  KvAccount* account = nullptr;                 // the shared K/V budget's (outlives the cache); null: none
 };
 
 struct PrefixCacheStats {
@@ -53,6 +59,9 @@ class PrefixCache : public PrefixSource {
 
   PrefixCacheStats stats() const;
   void clear();
+  // Drops least recently used leaves until `bytes` are freed or the tree is empty; returns the
+  // bytes freed (KvBudget's give-back).
+  size_t release(size_t bytes);
 
  private:
   struct Impl;
