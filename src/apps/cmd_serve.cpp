@@ -189,9 +189,11 @@ void add_serve_command(CLI::App& app, CommandRunner& run) {
                   "without API keys, a Host name answered besides IP addresses and localhost (repeatable; '*' for "
                   "any): the guard against DNS rebinding");
   cmd->add_option("--cache-dir", a->engine.cache_dir, "chunk-cache store directory (default: <cache>/serve-store)");
-  cmd->add_option("--mem-budget", a->engine.chunk_memory_bytes, "memory tier of the chunk store, e.g. 512MiB, 1GiB")
+  cmd->add_option("--mem-budget", a->engine.chunk_memory_bytes,
+                  "memory tier of the chunk store at most, e.g. 512MiB, 1GiB; inside --kv-budget, whose requests "
+                  "it gives room back to (demoting to the disk tier)")
       ->transform(CLI::AsSizeValue(false))
-      ->capture_default_str();
+      ->default_str("all of --kv-budget (1GiB with --kv-budget 0)");
   cmd->add_option("--disk-budget", a->engine.chunk_disk_bytes,
                   "disk tier of the chunk store, e.g. 2GiB: past it, cache files are deleted, least valuable first "
                   "(0: unbounded)")
@@ -199,13 +201,18 @@ void add_serve_command(CLI::App& app, CommandRunner& run) {
       ->default_str("half the free space on the store's file system at start-up plus the store's own files, "
                     "16MiB to 10GiB");
   cmd->add_option("--kv-budget", a->engine.kv_budget_bytes,
-                  "K/V bytes the running requests may reserve together, prompt + max_tokens each, e.g. 4GiB: past "
-                  "it a request waits in the queue, one larger than all of it gets 413 (0: unbounded)")
+                  "K/V bytes for the running requests (prompt + max_tokens each, reserved) and the cached K/V "
+                  "(prefix cache, chunk store memory tier) together, e.g. 4GiB: the caches use what the requests "
+                  "leave free and give it back (evicting; the memory tier demotes to disk) to admit a request; "
+                  "past the requests' own reservations a request waits in the queue, one larger than all of it "
+                  "gets 413 (0: unbounded)")
       ->transform(CLI::AsSizeValue(false))
       ->default_str("a quarter of the machine's memory");
-  cmd->add_option("--prefix-cache-budget", a->engine.prefix_cache_bytes, "K/V bytes of the exact prefix cache")
+  cmd->add_option("--prefix-cache-budget", a->engine.prefix_cache_bytes,
+                  "K/V bytes of the exact prefix cache at most; inside --kv-budget, whose requests it gives room "
+                  "back to")
       ->transform(CLI::AsSizeValue(false))
-      ->capture_default_str();
+      ->default_str("all of --kv-budget (256MiB with --kv-budget 0)");
   cmd->add_option("--conversation-budget", a->engine.conversation_bytes,
                   "bytes of the kept conversation turns (fusion.conversation_id: texts and tokens), e.g. 512MiB; "
                   "past it the least recently used conversations are forgotten")

@@ -549,6 +549,11 @@ std::string prometheus_text(const EngineMetrics& m, const HttpCounters& h, bool 
     os << "chunkfuse_store_bytes{tier=\"memory\"} " << m.store_memory_bytes << '\n';
     os << "chunkfuse_store_bytes{tier=\"disk\"} " << m.store_disk_bytes << '\n';
     gauge("chunkfuse_prefix_cache_bytes", "K/V bytes held by the prefix cache.", static_cast<double>(m.prefix_cache_bytes));
+    gauge("chunkfuse_kv_cached_bytes", "Cached K/V under --kv-budget: prefix cache and chunk store memory tier.",
+          static_cast<double>(m.kv_cached_bytes));
+    counter("chunkfuse_kv_admission_evicted_bytes_total",
+            "Cached K/V bytes the caches gave back (evicted, the memory tier demoting to disk) to admit requests.",
+            m.kv_admission_evicted_bytes);
     gauge("chunkfuse_conversations_kept", "Conversations whose last turn is kept.", static_cast<double>(m.conversations));
     gauge("chunkfuse_conversation_bytes", "Accounted bytes of the kept conversation turns (--conversation-budget).",
           static_cast<double>(m.conversation_bytes));

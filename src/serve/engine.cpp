@@ -6,8 +6,6 @@
 // reports are serve/token_accounting.h's; registered chunks are serve/chunk_registry.h's.
 #include "serve/engine.h"
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
@@ -28,6 +26,7 @@
 #include "serve/craft.h"
 #include "serve/disk_budget.h"
 #include "serve/fusion_trace.h"
+#include "serve/kv_budget.h"
 #include "serve/passage_matching.h"
 #include "serve/prefix_cache.h"
 #include "serve/prompt_layout.h"
@@ -78,14 +77,6 @@ std::string model_name_of(const Model& model, const std::string& path) {
   return std::filesystem::path(path).stem().string();
 }
 
-// A quarter of the machine's memory (at least 256 MiB): the K/V of running requests beside
-// the model, the prefix cache and the chunk store's memory tier.
-size_t default_kv_budget() {
-  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGE_SIZE);
-  const size_t total = pages > 0 && page > 0 ? static_cast<size_t>(pages) * static_cast<size_t>(page) : 0;
-  return std::max(total / 4, size_t{256} << 20);
-}
-
 }  // namespace
 
 struct Engine::Impl {
@@ -103,8 +94,12 @@ struct Engine::Impl {
         model(Model::load(opt.model_path)),
         pool(opt.threads > 0 ? static_cast<size_t>(opt.threads) : 0),
         fwd(*model, pool),
+        kv_budget(resolve_kv_budgets(opt.kv_budget_bytes, opt.chunk_memory_bytes, opt.prefix_cache_bytes)),
         store(store_options()),
-        prefixes(model->hparams(), PrefixCacheOptions{16, opt.prefix_cache_bytes}),
+        prefixes(model->hparams(),
+                 PrefixCacheOptions{16, opt.prefix_cache_bytes,
+                                    &kv_budget.add_cache("prefix_cache",
+                                                         [this](size_t n) { return prefixes.release(n); })}),
         conversations(craft, 10000, opt.conversation_bytes),
         registry(opt.cache_dir + "/serve-chunks.json", [this](const std::string& text) { return chunk_of(text); },
                  opt.registry_budget_bytes),
@@ -123,8 +118,9 @@ struct Engine::Impl {
       throw std::runtime_error("unknown schedule \"" + opt.schedule + "\" (fifo, priority, shortest)");
     so.max_wait_ms = opt.max_wait_ms;
     so.itl_target_ms = opt.itl_target_ms;
-    if (opt.kv_budget_bytes == EngineOptions::kKvBudgetDefault) opt.kv_budget_bytes = default_kv_budget();
-    so.kv_budget_bytes = opt.kv_budget_bytes;
+    so.kv_budget = &kv_budget;
+    std::fprintf(stderr, "%s\n", kv_budget_line(opt.kv_budget_bytes, KvCache::bytes_per_entry(model->hparams()),
+                                                opt.chunk_memory_bytes, opt.prefix_cache_bytes).c_str());
     scheduler = std::make_unique<Scheduler>(fwd, so);
     self_check = std::make_unique<SelfCheck>(*scheduler, model->tokenizer(),
                                              SelfCheckOptions{opt.self_check_share, 8, opt.prefill_chunk, {}},
@@ -138,6 +134,7 @@ struct Engine::Impl {
     ChunkStoreOptions so;
     so.dir = opt.cache_dir;
     so.memory_budget_bytes = opt.chunk_memory_bytes;
+    so.memory_account = &kv_budget.add_cache("chunk_store", [this](size_t n) { return store.release_memory(n); });
     so.durable = false;  // atomic either way; a crash only costs recomputes
     so.model = StoreModel{model->fingerprint(), model->hparams()};
     if (!parse_eviction_policy(opt.chunk_eviction, so.eviction))
@@ -292,6 +289,7 @@ struct Engine::Impl {
   std::unique_ptr<Model> model;
   ThreadPool pool;
   Forward fwd;
+  KvBudget kv_budget;  // serve --kv-budget: the reservations and the two caches below (before them)
   ChunkStore store;
   PrefixCache prefixes;  // scheduler thread only
   UncachedPrefix uncached;
@@ -427,7 +425,9 @@ EngineMetrics Engine::metrics() const {
   m.prefill_pieces = impl_->scheduler->prefill_pieces();
   m.prefill_piece_rows = impl_->scheduler->last_piece_rows();
   m.kv_reserved_bytes = impl_->scheduler->kv_reserved_bytes();
-  m.kv_budget_bytes = impl_->scheduler->kv_budget_bytes();
+  m.kv_budget_bytes = impl_->kv_budget.budget_bytes();
+  m.kv_cached_bytes = impl_->kv_budget.cached_bytes();
+  m.kv_admission_evicted_bytes = impl_->kv_budget.admission_evicted_bytes();
   m.background_tasks = impl_->scheduler->idle_tasks_run();
   const ChunkStoreStats s = impl_->store.stats();
   m.store_memory_bytes = s.memory_bytes;

@@ -22,6 +22,7 @@
 #include "serve/busy_gate.h"
 #include "serve/conversation_memory.h"
 #include "serve/disk_budget.h"
+#include "serve/kv_budget.h"
 #include "serve/request.h"
 #include "serve/request_metrics.h"
 #include "serve/scheduler.h"
@@ -35,14 +36,17 @@ struct EngineOptions {
   std::string model_path;
   int threads = 0;                     // 0: all cores
   std::string cache_dir;               // chunk store directory; empty: <cache_root>/serve-store
-  size_t chunk_memory_bytes = size_t{1} << 30;
+  // The chunk store's memory tier at most (serve --mem-budget) and the prefix cache's
+  // (--prefix-cache-budget), both inside kv_budget_bytes; kKvBudgetDefault: all of the budget,
+  // or 1 GiB and 256 MiB with an unbounded budget (serve/kv_budget.h).
+  size_t chunk_memory_bytes = kKvBudgetDefault;
   std::string chunk_eviction = "cachecraft";  // memory-tier policy: lru | cachecraft (f_r, Cache-Craft §3.3)
   // Cache files past this many bytes are deleted; 0: unbounded; kDiskBudgetDefault: the default
   // for the store's file system, computed at start-up (serve/disk_budget.h) and kept here.
   size_t chunk_disk_bytes = kDiskBudgetDefault;
   size_t max_chunk_entries = 0;               // Cache-Craft's N x M entry budget; 0: unbounded
   std::string store_key_file;                 // HMAC key for cache entries (kv/entry_auth.h); empty: none
-  size_t prefix_cache_bytes = size_t{256} << 20;
+  size_t prefix_cache_bytes = kKvBudgetDefault;
   size_t conversation_bytes = kDefaultConversationBytes;  // kept conversation turns; 0: none kept
   size_t max_prompt_tokens = 0;        // 0: the model's context length
   size_t max_queue = 64;               // waiting requests; more gets 503
@@ -59,11 +63,13 @@ struct EngineOptions {
   // wait after which one goes first whatever the order (serve --max-wait-ms; issue 58 item 2).
   std::string schedule = "fifo";
   size_t max_wait_ms = 30000;
-  // K/V the running requests may reserve together, prompt + max_tokens each (serve --kv-budget;
-  // issue 58 item 3): past it a request waits in the queue. kKvBudgetDefault: a quarter of the
-  // machine's memory, resolved at start-up; 0: unbounded.
+  // One K/V budget (serve --kv-budget; issue 58 item 3, serve/kv_budget.h) for the running
+  // requests' reservations (prompt + max_tokens each) and the cached K/V (the prefix cache, the
+  // chunk store's memory tier). The caches use what the reservations leave free and give it back,
+  // in their eviction order, when a request needs it; only past the reservations does a
+  // request wait in the queue. kKvBudgetDefault: a quarter of the machine's memory, resolved at
+  // start-up; 0: unbounded.
   size_t kv_budget_bytes = kKvBudgetDefault;
-  static constexpr size_t kKvBudgetDefault = SIZE_MAX;
   size_t max_documents = 64;
   // Texts one POST /v1/chunks may register (serve --max-chunk-texts; each costs a prefill of
   // its own, issue 59): more is 413 before any is tokenized.

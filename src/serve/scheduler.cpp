@@ -26,6 +26,8 @@ RequestError client_gone_error() {
 Scheduler::Scheduler(Forward& fwd, SchedulerOptions opt)
     : fwd_(fwd), opt_(opt), pieces_(opt.itl_target_ms, std::min(opt.prefill_chunk, Forward::kMaxPassRows)) {
   if (opt_.max_batch == 0) opt_.max_batch = 1;
+  if (!opt_.kv_budget) own_budget_ = std::make_unique<KvBudget>(opt_.kv_budget_bytes);
+  budget_ = opt_.kv_budget ? opt_.kv_budget : own_budget_.get();
   fwd_.set_pass_split({opt_.prefill_chunk, [this] { between_passes(); }, [this](std::span<const int32_t> p) { return next_piece_rows(p); }});
   thread_ = std::thread([this] { loop(); });
 }
@@ -42,10 +44,11 @@ Scheduler::~Scheduler() {
 
 void Scheduler::submit(SchedulerJob& job) {
   job.arrival = SchedulerJob::Clock::now();
-  if (opt_.kv_budget_bytes && job.kv_bytes > opt_.kv_budget_bytes)
+  const size_t budget = budget_->budget_bytes();
+  if (budget && job.kv_bytes > budget)
     throw RequestError(413, "invalid_request_error",
                        "the request needs " + std::to_string(job.kv_bytes >> 20) + " MiB of K/V (prompt + max_tokens), " +
-                           "more than this server's " + std::to_string(opt_.kv_budget_bytes >> 20) +
+                           "more than this server's " + std::to_string(budget >> 20) +
                            " MiB (serve --kv-budget); ask for fewer max_tokens or send a shorter prompt",
                        "max_tokens");
   {
@@ -115,11 +118,6 @@ size_t Scheduler::queue_length() const {
   return waiting_.size();
 }
 
-size_t Scheduler::kv_reserved_bytes() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return kv_reserved_;
-}
-
 size_t Scheduler::running() const {
   std::lock_guard<std::mutex> lock(mu_);
   return n_running_;
@@ -174,13 +172,14 @@ void Scheduler::loop() {
       tasks.swap(tasks_);
       if (running_.size() < opt_.max_batch && !waiting_.empty()) {
         auto it = next_waiting();
-        // Without room for its K/V it keeps its place until a running job finishes (with
-        // nothing running every job fits: submit refused the ones larger than the budget).
-        if (!opt_.kv_budget_bytes || kv_reserved_ + (*it)->kv_bytes <= opt_.kv_budget_bytes || running_.empty()) {
+        // Room for its K/V beside the running jobs' reservations, the caches giving back what
+        // it needs (serve/kv_budget.h); else it keeps its place until a running job finishes
+        // (with nothing running every job fits: submit refused the ones larger than the budget,
+        // and the caches can give back all they hold).
+        if (budget_->try_reserve((*it)->kv_bytes)) {
           next = *it;
           waiting_.erase(it);
           next->kv_reserved = true;
-          kv_reserved_ += next->kv_bytes;
         }
       }
       // No request waits: background work delays only the running requests' next decode
@@ -368,7 +367,7 @@ void Scheduler::finish(SchedulerJob& job) {
     }
   }
   std::lock_guard<std::mutex> lock(mu_);
-  if (job.kv_reserved) kv_reserved_ -= job.kv_bytes;
+  if (job.kv_reserved) budget_->release(job.kv_bytes);
   job.kv_reserved = false;
   job.done = true;
   done_cv_.notify_all();
@@ -379,6 +378,8 @@ void Scheduler::fail_all(std::exception_ptr e) {
   for (SchedulerJob* j : running_) {
     j->error = e;
     j->done = true;
+    if (j->kv_reserved) budget_->release(j->kv_bytes);
+    j->kv_reserved = false;
   }
   for (SchedulerJob* j : waiting_) {
     j->error = e;
@@ -392,7 +393,6 @@ void Scheduler::fail_all(std::exception_ptr e) {
   waiting_.clear();
   tasks_.clear();
   n_running_ = 0;
-  kv_reserved_ = 0;
   done_cv_.notify_all();
 }
 

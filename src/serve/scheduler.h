@@ -21,12 +21,14 @@
 // requests are ~5x cheaper than full ones); ties in arrival order. No job starves: one that has
 // waited `max_wait_ms` goes before every younger one, whatever the order.
 //
-// KV memory in bytes (issue 58 item 3, in part): with a budget, a job is admitted to prefill only
-// when its reservation (SchedulerJob::kv_bytes: prompt + max_tokens of K/V) fits beside those of
-// the running jobs; otherwise it keeps its place in the queue until one finishes. A job larger
-// than the whole budget is refused at submit (413). Deviation from the issue: the prefix cache and
-// the chunk store keep budgets of their own, and a running job is never preempted (its
-// reservation already covers its growth).
+// KV memory in bytes (issue 58 item 3): one budget (serve/kv_budget.h) covers the running jobs'
+// reservations (SchedulerJob::kv_bytes: prompt + max_tokens of K/V, held from admission to the
+// end) and the cached K/V of the prefix cache and the chunk store's memory tier. A job is
+// admitted to prefill when its reservation fits beside the running jobs' ones; the caches are
+// evictable and give back what it needs first (counted in KvBudget::admission_evicted_bytes).
+// When the reservations alone leave too little it keeps its place in the queue until one
+// finishes. A job larger than the whole budget is refused at submit (413). A running job is never
+// preempted, for a cache or another job: its reservation already covers its growth.
 //
 // Cancellation (issue 58 item 4): a waiter whose client is gone sets the job's `cancel`; a
 // waiting job then leaves the queue unprefilled, a prefilling one stops at its next piece and
@@ -48,6 +50,7 @@
 
 #include "runtime/forward.h"
 #include "runtime/generate.h"
+#include "serve/kv_budget.h"
 #include "serve/piece_sizer.h"
 #include "serve/request.h"
 
@@ -102,6 +105,9 @@ struct SchedulerOptions {
   SchedulerOrder order = SchedulerOrder::fifo;
   size_t max_wait_ms = 30000;  // the age bound of a non-FIFO order
   size_t kv_budget_bytes = 0;  // K/V the admitted jobs may reserve together; 0: unbounded
+  // The budget shared with the caches (serve/kv_budget.h), which must outlive the scheduler;
+  // null: the scheduler's own of kv_budget_bytes, with no cache under it.
+  KvBudget* kv_budget = nullptr;
 };
 
 // What a cancelled job fails with (499, nginx's "client closed request"; nobody reads it).
@@ -149,8 +155,9 @@ class Scheduler {
   uint64_t prefill_pieces() const { return prefill_pieces_.load(); }  // pauses of a split pass
   size_t last_piece_rows() const { return last_piece_rows_.load(); }  // rows of the latest piece asked for
   uint64_t cancelled_jobs() const { return cancelled_jobs_.load(); }  // left because cancel was set
-  size_t kv_reserved_bytes() const;  // of the jobs prefilling or decoding
-  size_t kv_budget_bytes() const { return opt_.kv_budget_bytes; }
+  size_t kv_reserved_bytes() const { return budget_->reserved_bytes(); }  // of the jobs prefilling or decoding
+  size_t kv_budget_bytes() const { return budget_->budget_bytes(); }
+  const KvBudget& kv_budget() const { return *budget_; }
 
  private:
   void loop();
@@ -188,7 +195,8 @@ class Scheduler {
   SchedulerJob::Clock::time_point last_token_at_;  // the running requests' latest token (scheduler thread)
   std::atomic<size_t> last_piece_rows_{0};
   size_t n_running_ = 0;                // guarded by mu_
-  size_t kv_reserved_ = 0;              // guarded by mu_
+  std::unique_ptr<KvBudget> own_budget_;  // when SchedulerOptions::kv_budget is null
+  KvBudget* budget_ = nullptr;            // reservations: taken and released under mu_
   bool stopping_ = false;
   std::atomic<uint64_t> decode_steps_{0}, decode_rows_{0}, prefill_pieces_{0}, cancelled_jobs_{0};
   std::thread thread_;

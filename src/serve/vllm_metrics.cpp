@@ -37,8 +37,11 @@ std::string vllm_metrics_text(const EngineMetrics& m, const std::string& model_n
   series("vllm:num_requests_running", "gauge", "Requests prefilling or decoding.", static_cast<double>(m.running));
   series("vllm:num_requests_waiting", "gauge", "Requests waiting to be scheduled.", static_cast<double>(m.queue_length));
   series("vllm:kv_cache_usage_perc", "gauge",
-         "Share of the K/V budget (serve --kv-budget) reserved by running requests (0 without a budget).",
-         m.kv_budget_bytes ? static_cast<double>(m.kv_reserved_bytes) / static_cast<double>(m.kv_budget_bytes) : 0.0);
+         "Share of the K/V budget (serve --kv-budget) in use: running requests' reservations plus the cached K/V "
+         "(prefix cache, chunk store memory tier; reservations alone under --isolate-keys); 0 without a budget.",
+         m.kv_budget_bytes ? static_cast<double>(m.kv_reserved_bytes + (cache_use ? m.kv_cached_bytes : 0)) /
+                                 static_cast<double>(m.kv_budget_bytes)
+                           : 0.0);
   series("vllm:prompt_tokens_total", "counter", "Prompt tokens of answered requests.", static_cast<double>(m.prompt_tokens));
   series("vllm:generation_tokens_total", "counter", "Generated tokens.", static_cast<double>(m.completion_tokens));
   if (cache_use) {

@@ -11,8 +11,11 @@
 //                                          hits and stored chunks' tokens not recomputed
 //                                          (usage.prompt_tokens_details.cached_tokens summed)
 //   vllm:time_to_first_token_seconds       the TTFT histogram, queueing included
-// Not yet: vllm:kv_cache_usage_perc (no KV budget in bytes yet) and
-// vllm:inter_token_latency_seconds (decode steps are not timed per request yet).
+//   vllm:inter_token_latency_seconds       the gaps between a request's tokens
+//   vllm:kv_cache_usage_perc               (reservations + cached K/V) / serve --kv-budget
+//                                          (serve/kv_budget.h; 0 without a budget; under
+//                                          --isolate-keys the reservations alone, as the cache
+//                                          series are left out)
 #pragma once
 #include <string>
 

@@ -12,6 +12,7 @@
 
 #include "../runtime/model_fixture.h"
 #include "runtime/forward.h"
+#include "serve/kv_budget.h"
 
 namespace cf {
 namespace {
@@ -300,6 +301,58 @@ TEST(Scheduler, AJobWaitsForRoomInTheKvBudget) {
     EXPECT_EQ(e.status, 413);
     EXPECT_EQ(e.param, "max_tokens");
   }
+}
+
+// One budget with the caches (serve/kv_budget.h): a cache holds most of it; a job that fits only
+// once the cache gives back is admitted (not left waiting), the cache holding less after; while
+// it runs, the cache cannot take its reserved room back.
+TEST(Scheduler, AJobIsAdmittedOnceTheCachesGiveBackItsRoom) {
+  CF_REQUIRE_MODEL();
+  KvBudget budget(1000);
+  size_t cache_held = 0;
+  KvAccount* account = nullptr;
+  account = &budget.add_cache("fake", [&](size_t n) {
+    const size_t freed = std::min(n, cache_held);
+    cache_held -= freed;
+    account->discharge(freed);
+    return freed;
+  });
+  ASSERT_TRUE(account->try_charge(800));
+  cache_held = 800;
+  Forward fwd(shared_model(), shared_pool());
+  SchedulerOptions so{8, 8, 16};
+  so.kv_budget = &budget;
+  Scheduler sched(fwd, so);
+  EXPECT_EQ(sched.kv_budget_bytes(), 1000u);
+  SchedulerJob job;
+  plain_job(job, prompt_tokens(12), 8);
+  job.kv_bytes = 600;
+  bool charged_while_running = false;
+  size_t reserved_while_running = 0;
+  job.generate.on_text = [&](std::string_view) {
+    if (account->try_charge(1)) {  // the room left is the running job's: a cache gets none of it
+      charged_while_running = true;
+      account->discharge(1);
+    }
+    reserved_while_running = sched.kv_reserved_bytes();
+    return true;
+  };
+  sched.submit(job);
+  auto waited = std::async(std::launch::async, [&] { sched.wait(job); });
+  if (waited.wait_for(std::chrono::seconds(60)) != std::future_status::ready) {
+    job.cancel = true;  // still queued: let it go, so that the test ends
+    ADD_FAILURE() << "the job was never admitted";
+  }
+  try {
+    waited.get();
+  } catch (const RequestError& e) {
+    ADD_FAILURE() << "the job failed with " << e.status;
+  }
+  EXPECT_EQ(reserved_while_running, 600u);
+  EXPECT_FALSE(charged_while_running);  // the 400 left free were the cache's at most
+  EXPECT_LE(cache_held, 400u);
+  EXPECT_EQ(budget.admission_evicted_bytes(), 800u - cache_held);
+  EXPECT_EQ(sched.kv_reserved_bytes(), 0u);
 }
 
 }  // namespace

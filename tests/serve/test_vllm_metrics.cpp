@@ -48,5 +48,18 @@ TEST(VllmMetrics, IsolatedKeysHideCacheUseAndLabelsAreEscaped) {
   EXPECT_TRUE(has(t, "vllm:num_requests_running{model_name=\"a\\\"b\\\\c\\nd\"} 3")) << t;
 }
 
+// One K/V budget (serve/kv_budget.h): the share in use is the reservations plus the cached K/V;
+// under --isolate-keys, whose cache series are left out, the reservations alone.
+TEST(VllmMetrics, KvCacheUsageCountsReservationsAndCachedKv) {
+  EngineMetrics m = sample();
+  m.kv_budget_bytes = 1000;
+  m.kv_reserved_bytes = 300;
+  m.kv_cached_bytes = 450;
+  EXPECT_TRUE(has(vllm_metrics_text(m, "qwen", true), "vllm:kv_cache_usage_perc{model_name=\"qwen\"} 0.75"));
+  EXPECT_TRUE(has(vllm_metrics_text(m, "qwen", false), "vllm:kv_cache_usage_perc{model_name=\"qwen\"} 0.3"));
+  m.kv_budget_bytes = 0;  // unbounded
+  EXPECT_TRUE(has(vllm_metrics_text(m, "qwen", true), "vllm:kv_cache_usage_perc{model_name=\"qwen\"} 0"));
+}
+
 }  // namespace
 }  // namespace cf
