@@ -3,7 +3,7 @@
 // a job that does not fit beside the caches is admitted once they give back, the caches then
 // holding fewer bytes (the store demoting, its files kept); reservations + cached bytes never
 // exceed the budget through a sequence of admissions, releases and cache inserts; a running
-// job's reservation is never reduced for a cache.
+// job's reservation is never reduced for a cache; an entry a prefill holds stays whole when evicted.
 #include "serve/kv_budget.h"
 
 #include <gtest/gtest.h>
@@ -72,6 +72,10 @@ TEST(KvBudget, AJobThatDoesNotFitBesideTheCachesIsAdmittedOnceTheyGiveBack) {
   ASSERT_GT(c.store->stats().memory_bytes, c.prefixes->stats().bytes);
   ASSERT_GT(held_before, budget / 2);
 
+  // A prefill holding chunk caches while they are evicted: its copies stay whole (the store hands
+  // out immutable entries by shared_ptr; eviction drops the store's reference only).
+  std::vector<std::shared_ptr<const ChunkCache>> in_use;
+  for (const ChunkKey& k : chunks) in_use.push_back(c.store->get(k));
   const size_t running = 10 * prefix_block_bytes();
   ASSERT_TRUE(c.budget.try_reserve(running));  // fits in what the caches leave free
   ASSERT_EQ(c.budget.admission_evicted_bytes(), 0u);
@@ -88,9 +92,12 @@ TEST(KvBudget, AJobThatDoesNotFitBesideTheCachesIsAdmittedOnceTheyGiveBack) {
   const ChunkStoreStats st = c.store->stats();
   EXPECT_GT(st.demotions, 0u);
   EXPECT_EQ(st.evictions_disk, 0u);
-  for (const ChunkKey& k : chunks) {
-    EXPECT_TRUE(c.store->contains(k));
-    EXPECT_NE(c.store->get(k), nullptr) << k.id();
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    const ChunkCache expected = synthetic_cache(chunks[i], tiny_hparams());
+    ASSERT_NE(in_use[i], nullptr);
+    EXPECT_EQ(test::max_kv_diff(in_use[i]->kv, expected.kv), 0.f) << "a held entry changed under eviction";
+    EXPECT_TRUE(c.store->contains(chunks[i]));
+    EXPECT_NE(c.store->get(chunks[i]), nullptr) << chunks[i].id();
   }
   EXPECT_LE(c.budget.reserved_bytes() + c.held(), budget);  // the reloads took free room only
 }
