@@ -95,8 +95,9 @@ struct SchedulerOptions {
   size_t max_queue = 64;  // waiting jobs; submit() refuses more
   size_t max_batch = 8;   // jobs decoding together
   // Rows of a prefill between two decode steps of the running requests (0: whole prefills).
-  // The default is measured (BENCHMARKS.md "Serving under load"): TTFT against inter-token
-  // latency on 2 cores.
+  // The default is measured (docs/benchmarks-history.md, "Prefill pieces sized by an
+  // inter-token-latency target": fixed pieces, TTFT against inter-token latency on 2 cores); with
+  // nobody decoding a piece takes all of it, beside streaming answers itl_target_ms sizes it.
   size_t prefill_chunk = kDefaultPrefillChunk;
   static constexpr size_t kDefaultPrefillChunk = 256;
   // The gap between two tokens of a running answer that a prefill piece is sized for
