@@ -238,8 +238,9 @@ void add_serve_command(CLI::App& app, CommandRunner& run) {
       ->capture_default_str();
   cmd->add_option("--itl-target-ms", a->itl_target,
                   "while answers are streaming, size each prefill piece so that the gap between two of their "
-                  "tokens stays near this many ms (at most --prefill-chunk rows, at least 16); auto: 3x the time "
-                  "of a decode step; 0: every piece takes --prefill-chunk rows")
+                  "tokens stays near this many ms (at most --prefill-chunk rows, at least 16); auto: 3x the decode "
+                  "step of the batch the requests in the server would form with no prefill arriving; 0: every "
+                  "piece takes --prefill-chunk rows")
       ->capture_default_str();
   cmd->add_option("--schedule", a->engine.schedule,
                   "which waiting request prefills next: fifo (arrival), priority (a request's \"priority\", "
