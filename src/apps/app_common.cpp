@@ -1,5 +1,6 @@
 #include "apps/app_common.h"
 
+#include <cmath>
 #include <chrono>
 #include <cstdio>
 #include <algorithm>
@@ -64,6 +65,23 @@ std::vector<double> parse_ratio_list(const std::string& s, const std::string& op
     if (used != item.size() || !(r >= 0.0 && r <= 1.0))
       throw std::runtime_error(option + ": '" + item + "' is not a number in [0, 1]");
     out.push_back(r);
+  }
+  return out;
+}
+
+std::vector<double> parse_ms_list(const std::string& s, const std::string& option) {
+  std::vector<double> out;
+  for (const auto& item : split_list(s)) {
+    size_t used = 0;
+    double v = 0;
+    try {
+      v = std::stod(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used != item.size() || !(v > 0.0 && std::isfinite(v)))
+      throw std::runtime_error(option + ": '" + item + "' is not a number of milliseconds > 0");
+    out.push_back(v);
   }
   return out;
 }

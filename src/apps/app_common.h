@@ -57,6 +57,8 @@ std::unique_ptr<Model> load_model(const ModelOptions& opt, bool quiet = false);
 std::vector<std::string> split_list(const std::string& s);
 // Comma-separated ratios in [0, 1]; `option` names the flag in the error.
 std::vector<double> parse_ratio_list(const std::string& s, const std::string& option = "--ratios");
+// "500,1200" -> {500, 1200}; each a finite number > 0 (milliseconds), else a runtime_error naming `option`.
+std::vector<double> parse_ms_list(const std::string& s, const std::string& option);
 // Comma-separated chunk contexts (alone, prefixed), duplicates dropped, at least one.
 std::vector<ChunkContext> parse_chunk_context_list(const std::string& s, const std::string& option);
 

@@ -26,6 +26,7 @@ struct BenchArgs {
   std::string methods = "full,reuse,epic,cacheblend";
   std::string ratios = "0,0.05,0.15,0.3,1";
   std::string qualities;
+  std::string ttft_budgets;  // ms
   size_t limit = 0;
   size_t from = 0;
   std::string shard;  // "K/N"
@@ -82,6 +83,7 @@ void record_command(const BenchArgs& a) {
   if (!a.data_dir.empty()) c << " --data-dir " << a.data_dir;
   c << " --methods " << a.methods << " --ratios " << a.ratios;
   if (!a.qualities.empty()) c << " --qualities " << a.qualities;
+  if (!a.ttft_budgets.empty()) c << " --ttft-budgets " << a.ttft_budgets;
   if (a.from) c << " --from " << a.from;
   if (a.limit) c << " --limit " << a.limit;
   if (!a.shard.empty()) c << " --shard " << a.shard;
@@ -110,6 +112,7 @@ int run_bench(const BenchArgs& a) {
   cfg.methods = split_list(a.methods);
   cfg.ratios = parse_ratio_list(a.ratios);
   cfg.qualities = parse_ratio_list(a.qualities, "--qualities");
+  cfg.ttft_budgets = parse_ms_list(a.ttft_budgets, "--ttft-budgets");
   if (!a.method_presets.empty()) {
     std::string text = a.method_presets;
     if (std::filesystem::exists(text)) {  // a file, else inline JSON
@@ -138,7 +141,7 @@ int run_bench(const BenchArgs& a) {
   cfg.chunks_per_request = a.chunks;
   try {
     eval::check_method_presets(cfg.method_presets);
-    eval::expand_runs(cfg.methods, cfg.ratios, cfg.method_presets, cfg.qualities);  // reject bad methods before loading anything
+    eval::expand_runs(cfg.methods, cfg.ratios, cfg.method_presets, cfg.qualities, cfg.ttft_budgets);  // reject bad methods before loading anything
     if (!cfg.jaccard_reference.empty()) eval::expand_runs({cfg.jaccard_reference}, {0.5}, cfg.method_presets);
   } catch (const std::invalid_argument& e) {
     throw std::runtime_error(e.what());
@@ -229,7 +232,7 @@ void add_bench_command(CLI::App& app, CommandRunner& run) {
       ->required();
   cmd->add_option("--data-dir", a->data_dir, "folder of the named datasets (default: ../shared/datasets beside the "
                                              "repository, or $CHUNKFUSE_DATA_DIR)");
-  cmd->add_option("--methods", a->methods, "comma-separated methods (full, reuse, the selectors, and auto with --qualities)")
+  cmd->add_option("--methods", a->methods, "comma-separated methods (full, reuse, the selectors, and auto with --qualities and/or --ttft-budgets)")
       ->capture_default_str();
   cmd->add_option("--ratios", a->ratios, "comma-separated recompute ratios (full and reuse run once)")
       ->capture_default_str();
@@ -237,6 +240,11 @@ void add_bench_command(CLI::App& app, CommandRunner& run) {
                   "comma-separated quality targets of method auto (the share of answers identical to full "
                   "prefill's; it picks method and ratio per request): one run per target, its rows' ratio column "
                   "holds the target, the choice is in their \"auto\" field");
+  cmd->add_option("--ttft-budgets", a->ttft_budgets,
+                  "comma-separated first-token budgets in ms of method auto (fusion.ttft_ms alone: the best "
+                  "plan this machine's cost model says fits): one run per budget, its rows' ratio column and "
+                  "\"ttft_budget_ms\" hold the budget, the choice and the predicted and actual TTFT are in "
+                  "their \"auto\" field");
   cmd->add_option("--limit", a->limit, "first N examples only (0: all)")->capture_default_str();
   cmd->add_option("--from", a->from,
                   "start at example N (0-based), skipping the first N: with --limit M runs examples N..M-1, to "

@@ -23,6 +23,7 @@
 #include "eval/reference_cache.h"
 #include "fusion/auto_quality.h"
 #include "fusion/executor.h"
+#include "fusion/fusion_options.h"
 #include "fusion/fusionrag_enrich.h"
 #include "fusion/methods.h"
 #include "kv/chunk_store.h"
@@ -120,25 +121,38 @@ double jaccard(const std::vector<size_t>& a, const std::vector<size_t>& b) {
 }
 
 std::vector<BenchRun> expand_runs(const std::vector<std::string>& methods, const std::vector<double>& ratios,
-                                  const nlohmann::json& method_presets, const std::vector<double>& qualities) {
+                                  const nlohmann::json& method_presets, const std::vector<double>& qualities,
+                                  const std::vector<double>& ttft_budgets) {
   std::vector<BenchRun> runs;
   std::set<std::string> seen;
+  // One run of auto per distinct value, each judged by the request's own rule
+  // (validate_fusion_options) and refused under the bench's option name.
+  const auto add_targets = [&runs](const std::string& m, const std::vector<double>& values, const char* option,
+                                   bool budget) {
+    std::set<std::string> seen_values;
+    for (double v : values) {
+      FusionOptions fo;
+      fo.method = m;
+      (budget ? fo.ttft_ms : fo.quality) = v;
+      try {
+        if (!budget) autoq::check_quality(v);
+        validate_fusion_options(fo, OptionsSource::trusted);
+      } catch (const std::invalid_argument& e) {
+        throw std::invalid_argument(std::string(option) + " " + ratio_text(v) + ": " + e.what());
+      }
+      if (seen_values.insert(ratio_text(v)).second) runs.push_back({m, v, budget});
+    }
+  };
   for (const auto& m : methods) {
     if (!seen.insert(m).second) continue;
     const MethodEntry* entry = find_method(m);
     if (entry && !entry->takes_ratio()) {
       runs.push_back({m, entry->fixed_ratio});
     } else if (entry && entry->kind == MethodKind::automatic) {
-      if (qualities.empty()) throw std::invalid_argument("method 'auto' needs at least one --qualities value");
-      std::set<std::string> seen_q;
-      for (double q : qualities) {
-        try {
-          autoq::check_quality(q);  // the request's own rule, named as the bench's option
-        } catch (const std::invalid_argument& e) {
-          throw std::invalid_argument("--qualities " + ratio_text(q) + ": " + e.what());
-        }
-        if (seen_q.insert(ratio_text(q)).second) runs.push_back({m, q});
-      }
+      if (qualities.empty() && ttft_budgets.empty())
+        throw std::invalid_argument("method 'auto' needs at least one --qualities or --ttft-budgets value");
+      add_targets(m, qualities, "--qualities", false);
+      add_targets(m, ttft_budgets, "--ttft-budgets", true);
     } else {
       if (!entry && !(method_presets.is_object() && method_presets.contains(m))) {
         std::string names = known_methods_text();
@@ -159,9 +173,10 @@ std::vector<BenchRun> expand_runs(const std::vector<std::string>& methods, const
 }
 
 std::string row_key(const std::string& dataset, uint64_t model_fingerprint, const std::string& example_id,
-                    const std::string& method, double ratio, ChunkContext chunk_context) {
+                    const std::string& method, double ratio, ChunkContext chunk_context, bool ttft_budget) {
   return dataset + "\x1f" + fingerprint_hex(model_fingerprint) + "\x1f" + example_id + "\x1f" + method + "\x1f" +
-         ratio_text(ratio) + (chunk_context == ChunkContext::prefixed && !is_full_prefill(method) ? "\x1fprefixed" : "");
+         ratio_text(ratio) + (chunk_context == ChunkContext::prefixed && !is_full_prefill(method) ? "\x1fprefixed" : "") +
+         (ttft_budget ? "\x1fttft_ms" : "");
 }
 
 std::string dataset_label(const std::string& dataset_name, size_t chunk_tokens, size_t chunks_per_request) {
@@ -211,7 +226,7 @@ std::vector<BenchRun> planned_runs(const BenchConfig& cfg) {
   if (cfg.chunk_contexts.empty()) throw std::invalid_argument("bench: no chunk context to run");
   std::vector<BenchRun> runs;
   for (size_t v = 0; v < cfg.chunk_contexts.size(); ++v)
-    for (BenchRun r : expand_runs(cfg.methods, cfg.ratios, cfg.method_presets, cfg.qualities)) {
+    for (BenchRun r : expand_runs(cfg.methods, cfg.ratios, cfg.method_presets, cfg.qualities, cfg.ttft_budgets)) {
       if (is_full_prefill(r.method) && v > 0) continue;
       r.chunk_context = is_full_prefill(r.method) ? ChunkContext::alone : cfg.chunk_contexts[v];
       runs.push_back(r);
@@ -265,7 +280,8 @@ std::set<std::string> rows_present(const std::string& results_path, const std::s
     // "chunk_context"; rows written before issue 25 name it "chunk_variant".
     parse_chunk_context(row.value("chunk_context", row.value("chunk_variant", "alone")), chunk_context);
     done.insert(row_key(row["dataset"].get<std::string>(), row_fp, row["example"].get<std::string>(),
-                        row["method"].get<std::string>(), row["ratio"].get<double>(), chunk_context));
+                        row["method"].get<std::string>(), row["ratio"].get<double>(), chunk_context,
+                        row.contains("ttft_budget_ms")));
   }
   return done;
 }
@@ -473,7 +489,7 @@ json result_row(const BenchConfig& cfg, const ExampleContext& x, const BenchRun&
     row["method_options"] = options;
   }
   if (is_auto_policy(base)) {
-    row["quality"] = run.ratio;
+    row[run.ttft_budget ? "ttft_budget_ms" : "quality"] = run.ratio;
     row["auto"] = r.auto_decision;
   }
   if (jac) {
@@ -515,7 +531,7 @@ BenchSummary BenchRunner::run(const Dataset& dataset) {
   size_t total_units = 0;
   for (size_t e : examples) {
     for (const auto& r : runs) {
-      if (done.count(row_key(label, fp, dataset.examples[e].id, r.method, r.ratio, r.chunk_context)))
+      if (done.count(row_key(label, fp, dataset.examples[e].id, r.method, r.ratio, r.chunk_context, r.ttft_budget)))
         ++sum.rows_already_present;
       else
         todo[e].push_back(r);
@@ -601,7 +617,7 @@ BenchSummary BenchRunner::run(const Dataset& dataset) {
                           [&](const BenchRun& r) { return r.method == cfg_.jaccard_reference; });
     std::map<std::string, std::vector<size_t>> reference_slots;  // by ratio text and chunk context
     for (const BenchRun& run : todo[e]) {
-      progress.update(units, ex.id + " " + run.method + "@" + ratio_text(run.ratio) +
+      progress.update(units, ex.id + " " + run.method + "@" + ratio_text(run.ratio) + (run.ttft_budget ? "ms" : "") +
                                  (run.chunk_context == ChunkContext::prefixed ? " prefixed" : ""));
       std::optional<FusionResult> own;
       DecodedAnswer dec = full_dec;
@@ -611,7 +627,8 @@ BenchSummary BenchRunner::run(const Dataset& dataset) {
       if (!is_full_prefill(run.method)) {
         options = options_of(cfg_, run.method, base);
         FusionOptions fo{base, run.ratio, x.seed, options, run.chunk_context};
-        if (is_auto_policy(base)) fo.quality = run.ratio;  // the target; the policy picks the ratio
+        if (is_auto_policy(base))  // the target or the budget; the policy picks the ratio
+          (run.ttft_budget ? fo.ttft_ms : fo.quality) = run.ratio;
         own.emplace(enriches_from_corpus(base) ? fusionrag_prefill(executor, fwd_, store, req, fusionrag_kb, fo, offline, ex.id)
                                         : executor.prefill(req, fo));
         dec = decode_answer(fwd_, *own, prompt, cfg_.max_tokens);

@@ -43,6 +43,7 @@ struct BenchConfig {
   std::vector<std::string> methods;  // "full" and/or selector names
   std::vector<double> ratios;        // for the methods other than full and reuse
   std::vector<double> qualities;     // for "auto": its quality targets (expand_runs)
+  std::vector<double> ttft_budgets;  // for "auto": its first-token budgets in ms (expand_runs)
   size_t limit = 0;                  // first N examples; 0: all
   size_t first_example = 0;          // of those, start at this index (extends a run to more examples)
   size_t shard_index = 0, shard_count = 1;  // of those, only the indices = shard_index mod shard_count
@@ -94,17 +95,21 @@ nlohmann::json bench_default_method_options(const std::string& method);
 struct BenchRun {
   std::string method;
   double ratio = 0;
+  bool ttft_budget = false;  // auto only: ratio holds a first-token budget in ms, not a quality target
   ChunkContext chunk_context = ChunkContext::alone;  // set by the runner per configured chunk context
 };
 // full -> (full, 1) and reuse -> (reuse, 0) once; every other method once per ratio.
 // Throws std::invalid_argument on an unknown method, a ratio outside [0, 1], or an empty plan.
 // Names in `method_presets` are accepted as methods too (see BenchConfig::method_presets).
-// "auto" (fusion/auto_quality.h) runs once per quality target in `qualities`, each in (0, 1];
-// its BenchRun::ratio and its rows' "ratio" hold the target (the key of a row), the ratio it
-// chose is in the row's "auto".
+// "auto" (fusion/auto_quality.h) runs once per quality target in `qualities`, each in (0, 1],
+// then once per first-token budget in `ttft_budgets` (ms, > 0; fusion.ttft_ms alone, issue 60):
+// its BenchRun::ratio and its rows' "ratio" hold the target or the budget (the key of a row,
+// with BenchRun::ttft_budget telling them apart; rows say "quality" or "ttft_budget_ms"), the
+// ratio it chose is in the row's "auto". It needs at least one of the two.
 std::vector<BenchRun> expand_runs(const std::vector<std::string>& methods, const std::vector<double>& ratios,
                                   const nlohmann::json& method_presets = nlohmann::json::object(),
-                                  const std::vector<double>& qualities = {});
+                                  const std::vector<double>& qualities = {},
+                                  const std::vector<double>& ttft_budgets = {});
 // Checks a method presets object ({name: {"method": selector, "options": {...}}}); throws
 // std::invalid_argument naming the bad entry (unknown method, bad option: the selector's own
 // configure() judges them).
@@ -132,9 +137,11 @@ std::vector<nlohmann::json> read_results(const std::string& path);
 // (the token limit cut it, or the model emitted a lone byte token); such bytes are written as
 // U+FFFD instead of failing the run. The metrics were computed on the raw bytes before.
 std::string results_line(const nlohmann::json& row);
-// Rows of alone runs (and full) keep the key they had before chunk contexts existed.
+// Rows of alone runs (and full) keep the key they had before chunk contexts existed; auto's
+// budget rows (ttft_budget) are keyed apart from its quality rows of the same number.
 std::string row_key(const std::string& dataset, uint64_t model_fingerprint, const std::string& example_id,
-                    const std::string& method, double ratio, ChunkContext chunk_context = ChunkContext::alone);
+                    const std::string& method, double ratio, ChunkContext chunk_context = ChunkContext::alone,
+                    bool ttft_budget = false);
 // The dataset name the rows carry: the dataset's own, or "<name>@<N>tok" when re-chunked.
 std::string dataset_label(const std::string& dataset_name, size_t chunk_tokens, size_t chunks_per_request = 0);
 // Jaccard overlap |a & b| / |a | b| of two ascending position lists (1 when both are empty).

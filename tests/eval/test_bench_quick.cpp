@@ -89,6 +89,49 @@ TEST(BenchPlan, FullAndReuseOnceOthersPerRatio) {
   EXPECT_THROW(expand_runs({}, {0.1}), std::invalid_argument);
 }
 
+// Issue 60: auto once per first-token budget (ms), after its quality targets; the budget in the
+// ratio slot, marked so that a budget and a quality of the same number are two runs and two row keys.
+TEST(BenchPlan, AutoRunsOncePerTtftBudget) {
+  const auto runs =
+      expand_runs({"full", "auto", "epic"}, {0.15}, nlohmann::json::object(), {0.9}, {400, 150, 400, 1});
+  ASSERT_EQ(runs.size(), 6u);  // full, auto q 0.9, auto 400 ms, 150 ms, 1 ms, epic 0.15
+  EXPECT_EQ(runs[1].method, "auto");
+  EXPECT_DOUBLE_EQ(runs[1].ratio, 0.9);
+  EXPECT_FALSE(runs[1].ttft_budget);
+  for (size_t i = 2; i < 5; ++i) {
+    EXPECT_EQ(runs[i].method, "auto");
+    EXPECT_TRUE(runs[i].ttft_budget) << i;
+  }
+  EXPECT_DOUBLE_EQ(runs[2].ratio, 400);
+  EXPECT_DOUBLE_EQ(runs[3].ratio, 150);
+  EXPECT_DOUBLE_EQ(runs[4].ratio, 1);
+  EXPECT_FALSE(runs[0].ttft_budget);
+  EXPECT_FALSE(runs[5].ttft_budget);
+  EXPECT_EQ(runs[5].method, "epic");
+  // Budgets alone are enough for auto; the keys of quality 1 and of 1 ms differ.
+  const auto budgets_only = expand_runs({"auto"}, {}, nlohmann::json::object(), {}, {250});
+  ASSERT_EQ(budgets_only.size(), 1u);
+  EXPECT_TRUE(budgets_only[0].ttft_budget);
+  EXPECT_NE(row_key("d", 1, "e", "auto", 1.0, ChunkContext::alone, true),
+            row_key("d", 1, "e", "auto", 1.0, ChunkContext::alone, false));
+  // A bad budget is refused under the bench's option name, by the request's own rule.
+  for (const auto& [bad, text] : {std::pair{0.0, "0"}, std::pair{-5.0, "-5"}}) {
+    try {
+      expand_runs({"auto"}, {}, nlohmann::json::object(), {}, {bad});
+      ADD_FAILURE() << "budget " << bad << " must be refused";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_THAT(e.what(), ::testing::HasSubstr(std::string("--ttft-budgets ") + text + ": "));
+      EXPECT_THAT(e.what(), ::testing::HasSubstr("fusion.ttft_ms"));
+    }
+  }
+  try {
+    expand_runs({"auto"}, {0.15});
+    ADD_FAILURE() << "auto without targets or budgets must be refused";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_THAT(e.what(), ::testing::HasSubstr("--ttft-budgets"));
+  }
+}
+
 // Issue 16: variants are methods with options; bad ones are refused naming the entry.
 TEST(BenchPlan, VariantsAreMethodsWithOptionsAndAreChecked) {
   const nlohmann::json v = {{"qc_top1", {{"method", "qcfuse"}, {"options", {{"layers", "top1"}}}}}};
