@@ -79,8 +79,11 @@ def read_rows(path):
 
 
 def display_method(r):
-    """auto's rows carry its quality target in the ratio slot (bench --qualities): "auto q"."""
-    return "auto q" if r["method"] == "auto" else r["method"]
+    """auto's rows carry its quality target (bench --qualities: "auto q") or its first-token budget in
+    milliseconds (--ttft-budgets: "auto ms") in the ratio slot."""
+    if r["method"] != "auto":
+        return r["method"]
+    return "auto ms" if r.get("ttft_budget_ms") is not None else "auto q"
 
 
 def method_order(rows):

@@ -103,6 +103,10 @@ class PairedDifferencesTest(unittest.TestCase):
         self.assertEqual([(d["best"], d["method"]) for d in diffs], [("cacheblend", "epic")])
         self.assertIn("auto q", bench_report.method_order(rows))
         self.assertNotIn("auto", bench_report.method_order(rows))
+        # A first-token budget in the slot (bench --ttft-budgets): "auto ms", not a quality target.
+        budget = row("auto", 300, "a", 1.0)
+        budget["ttft_budget_ms"] = 300.0
+        self.assertIn("auto ms", bench_report.method_order(rows + [budget]))
 
     def test_a_single_method_gives_no_comparison(self):
         rows = [row("A", 0.15, "a", 0.5), row("full", 1.0, "a", 1.0)]
