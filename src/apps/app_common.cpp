@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <algorithm>
 #include <filesystem>
+#include <optional>
 #include <sstream>
 #include <stdexcept>
 
@@ -52,38 +53,38 @@ std::vector<std::string> split_list(const std::string& s) {
   return out;
 }
 
-std::vector<double> parse_ratio_list(const std::string& s, const std::string& option) {
+std::optional<double> parse_number(const std::string& text) {
+  size_t used = 0;
+  double v = 0;
+  try {
+    v = std::stod(text, &used);
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+  if (used != text.size() || !std::isfinite(v)) return std::nullopt;
+  return v;
+}
+
+namespace {
+// Each item of a comma list as a number `ok` accepts, else "<option>: '<item>' is not <what>".
+std::vector<double> parse_number_list(const std::string& s, const std::string& option, bool (*ok)(double),
+                                      const char* what) {
   std::vector<double> out;
   for (const auto& item : split_list(s)) {
-    size_t used = 0;
-    double r = 0;
-    try {
-      r = std::stod(item, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    if (used != item.size() || !(r >= 0.0 && r <= 1.0))
-      throw std::runtime_error(option + ": '" + item + "' is not a number in [0, 1]");
-    out.push_back(r);
+    const std::optional<double> v = parse_number(item);
+    if (!v || !ok(*v)) throw std::runtime_error(option + ": '" + item + "' is not " + what);
+    out.push_back(*v);
   }
   return out;
 }
+}  // namespace
+
+std::vector<double> parse_ratio_list(const std::string& s, const std::string& option) {
+  return parse_number_list(s, option, [](double r) { return r >= 0.0 && r <= 1.0; }, "a number in [0, 1]");
+}
 
 std::vector<double> parse_ms_list(const std::string& s, const std::string& option) {
-  std::vector<double> out;
-  for (const auto& item : split_list(s)) {
-    size_t used = 0;
-    double v = 0;
-    try {
-      v = std::stod(item, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    if (used != item.size() || !(v > 0.0 && std::isfinite(v)))
-      throw std::runtime_error(option + ": '" + item + "' is not a number of milliseconds > 0");
-    out.push_back(v);
-  }
-  return out;
+  return parse_number_list(s, option, [](double v) { return v > 0.0; }, "a number of milliseconds > 0");
 }
 
 std::vector<ChunkContext> parse_chunk_context_list(const std::string& s, const std::string& option) {

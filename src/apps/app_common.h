@@ -1,6 +1,7 @@
 // Options and helpers shared by the subcommands that run a model.
 #pragma once
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -55,6 +56,8 @@ std::unique_ptr<Model> load_model(const ModelOptions& opt, bool quiet = false);
 
 // "a,b,,c" -> {a, b, c}.
 std::vector<std::string> split_list(const std::string& s);
+// The whole of `text` as a finite number (std::stod, nothing left over), else nullopt.
+std::optional<double> parse_number(const std::string& text);
 // Comma-separated ratios in [0, 1]; `option` names the flag in the error.
 std::vector<double> parse_ratio_list(const std::string& s, const std::string& option = "--ratios");
 // "500,1200" -> {500, 1200}; each a finite number > 0 (milliseconds), else a runtime_error naming `option`.

@@ -41,13 +41,8 @@ struct ServeArgs {
 // serve --itl-target-ms: "auto" (3x a decode step), 0 (pieces of --prefill-chunk rows) or ms.
 double parse_itl_target(const std::string& text) {
   if (text == "auto") return PrefillPieceSizer::kAuto;
-  size_t used = 0;
-  double ms = -1;
-  try {
-    ms = std::stod(text, &used);
-  } catch (const std::exception&) {
-  }
-  if (used != text.size() || !(ms >= 0 && ms <= 3.6e6))
+  const double ms = parse_number(text).value_or(-1);
+  if (!(ms >= 0 && ms <= 3.6e6))
     throw std::invalid_argument("--itl-target-ms must be auto, 0 (off) or milliseconds in [0, 3600000], got \"" +
                                 text + "\"");
   return ms;
