@@ -103,7 +103,7 @@ ForwardOutput Forward::run_in_passes(KvCache& cache, const ForwardInput& in, siz
         bool& flag;
         ~Reset() { flag = false; }
       } reset{in_between_};
-      split_.between();
+      split_.between(part.positions);
     }
   }
   return out;

@@ -109,7 +109,7 @@ class Forward {
   // time it may take (serve --itl-target-ms).
   struct PassSplit {
     size_t max_rows = 0;  // 0 or no `between`: passes of kMaxPassRows, nothing between
-    std::function<void()> between;
+    std::function<void(std::span<const int32_t> done)> between;  // `done`: the positions of the pass just run
     std::function<size_t(std::span<const int32_t> positions)> next_rows;  // of the rows left; unset: max_rows
   };
   void set_pass_split(PassSplit split) { split_ = std::move(split); }

@@ -28,7 +28,8 @@ Scheduler::Scheduler(Forward& fwd, SchedulerOptions opt)
   if (opt_.max_batch == 0) opt_.max_batch = 1;
   if (!opt_.kv_budget) own_budget_ = std::make_unique<KvBudget>(opt_.kv_budget_bytes);
   budget_ = opt_.kv_budget ? opt_.kv_budget : own_budget_.get();
-  fwd_.set_pass_split({opt_.prefill_chunk, [this] { between_passes(); }, [this](std::span<const int32_t> p) { return next_piece_rows(p); }});
+  fwd_.set_pass_split({opt_.prefill_chunk, [this](std::span<const int32_t> done) { between_passes(done); },
+                       [this](std::span<const int32_t> left) { return next_piece_rows(left); }});
   thread_ = std::thread([this] { loop(); });
 }
 
@@ -264,10 +265,9 @@ void Scheduler::start_one(SchedulerJob& job) {
 
 // Between two pieces of a split pass (Forward::PassSplit): a prefilling job whose client is
 // gone stops here; otherwise every running request decodes one token.
-void Scheduler::between_passes() {
+void Scheduler::between_passes(std::span<const int32_t> done) {
   ++prefill_pieces_;
-  if (piece_rows_) pieces_.record_piece(piece_rows_, piece_positions_, ms_since(piece_start_));
-  piece_rows_ = 0;
+  pieces_.record_piece(done.size(), std::accumulate(done.begin(), done.end(), 0.0), ms_since(piece_start_));
   if (prefilling_ && prefilling_->cancel) throw client_gone_error();
   if (!running_.empty()) decode_step();
 }
@@ -279,12 +279,11 @@ size_t Scheduler::next_piece_rows(std::span<const int32_t> positions) {
     std::lock_guard<std::mutex> lock(mu_);
     demand += waiting_.size();
   }
-  piece_rows_ = pieces_.next_rows(positions, running_.size(), std::min(demand, opt_.max_batch), ms_since(last_token_at_));
-  const auto taken = positions.first(std::min(piece_rows_, positions.size()));
-  piece_positions_ = std::accumulate(taken.begin(), taken.end(), 0.0);
-  last_piece_rows_ = piece_rows_;
+  const size_t rows =
+      pieces_.next_rows(positions, running_.size(), std::min(demand, opt_.max_batch), ms_since(last_token_at_));
+  last_piece_rows_ = rows;
   piece_start_ = SchedulerJob::Clock::now();
-  return piece_rows_;
+  return rows;
 }
 
 void Scheduler::decode_step() {

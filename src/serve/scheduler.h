@@ -12,9 +12,10 @@
 // long prompt no longer stalls every stream for its whole prefill. Splitting at row
 // boundaries is exact (Forward::run_in_passes). While requests decode, a piece is sized by the
 // time it may take (serve/piece_sizer.h: the inter-token-latency target, by default 3x the decode
-// step of the batch the requests in the server would form), at most `prefill_chunk` rows. Deviation from those systems: a step's decode
-// rows and prefill rows run as two passes, not one mixed batch, and one request prefills at
-// a time. Passes with hooks (a selector's probes) are not split.
+// step of the batch the requests in the server would form), at most `prefill_chunk` rows, and
+// measured after it ran (its rows and their positions, as the Forward pass hands them to
+// `between`). Deviation from those systems: a step's decode rows and prefill rows run as two
+// passes, not one mixed batch, and one request prefills at a time. Passes with hooks (a selector's probes) are not split.
 //
 // Order (issue 58 item 2): FIFO by default. `priority` serves the lowest SchedulerJob::priority
 // first (vLLM's convention), `shortest` the least prefill work (SchedulerJob::work: fused
@@ -158,12 +159,11 @@ class Scheduler {
   uint64_t cancelled_jobs() const { return cancelled_jobs_.load(); }  // left because cancel was set
   size_t kv_reserved_bytes() const { return budget_->reserved_bytes(); }  // of the jobs prefilling or decoding
   size_t kv_budget_bytes() const { return budget_->budget_bytes(); }
-  const KvBudget& kv_budget() const { return *budget_; }
 
  private:
   void loop();
   void start_one(SchedulerJob& job);
-  void between_passes();
+  void between_passes(std::span<const int32_t> done);
   size_t next_piece_rows(std::span<const int32_t> positions);
   void decode_step();
   void finish(SchedulerJob& job);
@@ -191,8 +191,6 @@ class Scheduler {
   SchedulerJob* prefilling_ = nullptr;  // scheduler thread only: the job in job.prefill
   PrefillPieceSizer pieces_;            // scheduler thread only
   SchedulerJob::Clock::time_point piece_start_;  // of the piece in progress (scheduler thread)
-  size_t piece_rows_ = 0;                        // its rows as asked (0: none in progress)
-  double piece_positions_ = 0;                   // the sum of their positions
   SchedulerJob::Clock::time_point last_token_at_;  // the running requests' latest token (scheduler thread)
   std::atomic<size_t> last_piece_rows_{0};
   size_t n_running_ = 0;                // guarded by mu_

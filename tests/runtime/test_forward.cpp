@@ -6,6 +6,7 @@
 #include <cstring>
 #include <numeric>
 #include <random>
+#include <utility>
 
 #include "kv_rows.h"
 #include "model_fixture.h"
@@ -118,7 +119,7 @@ TEST(Forward, SplitPassesGiveTheBitsOfOnePass) {
   std::reverse(other.begin(), other.end());  // stale K/V: another text at the same positions
   Forward fwd(shared_model(), shared_pool());
   int betweens = 0;
-  fwd.set_pass_split({4, [&] { ++betweens; }, {}});
+  fwd.set_pass_split({4, [&](std::span<const int32_t>) { ++betweens; }, {}});
 
   // An append of 30 rows: passes of 4, 7 pauses.
   KvCache split_append(h), one_append(h);
@@ -163,7 +164,7 @@ TEST(Forward, SplitPassesGiveTheBitsOfOnePass) {
   }
 
   // The pause may stop the pass (a cancelled request); a pass inside the pause is not split.
-  fwd.set_pass_split({4, [&] {
+  fwd.set_pass_split({4, [&](std::span<const int32_t>) {
                         ++betweens;
                         KvCache inner(h);
                         fwd.run(inner, {std::span(ids).first(9), iota_positions(9), {}, {}});
@@ -190,7 +191,13 @@ TEST(Forward, PiecesOfChangingSizesGiveTheBitsOfOnePass) {
   size_t calls = 0;
   KvCache split(h), one(h);
   std::vector<int32_t> first_positions;  // the first position of the rows left, at each question
-  fwd.set_pass_split({12, [&] { passes.push_back(split.size()); }, [&](std::span<const int32_t> left) {
+  std::vector<std::pair<int32_t, size_t>> done_passes;  // what each pause is told: first position, rows
+  fwd.set_pass_split({12,
+                      [&](std::span<const int32_t> done) {
+                        passes.push_back(split.size());
+                        done_passes.emplace_back(done.front(), done.size());
+                      },
+                      [&](std::span<const int32_t> left) {
                         first_positions.push_back(left.front());
                         return asked[std::min(calls++, asked.size() - 1)];
                       }});
@@ -201,6 +208,7 @@ TEST(Forward, PiecesOfChangingSizesGiveTheBitsOfOnePass) {
   EXPECT_EQ(passes, (std::vector<size_t>{5, 7, 19, 21, 30, 39}));
   EXPECT_EQ(calls, 7u);  // one question per pass, none after the last
   EXPECT_EQ(first_positions, (std::vector<int32_t>{0, 5, 7, 19, 21, 30, 39}));
+  EXPECT_EQ(done_passes, (std::vector<std::pair<int32_t, size_t>>{{0, 5}, {5, 2}, {7, 12}, {19, 2}, {21, 9}, {30, 9}}));
   fwd.set_pass_split({});
   const auto b = fwd.run(one, {std::span(ids).first(45), pos, {}, logit_rows});
   ASSERT_EQ(a.logits.size(), b.logits.size());
@@ -212,7 +220,7 @@ TEST(Forward, PiecesOfChangingSizesGiveTheBitsOfOnePass) {
   calls = 0;
   passes.clear();
   KvCache no_single(h);
-  fwd.set_pass_split({12, [&] { passes.push_back(no_single.size()); },
+  fwd.set_pass_split({12, [&](std::span<const int32_t>) { passes.push_back(no_single.size()); },
                       [&](std::span<const int32_t>) { return size_t{11}; }});
   const auto c = fwd.run(no_single, {std::span(ids).first(45), pos, {}, logit_rows});
   EXPECT_EQ(passes, (std::vector<size_t>{11, 22, 33}));
@@ -221,7 +229,7 @@ TEST(Forward, PiecesOfChangingSizesGiveTheBitsOfOnePass) {
   // A short pass fits its first piece: not split, one question asked.
   calls = 0;
   passes.clear();
-  fwd.set_pass_split({12, [&] { passes.push_back(0); }, [&](std::span<const int32_t>) {
+  fwd.set_pass_split({12, [&](std::span<const int32_t>) { passes.push_back(0); }, [&](std::span<const int32_t>) {
                         ++calls;
                         return size_t{40};
                       }});
