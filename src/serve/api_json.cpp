@@ -532,9 +532,6 @@ std::string prometheus_text(const EngineMetrics& m, const HttpCounters& h, bool 
   gauge("chunkfuse_prefill_piece_rows",
         "Rows of the latest prefill piece: --prefill-chunk, or fewer beside streaming answers (--itl-target-ms).",
         static_cast<double>(m.prefill_piece_rows));
-  gauge("chunkfuse_prefill_piece_aim",
-        "Share of the --itl-target-ms gap a piece is sized for, steered by the gaps streams saw (serve/piece_sizer.h).",
-        m.prefill_piece_aim);
   if (cache_use) {  // left out under --isolate-keys (server.h)
     counter("chunkfuse_prefilled_tokens_total", "Prompt tokens that went through the forward pass.", m.prefilled_tokens);
     counter("chunkfuse_prefix_hit_tokens_total", "Prompt tokens served from the prefix cache.", m.prefix_hit_tokens);

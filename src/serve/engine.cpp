@@ -424,7 +424,6 @@ EngineMetrics Engine::metrics() const {
   m.decode_rows = impl_->scheduler->decode_rows();
   m.prefill_pieces = impl_->scheduler->prefill_pieces();
   m.prefill_piece_rows = impl_->scheduler->last_piece_rows();
-  m.prefill_piece_aim = impl_->scheduler->piece_aim();
   m.kv_reserved_bytes = impl_->scheduler->kv_reserved_bytes();
   m.kv_budget_bytes = impl_->kv_budget.budget_bytes();
   m.kv_cached_bytes = impl_->kv_budget.cached_bytes();

@@ -37,28 +37,19 @@ double PrefillPieceSizer::target_ms(size_t demand) const {
 }
 
 size_t PrefillPieceSizer::next_rows(std::span<const int32_t> upcoming, size_t decoding, size_t demand,
-                                    double waited_ms) {
+                                    double waited_ms) const {
   const size_t most = std::max<size_t>(max_rows_, 1);
   if (decoding == 0 || target_ms_ == 0) return most;
   const double target = target_ms(std::max(demand, decoding));
   const Costs c = piece_costs();
   if (target <= 0 || c.per_row + c.per_entry <= 0) return std::min(most, kMinRows);  // measure first
-  pending_target_ = target;
-  double budget = aim_ * target - decode_ms(decoding) - std::max(0.0, waited_ms);
+  double budget = target - decode_ms(decoding) - std::max(0.0, waited_ms);
   size_t rows = 0;
   for (; rows < std::min(most, upcoming.size()); ++rows) {
     budget -= c.per_row + c.per_entry * static_cast<double>(std::max<int32_t>(upcoming[rows], 0));
     if (budget < -1e-9) break;  // -1e-9: a budget spent exactly still buys its last row
   }
   return std::min(most, std::max(kMinRows, rows));
-}
-
-void PrefillPieceSizer::record_gap(double gap_ms) {
-  if (pending_target_ <= 0 || !(gap_ms >= 0)) return;
-  const bool miss = gap_ms > pending_target_;
-  pending_target_ = 0;
-  aim_ *= std::exp(miss ? -kAimStep * (1 - kMissShare) : kAimStep * kMissShare);
-  aim_ = std::clamp(aim_, kMinAim, 1.0);
 }
 
 void PrefillPieceSizer::record_piece(size_t rows, double position_sum, double ms) {

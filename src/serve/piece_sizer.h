@@ -21,15 +21,6 @@
 //    to every entry before it: a prompt's later pieces, and a fused prefill's recomputed rows
 //    late in the context, cost more per row (flat per row until the pieces differ in position).
 //
-// The sized pieces aim at a share of the target (aim(), between kMinAim and 1), steered by the
-// gaps the streams then see: each gap after a sized piece that exceeds the target takes the aim
-// down by a step, each one within it up by a small one, in the ratio that settles where
-// kMissShare of those gaps exceed the target (a stochastic quantile estimate: Robbins-Monro on
-// the log of the aim). The fitted costs are means; a piece's time varies with the machine and
-// its rows, and sizing by the mean alone put the p99 gap at 1.0-1.4x the target (Zen 4, EPIC,
-// 8 clients). kMinAim keeps gaps that no piece size can help (an unsplit pass) from starving
-// the prefill.
-//
 // Nobody decoding: a piece takes max_rows (serve --prefill-chunk), as before. No piece measured
 // yet: kMinRows. Never below kMinRows: a pass reads every weight once whatever its rows, so tiny
 // pieces would spend the machine on reading weights.
@@ -46,9 +37,6 @@ class PrefillPieceSizer {
   static constexpr double kAutoFactor = 3;
   static constexpr size_t kMinRows = 16;
   static constexpr double kDecay = 0.9;
-  static constexpr double kMissShare = 0.02;  // of the gaps after a sized piece, over the target
-  static constexpr double kMinAim = 0.5;
-  static constexpr double kAimStep = 0.1;  // log-aim down per miss: x (1 - kMissShare); up per hit: x kMissShare
 
   // target_ms: kAuto, 0 (off: every piece takes max_rows) or a gap in milliseconds.
   PrefillPieceSizer(double target_ms, size_t max_rows) : target_ms_(target_ms), max_rows_(max_rows) {}
@@ -56,12 +44,8 @@ class PrefillPieceSizer {
   // Rows of the next piece, from the positions of the rows still to run: `decoding` requests
   // wait for their next token and have waited `waited_ms` since their last one (a request's
   // lookup and stitching, a piece before); `demand` of them would decode together if no
-  // prefill were arriving. A sized piece (decoding > 0, costs known) leaves its target pending
-  // for record_gap.
-  size_t next_rows(std::span<const int32_t> upcoming, size_t decoding, size_t demand, double waited_ms = 0);
-  // The streams' gap since their last token, at each decode step: steers aim() when a sized
-  // piece ran in it, else does nothing.
-  void record_gap(double gap_ms);
+  // prefill were arriving.
+  size_t next_rows(std::span<const int32_t> upcoming, size_t decoding, size_t demand, double waited_ms = 0) const;
   // A piece's rows, the sum of their positions, and its time alone.
   void record_piece(size_t rows, double position_sum, double ms);
   void record_decode(size_t rows, double ms);  // a decode step's batch and its time
@@ -69,7 +53,6 @@ class PrefillPieceSizer {
   double piece_ms(size_t rows, double position_sum) const;  // 0 until a piece was measured
   double decode_ms(size_t rows) const;                      // 0 until a step was measured
   double target_ms(size_t demand) const;                    // the gap aimed at (0: off or unknown yet)
-  double aim() const { return aim_; }                       // the share of it a piece is sized for
 
  private:
   struct Costs {
@@ -81,8 +64,6 @@ class PrefillPieceSizer {
   // Decayed sums of the pieces (n rows, s = position sum, m ms) and of the decode steps (b, m).
   double pnn_ = 0, pns_ = 0, pss_ = 0, pnm_ = 0, psm_ = 0;
   double w_ = 0, sb_ = 0, sbb_ = 0, sm_ = 0, sbm_ = 0;
-  double aim_ = 1;
-  double pending_target_ = 0;  // the target of a sized piece whose gap is still to come
 };
 
 }  // namespace cf

@@ -31,7 +31,6 @@ struct EngineMetrics {
   uint64_t decode_steps = 0, decode_rows = 0;  // batched decode passes and the sequences in them
   uint64_t prefill_pieces = 0;  // pauses of split passes (chunked prefill, Scheduler::prefill_pieces)
   size_t prefill_piece_rows = 0;  // rows of the latest piece asked for (Scheduler::last_piece_rows)
-  double prefill_piece_aim = 1;   // PrefillPieceSizer::aim (Scheduler::piece_aim)
   size_t kv_reserved_bytes = 0, kv_budget_bytes = 0;  // running requests' K/V reservations, the one budget (0: none)
   size_t kv_cached_bytes = 0;              // cached K/V under that budget: prefix cache + chunk store memory tier
   uint64_t kv_admission_evicted_bytes = 0;  // cached K/V the caches gave back to admit requests (serve/kv_budget.h)

@@ -334,8 +334,6 @@ void Scheduler::decode_step() {
   }
   std::vector<SchedulerJob*> still, ended;
   const auto now = SchedulerJob::Clock::now();
-  pieces_.record_gap(std::chrono::duration<double, std::milli>(now - last_token_at_).count());
-  piece_aim_ = pieces_.aim();
   last_token_at_ = now;
   for (size_t i = 0; i < running_.size(); ++i) {
     SchedulerJob& j = *running_[i];

@@ -156,7 +156,6 @@ class Scheduler {
   uint64_t decode_rows() const { return decode_rows_.load(); }    // sequences in them, summed
   uint64_t prefill_pieces() const { return prefill_pieces_.load(); }  // pauses of a split pass
   size_t last_piece_rows() const { return last_piece_rows_.load(); }  // rows of the latest piece asked for
-  double piece_aim() const { return piece_aim_.load(); }  // PrefillPieceSizer::aim
   uint64_t cancelled_jobs() const { return cancelled_jobs_.load(); }  // left because cancel was set
   size_t kv_reserved_bytes() const { return budget_->reserved_bytes(); }  // of the jobs prefilling or decoding
   size_t kv_budget_bytes() const { return budget_->budget_bytes(); }
@@ -194,7 +193,6 @@ class Scheduler {
   SchedulerJob::Clock::time_point piece_start_;  // of the piece in progress (scheduler thread)
   SchedulerJob::Clock::time_point last_token_at_;  // the running requests' latest token (scheduler thread)
   std::atomic<size_t> last_piece_rows_{0};
-  std::atomic<double> piece_aim_{1};
   size_t n_running_ = 0;                // guarded by mu_
   std::unique_ptr<KvBudget> own_budget_;  // when SchedulerOptions::kv_budget is null
   KvBudget* budget_ = nullptr;            // reservations: taken and released under mu_

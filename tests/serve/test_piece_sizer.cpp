@@ -4,7 +4,6 @@
 
 #include <gtest/gtest.h>
 
-#include <cmath>
 #include <numeric>
 #include <vector>
 
@@ -131,53 +130,6 @@ TEST(PrefillPieceSizer, EstimatesFollowTheLatestMeasurements) {
   s.record_decode(0, 10);
   EXPECT_NEAR(s.piece_ms(1, 300), 3, 0.01);
   EXPECT_NEAR(s.decode_ms(1), 50, 0.01);
-}
-
-// Gaps over the target after sized pieces take the aim down, so the next pieces are smaller;
-// gaps within it bring it back slowly; the aim stays in [kMinAim, 1] and settles where about
-// kMissShare of the gaps miss. A gap with no sized piece in it (nobody decoding, target off,
-// nothing measured yet) does not move it.
-TEST(PrefillPieceSizer, GapsOverTheTargetShrinkTheNextPieces) {
-  Sizer s(200, 512);
-  s.record_decode(4, 50);
-  flat_piece(s, 20, 1.5);
-  s.record_gap(1000);  // no piece was sized since the last token
-  EXPECT_EQ(s.aim(), 1);
-  EXPECT_EQ(s.next_rows(kMany, 4, 8), 100u);  // (200 - 50) / 1.5
-  s.record_gap(260);
-  EXPECT_NEAR(s.aim(), std::exp(-Sizer::kAimStep * (1 - Sizer::kMissShare)), 1e-12);
-  s.record_gap(260);  // one piece, one gap: the second says nothing
-  EXPECT_NEAR(s.aim(), std::exp(-Sizer::kAimStep * (1 - Sizer::kMissShare)), 1e-12);
-  EXPECT_LT(s.next_rows(kMany, 4, 8), 100u);  // (0.906 x 200 - 50) / 1.5 = 87
-  for (int i = 0; i < 100; ++i) {
-    s.next_rows(kMany, 4, 8);
-    s.record_gap(250);
-  }
-  EXPECT_EQ(s.aim(), Sizer::kMinAim);
-  EXPECT_EQ(s.next_rows(kMany, 4, 8), 33u);  // (100 - 50) / 1.5
-  for (int i = 0; i < 2000; ++i) {
-    s.next_rows(kMany, 4, 8);
-    s.record_gap(190);
-  }
-  EXPECT_EQ(s.aim(), 1);
-  // One miss in 50 gaps holds the aim where it is: (1 - 0.02) x 1 step down = 49 x 0.02 up.
-  for (int i = 0; i < 5; ++i) {
-    s.next_rows(kMany, 4, 8);
-    s.record_gap(300);
-  }
-  const double settled = s.aim();
-  for (int round = 0; round < 20; ++round)
-    for (int i = 0; i < 50; ++i) {
-      s.next_rows(kMany, 4, 8);
-      s.record_gap(i == 0 ? 300 : 100);
-    }
-  EXPECT_NEAR(s.aim(), settled, 1e-9);
-  Sizer off(0, 256);
-  off.record_decode(4, 50);
-  flat_piece(off, 20, 1.5);
-  off.next_rows(kMany, 4, 8);
-  off.record_gap(1000);
-  EXPECT_EQ(off.aim(), 1);
 }
 
 }  // namespace

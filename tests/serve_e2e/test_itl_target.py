@@ -4,7 +4,7 @@ While an answer streams, a long prompt that arrives is prefilled in pieces sized
 the gap between two streamed tokens aimed at 3 decode steps), far smaller than --prefill-chunk;
 alone, it goes in pieces of --prefill-chunk. Either way it gets the same answer, bit for bit the
 same greedy text: how the load cut a prompt into pieces must not change what it is told. The
-server's own counters are the measure (chunkfuse_prefill_pieces_total, chunkfuse_prefill_piece_rows, chunkfuse_prefill_piece_aim).
+server's own counters are the measure (chunkfuse_prefill_pieces_total, chunkfuse_prefill_piece_rows).
 A bad value stops the server at start with a clear error.
 """
 import os
@@ -69,17 +69,13 @@ class ItlTargetTest(unittest.TestCase):
         before = self.pieces()
         beside = self.complete(self.prompt, 8)
         beside_pauses = self.pieces() - before  # the stream's own prompt is prefilled already
-        metrics = self.server.metrics()
-        rows = metrics["chunkfuse_prefill_piece_rows"]
-        aim = metrics["chunkfuse_prefill_piece_aim"]  # steered by the stream's gaps after sized pieces
+        rows = self.server.metrics()["chunkfuse_prefill_piece_rows"]
         t.join(timeout=600)
         self.assertFalse(t.is_alive())
         print("RELIABILITY prompt of %d tokens: %d pauses alone, %d beside a stream (last piece %d rows)"
               % (alone["usage"]["prompt_tokens"], alone_pauses, beside_pauses, rows), file=sys.stderr)
         self.assertGreaterEqual(beside_pauses, 2 * alone_pauses + 2, "beside a stream the pieces are smaller")
         self.assertLess(rows, CHUNK)
-        self.assertGreaterEqual(aim, 0.5)
-        self.assertLessEqual(aim, 1.0)
         self.assertEqual(beside["choices"][0]["text"], alone["choices"][0]["text"],
                          "the pieces a prompt was cut into do not change its answer")
         self.assertGreater(len(streamed), 50)
