@@ -5,6 +5,7 @@
 #include "serve/engine.h"
 #include "serve/fusion_trace.h"
 #include "serve/prompt_layout.h"
+#include "serve/scheduler.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -582,6 +583,29 @@ TEST(Engine, ChunkRegistrationIsBoundedInTexts) {
   const auto two = e.register_chunks({"first passage", "second passage"});
   ASSERT_EQ(two.size(), 2u);
   EXPECT_TRUE(two[0].cached && two[1].cached);
+}
+
+// Issue 59: a client that leaves a POST /v1/chunks stops it at the next text: the caches of the
+// texts after it are not computed, nothing is registered, and the error is 499.
+TEST(Engine, ChunkRegistrationStopsAtTheNextTextOnceItsClientIsGone) {
+  CF_REQUIRE_MODEL();
+  EngineOptions o = engine_options();
+  o.cache_dir = test_dir() + "/store-client-gone";
+  std::filesystem::remove_all(o.cache_dir);
+  Engine e(o);
+  const uint64_t computes_before = e.chunk_store().stats().computes;
+  int asked = 0;
+  try {
+    e.register_chunks({"the first of four passages", "the second of four passages", "the third of four passages",
+                       "the fourth of four passages"},
+                      [&] { return ++asked > 1; });  // gone once the first cache is computed
+    ADD_FAILURE() << "the list was registered after its client left";
+  } catch (const RequestError& err) {
+    EXPECT_EQ(err.status, kClientGoneStatus);
+  }
+  EXPECT_EQ(asked, 2);
+  EXPECT_EQ(e.chunk_store().stats().computes - computes_before, 1u) << "caches computed after the client left";
+  EXPECT_TRUE(e.registry().texts().empty());
 }
 
 TEST(Engine, TokenizingIsCappedAndTheRestWaitThen503ServerBusy) {

@@ -81,6 +81,29 @@ class CancellationTest(unittest.TestCase):
         self.assertEqual(status, 200, again)
         self.assertTrue(again["choices"][0]["text"])
 
+    def test_a_client_that_leaves_a_chunk_registration_stops_it(self):
+        # Issue 59: POST /v1/chunks computes one cache per text on the scheduler; a client that
+        # closes its connection stops the list at the next text, and nothing is registered.
+        texts = ["Passage %d of the registration. " % i + self.prompt[:2000] for i in range(16)]
+        data = json.dumps({"texts": texts}).encode()
+        before = self.server.metrics()
+        s = socket.create_connection(self.server.host_port(), timeout=60)
+        s.sendall(b"POST /v1/chunks HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: %d\r\n\r\n" % len(data) + data)
+        m = self.wait_metrics(lambda m: m.get("chunkfuse_chunk_texts_registering", 0) > 0)
+        self.assertGreater(m.get("chunkfuse_chunk_texts_registering", 0), 0, "the registration never started")
+        time.sleep(0.2)
+        s.close()
+        m = self.wait_metrics(lambda m: m.get("chunkfuse_chunk_texts_registering", 0) == 0, timeout=120)
+        self.assertEqual(m.get("chunkfuse_chunk_texts_registering", 0), 0)
+        computed = m["chunkfuse_store_computes_total"] - before["chunkfuse_store_computes_total"]
+        print("RELIABILITY client left a POST /v1/chunks of %d texts: %d caches computed" % (len(texts), computed),
+              file=sys.stderr)
+        self.assertLess(computed, len(texts) / 2, "the registration went on after its client left")
+        # The server goes on serving, a registration included.
+        status, reply = self.server.post("/v1/chunks", {"texts": ["After the abandoned registration."]})
+        self.assertEqual(status, 200, reply)
+
     def test_a_queued_request_whose_client_left_is_never_prefilled(self):
         # A long non-streamed answer holds the scheduler's attention; a second client sends
         # a request and leaves while it is in the queue or prefilling.
