@@ -182,7 +182,15 @@ FusionSpec parse_fusion(const json* v, const FusionOptions& defaults) {
   if (o.automatic() && field(*v, "ratio"))
     throw invalid_request("fusion method '" + o.method + "' chooses the ratio itself: give fusion.quality or fusion.ttft_ms, not fusion.ratio", "fusion.ratio");
   if (const json* x = field(*v, "reorder")) f.reorder = get_bool(*x, "fusion.reorder");
-  if (const json* x = field(*v, "conversation_id")) f.conversation_id = get_string(*x, "fusion.conversation_id");
+  if (const json* x = field(*v, "conversation_id")) {
+    // A key of CRAFT's conversation maps and of the conversation memory, each kept twice:
+    // bounded like any request-controlled size (issue 59; it was bounded by --max-body only).
+    f.conversation_id = get_string(*x, "fusion.conversation_id");
+    if (f.conversation_id.size() > kMaxConversationIdBytes)
+      throw invalid_request("'fusion.conversation_id' holds at most " + std::to_string(kMaxConversationIdBytes) +
+                                " bytes",
+                            "fusion.conversation_id");
+  }
   if (const json* x = field(*v, "prefix_cache")) f.prefix_cache = get_bool(*x, "fusion.prefix_cache");
   // chunk_context; "chunk_variant" is its name before issue 25, still accepted.
   const json* cc = field(*v, "chunk_context");

@@ -15,6 +15,9 @@ namespace cf {
 
 namespace api {
 
+// fusion.conversation_id's length in bytes at most (400 past it, issue 59).
+inline constexpr size_t kMaxConversationIdBytes = 256;
+
 // A completion call's body, as the engine needs it, plus how to answer it.
 struct ParsedCompletion {
   CompletionRequest request;

@@ -291,6 +291,19 @@ TEST(ServerApi, StopStringsAreBoundedInCountAndBytes) {
   EXPECT_EQ(refusal(completion, false).param, "stop");
 }
 
+// fusion.conversation_id keys CRAFT's conversation maps (bounded in count only) and was
+// bounded by --max-body alone: at most 256 bytes (issue 59).
+TEST(ServerApi, ConversationIdIsBoundedInBytes) {
+  json b = basic_chat();
+  b["fusion"] = {{"conversation_id", std::string(api::kMaxConversationIdBytes, 'c')}};
+  EXPECT_EQ(chat(b).request.fusion.conversation_id.size(), api::kMaxConversationIdBytes);
+  b["fusion"]["conversation_id"] = std::string(2 << 20, 'c');  // a 2 MiB id
+  const RequestError e = refusal(b);
+  EXPECT_EQ(e.status, 400);
+  EXPECT_EQ(e.param, "fusion.conversation_id") << e.what();
+  EXPECT_NE(std::string(e.what()).find("256 bytes"), std::string::npos) << e.what();
+}
+
 TEST(ServerApi, RatioBoundsAreInclusive) {
   for (double ratio : {0.0, 1.0}) {
     json b = basic_chat();
