@@ -107,11 +107,14 @@ class FullDiskTest(unittest.TestCase):
         self.assertEqual(set(before["/v1/documents"].values()), {"ready"}, before)
 
         # Fill the store through the API (unbounded disk tier), then top it off.
+        filled_ids = []
         for i in range(12):
             st = os.statvfs(root)
             if st.f_bavail * st.f_frsize < (2 << 20):
                 break
-            self.call("POST", "/v1/chunks", {"texts": [prose(i, 180)]})
+            status, reply = self.call("POST", "/v1/chunks", {"texts": [prose(i, 180)]})
+            if status == 200:
+                filled_ids.append(reply["data"][0]["id"])
             self.chat(documents=[prose(100 + i, 120)], fusion={"method": "reuse"})
         filler = os.path.join(root, "filler")
         self.assertGreater(fill(filler) + 1, 0)
@@ -147,6 +150,14 @@ class FullDiskTest(unittest.TestCase):
             for item_id in items:
                 if not item_id.startswith(doomed_doc):
                     self.assertIn(item_id, after[path], (path, after))
+
+        # Deleting a registered chunk on the full disk: done (its cache file goes first, which
+        # makes the room the index rewrite needs) or 507 with the chunk still there.
+        self.assertTrue(filled_ids, "no chunk was registered while the disk filled")
+        status, reply = self.call("DELETE", "/v1/chunks/" + filled_ids[0])
+        self.assertIn(status, (200, 507), reply)
+        self.assertEqual(self.call("GET", "/v1/chunks/" + filled_ids[0])[0], 404 if status == 200 else 200)
+        self.assertEqual(self.call("GET", "/v1/chunks/" + kept_id)[0], 200)
 
         # Space returns: writes succeed again, and what was refused can be sent again.
         os.unlink(filler)
