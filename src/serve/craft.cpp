@@ -50,7 +50,10 @@ struct Craft::Impl {
   struct Conversation {
     std::unordered_set<std::string> seen;
     std::list<std::string>::iterator lru_pos;
+    size_t bytes = 0;  // accounted in conversation_bytes
   };
+  // What a ChunkMap costs: its id (map key and LRU list), and each seen id with its hash node.
+  static constexpr size_t kConversationEntry = 128, kSeenEntry = 64;
 
   CraftOptions opt;
   mutable std::mutex mu;
@@ -61,6 +64,7 @@ struct Craft::Impl {
   uint64_t clock = 0;
   std::unordered_map<std::string, Conversation> conversations;
   std::list<std::string> conversation_lru;  // most recent first
+  size_t conversation_bytes = 0;
   CraftStats st;
 
   explicit Impl(CraftOptions o) : opt(o) {}
@@ -95,11 +99,23 @@ struct Craft::Impl {
     conversation_lru.push_front(id);
     Conversation& c = conversations[id];
     c.lru_pos = conversation_lru.begin();
-    while (conversations.size() > std::max<size_t>(opt.max_conversations, 1)) {
-      conversations.erase(conversation_lru.back());
-      conversation_lru.pop_back();
-    }
+    c.bytes = kConversationEntry + 2 * id.size();
+    conversation_bytes += c.bytes;
+    while (conversations.size() > std::max<size_t>(opt.max_conversations, 1)) drop_oldest_conversation();
     return {&c, false};
+  }
+
+  void drop_conversation(std::unordered_map<std::string, Conversation>::iterator it) {
+    conversation_bytes -= it->second.bytes;
+    conversation_lru.erase(it->second.lru_pos);
+    conversations.erase(it);
+  }
+  void drop_oldest_conversation() { drop_conversation(conversations.find(conversation_lru.back())); }
+
+  // After a conversation's map grew: the least recently used others go past the byte budget
+  // (the one in use stays: one conversation's map holds at most a context's worth of chunks).
+  void bound_conversation_bytes() {
+    while (conversation_bytes > opt.max_conversation_bytes && conversations.size() > 1) drop_oldest_conversation();
   }
 
   bool more_frequent(const std::string& a, const std::string& b) const {
@@ -180,11 +196,15 @@ CraftPlan Craft::plan(const std::vector<std::string>& chunk_ids, const std::stri
     auto [conv, existed] = m.conversation(conversation_id);
     later_turn = existed;
     for (size_t i = 0; i < chunk_ids.size(); ++i) {
-      if (conv->seen.insert(chunk_ids[i]).second)
+      if (conv->seen.insert(chunk_ids[i]).second) {
         kept.push_back(i);
-      else
+        conv->bytes += Impl::kSeenEntry + chunk_ids[i].size();
+        m.conversation_bytes += Impl::kSeenEntry + chunk_ids[i].size();
+      } else {
         plan.dropped.push_back(i);
+      }
     }
+    m.bound_conversation_bytes();
     m.st.chunks_deduped += plan.dropped.size();
   } else {
     for (size_t i = 0; i < chunk_ids.size(); ++i) kept.push_back(i);
@@ -249,8 +269,7 @@ void Craft::forget_conversation(const std::string& conversation_id) {
   std::lock_guard<std::mutex> lock(impl_->mu);
   auto it = impl_->conversations.find(conversation_id);
   if (it == impl_->conversations.end()) return;
-  impl_->conversation_lru.erase(it->second.lru_pos);
-  impl_->conversations.erase(it);
+  impl_->drop_conversation(it);
 }
 
 CraftStats Craft::stats() const {
@@ -259,6 +278,7 @@ CraftStats Craft::stats() const {
   s.table_entries = impl_->counts.size();
   s.tree_nodes = impl_->tree_nodes;
   s.conversations = impl_->conversations.size();
+  s.conversation_bytes = impl_->conversation_bytes;
   return s;
 }
 

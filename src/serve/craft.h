@@ -21,6 +21,10 @@ struct CraftOptions {
   // request's chunks, then frequency-sort the rest. Keeps hits when frequencies drift.
   bool tree_guided_order = true;
   size_t max_conversations = 10000;  // ChunkMaps kept (least recently used dropped)
+  // Bytes of the ChunkMaps together (their ids and seen chunk ids, with node overhead): a
+  // conversation's map grows by each turn's documents, so the count alone did not bound them
+  // (issue 59); past it the least recently used go, as past max_conversations.
+  size_t max_conversation_bytes = size_t{64} << 20;
   size_t max_tree_nodes = 100000;    // CP-Tree nodes kept (least recently used leaves dropped)
 };
 
@@ -35,6 +39,7 @@ struct CraftStats {
   uint64_t requests = 0, chunks_seen = 0, chunks_deduped = 0;
   uint64_t tree_hits = 0, tree_hit_chunks = 0;
   size_t table_entries = 0, tree_nodes = 0, conversations = 0;
+  size_t conversation_bytes = 0;  // what max_conversation_bytes bounds
 };
 
 class Craft {

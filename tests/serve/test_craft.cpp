@@ -241,6 +241,28 @@ TEST(Craft, ConversationMapsAreLruBounded) {
   EXPECT_TRUE(craft.plan({"x"}, "b", false).dropped.empty());  // b forgotten, starts afresh
 }
 
+// Issue 59: the maps were bounded by count only, and each grows by its turns' documents (10,000
+// conversations of many chunks each); they are bounded in bytes too, least recently used first.
+TEST(Craft, ConversationMapsAreBoundedInBytes) {
+  CraftOptions o;
+  o.max_conversation_bytes = 64 << 10;
+  Craft craft(o);
+  for (int c = 0; c < 40; ++c) {
+    Ids docs;
+    for (int i = 0; i < 64; ++i) docs.push_back(id("chunk-of-some-32-hex-digits-", c * 64 + i));
+    craft.plan(docs, id("conv", c), false);
+    ASSERT_LE(craft.stats().conversation_bytes, o.max_conversation_bytes) << "after conversation " << c;
+  }
+  EXPECT_LT(craft.stats().conversations, 40u);
+  EXPECT_GE(craft.stats().conversations, 2u);
+  const Ids first{id("chunk-of-some-32-hex-digits-", 0)}, last{id("chunk-of-some-32-hex-digits-", 39 * 64)};
+  EXPECT_EQ(craft.plan(last, id("conv", 39), false).dropped.size(), 1u);  // the newest still dedups
+  EXPECT_TRUE(craft.plan(first, id("conv", 0), false).dropped.empty());   // the oldest was forgotten
+  for (int c = 0; c < 40; ++c) craft.forget_conversation(id("conv", c));
+  EXPECT_EQ(craft.stats().conversations, 0u);
+  EXPECT_EQ(craft.stats().conversation_bytes, 0u) << "forgetting gives every byte back";
+}
+
 TEST(Craft, TreeIsBounded) {
   CraftOptions o;
   o.max_tree_nodes = 3;
