@@ -32,6 +32,13 @@ CXX=clang++-14 CF_TARGETS="${targets[*]}" cf_build "$build_dir" RelWithDebInfo -
 
 export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1}"
 export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}"
+# The executed inputs libFuzzer's -print_final_stats reports in a run's log (0 when absent).
+fuzz_executed_units() {
+  local n
+  n="$(sed -n 's/^stat::number_of_executed_units: *\([0-9][0-9]*\).*/\1/p' "$1" | tail -n 1)"
+  echo "${n:-0}"
+}
+
 failed=0
 for target in "${targets[@]}"; do
   name="${target%_fuzz}"
@@ -52,10 +59,23 @@ for target in "${targets[@]}"; do
   cf_log "fuzz $target for ${seconds}s (corpus $corpus, $(find "$seeds" -type f | wc -l) seeds)"
   # -timeout: one input taking >10 s is a hang; -rss_limit_mb also caps single mallocs,
   # so a file that makes the reader allocate hugely is reported as a finding.
+  log="$artifacts/$target.log"
   if ! "$build_dir/$target" "${opts[@]}" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 \
-      -print_final_stats=1 -artifact_prefix="$artifacts/$target-" "$corpus" "$seeds"; then
+      -print_final_stats=1 -artifact_prefix="$artifacts/$target-" "$corpus" "$seeds" 2>&1 | tee "$log"; then
     cf_log "FAIL: $target found a crash; inputs in $artifacts (reproduce: $build_dir/$target FILE)"
     failed=1
+  fi
+  # fuzz/<name>.min_runs: the fewest inputs a run must execute, so that the target stays a
+  # search and not a smoke test (issue 59: the whole-server target gets ~43 in 40 s).
+  if [[ -f "fuzz/$name.min_runs" ]]; then
+    read -r min_runs <"fuzz/$name.min_runs"
+    runs="$(fuzz_executed_units "$log")"
+    if ((runs < min_runs)); then
+      cf_log "FAIL: $target executed $runs inputs, fewer than the $min_runs of fuzz/$name.min_runs"
+      failed=1
+    else
+      cf_log "$target executed $runs inputs (at least $min_runs)"
+    fi
   fi
 done
 exit "$failed"
