@@ -278,7 +278,8 @@ def print_table(rows):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--bin", default=h.binary_path(), help="chunkfuse binary")
-    ap.add_argument("--model", default=h.model_path())
+    ap.add_argument("--model", default=h.model_path(),
+                    help="GGUF the server loads (default: the tests' SmolLM2 135M, or $CHUNKFUSE_MODEL)")
     ap.add_argument("--threads", type=int, default=2, help="server compute threads")
     ap.add_argument("--passages", default="/work/shared/datasets/hotpotqa_dev200.jsonl",
                     help="HotpotQA-format JSON Lines (passages and questions)")
@@ -315,6 +316,7 @@ def main():
     passages, questions = load_pool(args.passages, args.pool)
     workload = make_workload(args.requests, len(passages), args.docs, args.zipf, questions, args.seed)
     distinct = len({d for docs, _ in workload for d in docs})
+    print("model: %s" % args.model, file=sys.stderr)
     print("workload: %d requests x %d docs over %d passages (Zipf s=%.2f, %d distinct used), %d clients, "
           "max_tokens %d, server threads %d" % (args.requests, args.docs, len(passages), args.zipf, distinct,
                                                 args.clients, args.max_tokens, args.threads), file=sys.stderr)
