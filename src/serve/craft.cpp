@@ -159,6 +159,32 @@ struct Craft::Impl {
     return raw;
   }
 
+  // Dedup against what the conversation has seen (its earlier turns and this one): the
+  // indices kept, in request order; the others go to `dropped`. `later_turn` says whether
+  // the conversation existed before this request.
+  std::vector<size_t> dedup(const std::vector<std::string>& chunk_ids, const std::string& conversation_id,
+                            std::vector<size_t>& dropped, bool& later_turn) {
+    std::vector<size_t> kept;
+    if (conversation_id.empty()) {
+      for (size_t i = 0; i < chunk_ids.size(); ++i) kept.push_back(i);
+      return kept;
+    }
+    auto [conv, existed] = conversation(conversation_id);
+    later_turn = existed;
+    for (size_t i = 0; i < chunk_ids.size(); ++i) {
+      if (conv->seen.insert(chunk_ids[i]).second) {
+        kept.push_back(i);
+        conv->bytes += kSeenEntry + chunk_ids[i].size();
+        conversation_bytes += kSeenEntry + chunk_ids[i].size();
+      } else {
+        dropped.push_back(i);
+      }
+    }
+    bound_conversation_bytes();
+    st.chunks_deduped += dropped.size();
+    return kept;
+  }
+
   void prune_tree(const TreeNode* keep_leaf) {
     while (tree_nodes > std::max<size_t>(opt.max_tree_nodes, 1)) {
       TreeNode* victim = nullptr;
@@ -189,26 +215,8 @@ CraftPlan Craft::plan(const std::vector<std::string>& chunk_ids, const std::stri
   ++m.clock;
   m.push_window(chunk_ids);
 
-  // Dedup against what the conversation has seen (its earlier turns and this one).
-  std::vector<size_t> kept;
   bool later_turn = false;
-  if (!conversation_id.empty()) {
-    auto [conv, existed] = m.conversation(conversation_id);
-    later_turn = existed;
-    for (size_t i = 0; i < chunk_ids.size(); ++i) {
-      if (conv->seen.insert(chunk_ids[i]).second) {
-        kept.push_back(i);
-        conv->bytes += Impl::kSeenEntry + chunk_ids[i].size();
-        m.conversation_bytes += Impl::kSeenEntry + chunk_ids[i].size();
-      } else {
-        plan.dropped.push_back(i);
-      }
-    }
-    m.bound_conversation_bytes();
-    m.st.chunks_deduped += plan.dropped.size();
-  } else {
-    for (size_t i = 0; i < chunk_ids.size(); ++i) kept.push_back(i);
-  }
+  const std::vector<size_t> kept = m.dedup(chunk_ids, conversation_id, plan.dropped, later_turn);
 
   auto id = [&](size_t i) -> const std::string& { return chunk_ids[i]; };
   const bool use_tree = !later_turn;
