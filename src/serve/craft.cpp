@@ -181,7 +181,7 @@ struct Craft::Impl {
       }
     }
     bound_conversation_bytes();
-    st.chunks_deduped += dropped.size();
+    st.chunks_deduped += chunk_ids.size() - kept.size();  // this request's, whatever `dropped` held
     return kept;
   }
 
