@@ -13,7 +13,9 @@
 // [d][entry]) and V once ([entry][d]) and shared by every query of the task (its rows x the
 // KV head's query heads); the score and P.V loops are register-blocked over queries (S's
 // kScoreQueries queries x the block's entries; up to S's kAccRegs accumulators of hd in
-// P.V) so that one loaded vector feeds several fmas. Everything stays in float: Q rounded to
+// P.V, out_block) so that one loaded vector feeds several fmas. Per block the scores of
+// every query of the task come first, then every P.V, so that K's block and then V's
+// stays in L1 while its loop sweeps the queries. Everything stays in float: Q rounded to
 // f16 (as llama.cpp's Q.K input is) and scaled, P not rounded to f16 (llama.cpp rounds it),
 // so the result is closer to the exact attention than llama.cpp's (the tests measure it).
 //
@@ -34,6 +36,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <numeric>
 #include <utility>
 #include <vector>
 
@@ -44,11 +47,26 @@ namespace {
 
 inline float flash_f16_round(float x) { return _cvtsh_ss(_cvtss_sh(x, _MM_FROUND_TO_NEAREST_INT)); }
 
-constexpr int largest_divisor_up_to(int n, int most) {
-  for (int d = most < n ? most : n; d > 1; --d)
-    if (n % d == 0) return d;
-  return 1;
+// P.V's register block: q queries x c vectors of hd (c divides nc, q x c <= regs
+// accumulators, q <= 4) with the fewest loads per fma, (q + c) / (q c): each entry loads c V
+// vectors and q probabilities for q x c fmas. Ties take the wider c (fewer passes over o).
+struct OutBlock {
+  int queries, vectors;
+};
+constexpr OutBlock out_block(int nc, int regs) {
+  OutBlock best{1, 1};
+  for (int c = 1; c <= nc && c <= regs; ++c)
+    for (int q = 1; q <= 4 && q * c <= regs; ++q) {
+      if (nc % c != 0) continue;
+      const int lhs = (q + c) * best.queries * best.vectors, rhs = (best.queries + best.vectors) * q * c;
+      if (lhs < rhs || (lhs == rhs && c > best.vectors)) best = {q, c};
+    }
+  return best;
 }
+
+// S may transpose W x W floats in registers (S::transpose(F rows[W])); others take the scalar loop.
+template <class S>
+concept HasTranspose = requires(typename S::F* rows) { S::transpose(rows); };
 
 // hd = head_dim = W * NC.
 template <class S, int NC>
@@ -57,10 +75,10 @@ void flash_tile(const TileArgs& a, std::vector<float>& scratch) {
   constexpr int W = S::W, hd = W * NC, kQ = S::kScoreQueries;
   constexpr size_t kEntries = 4 * W;  // cache entries per block: 4 score vectors per query
   // P.V: kOutQueries queries x kOutC vectors of hd at a time (at most kAccRegs).
-  constexpr int kOutC = largest_divisor_up_to(NC, S::kAccRegs);
-  constexpr int kOutQ0 = S::kAccRegs / kOutC;
-  constexpr int kOutQueries = kOutQ0 >= kQ ? kQ : kOutQ0 >= 2 && kQ % 2 == 0 ? 2 : 1;  // divides kQ
-  static_assert(NC % kOutC == 0 && kQ % kOutQueries == 0);
+  constexpr int kOutC = out_block(NC, S::kAccRegs).vectors;
+  constexpr int kOutQueries = out_block(NC, S::kAccRegs).queries;
+  constexpr size_t kQueryPad = std::lcm(kQ, kOutQueries);  // both loops step through whole groups
+  static_assert(NC % kOutC == 0);
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
   const AttentionShape& s = *a.s;
   const int group = s.n_heads / s.n_kv_heads;
@@ -68,22 +86,24 @@ void flash_tile(const TileArgs& a, std::vector<float>& scratch) {
   const size_t kv_stride = static_cast<size_t>(s.n_kv_heads) * hd;
   const size_t n_rows = a.row_end - a.row_begin;
   const size_t nq = n_rows * static_cast<size_t>(group);
-  const size_t nq_pad = (nq + kQ - 1) / kQ * kQ;
+  const size_t nq_pad = (nq + kQueryPad - 1) / kQueryPad * kQueryPad;
   const float scale = s.score_scale(), q_pre = s.q_prescale();
 
-  // scratch: kt [hd][E] | vt [E][hd] | q [nq_pad][hd] | o [nq_pad][hd] | p [kQ][E] | m, l,
-  // qpos, qlow [nq_pad]
-  scratch.resize(2 * hd * kEntries + 2 * nq_pad * hd + kQ * kEntries + 4 * nq_pad + 16);
+  // scratch: kt [hd][E] | vt [E][hd] | q [nq_pad][hd] | o [nq_pad][hd] | p [nq_pad][E] | m, l,
+  // alpha, qpos, qlow [nq_pad] | seen [nq_pad] (bytes)
+  scratch.resize(2 * hd * kEntries + 2 * nq_pad * hd + nq_pad * kEntries + 6 * nq_pad + 16);
   float* base = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(scratch.data()) + 63) & ~uintptr_t{63});
   float* kt = base;
   float* vt = kt + hd * kEntries;
   float* qs = vt + hd * kEntries;
   float* o = qs + nq_pad * hd;
   float* p = o + nq_pad * hd;
-  float* m = p + kQ * kEntries;
+  float* m = p + nq_pad * kEntries;
   float* l = m + nq_pad;
-  auto* qpos = reinterpret_cast<int32_t*>(l + nq_pad);
+  float* alpha = l + nq_pad;
+  auto* qpos = reinterpret_cast<int32_t*>(alpha + nq_pad);
   int32_t* qlow = qpos + nq_pad;
+  auto* seen = reinterpret_cast<uint8_t*>(qlow + nq_pad);  // the query saw an entry of the block
 
   int32_t max_pos = std::numeric_limits<int32_t>::min(), min_low = std::numeric_limits<int32_t>::max();
   for (size_t qi = 0; qi < nq_pad; ++qi) {
@@ -115,16 +135,28 @@ void flash_tile(const TileArgs& a, std::vector<float>& scratch) {
     const uint16_t* kb = a.K + b0 * kv_stride + static_cast<size_t>(a.kv_head) * hd;
     const uint16_t* vb = a.V + b0 * kv_stride + static_cast<size_t>(a.kv_head) * hd;
     for (size_t e = 0; e < kEntries; ++e)
-      for (int c = 0; c < NC; ++c) {
-        const F k = e < bn ? S::cvtph(kb + e * kv_stride + W * c) : S::zero();
-        const F v = e < bn ? S::cvtph(vb + e * kv_stride + W * c) : S::zero();
-        S::store(vt + e * hd + W * c, v);
-        alignas(64) float kr[W];
-        S::store(kr, k);
-        for (int d = 0; d < W; ++d) kt[(W * c + d) * kEntries + e] = kr[d];
-      }
+      for (int c = 0; c < NC; ++c) S::store(vt + e * hd + W * c, e < bn ? S::cvtph(vb + e * kv_stride + W * c) : S::zero());
+    if constexpr (HasTranspose<S>) {  // W entries x W dims at a time
+      for (size_t e0 = 0; e0 < kEntries; e0 += W)
+        for (int c = 0; c < NC; ++c) {
+          F rows[W];
+          for (int i = 0; i < W; ++i) rows[i] = e0 + i < bn ? S::cvtph(kb + (e0 + i) * kv_stride + W * c) : S::zero();
+          S::transpose(rows);
+          for (int d = 0; d < W; ++d) S::store(kt + (W * c + d) * kEntries + e0, rows[d]);
+        }
+    } else {
+      for (size_t e = 0; e < kEntries; ++e)
+        for (int c = 0; c < NC; ++c) {
+          alignas(64) float kr[W];
+          S::store(kr, e < bn ? S::cvtph(kb + e * kv_stride + W * c) : S::zero());
+          for (int d = 0; d < W; ++d) kt[(W * c + d) * kEntries + e] = kr[d];
+        }
+    }
     const typename S::I ep[4] = {S::load_i(epos), S::load_i(epos + W), S::load_i(epos + 2 * W), S::load_i(epos + 3 * W)};
 
+    // Scores and softmax of every query first, then P.V of every query: a block's K and V
+    // (hd x E floats each: 16 KB apiece at hd 128 on AVX2) do not fit L1 together, but each
+    // alone does while its loop sweeps the task's queries.
     for (size_t q0 = 0; q0 < nq_pad; q0 += kQ) {
       // Scores of kQ queries x the block's entries.
       F acc[kQ][4];
@@ -141,8 +173,6 @@ void flash_tile(const TileArgs& a, std::vector<float>& scratch) {
           acc[j][3] = S::fmadd(qd, k3, acc[j][3]);
         }
       }
-      float alpha[kQ];
-      bool any = false;
       for (int j = 0; j < kQ; ++j) {
         const size_t qi = q0 + j;
         typename S::M vis[4];
@@ -152,13 +182,13 @@ void flash_tile(const TileArgs& a, std::vector<float>& scratch) {
           mx = S::masked_max(mx, vis[c], acc[j][c]);
         }
         const float m_new = std::max(m[qi], S::reduce_max(mx));
-        float* pj = p + j * kEntries;
-        if (m_new == kNegInf) {  // nothing visible yet: o, l, m stay
-          alpha[j] = 1.f;
+        float* pj = p + qi * kEntries;
+        seen[qi] = m_new != kNegInf;
+        if (!seen[qi]) {  // nothing visible yet: o, l, m stay
+          alpha[qi] = 1.f;
           std::fill_n(pj, kEntries, 0.f);
           continue;
         }
-        any = true;
         const F mv = S::set1(m_new);
         F sum = S::zero();
         for (int c = 0; c < 4; ++c) {
@@ -166,29 +196,31 @@ void flash_tile(const TileArgs& a, std::vector<float>& scratch) {
           S::store(pj + W * c, pc);
           sum = S::add(sum, pc);
         }
-        alpha[j] = m[qi] == kNegInf ? 0.f : S::first(S::exp(S::set1(m[qi] - m_new)));
-        l[qi] = l[qi] * alpha[j] + S::reduce_add(sum);
+        alpha[qi] = m[qi] == kNegInf ? 0.f : S::first(S::exp(S::set1(m[qi] - m_new)));
+        l[qi] = l[qi] * alpha[qi] + S::reduce_add(sum);
         m[qi] = m_new;
       }
-      if (!any) continue;
-      // o = o * alpha + P V, kOutQueries queries x kOutC vectors at a time.
-      for (int j0 = 0; j0 < kQ; j0 += kOutQueries)
-        for (int c0 = 0; c0 < NC; c0 += kOutC) {
-          F out[kOutQueries][kOutC];
-          for (int j = 0; j < kOutQueries; ++j) {
-            const F al = S::set1(alpha[j0 + j]);
-            for (int c = 0; c < kOutC; ++c) out[j][c] = S::mul(S::load(o + (q0 + j0 + j) * hd + W * (c0 + c)), al);
-          }
-          for (size_t e = 0; e < bn; ++e) {
-            const float* ve = vt + e * hd + W * c0;
-            for (int c = 0; c < kOutC; ++c) {
-              const F v = S::load(ve + W * c);
-              for (int j = 0; j < kOutQueries; ++j) out[j][c] = S::fmadd(S::set1(p[(j0 + j) * kEntries + e]), v, out[j][c]);
-            }
-          }
-          for (int j = 0; j < kOutQueries; ++j)
-            for (int c = 0; c < kOutC; ++c) S::store(o + (q0 + j0 + j) * hd + W * (c0 + c), out[j][c]);
+    }
+    // o = o * alpha + P V, kOutQueries queries x kOutC vectors at a time; a group none of whose
+    // queries saw the block is skipped.
+    for (size_t q0 = 0; q0 < nq_pad; q0 += kOutQueries) {
+      if (std::none_of(seen + q0, seen + q0 + kOutQueries, [](uint8_t v) { return v != 0; })) continue;
+      for (int c0 = 0; c0 < NC; c0 += kOutC) {
+        F out[kOutQueries][kOutC];
+        for (int j = 0; j < kOutQueries; ++j) {
+          const F al = S::set1(alpha[q0 + j]);
+          for (int c = 0; c < kOutC; ++c) out[j][c] = S::mul(S::load(o + (q0 + j) * hd + W * (c0 + c)), al);
         }
+        for (size_t e = 0; e < bn; ++e) {
+          const float* ve = vt + e * hd + W * c0;
+          for (int c = 0; c < kOutC; ++c) {
+            const F v = S::load(ve + W * c);
+            for (int j = 0; j < kOutQueries; ++j) out[j][c] = S::fmadd(S::set1(p[(q0 + j) * kEntries + e]), v, out[j][c]);
+          }
+        }
+        for (int j = 0; j < kOutQueries; ++j)
+          for (int c = 0; c < kOutC; ++c) S::store(o + (q0 + j) * hd + W * (c0 + c), out[j][c]);
+      }
     }
   }
 
