@@ -25,8 +25,8 @@
 //
 // S provides: F (float vector of W lanes), I (int32 vector), M (lane mask), kScoreQueries,
 // kAccRegs; zero, set1, load, store, fmadd, mul, add, sub, load_i, visible(e, pos, low)
-// (low < e <= pos), masked_max(mx, m, v), maskz(m, v), reduce_max, reduce_add, first, exp,
-// cvtph (W f16 values from memory). Internal linkage on purpose (as kernels_panel.h): each
+// (low < e <= pos), masked_max(mx, m, v), maskz(m, v), reduce_max, reduce_add, first, exp (of
+// x <= 0; a lane the caller masks off may hold any value), cvtph (W f16 values from memory). Internal linkage on purpose (as kernels_panel.h): each
 // ISA's file compiles this with its own flags.
 #pragma once
 #include <immintrin.h>
@@ -67,6 +67,11 @@ constexpr OutBlock out_block(int nc, int regs) {
 // S may transpose W x W floats in registers (S::transpose(F rows[W])); others take the scalar loop.
 template <class S>
 concept HasTranspose = requires(typename S::F* rows) { S::transpose(rows); };
+
+// S may pin a vector to a register (S::pin(F&)): GCC otherwise folds a V load into each of the
+// fmas that use it, and P.V's loads then outnumber what the load ports take beside its fmas.
+template <class S>
+concept HasPin = requires(typename S::F& v) { S::pin(v); };
 
 // hd = head_dim = W * NC.
 template <class S, int NC>
@@ -196,7 +201,8 @@ void flash_tile(const TileArgs& a, std::vector<float>& scratch) {
           S::store(pj + W * c, pc);
           sum = S::add(sum, pc);
         }
-        alpha[qi] = m[qi] == kNegInf ? 0.f : S::first(S::exp(S::set1(m[qi] - m_new)));
+        // The maximum moves in few blocks once a query has seen its larger scores.
+        alpha[qi] = m[qi] == kNegInf ? 0.f : m[qi] == m_new ? 1.f : S::first(S::exp(S::set1(m[qi] - m_new)));
         l[qi] = l[qi] * alpha[qi] + S::reduce_add(sum);
         m[qi] = m_new;
       }
@@ -213,9 +219,12 @@ void flash_tile(const TileArgs& a, std::vector<float>& scratch) {
         }
         for (size_t e = 0; e < bn; ++e) {
           const float* ve = vt + e * hd + W * c0;
+          F pj[kOutQueries];
+          for (int j = 0; j < kOutQueries; ++j) pj[j] = S::set1(p[(q0 + j) * kEntries + e]);
           for (int c = 0; c < kOutC; ++c) {
-            const F v = S::load(ve + W * c);
-            for (int j = 0; j < kOutQueries; ++j) out[j][c] = S::fmadd(S::set1(p[(q0 + j) * kEntries + e]), v, out[j][c]);
+            F v = S::load(ve + W * c);
+            if constexpr (HasPin<S>) S::pin(v);
+            for (int j = 0; j < kOutQueries; ++j) out[j][c] = S::fmadd(pj[j], v, out[j][c]);
           }
         }
         for (int j = 0; j < kOutQueries; ++j)

@@ -45,7 +45,8 @@ struct Avx2 {
     return _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
   }
   static float first(F v) { return _mm256_cvtss_f32(v); }
-  static F exp(F v) { return exp8(v); }
+  static F exp(F v) { return exp8_nonpositive(v); }
+  static void pin(F& v) { asm("" : "+x"(v)); }  // one load of each V vector for both queries
   static F cvtph(const uint16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
   static void transpose(F r[8]) {  // 8 x 8 floats: unpack pairs, then quads, then halves
     const F t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);

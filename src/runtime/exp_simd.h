@@ -36,6 +36,27 @@ inline __m256 exp8(__m256 x) {
                                        _mm256_cmp_ps(n, _mm256_setzero_ps(), _CMP_LE_OQ));
   return _mm256_blendv_ps(res, edge, out_of_range);
 }
+
+// exp of a softmax's x - max (x <= 0, or a lane masked off afterwards): exp8's polynomial with
+// one scale 2^n, n in [-126, 0], where exp8 guards both ends with two scales and blends (about
+// 10 fewer operations). x is clamped at -87 (its result ~1.4 x 2^-126, never a denormal: those
+// cost a microcode assist on Intel; exp8 goes on to 0), invisible beside the maximum's 1 in a
+// softmax's sum; a positive x gives garbage, which the caller's mask drops.
+inline __m256 exp8_nonpositive(__m256 x) {
+  x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));  // a NaN lane (masked) becomes -87 too
+  const __m256 shift = _mm256_set1_ps(0x1.8p23f);
+  const __m256 z = _mm256_fmadd_ps(x, _mm256_set1_ps(0x1.715476p+0f), shift);
+  const __m256 n = _mm256_sub_ps(z, shift);
+  const __m256 b = _mm256_fnmadd_ps(n, _mm256_set1_ps(0x1.7f7d1cp-20f), _mm256_fnmadd_ps(n, _mm256_set1_ps(0x1.62e4p-1f), x));
+  const __m256 u = _mm256_mul_ps(b, b);
+  const __m256 j = _mm256_fmadd_ps(
+      _mm256_fmadd_ps(_mm256_fmadd_ps(_mm256_set1_ps(0x1.0e4020p-7f), b, _mm256_set1_ps(0x1.573e2ep-5f)), u,
+                      _mm256_fmadd_ps(_mm256_set1_ps(0x1.555e66p-3f), b, _mm256_set1_ps(0x1.fffdb6p-2f))),
+      u, _mm256_fmadd_ps(_mm256_set1_ps(0x1.ffffecp-1f), b, _mm256_set1_ps(1.0f)));
+  // z's low mantissa bits hold n + 2^22 + 2^23: adding 127 there and shifting gives 2^n.
+  const __m256i scale = _mm256_slli_epi32(_mm256_add_epi32(_mm256_castps_si256(z), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(j, _mm256_castsi256_ps(scale));
+}
 #endif
 
 #if defined(__AVX512F__)
