@@ -48,13 +48,14 @@ void gather_rows(const float* src, size_t dim, std::span<const size_t> rows, std
 Forward::Forward(const Model& model, ThreadPool& pool) : model_(model), pool_(pool) {}
 
 ForwardOutput Forward::run(KvCache& cache, const ForwardInput& in, const ForwardHooks* hooks) {
-  const size_t max_rows = splitting() ? std::clamp(split_.max_rows, kMinSplitRows, kMaxPassRows) : kMaxPassRows;
-  if (!hooks && in.tokens.size() > 1 &&
+  const size_t max_rows = splitting() ? split_rows() : kMaxPassRows;
+  const bool by_rows = !hooks || (hooks->only_stop() && in.logit_rows.empty());
+  if (by_rows && in.tokens.size() > 1 &&
       std::adjacent_find(in.positions.begin(), in.positions.end(), std::greater_equal<>()) == in.positions.end()) {
     const size_t first_end = end_of_pass(in.positions, 0, max_rows);
     if (first_end < in.tokens.size()) {
       check_input(model_.hparams(), cache, in);  // all of it, before a first pass touches the cache
-      return run_in_passes(cache, in, first_end, max_rows);
+      return run_in_passes(cache, in, hooks, first_end, max_rows);
     }
   }
   const BatchSequence seq{&cache, in};
@@ -71,8 +72,10 @@ ForwardOutput Forward::run(KvCache& cache, const ForwardInput& in, const Forward
 // appended with K/V zero at position 0) is then later than every row of the passes before it,
 // hence invisible to them, as in one pass. What passes buy is bounded scratch memory
 // (activations for 512 rows: about 100 MB less for a 2048-token prompt on Qwen2.5-0.5B) and,
-// with a PassSplit, room for other work between them.
-ForwardOutput Forward::run_in_passes(KvCache& cache, const ForwardInput& in, size_t first_end, size_t max_rows) {
+// with a PassSplit, room for other work between them. Hooks that only stop the pass after a
+// layer stop every piece there (the rows of later pieces see those layers' K/V, nothing after).
+ForwardOutput Forward::run_in_passes(KvCache& cache, const ForwardInput& in, const ForwardHooks* stop, size_t first_end,
+                                     size_t max_rows) {
   const size_t n = in.tokens.size();
   ForwardOutput out;
   out.vocab = static_cast<size_t>(model_.hparams().vocab_size);
@@ -93,20 +96,33 @@ ForwardOutput Forward::run_in_passes(KvCache& cache, const ForwardInput& in, siz
       }
     part.logit_rows = rows;
     const BatchSequence seq{&cache, part};
-    ForwardOutput o = std::move(run_sequences(std::span<const BatchSequence>(&seq, 1), nullptr).front());
+    ForwardOutput o = std::move(run_sequences(std::span<const BatchSequence>(&seq, 1), stop).front());
+    out.stopped_early = o.stopped_early;
     out.slots.insert(out.slots.end(), o.slots.begin(), o.slots.end());
     for (size_t i = 0; i < where.size(); ++i)
       std::copy_n(o.row_logits(i), out.vocab, out.logits.begin() + static_cast<std::ptrdiff_t>(where[i] * out.vocab));
-    if (end < n && splitting()) {
-      in_between_ = true;
-      struct Reset {
-        bool& flag;
-        ~Reset() { flag = false; }
-      } reset{in_between_};
-      split_.between(part.positions);
-    }
+    if (end < n && splitting()) pause([&] { split_.between(part.positions); });
   }
   return out;
+}
+
+void Forward::pause(const std::function<void()>& work) {
+  in_between_ = true;
+  struct Reset {
+    bool& flag;
+    ~Reset() { flag = false; }
+  } reset{in_between_};
+  work();
+}
+
+// The layers a hooked pass runs before its next pause (PassSplit::between_layers), from layer
+// `from`: the share of the model's layers that the rows next_rows grants a whole pass buy.
+int Forward::layers_of_next_run(std::span<const int32_t> positions, int from) const {
+  const int n_layers = model_.hparams().n_layers;
+  const size_t max_rows = split_rows();
+  const size_t rows = split_.next_rows ? std::clamp<size_t>(split_.next_rows(positions), 2, max_rows) : max_rows;
+  const size_t layers = static_cast<size_t>(n_layers) * rows / std::max<size_t>(positions.size(), 1);
+  return static_cast<int>(std::clamp<size_t>(layers, 1, static_cast<size_t>(n_layers - from)));
 }
 
 // Where the pass that starts at row `begin` of a pass at `positions` ends: max_rows later, or what the
@@ -205,6 +221,10 @@ std::vector<ForwardOutput> Forward::run_sequences(std::span<const BatchSequence>
     });
   };
   const bool any_hook = hooks && hooks->on_layer;
+  // A hooked pass pauses between runs of layers (PassSplit::between_layers); run_end: the
+  // layer before which the current run ends.
+  const bool layer_pauses = hooks && !hooks->only_stop() && splitting() && split_.between_layers;
+  int run_begin = 0, run_end = layer_pauses ? layers_of_next_run(std::span(positions.data(), n), 0) : h.n_layers;
 
   for (int l = 0; l < h.n_layers; ++l) {
     const LayerWeights& w = model_.layers()[l];
@@ -347,6 +367,13 @@ std::vector<ForwardOutput> Forward::run_sequences(std::span<const BatchSequence>
         offset[1] = n;  // one sequence (hooks)
         for (size_t i = 0; i < tap_rows.size(); ++i) tap_rows[i] = live_of_input[hooks->rows[i]];
       }
+    }
+    if (layer_pauses && l + 1 == run_end && run_end < h.n_layers) {
+      const std::span<const int32_t> live(positions.data(), n);
+      const double share = static_cast<double>(run_end - run_begin) / h.n_layers;
+      pause([&] { split_.between_layers(live, share); });
+      run_begin = run_end;
+      run_end += layers_of_next_run(live, run_begin);
     }
   }
 

@@ -10,6 +10,7 @@
 //  - Hooks can read, per layer and for chosen rows, the hidden state, Q/K/V and attention
 //    probabilities, and the pass can stop after a given layer.
 #pragma once
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -70,6 +71,13 @@ struct ForwardHooks {
   // passes only.
   static constexpr int32_t kHiddenEntry = INT32_MAX;
   std::function<const int32_t*(int layer)> mask_positions;
+
+  // Hooks that only stop the pass (CacheBlend's fresh pass up to its check layer): each row's
+  // result does not depend on the other rows beyond what the cache holds, so such a pass may
+  // be cut into rows like a pass without hooks.
+  bool only_stop() const {
+    return rows.empty() && !capture_attention && !on_layer && !retire_after_layer && !mask_positions;
+  }
 };
 
 struct ForwardOutput {
@@ -91,7 +99,8 @@ class Forward {
   Forward(const Model& model, ThreadPool& pool);
   // Throws std::invalid_argument on inconsistent input (sizes, token ids out of range,
   // slots out of range, negative positions). An append of more than kMaxPassRows rows with
-  // increasing positions and no hooks runs as several passes (same results, bounded memory).
+  // increasing positions and no hooks (or hooks that only stop it, without logits) runs as
+  // several passes (same results, bounded memory).
   ForwardOutput run(KvCache& cache, const ForwardInput& in, const ForwardHooks* hooks = nullptr);
   static constexpr size_t kMaxPassRows = 512;
   static constexpr size_t kMinSplitRows = 4;  // a PassSplit's max_rows is raised to this
@@ -107,10 +116,22 @@ class Forward {
   // may take (clamped to [2, max_rows]; a
   // pass of one row is never cut off, see end_of_pass), so that the owner can size a pass by the
   // time it may take (serve --itl-target-ms).
+  //
+  // A pass with hooks that see every row of a layer at once (a selector's probe: QCFuse's
+  // question rows, FusionRAG's and Cache-Craft's attention captures, a chunk's kvzip scoring)
+  // cannot be cut into rows (hooks that only stop it can: ForwardHooks::only_stop); with
+  // `between_layers` set it is cut into runs of layers instead: before
+  // each run next_rows is asked as for a piece (rows of a whole pass through every layer), and
+  // the run takes that share of the layers, n_layers x rows / the pass's rows (at least one);
+  // `between_layers` runs after every run but the last, told the pass's rows' positions and the
+  // share of the model's layers run since the last pause. Hooks and results do not change: the
+  // pass only waits between two layers (its own state stays in run's locals; what runs in the
+  // pause uses other caches and is not split).
   struct PassSplit {
     size_t max_rows = 0;  // 0 or no `between`: passes of kMaxPassRows, nothing between
     std::function<void(std::span<const int32_t> done)> between;  // `done`: the positions of the pass just run
     std::function<size_t(std::span<const int32_t> positions)> next_rows;  // of the rows left; unset: max_rows
+    std::function<void(std::span<const int32_t> rows, double layer_share)> between_layers;  // unset: hooked passes whole
   };
   void set_pass_split(PassSplit split) { split_ = std::move(split); }
   // Several independent sequences in one pass (continuous batching of decode steps): the
@@ -123,7 +144,11 @@ class Forward {
 
  private:
   std::vector<ForwardOutput> run_sequences(std::span<const BatchSequence> sequences, const ForwardHooks* hooks);
-  ForwardOutput run_in_passes(KvCache& cache, const ForwardInput& in, size_t first_end, size_t max_rows);
+  ForwardOutput run_in_passes(KvCache& cache, const ForwardInput& in, const ForwardHooks* stop, size_t first_end,
+                              size_t max_rows);
+  size_t split_rows() const { return std::clamp(split_.max_rows, kMinSplitRows, kMaxPassRows); }
+  int layers_of_next_run(std::span<const int32_t> positions, int from) const;
+  void pause(const std::function<void()>& work);  // runs `work` with splitting off
   size_t end_of_pass(std::span<const int32_t> positions, size_t begin, size_t max_rows) const;
   const Model& model_;
   ThreadPool& pool_;

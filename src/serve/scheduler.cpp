@@ -29,7 +29,8 @@ Scheduler::Scheduler(Forward& fwd, SchedulerOptions opt)
   if (!opt_.kv_budget) own_budget_ = std::make_unique<KvBudget>(opt_.kv_budget_bytes);
   budget_ = opt_.kv_budget ? opt_.kv_budget : own_budget_.get();
   fwd_.set_pass_split({opt_.prefill_chunk, [this](std::span<const int32_t> done) { between_passes(done); },
-                       [this](std::span<const int32_t> left) { return next_piece_rows(left); }});
+                       [this](std::span<const int32_t> left) { return next_piece_rows(left); },
+                       [this](std::span<const int32_t>, double) { pause_prefill(); }});
   thread_ = std::thread([this] { loop(); });
 }
 
@@ -263,11 +264,18 @@ void Scheduler::start_one(SchedulerJob& job) {
   n_running_ = running_.size();
 }
 
-// Between two pieces of a split pass (Forward::PassSplit): a prefilling job whose client is
-// gone stops here; otherwise every running request decodes one token.
+// Between two pieces of a split pass (Forward::PassSplit): the piece's cost is measured for the
+// piece sizer, then the pause.
 void Scheduler::between_passes(std::span<const int32_t> done) {
-  ++prefill_pieces_;
   pieces_.record_piece(done.size(), std::accumulate(done.begin(), done.end(), 0.0), ms_since(piece_start_));
+  pause_prefill();
+}
+
+// Between two pieces, or two runs of layers of a pass with hooks (those are not measured: a
+// hook's own work, such as capturing attention, would be counted as rows' cost): a prefilling
+// job whose client is gone stops here; otherwise every running request decodes one token.
+void Scheduler::pause_prefill() {
+  ++prefill_pieces_;
   if (prefilling_ && prefilling_->cancel) throw client_gone_error();
   if (!running_.empty()) decode_step();
 }

@@ -15,7 +15,10 @@
 // step of the batch the requests in the server would form), at most `prefill_chunk` rows, and
 // measured after it ran (its rows and their positions, as the Forward pass hands them to
 // `between`). Deviation from those systems: a step's decode rows and prefill rows run as two
-// passes, not one mixed batch, and one request prefills at a time. Passes with hooks (a selector's probes) are not split.
+// passes, not one mixed batch, and one request prefills at a time. A pass with hooks (a
+// selector's probe, which sees every row of a layer at once) is cut between layers instead
+// (Forward::PassSplit::between_layers), each run of layers sized like a piece; those runs are
+// not measured.
 //
 // Order (issue 58 item 2): FIFO by default. `priority` serves the lowest SchedulerJob::priority
 // first (vLLM's convention), `shortest` the least prefill work (SchedulerJob::work: fused
@@ -164,6 +167,7 @@ class Scheduler {
   void loop();
   void start_one(SchedulerJob& job);
   void between_passes(std::span<const int32_t> done);
+  void pause_prefill();
   size_t next_piece_rows(std::span<const int32_t> positions);
   void decode_step();
   void finish(SchedulerJob& job);

@@ -119,7 +119,7 @@ TEST(Forward, SplitPassesGiveTheBitsOfOnePass) {
   std::reverse(other.begin(), other.end());  // stale K/V: another text at the same positions
   Forward fwd(shared_model(), shared_pool());
   int betweens = 0;
-  fwd.set_pass_split({4, [&](std::span<const int32_t>) { ++betweens; }, {}});
+  fwd.set_pass_split({4, [&](std::span<const int32_t>) { ++betweens; }, {}, {}});
 
   // An append of 30 rows: passes of 4, 7 pauses.
   KvCache split_append(h), one_append(h);
@@ -170,7 +170,7 @@ TEST(Forward, SplitPassesGiveTheBitsOfOnePass) {
                         fwd.run(inner, {std::span(ids).first(9), iota_positions(9), {}, {}});
                         throw std::runtime_error("client gone");
                       },
-                      {}});
+                      {}, {}});
   betweens = 0;
   KvCache stopped(h);
   EXPECT_THROW(fwd.run(stopped, {std::span(ids).first(30), pos30, {}, {}}), std::runtime_error);
@@ -200,7 +200,7 @@ TEST(Forward, PiecesOfChangingSizesGiveTheBitsOfOnePass) {
                       [&](std::span<const int32_t> left) {
                         first_positions.push_back(left.front());
                         return asked[std::min(calls++, asked.size() - 1)];
-                      }});
+                      }, {}});
   const auto pos = iota_positions(45);
   const std::vector<size_t> logit_rows = {44, 5, 6};
   const auto a = fwd.run(split, {std::span(ids).first(45), pos, {}, logit_rows});
@@ -221,7 +221,7 @@ TEST(Forward, PiecesOfChangingSizesGiveTheBitsOfOnePass) {
   passes.clear();
   KvCache no_single(h);
   fwd.set_pass_split({12, [&](std::span<const int32_t>) { passes.push_back(no_single.size()); },
-                      [&](std::span<const int32_t>) { return size_t{11}; }});
+                      [&](std::span<const int32_t>) { return size_t{11}; }, {}});
   const auto c = fwd.run(no_single, {std::span(ids).first(45), pos, {}, logit_rows});
   EXPECT_EQ(passes, (std::vector<size_t>{11, 22, 33}));
   EXPECT_EQ(0, std::memcmp(c.logits.data(), b.logits.data(), c.logits.size() * sizeof(float)));
@@ -232,11 +232,148 @@ TEST(Forward, PiecesOfChangingSizesGiveTheBitsOfOnePass) {
   fwd.set_pass_split({12, [&](std::span<const int32_t>) { passes.push_back(0); }, [&](std::span<const int32_t>) {
                         ++calls;
                         return size_t{40};
-                      }});
+                      }, {}});
   KvCache short_pass(h);
   fwd.run(short_pass, {std::span(ids).first(10), iota_positions(10), {}, {}});
   EXPECT_TRUE(passes.empty());
   EXPECT_EQ(calls, 1u);
+}
+
+// A pass with hooks is cut between layers, not rows (PassSplit::between_layers, issue 58: a
+// selector's probe no longer holds every stream for its whole pass): each run of layers takes
+// n_layers x (next_rows' answer) / the pass's rows, the pause is told the rows and the share of
+// layers run, a pass run inside the pause (a decode step of another cache) is not split, and the
+// hooks and logits are those of the whole pass. Stopping early ends the runs; a throw from the
+// pause leaves run(); without between_layers a hooked pass runs whole.
+TEST(Forward, HookedPassesPauseBetweenLayersAndKeepTheirResults) {
+  CF_REQUIRE_MODEL();
+  const auto& h = shared_model().hparams();
+  const int L = h.n_layers;
+  ASSERT_GE(L, 8);
+  const auto ids = sample_tokens(40);
+  const auto pos = iota_positions(24);
+  const std::vector<size_t> logit_rows = {23};
+  Forward fwd(shared_model(), shared_pool());
+
+  struct Seen {
+    std::vector<float> hidden, probs;
+    std::vector<int> layers;
+  };
+  auto hooked = [&](Seen& seen, int stop) {
+    ForwardHooks hooks;
+    hooks.rows = {2, 23};
+    hooks.capture_attention = true;
+    hooks.stop_after_layer = stop;
+    hooks.on_layer = [&seen](const LayerTap& t) {
+      seen.layers.push_back(t.layer);
+      seen.hidden.insert(seen.hidden.end(), t.hidden_out, t.hidden_out + t.rows.size() * 8);
+      seen.probs.insert(seen.probs.end(), t.attn_probs, t.attn_probs + t.n_entries);
+    };
+    return hooks;
+  };
+  Seen whole_seen;
+  KvCache whole(h);
+  const ForwardHooks whole_hooks = hooked(whole_seen, -1);
+  const auto whole_out = fwd.run(whole, {std::span(ids).first(24), pos, {}, logit_rows}, &whole_hooks);
+
+  // next_rows grants 6 of the 24 rows (within max_rows 12): runs of L / 4 layers.
+  const int per_run = L * 6 / 24;
+  std::vector<std::pair<size_t, double>> pauses;  // rows told, share told
+  size_t asked = 0;
+  fwd.set_pass_split({12, [](std::span<const int32_t>) {},
+                      [&](std::span<const int32_t> left) {
+                        ++asked;
+                        return size_t{6};
+                      },
+                      [&](std::span<const int32_t> rows, double share) {
+                        pauses.emplace_back(rows.size(), share);
+                        KvCache other(h);  // another sequence's step in the pause: not split
+                        const size_t before = asked;
+                        fwd.run(other, {std::span(ids).subspan(24, 12), iota_positions(12), {}, {}});
+                        EXPECT_EQ(asked, before);
+                      }});
+  Seen split_seen;
+  KvCache split(h);
+  const ForwardHooks split_hooks = hooked(split_seen, -1);
+  const auto split_out = fwd.run(split, {std::span(ids).first(24), pos, {}, logit_rows}, &split_hooks);
+  const size_t runs = static_cast<size_t>((L + per_run - 1) / per_run);
+  ASSERT_EQ(pauses.size(), runs - 1);
+  for (const auto& [rows, share] : pauses) {
+    EXPECT_EQ(rows, 24u);
+    EXPECT_DOUBLE_EQ(share, static_cast<double>(per_run) / L);
+  }
+  EXPECT_EQ(asked, runs);  // before every run
+  EXPECT_EQ(split_seen.layers, whole_seen.layers);
+  EXPECT_EQ(split_seen.hidden, whole_seen.hidden);
+  EXPECT_EQ(split_seen.probs, whole_seen.probs);
+  ASSERT_EQ(split_out.logits.size(), whole_out.logits.size());
+  EXPECT_EQ(0, std::memcmp(split_out.logits.data(), whole_out.logits.data(), whole_out.logits.size() * sizeof(float)));
+  for (int l = 0; l < L; ++l) EXPECT_EQ(k_rows(split, l, 0, 24), k_rows(whole, l, 0, 24)) << "layer " << l;
+
+  // A pass that stops after the first run's last layer never pauses.
+  pauses.clear();
+  Seen stop_seen;
+  KvCache stopped(h);
+  const ForwardHooks stop_hooks = hooked(stop_seen, per_run - 1);
+  EXPECT_TRUE(fwd.run(stopped, {std::span(ids).first(24), pos, {}, logit_rows}, &stop_hooks).stopped_early);
+  EXPECT_TRUE(pauses.empty());
+  EXPECT_EQ(stop_seen.layers.size(), static_cast<size_t>(per_run));
+
+  // The pause may stop the pass (a cancelled request).
+  fwd.set_pass_split({12, [](std::span<const int32_t>) {}, [](std::span<const int32_t>) { return size_t{6}; },
+                      [](std::span<const int32_t>, double) { throw std::runtime_error("client gone"); }});
+  Seen cancelled_seen;
+  KvCache cancelled(h);
+  const ForwardHooks cancelled_hooks = hooked(cancelled_seen, -1);
+  EXPECT_THROW(fwd.run(cancelled, {std::span(ids).first(24), pos, {}, logit_rows}, &cancelled_hooks), std::runtime_error);
+  EXPECT_EQ(cancelled_seen.layers.size(), static_cast<size_t>(per_run));
+
+  // Row pieces only: a hooked pass runs whole.
+  size_t row_pauses = 0;
+  fwd.set_pass_split({12, [&](std::span<const int32_t>) { ++row_pauses; }, [](std::span<const int32_t>) { return size_t{6}; }, {}});
+  Seen unsplit_seen;
+  KvCache unsplit(h);
+  const ForwardHooks unsplit_hooks = hooked(unsplit_seen, -1);
+  fwd.run(unsplit, {std::span(ids).first(24), pos, {}, logit_rows}, &unsplit_hooks);
+  EXPECT_EQ(row_pauses, 0u);
+  EXPECT_EQ(unsplit_seen.layers.size(), static_cast<size_t>(L));
+  fwd.set_pass_split({});
+}
+
+// Hooks that only stop the pass (CacheBlend's fresh pass over the context up to its check layer)
+// let it be cut into rows like a plain pass: the layers up to the stop get the K/V of one pass,
+// the layers after keep what the cache held, and the pass says it stopped early.
+TEST(Forward, PassesThatOnlyStopAreCutIntoRows) {
+  CF_REQUIRE_MODEL();
+  const auto& h = shared_model().hparams();
+  const auto ids = sample_tokens(60);
+  auto other = ids;
+  std::reverse(other.begin(), other.end());
+  Forward fwd(shared_model(), shared_pool());
+  KvCache stale(h);
+  fwd.run(stale, {std::span(other).first(30), iota_positions(30), {}, {}});
+  std::vector<size_t> slots(30);
+  std::iota(slots.begin(), slots.end(), size_t{0});
+  const auto pos = iota_positions(30);
+  ForwardHooks stop;
+  stop.stop_after_layer = 1;
+  ASSERT_TRUE(stop.only_stop());
+
+  KvCache one = stale, split = stale;
+  EXPECT_TRUE(fwd.run(one, {std::span(ids).first(30), pos, slots, {}}, &stop).stopped_early);
+  size_t pauses = 0, layer_pauses = 0;
+  fwd.set_pass_split({4, [&](std::span<const int32_t>) { ++pauses; }, {},
+                      [&](std::span<const int32_t>, double) { ++layer_pauses; }});
+  EXPECT_TRUE(fwd.run(split, {std::span(ids).first(30), pos, slots, {}}, &stop).stopped_early);
+  fwd.set_pass_split({});
+  EXPECT_EQ(pauses, 7u);  // 30 rows in passes of 4
+  EXPECT_EQ(layer_pauses, 0u);
+  for (int l = 0; l < h.n_layers; ++l) {
+    EXPECT_EQ(k_rows(split, l, 0, 30), k_rows(one, l, 0, 30)) << "layer " << l;
+    EXPECT_EQ(v_rows(split, l, 0, 30), v_rows(one, l, 0, 30)) << "layer " << l;
+  }
+  EXPECT_NE(k_rows(split, 1, 0, 30), k_rows(stale, 1, 0, 30));
+  EXPECT_EQ(k_rows(split, 2, 0, 30), k_rows(stale, 2, 0, 30));  // not run past the stop
 }
 
 // Rows in any order: the mask is by position, not by row order. Sums over entries then run

@@ -345,6 +345,33 @@ TEST(Engine, AnswersDoNotDependOnLoadOrArrivalOrder) {
   EXPECT_GT(after.prefill_pieces - before.prefill_pieces, 0u) << "no prefill was cut into pieces";
 }
 
+// Issue 58: a selector's pass over the whole context no longer runs in one piece. CacheBlend's
+// fresh pass up to its check layer (hooks that only stop it) is cut into rows like any prefill;
+// with warm chunk caches it and EPIC recompute the same number of rows, so CacheBlend's extra
+// pauses are that pass's pieces (before: none; every stream waited for the whole pass).
+TEST(Engine, ASelectorsPassOverTheWholeContextIsCutIntoPieces) {
+  CF_REQUIRE_MODEL();
+  EngineOptions o = engine_options();
+  o.cache_dir = test_dir() + "/store-selector-pieces";
+  o.prefill_chunk = 16;
+  Engine e(o);
+  auto pieces_of = [&](const std::string& method, CompletionResult* result) {
+    CompletionRequest r = chat("What is the highest mountain?", kDocs, method, 4);
+    r.fusion.options.ratio = 0.15;
+    e.complete(r);  // the chunk caches, warm for the measured run
+    const uint64_t before = e.metrics().prefill_pieces;
+    *result = e.complete(r);
+    return e.metrics().prefill_pieces - before;
+  };
+  CompletionResult epic, cacheblend;
+  const uint64_t epic_pieces = pieces_of("epic", &epic);
+  const uint64_t cacheblend_pieces = pieces_of("cacheblend", &cacheblend);
+  ASSERT_EQ(epic.recomputed_tokens, cacheblend.recomputed_tokens);
+  const size_t context = cacheblend.cached_tokens + cacheblend.recomputed_tokens;
+  ASSERT_GT(context, 48u);
+  EXPECT_GE(cacheblend_pieces, epic_pieces + context / 16 - 1) << "context " << context;
+}
+
 TEST(Engine, CompletionsWithDocumentsInEveryMode) {
   CF_REQUIRE_MODEL();
   Engine& e = shared_engine();
