@@ -6,7 +6,10 @@
 // median G MAC/s) against the kernel with 2 score queries, the P.V of one query x 8 vectors,
 // K transposed by scalar stores and P.V interleaved with the scores: Qwen 1.5B's heads (128)
 // 40.5 -> 51.5, Gemma 3's (256) 36.5 -> 43.6, Qwen 0.5B's (64) 41.3 -> 44.8, SmolLM2's
-// 41.9 -> 43.3 (the last two within the noise).
+// 41.9 -> 43.3 (the last two within the noise). Then the softmax's exp of x <= 0 with one
+// scale (exp8_nonpositive), each V vector loaded once for both P.V queries (pin) and alpha's
+// exp skipped when the maximum stays: 41.6 -> 50.9 (64), 47.1 -> 59.8 (128), 49.0 -> 52.6 (256)
+// (bench/results/attention_issue57/zen3_20261207b.txt).
 #include "runtime/attention_flash.h"
 #include "runtime/exp_simd.h"
 

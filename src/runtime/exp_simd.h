@@ -10,9 +10,12 @@ namespace cf::rk {
 namespace {
 
 #if defined(__AVX2__)
-// exp_inline on 8 lanes, the same float operations in the same order (GCC does not
-// vectorize the scalar form for AVX2: the SiLU and softmax loops ran it one value at a time).
-inline __m256 exp8(__m256 x) {
+// exp_inline's argument reduction and polynomial on 8 lanes: x = n ln2 + b, j ~ e^b; z is
+// x log2(e) + 1.5 x 2^23, whose low mantissa bits hold n.
+struct Exp8Parts {
+  __m256 z, n, j;
+};
+inline Exp8Parts exp8_parts(__m256 x) {
   const __m256 shift = _mm256_set1_ps(0x1.8p23f);
   const __m256 z = _mm256_fmadd_ps(x, _mm256_set1_ps(0x1.715476p+0f), shift);
   const __m256 n = _mm256_sub_ps(z, shift);
@@ -23,6 +26,13 @@ inline __m256 exp8(__m256 x) {
       _mm256_fmadd_ps(_mm256_fmadd_ps(_mm256_set1_ps(0x1.0e4020p-7f), b, _mm256_set1_ps(0x1.573e2ep-5f)), u,
                       _mm256_fmadd_ps(_mm256_set1_ps(0x1.555e66p-3f), b, _mm256_set1_ps(0x1.fffdb6p-2f))),
       u, _mm256_fmadd_ps(_mm256_set1_ps(0x1.ffffecp-1f), b, _mm256_set1_ps(1.0f)));
+  return {z, n, j};
+}
+
+// exp_inline on 8 lanes, the same float operations in the same order (GCC does not
+// vectorize the scalar form for AVX2: the SiLU and softmax loops ran it one value at a time).
+inline __m256 exp8(__m256 x) {
+  const auto [z, n, j] = exp8_parts(x);
   const __m256 n_clamped = _mm256_min_ps(_mm256_max_ps(n, _mm256_set1_ps(-192.0f)), _mm256_set1_ps(192.0f));
   const __m256i ni = _mm256_cvttps_epi32(n_clamped);
   const __m256i n1 = _mm256_srai_epi32(ni, 1), n2 = _mm256_sub_epi32(ni, n1);
@@ -43,17 +53,9 @@ inline __m256 exp8(__m256 x) {
 // cost a microcode assist on Intel; exp8 goes on to 0), invisible beside the maximum's 1 in a
 // softmax's sum; a positive x gives garbage, which the caller's mask drops.
 inline __m256 exp8_nonpositive(__m256 x) {
-  x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));  // a NaN lane (masked) becomes -87 too
-  const __m256 shift = _mm256_set1_ps(0x1.8p23f);
-  const __m256 z = _mm256_fmadd_ps(x, _mm256_set1_ps(0x1.715476p+0f), shift);
-  const __m256 n = _mm256_sub_ps(z, shift);
-  const __m256 b = _mm256_fnmadd_ps(n, _mm256_set1_ps(0x1.7f7d1cp-20f), _mm256_fnmadd_ps(n, _mm256_set1_ps(0x1.62e4p-1f), x));
-  const __m256 u = _mm256_mul_ps(b, b);
-  const __m256 j = _mm256_fmadd_ps(
-      _mm256_fmadd_ps(_mm256_fmadd_ps(_mm256_set1_ps(0x1.0e4020p-7f), b, _mm256_set1_ps(0x1.573e2ep-5f)), u,
-                      _mm256_fmadd_ps(_mm256_set1_ps(0x1.555e66p-3f), b, _mm256_set1_ps(0x1.fffdb6p-2f))),
-      u, _mm256_fmadd_ps(_mm256_set1_ps(0x1.ffffecp-1f), b, _mm256_set1_ps(1.0f)));
-  // z's low mantissa bits hold n + 2^22 + 2^23: adding 127 there and shifting gives 2^n.
+  // A NaN lane (masked) becomes -87 too.
+  const auto [z, n, j] = exp8_parts(_mm256_max_ps(x, _mm256_set1_ps(-87.0f)));
+  // z's low mantissa bits hold n + 2^22: adding 127 there and shifting gives 2^n.
   const __m256i scale = _mm256_slli_epi32(_mm256_add_epi32(_mm256_castps_si256(z), _mm256_set1_epi32(127)), 23);
   return _mm256_mul_ps(j, _mm256_castsi256_ps(scale));
 }

@@ -56,6 +56,14 @@ EngineOptions engine_options() {
   return o;
 }
 
+// An engine of its own whose prefills run in pieces of 16 rows (chunked prefill, issue 58).
+EngineOptions chunked_prefill_options(const std::string& store) {
+  EngineOptions o = engine_options();
+  o.cache_dir = test_dir() + "/" + store;
+  o.prefill_chunk = 16;
+  return o;
+}
+
 Engine& shared_engine() {
   static Engine e(engine_options());
   return e;
@@ -319,10 +327,7 @@ TEST(Engine, ConcurrentRequestsAnswerAsAlone) {
 // cut into pieces of 16 rows and decode steps between them (chunked prefill, batched decode).
 TEST(Engine, AnswersDoNotDependOnLoadOrArrivalOrder) {
   CF_REQUIRE_MODEL();
-  EngineOptions o = engine_options();
-  o.cache_dir = test_dir() + "/store-arrival";
-  o.prefill_chunk = 16;
-  Engine e(o);
+  Engine e(chunked_prefill_options("store-arrival"));
   std::vector<CompletionRequest> reqs = {
       chat("Where is the Eiffel Tower?", {kDocs[0], kDocs[1]}, "epic", 12),
       chat("What is the highest mountain?", {kDocs[1], kDocs[3], kDocs[0]}, "cacheblend", 12),
@@ -351,10 +356,7 @@ TEST(Engine, AnswersDoNotDependOnLoadOrArrivalOrder) {
 // pauses are that pass's pieces (before: none; every stream waited for the whole pass).
 TEST(Engine, ASelectorsPassOverTheWholeContextIsCutIntoPieces) {
   CF_REQUIRE_MODEL();
-  EngineOptions o = engine_options();
-  o.cache_dir = test_dir() + "/store-selector-pieces";
-  o.prefill_chunk = 16;
-  Engine e(o);
+  Engine e(chunked_prefill_options("store-selector-pieces"));
   auto pieces_of = [&](const std::string& method, CompletionResult* result) {
     CompletionRequest r = chat("What is the highest mountain?", kDocs, method, 4);
     r.fusion.options.ratio = 0.15;
