@@ -26,8 +26,9 @@
 // S provides: F (float vector of W lanes), I (int32 vector), M (lane mask), kScoreQueries,
 // kAccRegs; zero, set1, load, store, fmadd, mul, add, sub, load_i, visible(e, pos, low)
 // (low < e <= pos), masked_max(mx, m, v), maskz(m, v), reduce_max, reduce_add, first, exp (of
-// x <= 0; a lane the caller masks off may hold any value), cvtph (W f16 values from memory). Internal linkage on purpose (as kernels_panel.h): each
-// ISA's file compiles this with its own flags.
+// x <= 0; a lane the caller masks off may hold any value), cvtph (W f16 values from memory).
+// Internal linkage on purpose (as kernels_panel.h): each ISA's file compiles this with its own
+// flags.
 #pragma once
 #include <immintrin.h>
 

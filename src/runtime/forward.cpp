@@ -224,7 +224,7 @@ std::vector<ForwardOutput> Forward::run_sequences(std::span<const BatchSequence>
   // A hooked pass pauses between runs of layers (PassSplit::between_layers); run_end: the
   // layer before which the current run ends.
   const bool layer_pauses = hooks && !hooks->only_stop() && splitting() && split_.between_layers;
-  int run_begin = 0, run_end = layer_pauses ? layers_of_next_run(std::span(positions.data(), n), 0) : h.n_layers;
+  int run_end = layer_pauses ? layers_of_next_run(std::span(positions.data(), n), 0) : h.n_layers;
 
   for (int l = 0; l < h.n_layers; ++l) {
     const LayerWeights& w = model_.layers()[l];
@@ -369,11 +369,8 @@ std::vector<ForwardOutput> Forward::run_sequences(std::span<const BatchSequence>
       }
     }
     if (layer_pauses && l + 1 == run_end && run_end < h.n_layers) {
-      const std::span<const int32_t> live(positions.data(), n);
-      const double share = static_cast<double>(run_end - run_begin) / h.n_layers;
-      pause([&] { split_.between_layers(live, share); });
-      run_begin = run_end;
-      run_end += layers_of_next_run(live, run_begin);
+      pause(split_.between_layers);
+      run_end += layers_of_next_run(std::span(positions.data(), n), run_end);
     }
   }
 

@@ -123,15 +123,14 @@ class Forward {
   // `between_layers` set it is cut into runs of layers instead: before
   // each run next_rows is asked as for a piece (rows of a whole pass through every layer), and
   // the run takes that share of the layers, n_layers x rows / the pass's rows (at least one);
-  // `between_layers` runs after every run but the last, told the pass's rows' positions and the
-  // share of the model's layers run since the last pause. Hooks and results do not change: the
+  // `between_layers` runs after every run but the last. Hooks and results do not change: the
   // pass only waits between two layers (its own state stays in run's locals; what runs in the
   // pause uses other caches and is not split).
   struct PassSplit {
     size_t max_rows = 0;  // 0 or no `between`: passes of kMaxPassRows, nothing between
     std::function<void(std::span<const int32_t> done)> between;  // `done`: the positions of the pass just run
     std::function<size_t(std::span<const int32_t> positions)> next_rows;  // of the rows left; unset: max_rows
-    std::function<void(std::span<const int32_t> rows, double layer_share)> between_layers;  // unset: hooked passes whole
+    std::function<void()> between_layers;  // unset: hooked passes run whole
   };
   void set_pass_split(PassSplit split) { split_ = std::move(split); }
   // Several independent sequences in one pass (continuous batching of decode steps): the

@@ -30,7 +30,7 @@ Scheduler::Scheduler(Forward& fwd, SchedulerOptions opt)
   budget_ = opt_.kv_budget ? opt_.kv_budget : own_budget_.get();
   fwd_.set_pass_split({opt_.prefill_chunk, [this](std::span<const int32_t> done) { between_passes(done); },
                        [this](std::span<const int32_t> left) { return next_piece_rows(left); },
-                       [this](std::span<const int32_t>, double) { pause_prefill(); }});
+                       [this] { pause_prefill(); }});
   thread_ = std::thread([this] { loop(); });
 }
 

@@ -15,10 +15,10 @@
 // step of the batch the requests in the server would form), at most `prefill_chunk` rows, and
 // measured after it ran (its rows and their positions, as the Forward pass hands them to
 // `between`). Deviation from those systems: a step's decode rows and prefill rows run as two
-// passes, not one mixed batch, and one request prefills at a time. A pass with hooks (a
-// selector's probe, which sees every row of a layer at once) is cut between layers instead
-// (Forward::PassSplit::between_layers), each run of layers sized like a piece; those runs are
-// not measured.
+// passes, not one mixed batch, and one request prefills at a time. A selector's pass whose hooks
+// only stop it is cut into rows the same way; one whose hooks see every row of a layer at once
+// (a probe) is cut between layers instead (Forward::PassSplit::between_layers), each run of
+// layers sized like a piece; those runs are not measured.
 //
 // Order (issue 58 item 2): FIFO by default. `priority` serves the lowest SchedulerJob::priority
 // first (vLLM's convention), `shortest` the least prefill work (SchedulerJob::work: fused

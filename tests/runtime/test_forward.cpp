@@ -241,8 +241,8 @@ TEST(Forward, PiecesOfChangingSizesGiveTheBitsOfOnePass) {
 
 // A pass with hooks is cut between layers, not rows (PassSplit::between_layers, issue 58: a
 // selector's probe no longer holds every stream for its whole pass): each run of layers takes
-// n_layers x (next_rows' answer) / the pass's rows, the pause is told the rows and the share of
-// layers run, a pass run inside the pause (a decode step of another cache) is not split, and the
+// n_layers x (next_rows' answer) / the pass's rows (the pauses fall after those layers), a pass
+// run inside the pause (a decode step of another cache) is not split, and the
 // hooks and logits are those of the whole pass. Stopping early ends the runs; a throw from the
 // pause leaves run(); without between_layers a hooked pass runs whole.
 TEST(Forward, HookedPassesPauseBetweenLayersAndKeepTheirResults) {
@@ -278,30 +278,27 @@ TEST(Forward, HookedPassesPauseBetweenLayersAndKeepTheirResults) {
 
   // next_rows grants 6 of the 24 rows (within max_rows 12): runs of L / 4 layers.
   const int per_run = L * 6 / 24;
-  std::vector<std::pair<size_t, double>> pauses;  // rows told, share told
+  Seen split_seen;
+  std::vector<size_t> pauses;  // layers the hooks had seen at each pause
   size_t asked = 0;
   fwd.set_pass_split({12, [](std::span<const int32_t>) {},
                       [&](std::span<const int32_t> left) {
                         ++asked;
                         return size_t{6};
                       },
-                      [&](std::span<const int32_t> rows, double share) {
-                        pauses.emplace_back(rows.size(), share);
+                      [&] {
+                        pauses.push_back(split_seen.layers.size());
                         KvCache other(h);  // another sequence's step in the pause: not split
                         const size_t before = asked;
                         fwd.run(other, {std::span(ids).subspan(24, 12), iota_positions(12), {}, {}});
                         EXPECT_EQ(asked, before);
                       }});
-  Seen split_seen;
   KvCache split(h);
   const ForwardHooks split_hooks = hooked(split_seen, -1);
   const auto split_out = fwd.run(split, {std::span(ids).first(24), pos, {}, logit_rows}, &split_hooks);
   const size_t runs = static_cast<size_t>((L + per_run - 1) / per_run);
   ASSERT_EQ(pauses.size(), runs - 1);
-  for (const auto& [rows, share] : pauses) {
-    EXPECT_EQ(rows, 24u);
-    EXPECT_DOUBLE_EQ(share, static_cast<double>(per_run) / L);
-  }
+  for (size_t i = 0; i < pauses.size(); ++i) EXPECT_EQ(pauses[i], (i + 1) * static_cast<size_t>(per_run)) << "pause " << i;
   EXPECT_EQ(asked, runs);  // before every run
   EXPECT_EQ(split_seen.layers, whole_seen.layers);
   EXPECT_EQ(split_seen.hidden, whole_seen.hidden);
@@ -321,7 +318,7 @@ TEST(Forward, HookedPassesPauseBetweenLayersAndKeepTheirResults) {
 
   // The pause may stop the pass (a cancelled request).
   fwd.set_pass_split({12, [](std::span<const int32_t>) {}, [](std::span<const int32_t>) { return size_t{6}; },
-                      [](std::span<const int32_t>, double) { throw std::runtime_error("client gone"); }});
+                      [] { throw std::runtime_error("client gone"); }});
   Seen cancelled_seen;
   KvCache cancelled(h);
   const ForwardHooks cancelled_hooks = hooked(cancelled_seen, -1);
@@ -363,7 +360,7 @@ TEST(Forward, PassesThatOnlyStopAreCutIntoRows) {
   EXPECT_TRUE(fwd.run(one, {std::span(ids).first(30), pos, slots, {}}, &stop).stopped_early);
   size_t pauses = 0, layer_pauses = 0;
   fwd.set_pass_split({4, [&](std::span<const int32_t>) { ++pauses; }, {},
-                      [&](std::span<const int32_t>, double) { ++layer_pauses; }});
+                      [&] { ++layer_pauses; }});
   EXPECT_TRUE(fwd.run(split, {std::span(ids).first(30), pos, slots, {}}, &stop).stopped_early);
   fwd.set_pass_split({});
   EXPECT_EQ(pauses, 7u);  // 30 rows in passes of 4
